@@ -1,0 +1,30 @@
+"""fx_fp8: FP8 attention and FP8 linears for diffusion transformers, as a torch.compile backend.
+
+    torch.compile(transformer, backend="fp8")        # or "fp8_npu"
+    torch.compile(transformer, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0,1"})
+"""
+from fx_fp8 import ops  # noqa: F401  registers torch.ops.fx_fp8.*
+from fx_fp8.calibration import calibrate, load_activation_scales, save_activation_scales
+from fx_fp8.config import AttentionQuantConfig, FP8Config, QuantizationConfig
+from fx_fp8.report import CompileReport, ReportEntry, clear_reports, get_reports
+from fx_fp8.selectors import parse_selector
+from fx_fp8.steps import current_step, denoising_step, set_step
+from fx_fp8.weights import prepare_model, reachable_tensor_bytes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionQuantConfig", "CompileReport", "FP8Config", "QuantizationConfig", "ReportEntry",
+    "calibrate", "clear_reports", "compile_pipeline", "current_step", "denoising_step", "get_reports",
+    "load_activation_scales", "parse_selector", "prepare_model", "reachable_tensor_bytes",
+    "restore_pipeline", "save_activation_scales", "set_step",
+]
+
+
+def __getattr__(name):
+    # diffusers is only needed for the pipeline helpers: import them on first use.
+    if name in ("compile_pipeline", "restore_pipeline"):
+        from fx_fp8 import pipelines
+
+        return getattr(pipelines, name)
+    raise AttributeError(f"module 'fx_fp8' has no attribute {name!r}")

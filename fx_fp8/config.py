@@ -1,0 +1,384 @@
+"""FP8Config: what to quantize, where, and how.
+
+Keys follow vLLM-Omni's diffusion options (`diffusion_kv_cache_dtype`,
+`diffusion_kv_cache_skip_steps`, `diffusion_kv_cache_skip_layers`,
+`quantization`, `quantization_config`) plus two nested mappings of our own
+(`attention`, and extra keys of `quantization_config`) and the backend keys
+`lowering` / `downstream`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from fx_fp8.selectors import format_selector, parse_selector
+
+LEGACY_KEYS = {
+    "kv_cache_dtype": "diffusion_kv_cache_dtype",
+    "kv_cache_skip_steps": "diffusion_kv_cache_skip_steps",
+    "kv_cache_skip_layers": "diffusion_kv_cache_skip_layers",
+}
+KV_CACHE_DTYPES = (None, "auto", "fp8")
+QUANTIZATION_METHODS = (None, "fp8", "int8")
+LOWERINGS = ("auto", "reference", "cuda", "npu")
+DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
+
+# Known-sensitive linears kept native unless the user sets ignored_layers
+# (see passes/filters.py for the pattern syntax). `re:` keeps them anchored so
+# that e.g. the final `proj_out` does not also match `single_transformer_blocks.3.proj_out`.
+DEFAULT_IGNORED_LAYERS: tuple[str, ...] = (
+    # timestep / text / image input embedders
+    "time_text_embed", "timestep_embedder", "text_embedder", "context_embedder", "x_embedder",
+    "condition_embedder", "img_in", "txt_in", "t_embedder", "cap_embedder", "all_x_embedder",
+    "time_embedding", "time_proj",
+    # adaLN modulation
+    "re:(.*\\.)?norm[^.]*\\.linear", "img_mod", "txt_mod", "adaLN_modulation",
+    # final projection / final layer
+    "re:proj_out", "re:norm_out(\\..*)?", "all_final_layer",
+)
+
+
+def _did_you_mean(key: str, known) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_choice(name: str, value, choices) -> Any:
+    if isinstance(value, str):
+        value = value.strip().lower()
+        if value in ("none", "null", ""):
+            value = None
+    if value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"invalid {name} {value!r}: expected one of {shown}")
+    return value
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
+    return value
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"invalid {name} {value!r}: expected true or false")
+    return value
+
+
+def _from_mapping(cls, data: Mapping[str, Any] | None, where: str):
+    """Build a dataclass from a mapping, refusing unknown keys with a hint."""
+    if data is None:
+        return cls()
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ValueError(f"invalid {where} {data!r}: expected a mapping")
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise ValueError(f"unknown key {key!r} in {where}{_did_you_mean(key, names)}; known keys: {sorted(names)}")
+    return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class AttentionQuantConfig:
+    """How Q, K, V (and the softmax probabilities P) are quantized.
+
+    granularity: "tensor" (one scale per tensor), "head" (per batch x head),
+      "block" (per batch x head x block of rows; Q rows in q_block, K/V rows in kv_block).
+    hadamard: rotate Q and K over the head dim by an orthonormal Hadamard matrix
+      (QK^T is unchanged, outlier channels are spread out).
+    smooth_k: subtract K's mean over tokens before quantizing (softmax is invariant).
+    quantize_p: quantize the probabilities to e4m3 before P@V (what the fused
+      device kernels do), scale `p_scale`.
+    cross_attention: also quantize attention whose query and key lengths differ.
+    """
+
+    granularity: str = "block"
+    q_block: int = 128
+    kv_block: int = 256
+    hadamard: bool = True
+    smooth_k: bool = True
+    quantize_p: bool = True
+    p_scale: float = 448.0
+    cross_attention: bool = False
+
+    def __post_init__(self):
+        _check_choice("attention.granularity", self.granularity, ("tensor", "head", "block"))
+        _check_int("attention.q_block", self.q_block)
+        _check_int("attention.kv_block", self.kv_block)
+        for name in ("hadamard", "smooth_k", "quantize_p", "cross_attention"):
+            _check_bool(f"attention.{name}", getattr(self, name))
+        if not isinstance(self.p_scale, (int, float)) or isinstance(self.p_scale, bool) or not 0 < self.p_scale <= 448:
+            raise ValueError(f"invalid attention.p_scale {self.p_scale!r}: expected a number in (0, 448]")
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Linear (W8A8) settings, vLLM's `quantization_config` plus our extras.
+
+    ignored_layers: None -> the model-family defaults (DEFAULT_IGNORED_LAYERS);
+      [] -> quantize every eligible linear; a list -> exactly these patterns
+      (add the token "@defaults" to keep the defaults as well).
+    activation_scheme: "dynamic" (scales computed per call) or "static"
+      (scales from fx_fp8.calibrate, given by `activation_scales`: a dict or a JSON path).
+    activation_granularity: "token" (per row) or "tensor" (dynamic only).
+    weight_granularity: "tensor", "channel" (per output channel) or "block"
+      (`weight_block_size` [rows, cols]; setting it implies "block").
+    min_features: linears with in or out features below this stay native
+      (FP8 only costs time there); features must also be multiples of 16.
+    """
+
+    method: str = "fp8"
+    ignored_layers: tuple[str, ...] | None = None
+    activation_scheme: str = "dynamic"
+    activation_granularity: str = "token"
+    weight_granularity: str = "channel"
+    weight_block_size: tuple[int, int] | None = None
+    activation_scales: Any = None
+    min_features: int = 32
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
+        set_("method", _check_choice("quantization_config.method", self.method, ("fp8", "int8")))
+        if self.ignored_layers is not None:
+            layers = self.ignored_layers
+            if isinstance(layers, str):
+                layers = [p for p in layers.split(",")]
+            if not isinstance(layers, (list, tuple)) or not all(isinstance(p, str) for p in layers):
+                raise ValueError(f"invalid ignored_layers {self.ignored_layers!r}: expected a list of module-name patterns")
+            cleaned = tuple(p.strip() for p in layers if p.strip())
+            from fx_fp8.passes.filters import validate_pattern  # one parser for patterns
+
+            for p in cleaned:
+                validate_pattern(p)
+            set_("ignored_layers", cleaned)
+        set_("activation_scheme", _check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")))
+        set_("activation_granularity", _check_choice("quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")))
+        if self.weight_block_size is not None:
+            wbs = self.weight_block_size
+            if not isinstance(wbs, (list, tuple)) or len(wbs) != 2:
+                raise ValueError(f"invalid weight_block_size {wbs!r}: expected [rows, cols], e.g. [128, 128]")
+            set_("weight_block_size", tuple(_check_int("weight_block_size", int(v) if not isinstance(v, bool) and isinstance(v, int) else v) for v in wbs))
+            set_("weight_granularity", "block")
+        set_("weight_granularity", _check_choice("quantization_config.weight_granularity", self.weight_granularity, ("tensor", "channel", "block")))
+        if self.weight_granularity == "block" and self.weight_block_size is None:
+            set_("weight_block_size", (128, 128))
+        if self.activation_scheme == "static" and self.activation_scales is None:
+            raise ValueError("activation_scheme 'static' needs activation_scales: a JSON file written by fx_fp8.calibrate, or its dict")
+        if self.activation_scales is not None and not isinstance(self.activation_scales, (str, os.PathLike, Mapping)):
+            raise ValueError(f"invalid activation_scales {self.activation_scales!r}: expected a JSON path or a mapping")
+        _check_int("quantization_config.min_features", self.min_features, minimum=0)
+
+    def effective_ignored_layers(self) -> tuple[tuple[str, ...], bool]:
+        """(patterns, user_given): the patterns in force and whether the user chose them."""
+        if self.ignored_layers is None:
+            return DEFAULT_IGNORED_LAYERS, False
+        out: list[str] = []
+        for p in self.ignored_layers:
+            out.extend(DEFAULT_IGNORED_LAYERS if p == "@defaults" else [p])
+        return tuple(out), True
+
+
+_TOP_KEYS = (
+    "diffusion_kv_cache_dtype", "diffusion_kv_cache_skip_steps", "diffusion_kv_cache_skip_layers",
+    "quantization", "quantization_config", "ignored_layers", "attention", "lowering", "downstream",
+)
+
+
+@dataclass(frozen=True)
+class FP8Config:
+    """Everything the fp8 backends need. Build it with from_kwargs / from_yaml / load.
+
+    diffusion_kv_cache_dtype: "fp8" -> FP8 attention; None / "auto" -> native attention.
+    diffusion_kv_cache_skip_steps: denoising steps whose attention stays native.
+    diffusion_kv_cache_skip_layers: transformer layer indices whose attention stays native.
+    quantization: "fp8" -> FP8 W8A8 linears; None -> native linears.
+    lowering: "auto" (from the tensors' device), "reference" (CPU), "cuda", "npu".
+    downstream: compiler after the passes: "auto", "eager", "inductor", "npugraph_ex".
+    """
+
+    diffusion_kv_cache_dtype: str | None = "fp8"
+    diffusion_kv_cache_skip_steps: frozenset = frozenset()
+    diffusion_kv_cache_skip_layers: frozenset = frozenset()
+    quantization: str | None = "fp8"
+    quantization_config: QuantizationConfig = field(default_factory=QuantizationConfig)
+    attention: AttentionQuantConfig = field(default_factory=AttentionQuantConfig)
+    lowering: str = "auto"
+    downstream: str = "auto"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        set_("diffusion_kv_cache_dtype", _check_choice("diffusion_kv_cache_dtype", self.diffusion_kv_cache_dtype, KV_CACHE_DTYPES))
+        set_("quantization", _check_choice("quantization", self.quantization, QUANTIZATION_METHODS))
+        set_("diffusion_kv_cache_skip_steps", parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps"))
+        set_("diffusion_kv_cache_skip_layers", parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"))
+        set_("quantization_config", _from_mapping(QuantizationConfig, self.quantization_config, "quantization_config"))
+        set_("attention", _from_mapping(AttentionQuantConfig, self.attention, "attention"))
+        set_("lowering", _check_choice("lowering", self.lowering, LOWERINGS))
+        set_("downstream", _check_choice("downstream", self.downstream, DOWNSTREAMS))
+        if self.quantization == "int8" and self.quantization_config.method == "fp8":
+            set_("quantization_config", dataclasses.replace(self.quantization_config, method="int8"))
+
+    # -- what is on --------------------------------------------------------
+    @property
+    def attention_enabled(self) -> bool:
+        return self.diffusion_kv_cache_dtype == "fp8"
+
+    @property
+    def linear_enabled(self) -> bool:
+        return self.quantization is not None
+
+    @property
+    def has_step_skips(self) -> bool:
+        return self.attention_enabled and bool(self.diffusion_kv_cache_skip_steps)
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "FP8Config":
+        """Build from flat keyword arguments (vLLM-Omni names, legacy kv_cache_* accepted).
+
+        If neither `quantization` nor `diffusion_kv_cache_dtype` (or legacy
+        `kv_cache_dtype`) is given, both features are on: choosing an fp8 backend
+        is the opt-in. If one of them is given, the other is off unless also
+        given, as in vLLM-Omni where each is a separate opt-in.
+        """
+        data = dict(kwargs)
+        for old, new in LEGACY_KEYS.items():
+            if old in data:
+                old_value = data.pop(old)
+                if new in data:
+                    if data[new] != old_value:
+                        warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={data[new]!r}", stacklevel=2)
+                else:
+                    data[new] = old_value
+        for key in data:
+            if key not in _TOP_KEYS:
+                raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
+        if "ignored_layers" in data:
+            shortcut = data.pop("ignored_layers")
+            qc = data.get("quantization_config") or {}
+            if isinstance(qc, QuantizationConfig):
+                qc = dataclasses.asdict(qc)
+            qc = dict(qc)
+            if qc.get("ignored_layers") is not None and list(qc["ignored_layers"]) != list(shortcut or []):
+                raise ValueError(
+                    f"ignored_layers given twice with different values: {shortcut!r} and quantization_config.ignored_layers={qc['ignored_layers']!r}"
+                )
+            qc["ignored_layers"] = shortcut if shortcut is not None else []
+            data["quantization_config"] = qc
+        mentions_attention = "diffusion_kv_cache_dtype" in data
+        mentions_linear = "quantization" in data
+        if mentions_attention != mentions_linear:
+            data.setdefault("diffusion_kv_cache_dtype", None)
+            data.setdefault("quantization", None)
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path) -> "FP8Config":
+        """Read a flat mapping or a vLLM-Omni stage config (stage_args[*].engine_args)."""
+        import yaml
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"config file not found: {path!r}")
+        with open(path) as f:
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
+        return cls.from_mapping(data, where=path)
+
+    @classmethod
+    def from_mapping(cls, data, *, where: str = "config") -> "FP8Config":
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+        if "stage_args" in data:
+            data = _diffusion_engine_args(data, where)
+        return cls.from_kwargs(**data)
+
+    @classmethod
+    def load(cls, config=None, **overrides) -> "FP8Config":
+        """Anything a user may hand us: None, FP8Config, mapping, YAML path; then overrides."""
+        if config is None:
+            base = cls.from_kwargs(**overrides) if overrides else cls()
+            return base
+        if isinstance(config, FP8Config):
+            base = config
+        elif isinstance(config, Mapping):
+            base = cls.from_mapping(config)
+        elif isinstance(config, (str, os.PathLike)):
+            base = cls.from_yaml(config)
+        else:
+            raise ValueError(f"invalid config {config!r}: expected an FP8Config, a mapping or a YAML path")
+        return base.replace(**overrides) if overrides else base
+
+    def replace(self, **overrides) -> "FP8Config":
+        """A copy with some keys changed (same key rules as from_kwargs, without the opt-in rule)."""
+        data = self.to_dict()
+        for old, new in LEGACY_KEYS.items():
+            if old in overrides:
+                overrides.setdefault(new, overrides.pop(old))
+        if "ignored_layers" in overrides:
+            data["quantization_config"]["ignored_layers"] = overrides.pop("ignored_layers")
+        for key, value in overrides.items():
+            if key not in _TOP_KEYS:
+                raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS)}")
+            if key in ("quantization_config", "attention") and isinstance(value, Mapping):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return FP8Config(**data)
+
+    def to_dict(self) -> dict:
+        """Plain data (selectors as strings), the inverse of from_kwargs; YAML/JSON-safe."""
+        qc = dataclasses.asdict(self.quantization_config)
+        qc["ignored_layers"] = list(qc["ignored_layers"]) if qc["ignored_layers"] is not None else None
+        qc["weight_block_size"] = list(qc["weight_block_size"]) if qc["weight_block_size"] else None
+        if isinstance(qc["activation_scales"], os.PathLike):
+            qc["activation_scales"] = os.fspath(qc["activation_scales"])
+        return {
+            "diffusion_kv_cache_dtype": self.diffusion_kv_cache_dtype,
+            "diffusion_kv_cache_skip_steps": format_selector(self.diffusion_kv_cache_skip_steps),
+            "diffusion_kv_cache_skip_layers": format_selector(self.diffusion_kv_cache_skip_layers),
+            "quantization": self.quantization,
+            "quantization_config": qc,
+            "attention": dataclasses.asdict(self.attention),
+            "lowering": self.lowering,
+            "downstream": self.downstream,
+        }
+
+    def to_yaml(self, path) -> None:
+        import yaml
+
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def _diffusion_engine_args(data: Mapping, where: str) -> dict:
+    stages = data["stage_args"]
+    if not isinstance(stages, list):
+        raise ValueError(f"{where}: stage_args must be a list of stages")
+    diffusion = [s for s in stages if isinstance(s, Mapping) and s.get("stage_type") == "diffusion"]
+    if not diffusion:
+        raise ValueError(f"{where}: no stage with stage_type: diffusion in stage_args")
+    if len(diffusion) > 1:
+        ids = [s.get("stage_id") for s in diffusion]
+        warnings.warn(f"{where}: several diffusion stages {ids}; using stage_id {ids[0]}", stacklevel=3)
+    engine_args = diffusion[0].get("engine_args") or {}
+    if not isinstance(engine_args, Mapping):
+        raise ValueError(f"{where}: engine_args of stage {diffusion[0].get('stage_id')} must be a mapping")
+    known = set(_TOP_KEYS) | set(LEGACY_KEYS)
+    ours = {k: v for k, v in engine_args.items() if k in known}
+    others = sorted(k for k in engine_args if k not in known)
+    if others:
+        # Stage configs carry serving keys (model, dtype, ...) that are not ours: say so once.
+        warnings.warn(f"{where}: engine_args keys not used by fx_fp8: {others}", stacklevel=3)
+    return ours

@@ -1,0 +1,166 @@
+"""FP8 e4m3 quantization numerics shared by every lowering.
+
+Device lowerings must reproduce these exactly (same scale granularity,
+rounding via a plain cast to float8_e4m3fn after clamping, same rotation), so
+that quality measured with the CPU reference predicts quality on the device.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+_TINY = 1e-12
+
+
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """fp32 scale so that amax maps to the largest e4m3 value."""
+    return (amax.float().clamp_min(_TINY) / FP8_MAX)
+
+
+def cast_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale, clamped to the e4m3 range, rounded to float8_e4m3fn."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+# -- activations and weights (2-D) ---------------------------------------------
+def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row of the last dim: scale shape x.shape[:-1] + (1,)."""
+    scale = scale_from_amax(x.abs().amax(dim=-1, keepdim=True))
+    return cast_fp8(x, scale), scale
+
+
+def quantize_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = scale_from_amax(x.abs().amax()).reshape(())
+    return cast_fp8(x, scale), scale
+
+
+def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    r, c = x.shape
+    return torch.nn.functional.pad(x, (0, (-c) % cols, 0, (-r) % rows))
+
+
+def quantize_weight(w: torch.Tensor, granularity: str, block: tuple[int, int] | None = None):
+    """Quantize a [out, in] weight. Scales: tensor -> [], channel -> [out, 1],
+    block -> [ceil(out/br), ceil(in/bc)]."""
+    if granularity == "tensor":
+        return quantize_per_tensor(w)
+    if granularity == "channel":
+        return quantize_per_row(w)
+    if granularity == "block":
+        br, bc = block
+        out_f, in_f = w.shape
+        padded = _pad_to(w.float(), br, bc)
+        blocks = padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc)
+        scale = scale_from_amax(blocks.abs().amax(dim=(1, 3)))
+        q = cast_fp8(blocks, scale[:, None, :, None]).reshape(padded.shape)[:out_f, :in_f].contiguous()
+        return q, scale
+    raise ValueError(f"unknown weight granularity {granularity!r}")
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, granularity: str, block=None) -> torch.Tensor:
+    """float32 weight back from its FP8 form (the exact values the kernels multiply)."""
+    if granularity in ("tensor", "channel"):
+        return q.float() * scale
+    br, bc = block
+    expanded = scale.repeat_interleave(br, 0).repeat_interleave(bc, 1)[: q.shape[0], : q.shape[1]]
+    return q.float() * expanded
+
+
+# -- attention (B, H, S, D) -----------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _hadamard_cpu(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def hadamard_block_size(d: int) -> int:
+    """Largest power of two dividing d: the rotation is block-diagonal Hadamard."""
+    return d & (-d)
+
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """x @ H over the last dim, H orthonormal (block-diagonal when d is not a power of 2)."""
+    d = x.shape[-1]
+    n = hadamard_block_size(d)
+    h = _hadamard_cpu(n).to(device=x.device, dtype=torch.float32)
+    xs = x.float().reshape(*x.shape[:-1], d // n, n)
+    return (xs @ h).reshape(x.shape)
+
+
+def quantize_rows_in_blocks(x: torch.Tensor, granularity: str, block: int):
+    """Quantize (B, H, S, D). Scales (fp32): tensor -> [1,1,1], head -> [B,H,1],
+    block -> [B, H, ceil(S/block)] (one scale per `block` consecutive rows)."""
+    b, h, s, d = x.shape
+    xf = x.float()
+    if granularity == "tensor":
+        scale = scale_from_amax(xf.abs().amax()).reshape(1, 1, 1)
+        return cast_fp8(xf, scale[..., None]), scale
+    if granularity == "head":
+        scale = scale_from_amax(xf.abs().amax(dim=(2, 3))).reshape(b, h, 1)
+        return cast_fp8(xf, scale[..., None]), scale
+    nblk = -(-s // block)
+    padded = torch.nn.functional.pad(xf, (0, 0, 0, nblk * block - s))
+    blocks = padded.reshape(b, h, nblk, block, d)
+    scale = scale_from_amax(blocks.abs().amax(dim=(3, 4)))
+    q = cast_fp8(blocks, scale[..., None, None]).reshape(b, h, nblk * block, d)[:, :, :s]
+    return q, scale
+
+
+def expand_row_scale(scale: torch.Tensor, s: int, block: int) -> torch.Tensor:
+    """Per-row view [B', H', S, 1] of a [.., nblk] block scale (or [.., 1] per head/tensor)."""
+    if scale.shape[-1] == 1:
+        return scale[..., None]
+    return scale.repeat_interleave(block, dim=-1)[..., :s, None]
+
+
+def prepare_qkv(q, k, v, *, granularity, q_block, kv_block, hadamard, smooth_k):
+    """The pre-kernel half every lowering shares: rotate, smooth, quantize.
+
+    Returns (qq, sq, kq, sk, vq, sv) with FP8 data and fp32 scales as
+    quantize_rows_in_blocks describes.
+    """
+    qf, kf = q.float(), k.float()
+    if smooth_k:
+        kf = kf - kf.mean(dim=2, keepdim=True)  # q.(k - m) differs by a per-row constant
+    if hadamard:
+        qf, kf = hadamard_rotate(qf), hadamard_rotate(kf)
+    qq, sq = quantize_rows_in_blocks(qf, granularity, q_block)
+    kq, sk = quantize_rows_in_blocks(kf, granularity, kv_block)
+    vq, sv = quantize_rows_in_blocks(v, granularity, kv_block)
+    return qq, sq, kq, sk, vq, sv
+
+
+def apply_mask(scores: torch.Tensor, attn_mask) -> torch.Tensor:
+    """SDPA mask semantics: bool True = attend, float = added to the scores."""
+    if attn_mask is None:
+        return scores
+    if attn_mask.dtype == torch.bool:
+        return scores.masked_fill(~attn_mask, float("-inf"))
+    return scores + attn_mask.float()
+
+
+def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_block, quantize_p, p_scale, out_dtype, attn_mask=None):
+    """Reference math of the fused FP8 kernel, in float32.
+
+    S = (Qq Kq^T) * sq * sk * softmax_scale; P = exp(S - rowmax) in [0, 1];
+    P is quantized to e4m3 with the fixed scale 1/p_scale when quantize_p;
+    O = (Pq Vq) * sv / rowsum(P) with rowsum taken from the unquantized P,
+    as flash kernels accumulate it in fp32.
+    """
+    s_q, s_k = qq.shape[2], kq.shape[2]
+    rows_q = expand_row_scale(sq, s_q, q_block)                    # [B,H,Sq,1]
+    rows_k = expand_row_scale(sk, s_k, kv_block).transpose(-1, -2)  # [B,H,1,Sk]
+    scores = apply_mask((qq.float() @ kq.float().transpose(-1, -2)) * rows_q * rows_k * softmax_scale, attn_mask)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    p = torch.exp(scores)
+    denom = p.sum(dim=-1, keepdim=True)
+    if quantize_p:
+        p = (p * p_scale).to(FP8_DTYPE).float() / p_scale
+    vf = vq.float() * expand_row_scale(sv, s_k, kv_block)
+    return ((p @ vf) / denom).to(out_dtype)
