@@ -1,0 +1,36 @@
+"""Shared fixtures: a clean Dynamo cache and report list per test, tiny models by family."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fx_fp8
+from fx_fp8.families import FAMILIES, build_tiny_transformer, example_inputs
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile_state():
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    fx_fp8.set_step(None)
+    yield
+    torch._dynamo.reset()
+    fx_fp8.set_step(None)
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tiny(family):
+    """(family, model, kwargs) for a tiny random transformer of each family."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_tiny_transformer(family)
+    return family, model, example_inputs(family, model)
