@@ -1,0 +1,216 @@
+"""Tests for the shipped tiny text-to-image model (``fx_fp8.tiny_model``); CPU, offline."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+
+from diffusers import FluxTransformer2DModel
+
+from fx_fp8.tiny_model import (
+    COLORS,
+    SHAPES,
+    TINY_MODEL_DIR,
+    TinyPromptEncoder,
+    TinyShapesPipeline,
+    load_tiny_pipeline,
+    random_prompt,
+    render_prompt_image,
+)
+from fx_fp8.tiny_model.shapes import all_prompts, dominant_colors, parse_prompt
+
+N_QUALITY = 30  # prompts (each with its own seed) for the colour-match check
+
+
+@pytest.fixture(scope="module")
+def pipe() -> TinyShapesPipeline:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    p = load_tiny_pipeline()
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def _quality_prompts(n: int = N_QUALITY) -> list[str]:
+    rng = np.random.default_rng(2024)
+    return [random_prompt(rng) for _ in range(n)]
+
+
+def _color_match_rates(pipe: TinyShapesPipeline, prompts: list[str]) -> tuple[float, float]:
+    """Fraction of images whose (shape colour, background colour), measured by classifying
+    each pixel to the nearest palette colour, match the prompt."""
+    generators = [torch.Generator().manual_seed(1000 + i) for i in range(len(prompts))]
+    images = pipe(prompts, generator=generators, output_type="np").images
+    fg_ok = bg_ok = 0
+    for prompt, img in zip(prompts, images):
+        color, _, background = parse_prompt(prompt)
+        fg, bg = dominant_colors((img * 255).round().astype(np.uint8))
+        fg_ok += fg == color
+        bg_ok += bg == background
+    return fg_ok / len(prompts), bg_ok / len(prompts)
+
+
+# --------------------------------------------------------------------------- data / grammar
+
+
+def test_vocabulary_and_grammar():
+    assert len(COLORS) == 6 and set(SHAPES) == {"circle", "square", "triangle", "cross"}
+    prompts = all_prompts()
+    assert len(prompts) == 6 * 4 * 5 == len(set(prompts))
+    assert parse_prompt("a red circle on a blue background") == ("red", "circle", "blue")
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        c, s, b = parse_prompt(random_prompt(rng))
+        assert c != b and s in SHAPES
+
+
+@pytest.mark.parametrize("bad", ["purple", "hexagon", "under"])
+def test_parser_rejects_unknown_word(bad):
+    prompt = {"purple": "a purple circle on a blue background",
+              "hexagon": "a red hexagon on a blue background",
+              "under": "a red circle under a blue background"}[bad]
+    with pytest.raises(ValueError, match=repr(bad)):
+        parse_prompt(prompt)
+    with pytest.raises(ValueError, match=repr(bad)):
+        render_prompt_image(prompt)
+    with pytest.raises(ValueError, match=repr(bad)):
+        TinyPromptEncoder().tokenize(prompt)
+
+
+def test_parser_rejects_bad_grammar():
+    with pytest.raises(ValueError):
+        parse_prompt("a red circle on a red background")
+    with pytest.raises(ValueError):
+        parse_prompt("red a circle on a blue background")
+
+
+def test_renderer_and_colour_metric():
+    rng = np.random.default_rng(0)
+    for prompt in all_prompts():
+        img = render_prompt_image(prompt, rng)
+        assert img.shape == (32, 32, 3) and img.dtype == np.uint8
+        color, _, background = parse_prompt(prompt)
+        assert dominant_colors(img) == (color, background)
+    assert render_prompt_image("a red square on a blue background", height=16, width=24).shape == (16, 24, 3)
+
+
+# --------------------------------------------------------------------------- shipped weights
+
+
+def test_weights_folder_layout():
+    for rel in ["model_index.json", "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
+                "prompt_encoder/config.json", "prompt_encoder/diffusion_pytorch_model.safetensors",
+                "scheduler/scheduler_config.json"]:
+        assert (TINY_MODEL_DIR / rel).is_file(), rel
+    total = sum(f.stat().st_size for f in TINY_MODEL_DIR.rglob("*") if f.is_file())
+    assert total < 8 * 2**20
+
+
+def test_transformer_loads_standalone():
+    tr = FluxTransformer2DModel.from_pretrained(TINY_MODEL_DIR / "transformer", local_files_only=True)
+    assert tr.config.in_channels == 12 and tr.config.patch_size == 1
+    # every Linear except the 12-channel patch embedding / output projection is FP8-friendly
+    odd = [n for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear)
+           and (m.in_features % 16 or m.out_features % 16 or min(m.in_features, m.out_features) < 32)]
+    assert set(odd) == {"x_embedder", "proj_out"}, odd
+
+
+def test_pipeline_loads_offline(pipe):
+    assert isinstance(pipe, TinyShapesPipeline)
+    assert isinstance(pipe.transformer, FluxTransformer2DModel)
+    assert isinstance(pipe.prompt_encoder, TinyPromptEncoder)
+    assert type(pipe.scheduler).__name__ == "FlowMatchEulerDiscreteScheduler"
+    again = TinyShapesPipeline.from_pretrained(TINY_MODEL_DIR)
+    assert again.transformer.config == pipe.transformer.config
+
+
+def test_output_types_and_sizes(pipe):
+    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    prompt = "a red circle on a blue background"
+    pil = pipe(prompt, generator=g()).images[0]
+    assert pil.size == (32, 32) and pil.mode == "RGB"
+    np_img = pipe(prompt, generator=g(), output_type="np").images
+    assert np_img.shape == (1, 32, 32, 3) and 0.0 <= np_img.min() and np_img.max() <= 1.0
+    pt = pipe([prompt, prompt], height=16, width=24, generator=g(), output_type="pt").images
+    assert pt.shape == (2, 3, 16, 24)
+    (tup,) = pipe(prompt, generator=g(), output_type="np", return_dict=False)
+    np.testing.assert_array_equal(tup, np_img)
+    with pytest.raises(ValueError):
+        pipe(prompt, height=30)
+
+
+def test_same_seed_same_image(pipe):
+    prompt = "a yellow triangle on a black background"
+    a = pipe(prompt, generator=torch.Generator().manual_seed(7), output_type="np").images
+    b = pipe(prompt, generator=torch.Generator().manual_seed(7), output_type="np").images
+    c = pipe(prompt, generator=torch.Generator().manual_seed(8), output_type="np").images
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_denoising_loop_contract(pipe, monkeypatch):
+    """One scheduler.step per step, the ``transformer`` attribute is called each step, callbacks work."""
+    steps = 6
+    calls = {"transformer": 0, "step": 0, "callback": []}
+    original = pipe.transformer
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.config = inner.config  # like a torch.compile'd module: no `.device` / `.dtype` of its own
+
+        def forward(self, *args, **kwargs):
+            calls["transformer"] += 1
+            return self.inner(*args, **kwargs)
+
+    real_step = pipe.scheduler.step
+
+    def counting_step(*args, **kwargs):
+        calls["step"] += 1
+        return real_step(*args, **kwargs)
+
+    def callback(p, i, t, kwargs):
+        assert p is pipe and calls["step"] == i + 1
+        calls["callback"].append((i, float(t), tuple(kwargs["latents"].shape)))
+        return {"latents": kwargs["latents"]}
+
+    monkeypatch.setattr(pipe.scheduler, "step", counting_step)
+    pipe.transformer = Wrapper(original)
+    try:
+        pipe("a red circle on a blue background", num_inference_steps=steps, output_type="np",
+             callback_on_step_end=callback, generator=torch.Generator().manual_seed(0))
+    finally:
+        pipe.transformer = original
+    assert calls["transformer"] == steps and calls["step"] == steps
+    assert [c[0] for c in calls["callback"]] == list(range(steps))
+    assert calls["callback"][0][1] == pytest.approx(1000.0)
+    assert calls["callback"][0][2] == (1, 256, 12)
+
+
+# --------------------------------------------------------------------------- quality
+
+
+def test_prompt_colour_quality(pipe):
+    shape_rate, bg_rate = _color_match_rates(pipe, _quality_prompts())
+    print(f"\ntrained tiny model: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%} "
+          f"({N_QUALITY} prompts)")
+    assert shape_rate >= 0.9
+    assert bg_rate >= 0.9
+
+
+def test_random_transformer_fails_quality(pipe):
+    """The quality check is not trivial: an untrained transformer of the same config fails it."""
+    torch.manual_seed(0)
+    random_tr = FluxTransformer2DModel.from_config(pipe.transformer.config).eval()
+    rand_pipe = TinyShapesPipeline(transformer=random_tr, prompt_encoder=pipe.prompt_encoder,
+                                   scheduler=pipe.scheduler)
+    rand_pipe.set_progress_bar_config(disable=True)
+    shape_rate, bg_rate = _color_match_rates(rand_pipe, _quality_prompts())
+    print(f"\nrandom transformer: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%}")
+    assert shape_rate < 0.5
+    assert bg_rate < 0.5
