@@ -84,11 +84,18 @@ def hadamard_block_size(d: int) -> int:
     return d & (-d)
 
 
+@functools.lru_cache(maxsize=None)
+def hadamard_matrix(n: int, device: torch.device) -> torch.Tensor:
+    """fp32 n x n orthonormal Hadamard on `device`, made once (no host copy per call,
+    which graph capture such as npugraph_ex / CUDA graphs would not allow)."""
+    return _hadamard_cpu(n).to(device=device, dtype=torch.float32)
+
+
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     """x @ H over the last dim, H orthonormal (block-diagonal when d is not a power of 2)."""
     d = x.shape[-1]
     n = hadamard_block_size(d)
-    h = _hadamard_cpu(n).to(device=x.device, dtype=torch.float32)
+    h = hadamard_matrix(n, x.device)
     xs = x.float().reshape(*x.shape[:-1], d // n, n)
     return (xs @ h).reshape(x.shape)
 
