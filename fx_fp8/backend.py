@@ -126,6 +126,11 @@ def _warn_about_selectors(ctx, config: FP8Config) -> None:
         _warn_once(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {unmatched}")
 
 
+#: callables `hook(variant)` told which variant each StepDispatch call runs
+#: (fx_fp8.pipelines records the per-step variant sequence of a pipeline run with it)
+DISPATCH_HOOKS: list[Callable[[str], None]] = []
+
+
 class StepDispatch:
     """Two compiled variants, picked per call by whether the published step is skipped."""
 
@@ -137,6 +142,8 @@ class StepDispatch:
     def __call__(self, *args):
         variant = variant_for_current_step(self.skip_steps)
         self.calls[variant] += 1
+        for hook in DISPATCH_HOOKS:
+            hook(variant)
         return self.variants[variant](*args)
 
 

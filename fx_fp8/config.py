@@ -58,6 +58,11 @@ def _check_choice(name: str, value, choices) -> Any:
     return value
 
 
+def _is_off(value) -> bool:
+    """None / "none" / "auto" / "": the value that switches a feature off."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "", "auto"))
+
+
 def _check_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
@@ -245,8 +250,10 @@ class FP8Config:
 
         If neither `quantization` nor `diffusion_kv_cache_dtype` (or legacy
         `kv_cache_dtype`) is given, both features are on: choosing an fp8 backend
-        is the opt-in. If one of them is given, the other is off unless also
-        given, as in vLLM-Omni where each is a separate opt-in.
+        is the opt-in. If only one of them is given and it switches its feature
+        on, the other is off unless also given, as in vLLM-Omni where each is a
+        separate opt-in; if it switches its feature off (None / "auto"), the
+        other stays on.
         """
         data = dict(kwargs)
         for old, new in LEGACY_KEYS.items():
@@ -274,7 +281,10 @@ class FP8Config:
             data["quantization_config"] = qc
         mentions_attention = "diffusion_kv_cache_dtype" in data
         mentions_linear = "quantization" in data
-        if mentions_attention != mentions_linear:
+        given = data.get("diffusion_kv_cache_dtype") if mentions_attention else data.get("quantization")
+        # Only an opt-in (a feature switched on) turns the unnamed feature off;
+        # switching one feature off (None / "auto") keeps the other at its default.
+        if mentions_attention != mentions_linear and not _is_off(given):
             data.setdefault("diffusion_kv_cache_dtype", None)
             data.setdefault("quantization", None)
         return cls(**data)
@@ -325,7 +335,10 @@ class FP8Config:
         data = self.to_dict()
         for old, new in LEGACY_KEYS.items():
             if old in overrides:
-                overrides.setdefault(new, overrides.pop(old))
+                old_value = overrides.pop(old)
+                if new in overrides and overrides[new] != old_value:
+                    warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={overrides[new]!r}", stacklevel=2)
+                overrides.setdefault(new, old_value)
         if "ignored_layers" in overrides:
             data["quantization_config"]["ignored_layers"] = overrides.pop("ignored_layers")
         for key, value in overrides.items():

@@ -9,15 +9,17 @@ the memory really drops.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import torch
 import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fx_fp8.ops import quant
 
-_CACHE: "weakref.WeakKeyDictionary[torch.Tensor, dict]" = weakref.WeakKeyDictionary()
+# Keyed by tensor identity: a plain WeakKeyDictionary compares tensors with ==,
+# which raises on a second lookup of the same weight.
+_CACHE: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
 
 
 def quantized_weight(weight: torch.Tensor, granularity: str, block) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,11 +118,12 @@ def reachable_tensor_bytes(obj) -> int:
             total += st.nbytes()
 
     module = getattr(obj, "_orig_mod", obj)
-    if isinstance(module, nn.Module):
-        for t in list(module.parameters()) + list(module.buffers()):
-            add(t)
-    for per_tensor in list(_CACHE.values()):
-        for wq, ws in per_tensor.values():
+    tensors = list(module.parameters()) + list(module.buffers()) if isinstance(module, nn.Module) else []
+    for t in tensors:
+        add(t)
+    # FP8 copies made at compile time for *this* model's weights (not other models').
+    for t in tensors:
+        for wq, ws in _CACHE.get(t, {}).values():
             add(wq)
             add(ws)
     return total

@@ -73,7 +73,8 @@ class FP8LinearPass(FXPass):
         for node in list(gm.graph.nodes):
             if node.op != "call_function":
                 continue
-            if node.target is torch.ops.fx_fp8.fp8_linear.default:
+            # Dynamo records FP8Linear's call as the op packet, not the .default overload
+            if node.target in (torch.ops.fx_fp8.fp8_linear.default, torch.ops.fx_fp8.fp8_linear):
                 changed += self._retarget_prepared(node)
                 continue
             if node.target not in LINEAR_TARGETS:

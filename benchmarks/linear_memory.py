@@ -1,0 +1,160 @@
+"""Weight memory of FP8 linears at realistic width: bytes before / after prepare_model + compile.
+
+Builds a Flux transformer of real width (hidden 3072, 24 heads x 128; 2 double +
+2 single blocks by default) with random bf16 weights on CPU, measures every
+tensor reachable from the model (fx_fp8.reachable_tensor_bytes) before and
+after `fx_fp8.prepare_model` + `torch.compile(backend="fp8")` + one call,
+prints a table per layer kind, and appends a dated section to
+benchmarks/RESULTS.md.
+
+    python benchmarks/linear_memory.py [--double 2] [--single 2] [--no-results]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import time
+import warnings
+from collections import defaultdict
+
+import torch
+import torch.nn as nn
+
+import fx_fp8
+from fx_fp8.families import output_tensor
+from fx_fp8.weights import FP8Linear
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+HEADER = "# Benchmark results\n\nDated sections appended by the scripts in benchmarks/; newest last.\n"
+
+
+def build_flux(double: int, single: int) -> nn.Module:
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # build directly in bf16: no fp32 copy of ~1B parameters
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=double, num_single_layers=single,
+                                           attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                           pooled_projection_dim=768, axes_dims_rope=(16, 56, 56))
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to(torch.bfloat16).eval()
+
+
+def inputs(batch: int = 1, img: int = 64, txt: int = 16) -> dict:
+    g = torch.Generator().manual_seed(0)
+    side = int(img ** 0.5)
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)), indexing="ij"), -1)
+    return dict(hidden_states=torch.randn(batch, img, 64, generator=g).bfloat16(),
+                encoder_hidden_states=torch.randn(batch, txt, 4096, generator=g).bfloat16(),
+                pooled_projections=torch.randn(batch, 768, generator=g).bfloat16(),
+                timestep=torch.full((batch,), 0.5, dtype=torch.bfloat16),
+                img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(txt, 3))
+
+
+def kind_of(name: str) -> str:
+    """A layer kind for the table, from the module name."""
+    leaf = name.split(".")
+    if any(p in ("time_text_embed", "x_embedder", "context_embedder") for p in leaf):
+        return "embedders"
+    if name.startswith("norm_out") or name == "proj_out":
+        return "final layer"
+    if ".norm" in name and leaf[-1] == "linear":
+        return "adaLN modulation"
+    if leaf[-1] in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
+        return "attention q/k/v"
+    if "to_out" in leaf or leaf[-1] == "to_add_out":
+        return "attention out"
+    if "ff" in leaf or "ff_context" in leaf or leaf[-1] in ("proj_mlp", "proj_out"):
+        return "MLP"
+    return "other"
+
+
+def linear_bytes(module: nn.Module) -> int:
+    if isinstance(module, FP8Linear):
+        return module.weight.numel() * module.weight.element_size() + module.weight_scale.numel() * module.weight_scale.element_size()
+    return module.weight.numel() * module.weight.element_size()
+
+
+def per_kind(model: nn.Module) -> dict:
+    out = defaultdict(lambda: [0, 0])  # kind -> [count, bytes]
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, FP8Linear)):
+            k = kind_of(name)
+            out[k][0] += 1
+            out[k][1] += linear_bytes(m)
+    return out
+
+
+def mib(n: int) -> str:
+    return f"{n / 2 ** 20:,.1f}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--double", type=int, default=2, help="double-stream blocks")
+    ap.add_argument("--single", type=int, default=2, help="single-stream blocks")
+    ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+
+    t0 = time.time()
+    model = build_flux(args.double, args.single)
+    kw = inputs()
+    before_kinds = per_kind(model)
+    total_before = fx_fp8.reachable_tensor_bytes(model)
+    result = fx_fp8.prepare_model(model)
+    t_prep = time.time()
+    compiled = torch.compile(model, backend="fp8")
+    with torch.no_grad():
+        out = output_tensor(compiled(**kw))
+    assert torch.isfinite(out.float()).all(), "non-finite output"
+    t_run = time.time()
+    after_kinds = per_kind(model)
+    total_after = fx_fp8.reachable_tensor_bytes(compiled)
+    (report,) = fx_fp8.get_reports()[-1:]
+
+    quantized_kinds = defaultdict(int)
+    for name in result["quantized"]:
+        quantized_kinds[kind_of(name)] += 1
+    rows = []
+    for kind in sorted(before_kinds, key=lambda k: -before_kinds[k][1]):
+        n, b = before_kinds[kind]
+        a = after_kinds[kind][1]
+        rows.append((kind, f"{quantized_kinds[kind]}/{n}", mib(b), mib(a), f"{a / b:.3f}"))
+    rows.append(("quantized linears", f"{len(result['quantized'])}", mib(result["bytes_before"]), mib(result["bytes_after"]),
+                 f"{result['bytes_after'] / result['bytes_before']:.3f}"))
+    rows.append(("whole model (reachable tensors)", "", mib(total_before), mib(total_after), f"{total_after / total_before:.3f}"))
+    headers = ["layer kind", "FP8 / linears", "MiB before", "MiB after", "ratio"]
+
+    from tabulate import tabulate
+
+    params = sum(p.numel() for p in model.parameters())
+    title = (f"Flux width 3072, {args.double} double + {args.single} single blocks, bf16, {params / 1e6:,.0f}M parameters "
+             f"after prepare_model; prepare {t_prep - t0:.1f} s (incl. build), compile + 1 call {t_run - t_prep:.1f} s")
+    print(title)
+    print(tabulate(rows, headers=headers))
+    print(f"report: {report.summary()}, original copy kept: {report.weights.get('original_copy_kept')}")
+
+    if not args.no_results:
+        new = not os.path.exists(RESULTS)
+        with open(RESULTS, "a") as f:
+            if new:
+                f.write(HEADER)
+            f.write(f"\n## {datetime.date.today().isoformat()} linear_memory.py\n\n")
+            cpu = " ".join(x for x in (platform.machine(), platform.processor()) if x)
+            f.write(f"Machine: {cpu} ({os.cpu_count()} CPUs), "
+                    f"{platform.system()}; torch {torch.__version__}; lowering {report.lowering}.\n\n")
+            f.write(title + ".\n\n")
+            f.write(tabulate(rows, headers=headers, tablefmt="github") + "\n")
+        print(f"appended to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

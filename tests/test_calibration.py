@@ -1,0 +1,98 @@
+"""Static activation scales: calibrate, save, and reload in a fresh process for identical outputs."""
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fx_fp8
+from fx_fp8.calibration import FORMAT
+from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+
+STATIC_RUN = textwrap.dedent("""
+    import sys, warnings
+    import torch
+    from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+    torch.set_num_threads(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_tiny_transformer("sd3")
+    options = {"quantization_config": {"activation_scheme": "static", "activation_scales": sys.argv[1]}}
+    with torch.no_grad():
+        out = output_tensor(torch.compile(model, backend="fp8", options=options)(**example_inputs("sd3", model, seed=5)))
+    torch.save(out, sys.argv[2])
+""")
+
+
+def sd3():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build_tiny_transformer("sd3")
+
+
+def test_static_scales_round_trip_in_fresh_process(tmp_path):
+    model = sd3()
+    batches = [example_inputs("sd3", model, seed=s) for s in range(3)]
+    scales = fx_fp8.calibrate(model, batches)
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    assert set(scales) == linears and all(v > 0 for v in scales.values())
+    path = tmp_path / "scales.json"
+    fx_fp8.save_activation_scales(scales, path)
+    assert json.loads(path.read_text())["format"] == FORMAT
+    assert fx_fp8.load_activation_scales(path) == pytest.approx(scales)
+
+    options = {"quantization_config": {"activation_scheme": "static", "activation_scales": str(path)}}
+    with torch.no_grad():
+        static = output_tensor(torch.compile(model, backend="fp8", options=options)(**example_inputs("sd3", model, seed=5)))
+        native = output_tensor(model(**example_inputs("sd3", model, seed=5)))
+    (report,) = fx_fp8.get_reports()
+    fp8 = [e for e in report.entries if e.op == "linear" and e.action == "fp8"]
+    assert fp8 and all("static per-token activations" in e.reason for e in fp8)
+    assert 1e-4 < float((static - native).norm() / native.norm()) < 0.05
+
+    out_path = tmp_path / "out.pt"
+    proc = subprocess.run([sys.executable, "-c", STATIC_RUN, str(path), str(out_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torch.equal(torch.load(out_path), static)
+
+
+def test_calibrated_scales_are_max_over_batches():
+    lin = nn.Sequential(nn.Linear(32, 32))
+    xs = [torch.randn(4, 32) * s for s in (1.0, 3.0, 2.0)]
+    scales = fx_fp8.calibrate(lin, [(x,) for x in xs])
+    assert scales == {"0": pytest.approx(max(float(x.abs().max()) for x in xs) / 448.0)}
+    # a callable run works too
+    assert fx_fp8.calibrate(lin, lambda m: m(xs[1])) == {"0": pytest.approx(float(xs[1].abs().max()) / 448.0)}
+    with pytest.raises(ValueError, match="saw no nn.Linear inputs"):
+        fx_fp8.calibrate(lin, [])
+
+
+def test_missing_scale_keeps_layer_native():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    m, x = Two().eval(), torch.randn(8, 64)
+    scales = {"a": float(x.abs().max()) / 448.0}
+    torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {
+        "activation_scheme": "static", "activation_scales": scales}})(x)
+    (report,) = fx_fp8.get_reports()
+    got = {e.module: (e.action, e.reason) for e in report.entries}
+    assert got["a"][0] == "fp8" and got["b"] == ("native", "no static activation scale for this layer (recalibrate)")
+
+
+def test_bad_scale_files(tmp_path):
+    with pytest.raises(ValueError, match="activation_scales file not found: '.*nope.json'"):
+        fx_fp8.load_activation_scales(tmp_path / "nope.json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"a": 1.0}))
+    with pytest.raises(ValueError, match="is not an fx_fp8 activation-scales file"):
+        fx_fp8.load_activation_scales(other)

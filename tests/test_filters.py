@@ -1,0 +1,104 @@
+"""ignored_layers pattern semantics (passes/filters.py), one test per rule, and precedence."""
+import pytest
+import torch
+import torch.nn as nn
+
+import fx_fp8
+from fx_fp8 import backend
+from fx_fp8.config import DEFAULT_IGNORED_LAYERS, FP8Config, QuantizationConfig
+from fx_fp8.passes.filters import first_match, matches, validate_pattern
+from fx_fp8.passes.linear import linear_native_reason
+
+NAME = "transformer_blocks.7.img_mlp.net.0.proj"
+
+
+@pytest.mark.parametrize("pattern, name, hit", [
+    # plain names match any run of whole dotted components
+    ("img_mlp", NAME, True),
+    ("img_mlp.net", NAME, True),
+    ("net.0.proj", NAME, True),
+    ("transformer_blocks.7", NAME, True),
+    ("mlp", NAME, False),                 # not a substring match
+    ("img", NAME, False),
+    ("7.img", NAME, False),
+    ("transformer_blocks.1", "transformer_blocks.17.attn", False),
+    # globs match the whole name
+    ("*img_mlp*", NAME, True),
+    ("img_mlp*", NAME, False),
+    ("transformer_blocks.?.img_mlp.*", NAME, True),
+    ("transformer_blocks.[0-6].*", NAME, False),
+    # re: must match the whole name
+    ("re:.*img_mlp.*", NAME, True),
+    ("re:img_mlp", NAME, False),
+    ("re:transformer_blocks\\.\\d+\\.img_mlp\\..*", NAME, True),
+    ("re:proj_out", "proj_out", True),
+    ("re:proj_out", "single_transformer_blocks.3.proj_out", False),
+])
+def test_pattern_rules(pattern, name, hit):
+    assert matches(pattern, name) is hit
+
+
+def test_first_match_reports_the_pattern():
+    assert first_match(["mlp", "img_mlp", "re:.*"], NAME) == "img_mlp"
+    assert first_match(["mlp"], NAME) is None
+
+
+@pytest.mark.parametrize("bad", ["re:(", "re:[a-", "re:*x"])
+def test_bad_regex_names_pattern(bad):
+    with pytest.raises(ValueError) as e:
+        validate_pattern(bad)
+    assert repr(bad) in str(e.value) and "regular expression" in str(e.value)
+    with pytest.raises(ValueError, match="invalid ignored_layers pattern"):
+        FP8Config.from_kwargs(ignored_layers=["ok", bad])
+
+
+def test_ignored_beats_eligibility():
+    qc = QuantizationConfig()
+    # an ignored layer that is also too small reports the pattern, not the size
+    assert linear_native_reason("img_mlp.fc", 8, 8, torch.float32, qc, ("img_mlp",)) == "ignored_layers pattern 'img_mlp'"
+    assert "min_features" in linear_native_reason("other.fc", 16, 16, torch.float32, qc, ("img_mlp",))
+    assert "multiples of 16" in linear_native_reason("other.fc", 24, 64, torch.float32, qc, ())
+    assert linear_native_reason("other.fc", 64, 64, torch.float32, qc, ("img_mlp",)) is None
+    assert "weight dtype" in linear_native_reason("other.fc", 64, 64, torch.int8, qc, ())
+
+
+def test_user_list_replaces_defaults():
+    patterns, user = QuantizationConfig(ignored_layers=["img_mlp"]).effective_ignored_layers()
+    assert patterns == ("img_mlp",) and user
+    assert linear_native_reason("time_text_embed.linear_1", 64, 64, torch.float32, QuantizationConfig(), patterns) is None
+    defaults, user = QuantizationConfig().effective_ignored_layers()
+    assert defaults == DEFAULT_IGNORED_LAYERS and not user
+    assert linear_native_reason("time_text_embed.linear_1", 64, 64, torch.float32, QuantizationConfig(), defaults) is not None
+
+
+@pytest.mark.parametrize("name, ignored", [
+    ("x_embedder", True), ("transformer_blocks.0.norm1.linear", True), ("transformer_blocks.0.norm1_context.linear", True),
+    ("norm_out.linear", True), ("proj_out", True), ("transformer_blocks.0.img_mod.1", True),
+    ("layers.3.adaLN_modulation.0", True), ("condition_embedder.time_proj", True),
+    ("single_transformer_blocks.3.proj_out", False), ("transformer_blocks.0.attn.to_q", False),
+    ("transformer_blocks.0.ff.net.2", False), ("blocks.0.norm2", False),
+])
+def test_default_patterns(name, ignored):
+    assert (first_match(DEFAULT_IGNORED_LAYERS, name) is not None) is ignored
+
+
+class _TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 64)
+        self.fc2 = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_unmatched_user_pattern_warns(monkeypatch):
+    monkeypatch.setattr(backend, "_WARNED", set())
+    model = _TwoLinears().eval()
+    compiled = torch.compile(model, backend="fp8", options={"ignored_layers": ["fc1", "no_such_layer"]})
+    with pytest.warns(UserWarning, match=r"ignored_layers patterns matched no linear in this graph: \['no_such_layer'\]"):
+        compiled(torch.randn(4, 64))
+    (report,) = fx_fp8.get_reports()
+    actions = {e.module: (e.action, e.reason) for e in report.entries if e.op == "linear"}
+    assert actions["fc1"] == ("native", "ignored_layers pattern 'fc1'")
+    assert actions["fc2"][0] == "fp8"

@@ -1,0 +1,222 @@
+"""FP8LinearPass: which linears become FP8 W8A8, which stay native and why; per-layer numerics."""
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fx_fp8
+from fx_fp8.backend import compile_variant
+from fx_fp8.config import DEFAULT_IGNORED_LAYERS, FP8Config
+from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.ops import quant
+from fx_fp8.ops.reference import ReferenceLowering
+from fx_fp8.passes import linear as linear_pass
+from fx_fp8.passes.filters import first_match
+from fx_fp8.passes.fx_utils import module_name
+from fx_fp8.passes.linear import LINEAR_TARGETS
+
+
+def rel_err(a, b):
+    return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
+
+
+class Capture:
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+
+_RUNS = {}
+
+
+def traced(family):
+    """(model, gm, inputs, native output, {linear module name: nn.Linear}) traced once per family."""
+    if family not in _RUNS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = build_tiny_transformer(family)
+        kw = example_inputs(family, model)
+        cap = Capture()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            model(**kw)  # warm lazy caches (Z-Image RoPE) so the model traces to one graph
+            native = output_tensor(torch.compile(model, backend=cap, fullgraph=True)(**kw))
+        (gm, inputs), = cap.graphs
+        # the pass manager drops dead code first (e.g. the text stream of Qwen-Image's last block)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LINEAR_TARGETS]
+        modules = dict(model.named_modules())
+        linears = {module_name(n): modules[module_name(n)] for n in nodes}
+        assert len(linears) == len(nodes)  # each linear runs once
+        _RUNS[family] = (model, gm, inputs, native, linears)
+    return _RUNS[family]
+
+
+def run_pass(family, **kw):
+    model, gm, inputs, native, linears = traced(family)
+    cfg = FP8Config.from_kwargs(quantization="fp8", **kw)
+    fn, report = compile_variant(gm, inputs, cfg, backend="fp8", lowering="reference", downstream="eager", step_variant=None)
+    with torch.no_grad():
+        res = fn(*inputs)
+    out = output_tensor(res[0] if isinstance(res, (list, tuple)) else res)
+    return report, out, native, linears
+
+
+def big_enough(lin):
+    return lin.in_features % 16 == 0 and lin.out_features % 16 == 0 and min(lin.in_features, lin.out_features) >= 32
+
+
+def decisions(report):
+    return {e.module: e for e in report.entries if e.op == "linear"}
+
+
+def test_defaults_quantize_every_eligible_linear(family):
+    report, out, native, linears = run_pass(family)
+    got = decisions(report)
+    assert set(got) == set(linears)
+    assert report.count("attention", "fp8") == 0
+    for name, lin in linears.items():
+        hit = first_match(DEFAULT_IGNORED_LAYERS, name)
+        e = got[name]
+        if hit is not None:
+            assert (e.action, e.reason) == ("native", f"ignored_layers pattern {hit!r}"), name
+        elif not big_enough(lin):
+            assert e.action == "native" and ("min_features" in e.reason or "multiples of 16" in e.reason), (name, e.reason)
+        else:
+            assert e.action == "fp8", (name, e.reason)
+            assert e.reason.startswith("reference: W8A8 channel weight scales, dynamic per-token activations")
+    # the sensitive layers of every family are among the native ones
+    native_names = [n for n, e in got.items() if e.action == "native"]
+    assert any("embed" in n or n in ("img_in", "txt_in") for n in native_names)
+    assert any("proj_out" == n or "final_layer" in n for n in native_names)
+    assert report.count("linear", "fp8") >= 15
+    err = rel_err(out, native)
+    assert 1e-4 < err < 0.05, err
+    assert report.weights["original_copy_kept"] is True
+    assert any("prepare_model" in note for note in report.notes)
+
+
+def test_empty_ignored_layers_quantizes_all_eligible(family):
+    report, out, native, linears = run_pass(family, ignored_layers=[])
+    got = decisions(report)
+    eligible = {n for n, lin in linears.items() if big_enough(lin)}
+    assert {n for n, e in got.items() if e.action == "fp8"} == eligible
+    assert len(eligible) > report.count("linear", "fp8") - 1 > 0
+    assert rel_err(out, native) > 1e-4
+
+
+def test_qwen_ignored_img_mlp_exactly():
+    report, out, native, linears = run_pass("qwen-image", ignored_layers=["img_mlp"])
+    got = decisions(report)
+    img_mlp = {n for n in linears if ".img_mlp." in n}
+    assert len(img_mlp) == 4  # 2 blocks x (net.0.proj, net.2)
+    native = {n for n, e in got.items() if e.action == "native"}
+    small = {n for n, lin in linears.items() if not big_enough(lin)}  # img_in / proj_out: 16 features here
+    assert native == img_mlp | small
+    # the explicit list replaces the defaults: nothing else is ignored, the text embedder is FP8 now
+    assert {n for n, e in got.items() if "ignored_layers" in e.reason} == img_mlp
+    assert all(got[n].reason == "ignored_layers pattern 'img_mlp'" for n in img_mlp)
+    assert got["txt_in"].action == "fp8"
+    # "@defaults" keeps the family defaults as well
+    report2, _, _, _ = run_pass("qwen-image", ignored_layers=["img_mlp", "@defaults"])
+    native2 = {n for n, e in decisions(report2).items() if e.action == "native"}
+    assert native2 == img_mlp | small | {n for n in linears if first_match(DEFAULT_IGNORED_LAYERS, n)}
+    assert len(native2) > len(native)
+
+
+class _Sizes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ok = nn.Linear(64, 64)
+        self.odd = nn.Linear(64, 72)          # 72 is not a multiple of 16
+        self.narrow = nn.Linear(72, 16)       # feeds from odd; both reasons possible, 16 < min_features
+        self.small = nn.Linear(16, 64)
+
+    def forward(self, x):
+        return self.ok(x).sum() + self.narrow(self.odd(x)).sum() + self.small(x[..., :16]).sum()
+
+
+def test_small_and_misaligned_layers_stay_native():
+    m = _Sizes().eval()
+    torch.compile(m, backend="fp8", options={"quantization": "fp8"})(torch.randn(8, 64))
+    (report,) = fx_fp8.get_reports()
+    got = {e.module: (e.action, e.reason) for e in report.entries}
+    assert got["ok"][0] == "fp8"
+    assert got["odd"] == ("native", "features 64->72 not multiples of 16 (FP8 matmul tiles)")
+    assert got["narrow"] == ("native", "features 72->16 not multiples of 16 (FP8 matmul tiles)")
+    assert got["small"] == ("native", "small layer (16->64, below min_features=32): FP8 only costs time")
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {"min_features": 0}})(torch.randn(8, 64))
+    (report,) = fx_fp8.get_reports()
+    assert {e.module: e.action for e in report.entries}["small"] == "fp8"
+
+
+@pytest.mark.parametrize("granularity, block", [("tensor", None), ("channel", None), ("block", [128, 128]), ("block", [64, 32])])
+@pytest.mark.parametrize("act", ["token", "tensor"])
+@pytest.mark.parametrize("shape", [(256, 256), (512, 128), (192, 768)])
+def test_fp8_linear_relative_mse(granularity, block, act, shape):
+    in_f, out_f = shape
+    g = torch.Generator().manual_seed(in_f + out_f)
+    lin = nn.Linear(in_f, out_f)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f ** 0.5)
+    x = torch.randn(4, 77, in_f, generator=g)
+    wq, ws = quant.quantize_weight(lin.weight.detach(), granularity, block)
+    y = torch.ops.fx_fp8.fp8_linear(x, wq, ws, lin.bias.detach(), None, granularity, block or [], act, False, "reference")
+    ref = lin(x).detach()
+    mse = float(((y - ref) ** 2).mean() / (ref ** 2).mean())
+    assert y.shape == ref.shape and 1e-6 < mse < 0.002, mse
+
+
+def test_static_input_scale_in_op():
+    lin = nn.Linear(64, 64)
+    x = torch.randn(10, 64)
+    wq, ws = quant.quantize_weight(lin.weight.detach(), "channel")
+    scale = torch.tensor(float(x.abs().max()) / 448.0)
+    y = torch.ops.fx_fp8.fp8_linear(x, wq, ws, lin.bias.detach(), scale, "channel", [], "token", False, "reference")
+    assert rel_err(y, lin(x).detach()) < 0.05
+    # a too small static scale clips: the error grows, proving the scale is used
+    y_clip = torch.ops.fx_fp8.fp8_linear(x, wq, ws, lin.bias.detach(), scale / 20, "channel", [], "token", False, "reference")
+    assert rel_err(y_clip, lin(x).detach()) > 0.3
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 128)
+        self.b = nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_weight_only_fallback_warns_once(monkeypatch):
+    calls = []
+
+    def weight_only(self, weight):
+        calls.append(tuple(weight.shape))
+        return "test device has no FP8 matrix units"
+
+    monkeypatch.setattr(ReferenceLowering, "weight_only", weight_only)
+    monkeypatch.setattr(linear_pass, "_WARNED_WEIGHT_ONLY", set())
+    m, x = _Two().eval(), torch.randn(8, 64)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = torch.compile(m, backend="fp8", options={"quantization": "fp8"})(x)
+    msgs = [str(i.message) for i in w if "weight-only" in str(i.message)]
+    assert msgs == ["fx_fp8: test device has no FP8 matrix units: linears use weight-only FP8 (FP8 storage, native matmul)"]
+    assert len(calls) == 2
+    (report,) = fx_fp8.get_reports()
+    assert [e.reason for e in report.entries] == ["reference: weight-only FP8 (channel scales), weights quantized at compile"] * 2
+    ref = m(x).detach()
+    assert 1e-5 < rel_err(out, ref) < 0.05
+    # weight-only keeps activations unquantized: closer than W8A8
+    torch._dynamo.reset()
+    monkeypatch.undo()
+    assert rel_err(torch.compile(m, backend="fp8", options={"quantization": "fp8"})(x), ref) > rel_err(out, ref)

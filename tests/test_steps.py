@@ -1,0 +1,130 @@
+"""diffusion_kv_cache_skip_steps: two compiled variants, one Dynamo graph, picked per step."""
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import fx_fp8
+from fx_fp8 import backend, steps
+from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+
+
+@pytest.fixture(scope="module")
+def sd3():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_tiny_transformer("sd3")
+    return model, example_inputs("sd3", model)
+
+
+@pytest.fixture
+def variants(monkeypatch):
+    """Records the variant StepDispatch picks on each call."""
+    seen = []
+    real = backend.variant_for_current_step
+
+    def spy(skip_steps):
+        v = real(skip_steps)
+        seen.append(v)
+        return v
+
+    monkeypatch.setattr(backend, "variant_for_current_step", spy)
+    return seen
+
+
+def loop(compiled, kw, n=6):
+    outs = []
+    with torch.no_grad():
+        for i in range(n):
+            with fx_fp8.denoising_step(i):
+                outs.append(output_tensor(compiled(**kw)))
+    return outs
+
+
+def test_skip_steps_two_variants_one_dynamo_graph(sd3, variants):
+    model, kw = sd3
+    counters.clear()
+    before = backend.STATS["graphs"]
+    compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0,1"})
+    outs = loop(compiled, kw)
+    assert backend.STATS["graphs"] - before == 2
+    # Dynamo converted one frame once: a single graph, no recompiles across the steps
+    assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["total"] == counters["frames"]["ok"] == 1
+    assert variants == ["native", "native", "fp8", "fp8", "fp8", "fp8"]
+    reports = fx_fp8.get_reports()
+    assert [r.step_variant for r in reports] == ["fp8", "native"]
+    by_variant = {r.step_variant: r for r in reports}
+    assert by_variant["native"].count("attention", "fp8") == 0
+    assert by_variant["native"].count("attention", "native") == by_variant["fp8"].count("attention", "fp8") == 2
+    assert all("skipped step variant" in e.reason for e in by_variant["native"].entries if e.op == "attention")
+    # linears are FP8 in both variants
+    assert by_variant["native"].count("linear", "fp8") == by_variant["fp8"].count("linear", "fp8") > 0
+    # the same inputs give two different outputs: native attention at steps 0-1, FP8 after
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[2], outs[5])
+    assert not torch.equal(outs[1], outs[2])
+
+    # a second request: no new graph at all
+    outs2 = loop(compiled, kw)
+    assert backend.STATS["graphs"] - before == 2
+    assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["total"] == 1
+    assert variants[6:] == variants[:6]
+    assert all(torch.equal(a, b) for a, b in zip(outs, outs2))
+
+    # the variants equal separate compiles with attention off / with no step skips
+    torch._dynamo.reset()
+    native_attention = loop(torch.compile(model, backend="fp8", options={"quantization": "fp8"}), kw, n=1)[0]
+    torch._dynamo.reset()
+    all_fp8 = loop(torch.compile(model, backend="fp8"), kw, n=1)[0]
+    assert torch.equal(outs[0], native_attention) and torch.equal(outs[2], all_fp8)
+
+
+def test_no_skips_one_graph(sd3, variants):
+    model, kw = sd3
+    before = backend.STATS["graphs"]
+    compiled = torch.compile(model, backend="fp8")
+    outs = loop(compiled, kw, n=3)
+    assert backend.STATS["graphs"] - before == 1
+    assert variants == []  # no dispatch at all
+    (report,) = fx_fp8.get_reports()
+    assert report.step_variant is None and report.count("attention", "fp8") == 2
+    assert torch.equal(outs[0], outs[2])
+
+
+def test_unpublished_step_warns_once_and_runs_native(sd3, variants, monkeypatch):
+    monkeypatch.setattr(steps.STATE, "warned_unpublished", False)
+    model, kw = sd3
+    compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "3"})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out = output_tensor(compiled(**kw))
+            compiled(**kw)
+    msgs = [str(i.message) for i in w if "no denoising step was published" in str(i.message)]
+    assert len(msgs) == 1 and "native-attention graph" in msgs[0]
+    assert variants == ["native", "native"]
+    with torch.no_grad(), fx_fp8.denoising_step(3):
+        assert torch.equal(output_tensor(compiled(**kw)), out)  # step 3 is skipped: same native variant
+    assert variants[-1] == "native"
+
+
+def test_set_step_and_context():
+    assert fx_fp8.current_step() is None
+    fx_fp8.set_step(4)
+    with fx_fp8.denoising_step(7):
+        assert fx_fp8.current_step() == 7
+    assert fx_fp8.current_step() == 4
+    with pytest.raises(RuntimeError), fx_fp8.denoising_step(1):
+        raise RuntimeError
+    assert fx_fp8.current_step() == 4
+    for bad in (-1, 1.0, True, "2"):
+        with pytest.raises(ValueError, match=f"invalid denoising step {bad!r}"):
+            fx_fp8.set_step(bad)
+    fx_fp8.set_step(None)
+    assert fx_fp8.current_step() is None
+
+
+def test_variant_for_current_step():
+    fx_fp8.set_step(2)
+    assert steps.variant_for_current_step(frozenset({2})) == "native"
+    assert steps.variant_for_current_step(frozenset({0, 1})) == "fp8"
