@@ -1,0 +1,448 @@
+"""`fx-fp8`: did FP8 apply, and where? Which layers and steps must stay native?
+
+    fx-fp8 inspect     [--model tiny] [--format table|json]   one row per attention / linear node
+    fx-fp8 dump        --out DIR                              graphs before/after each pass + report.json
+    fx-fp8 compare     [--out compare.png]                    native vs FP8: latency, PSNR, SSIM, max abs error
+    fx-fp8 sensitivity [--target-psnr 30]                     per-block/step sensitivity -> recommended YAML
+
+`--model`: `tiny` (the shipped trained model, default), a family name (flux,
+qwen-image, wan, z-image, sd3: random weights, no download) or a local diffusers
+folder (pipeline folder or transformer folder). Config: `--config YAML` plus the
+flags, which override it. Bad input exits with status 2 and one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+PROG = "fx-fp8"
+
+
+class UsageError(Exception):
+    """Bad command-line input: exit status 2, one line on stderr."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one short line instead of the usage block
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# -- config flags -------------------------------------------------------------------------------
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    from fx_fp8 import cli_flags
+
+    cli_flags.add_fp8_flags(p)  # --config, --quantization, --ignored-layers, --diffusion-kv-cache-*, --backend, ...
+
+
+def _config(args):
+    """FP8Config from --config and the flags (flags win)."""
+    from fx_fp8 import cli_flags
+
+    try:
+        return cli_flags.config_from_args(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _source(args):
+    from fx_fp8.model_source import ModelSourceError, resolve_model
+
+    try:
+        return resolve_model(args.model)
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+
+
+def _quiet():
+    """diffusers/torch chatter (deprecations, accelerate hints) is not our output."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*should be kept in float32.*")
+    try:
+        from diffusers.utils import logging as dlog
+
+        dlog.set_verbosity_error()
+        dlog.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+# -- inspect / dump -----------------------------------------------------------------------------
+def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False) -> dict:
+    """Compile the transformer on example inputs (fullgraph) and collect what fx_fp8 did."""
+    import torch
+
+    import fx_fp8
+
+    model = source.load_transformer()
+    kwargs = source.example_inputs(model)
+    bytes_before = fx_fp8.reachable_tensor_bytes(model)
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    options = {"config": config}
+    if dump_graphs:
+        options["dump_graphs"] = True
+    for fullgraph in (True, False):
+        compiled = torch.compile(model, backend=backend, fullgraph=fullgraph, options=options)
+        try:
+            with torch.no_grad(), fx_fp8.denoising_step(0):  # a published step: no warning with skip steps
+                compiled(**kwargs)
+            break
+        except torch._dynamo.exc.Unsupported as e:
+            if not fullgraph:
+                raise
+            # e.g. Z-Image's rotary cache (`with torch.device(...)`): report every graph instead
+            print(f"{PROG}: note: {source.class_name} has graph breaks ({str(e).splitlines()[0]}); "
+                  "compiled without fullgraph", file=sys.stderr)
+            torch._dynamo.reset()
+            fx_fp8.clear_reports()
+    reports = fx_fp8.get_reports()
+    primary = [r for r in reports if r.step_variant in (None, "fp8")]
+    q_before = sum(r.weights.get("quantized_linear_bytes_before", 0) for r in primary)
+    q_after = sum(r.weights.get("quantized_linear_bytes_after", 0) for r in primary)
+    totals = {op: {"fp8": 0, "native": 0} for op in ("attention", "linear")}
+    for r in primary:
+        for op, counts in r.summary().items():
+            for action, n in counts.items():
+                totals[op][action] += n
+    data = {
+        "model": source.spec,
+        "class": source.class_name,
+        "config": config.to_dict(),
+        "graphs": [dict(r.to_dict(), graph_index=i) for i, r in enumerate(reports)],
+        "summary": {
+            "graphs": len(reports),
+            "step_variants": [r.step_variant or "single" for r in reports],
+            "nodes": totals,   # over the graphs that run on non-skipped steps
+            "weights": {"model_bytes_before": bytes_before,
+                        "model_bytes_after": bytes_before - q_before + q_after,
+                        "quantized_linear_bytes_before": q_before, "quantized_linear_bytes_after": q_after},
+        },
+    }
+    graphs = {i: getattr(r, "graphs", None) for i, r in enumerate(reports)}
+    return data, graphs
+
+
+def _rows(graph: dict) -> list[tuple]:
+    return [(e["module"], "" if e["layer"] is None else e["layer"], e["op"], e["action"], e["reason"], e["shapes"])
+            for e in graph["entries"]]
+
+
+def format_inspect(data: dict) -> str:
+    from tabulate import tabulate
+
+    out = [f"model: {data['model']} ({data['class']})"]
+    graphs = data["graphs"]
+    shown = [g for g in graphs if g["step_variant"] in (None, "fp8")]
+    for g in shown:
+        variant = g["step_variant"] or "single"
+        out.append(f"\ngraph {g['graph_index']} (step variant: {variant}; lowering {g['lowering']}, "
+                   f"downstream {g['downstream']}; layers {g['layer_map']})")
+        out.append(tabulate(_rows(g), headers=["module", "layer", "op", "action", "reason", "shapes"])
+                   if g["entries"] else "(no attention or linear nodes)")
+    s = data["summary"]
+    out.append("\nsummary")
+    out.append(tabulate([(op, c["fp8"], c["native"]) for op, c in s["nodes"].items()],
+                        headers=["op", "fp8", "native"]))
+    w = s["weights"]
+    out.append(f"weights: model {_mib(w['model_bytes_before'])} -> {_mib(w['model_bytes_after'])} with prepare_model "
+               f"(quantized linears {_mib(w['quantized_linear_bytes_before'])} -> "
+               f"{_mib(w['quantized_linear_bytes_after'])})")
+    line = f"graphs: {s['graphs']} (step variants: {', '.join(s['step_variants'])})"
+    for g in graphs:
+        if g not in shown:
+            c = g["summary"]
+            line += (f"; variant {g['step_variant']} (skipped steps): attention {c['attention']['fp8']} fp8 / "
+                     f"{c['attention']['native']} native, linear {c['linear']['fp8']} fp8 / {c['linear']['native']} native")
+    out.append(line)
+    for note in sorted({n for g in shown for n in g["notes"]}):
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def cmd_inspect(args) -> int:
+    source, config = _source(args), _config(args)
+    data, _ = compile_and_report(source, config, backend=args.backend)
+    print(json.dumps(data, indent=1) if args.format == "json" else format_inspect(data))
+    return 0
+
+
+def cmd_dump(args) -> int:
+    source, config = _source(args), _config(args)
+    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, g in enumerate(data["graphs"]):
+        stages = graphs.get(i)
+        if not stages:
+            raise RuntimeError("the backend attached no graph dumps (report.graphs): fx_fp8.backend lacks dump_graphs?")
+        folder = out / f"graph{i}_{g['step_variant'] or 'single'}"
+        folder.mkdir(exist_ok=True)
+        for j, (stage, code) in enumerate(stages.items()):
+            path = folder / f"{j:02d}_{stage}.py"
+            path.write_text(code)
+            written.append(path)
+    (out / "report.json").write_text(json.dumps(data, indent=1))
+    (out / "report.txt").write_text(format_inspect(data) + "\n")
+    written += [out / "report.json", out / "report.txt"]
+    for p in written:
+        print(p)
+    print(f"{len(written)} files in {out} (TORCH_LOGS=\"+fx_fp8\" prints the same graphs through PyTorch logging)",
+          file=sys.stderr)
+    return 0
+
+
+# -- compare -------------------------------------------------------------------------------------
+def _latent_psnr(ref, x) -> float:
+    from fx_fp8.sensitivity import psnr_db
+
+    return psnr_db(float(((x - ref) ** 2).mean()), float(ref.max() - ref.min()) or 1.0)
+
+
+def cmd_compare(args) -> int:
+    import torch
+
+    from fx_fp8 import image_metrics
+    from fx_fp8.pipelines import compile_pipeline
+
+    source, config = _source(args), _config(args)
+    _check_sizes(args)
+    from fx_fp8.model_source import ModelSourceError
+
+    try:
+        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+    torch._dynamo.reset()
+    run.run(args.steps, output_type="np")           # warm-up (lazy init), untimed
+    t0 = time.perf_counter()
+    ref_lat, ref_img = run.run(args.steps, output_type="np")
+    t_native = time.perf_counter() - t0
+    compile_pipeline(run.pipe, config, backend=args.backend, prepare=True)
+    t0 = time.perf_counter()
+    run.run(args.steps, output_type="np", publish=False)   # compiles
+    t_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lat, img = run.run(args.steps, output_type="np", publish=False)
+    t_fp8 = time.perf_counter() - t0
+    ref_img, img = _as_images(ref_img), _as_images(img)
+    result = {
+        "model": source.spec, "steps": args.steps, "samples": len(run.labels), "size": [args.height, args.width],
+        "latency_native_s": t_native, "latency_fp8_s": t_fp8, "first_fp8_call_s": t_first,
+        "psnr_db": _mean([image_metrics.psnr(a, b) for a, b in zip(ref_img, img)]),
+        "ssim": _mean([image_metrics.ssim(a, b) for a, b in zip(ref_img, img)]),
+        "latents_max_abs_error": float((lat - ref_lat).abs().max()),
+        "latents_psnr_db": _latent_psnr(ref_lat, lat),
+        "config": config.to_dict(),
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        _save_side_by_side(args.out, ref_img, img)
+        result["image"] = str(args.out)
+    if args.format == "json":
+        print(json.dumps(result, indent=1))
+    else:
+        from tabulate import tabulate
+
+        rows = [("latency native (s)", f"{t_native:.3f}"), ("latency FP8 (s)", f"{t_fp8:.3f}"),
+                ("first FP8 run incl. compile (s)", f"{t_first:.3f}"),
+                ("PSNR images (dB)", f"{result['psnr_db']:.2f}"), ("SSIM images", f"{result['ssim']:.4f}"),
+                ("max abs error, final latents", f"{result['latents_max_abs_error']:.4g}"),
+                ("PSNR final latents (dB)", f"{result['latents_psnr_db']:.2f}")]
+        print(f"model: {source.spec}, {len(run.labels)} sample(s), {args.steps} steps, {args.height}x{args.width}, "
+              f"seed {args.seed}")
+        print(tabulate(rows, headers=["metric", "value"]))
+        if args.out:
+            print(f"side by side (native | FP8 | |difference| x4): {args.out}")
+    return 0
+
+
+def _mean(values) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values)
+
+
+def _save_side_by_side(path, ref, fp8) -> None:
+    """One row per sample: native | FP8 | |difference| x4."""
+    from PIL import Image
+
+    from fx_fp8 import image_metrics
+
+    rows = [image_metrics.side_by_side([a, b, ((a - b).abs() * 4).clamp(0, 1)], ["native", "FP8", "|diff| x4"])
+            for a, b in zip(ref, fp8)]
+    sheet = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows)), "white")
+    y = 0
+    for r in rows:
+        sheet.paste(r, (0, y))
+        y += r.height
+    sheet.save(path)
+
+
+def _as_images(x):
+    """[B, H, W, 3] float images in [0, 1]; video frames [B, F, H, W, 3] become B*F images."""
+    if x.dim() == 5:
+        x = x.reshape(-1, *x.shape[-3:])
+    if x.shape[-1] not in (1, 3) and x.shape[1] in (1, 3):  # [B, C, H, W]
+        x = x.permute(0, 2, 3, 1)
+    return x.float().clamp(0, 1)
+
+
+def _check_sizes(args) -> None:
+    for name in ("steps", "prompts", "height", "width"):
+        v = getattr(args, name)
+        if v < 1:
+            raise UsageError(f"invalid --{name} {v}: expected a positive integer")
+
+
+# -- sensitivity ---------------------------------------------------------------------------------
+def cmd_sensitivity(args) -> int:
+    from tabulate import tabulate
+
+    from fx_fp8.model_source import ModelSourceError
+    from fx_fp8.sensitivity import run_sensitivity, save_chart
+
+    source, config = _source(args), _config(args)
+    _check_sizes(args)
+    out = Path(args.out)
+    yaml_path = Path(args.yaml) if args.yaml else out / "recommended.yaml"
+    chart_path = Path(args.chart) if args.chart else out / "sensitivity.png"
+    try:
+        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+    for p in (yaml_path, chart_path, out / "sensitivity.json"):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    print(f"sensitivity of {source.spec}: {len(run.labels)} sample(s) x {args.steps} steps at {args.height}x{args.width}, "
+          f"target {args.target_psnr:g} dB (PSNR of the final latents vs native)", file=sys.stderr, flush=True)
+    res = run_sensitivity(run, config, steps=args.steps, target_psnr=args.target_psnr, yaml_path=yaml_path,
+                          verify=not args.no_verify)
+    save_chart(res, chart_path)
+    (out / "sensitivity.json").write_text(json.dumps(res.to_dict(), indent=1))
+
+    total = res.all_fp8.mse or 1.0
+    native = set(res.native_items)
+    rows = [(i.label, f"{i.psnr:.2f}", f"{100 * i.mse / total:.1f}", "native" if i.label in native else "fp8")
+            for i in res.ranking()]
+    print("ranking (one item in FP8 at a time; lower PSNR = more sensitive):")
+    print(tabulate(rows, headers=["item", "PSNR alone (dB)", "MSE % of all-FP8", "recommended"]))
+    cfg = res.recommended
+    print(f"\nall FP8:            {res.all_fp8.psnr:.2f} dB")
+    print(f"recommended config: skip layers '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_layers)))}', "
+          f"skip steps '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_steps)))}', ignored_layers "
+          f"{list(cfg.quantization_config.ignored_layers) if cfg.quantization_config.ignored_layers is not None else 'defaults'}")
+    print(f"predicted PSNR:     {res.predicted_psnr:.2f} dB")
+    print(f"re-measured PSNR:   {res.measured_psnr:.2f} dB ({'meets' if res.measured_psnr >= res.target_psnr else 'MISSES'} "
+          f"the {res.target_psnr:g} dB target)")
+    print(f"FP8 kept:           {100 * res.fp8_work_fraction:.1f}% of the all-FP8 FLOPs "
+          f"({len(res.native_items)} of {len(res.items)} items native)")
+    print(f"measurements:       {len(res.items) + 2 + len(res.history) - 1} runs in {res.seconds:.1f} s")
+    print(f"wrote {yaml_path} (use: --config {yaml_path}), {chart_path}, {out / 'sensitivity.json'}")
+    return 0 if res.measured_psnr >= res.target_psnr else 1
+
+
+# -- parser ----------------------------------------------------------------------------------------
+SENSITIVITY_HELP = """\
+Measure how much FP8 in each block's attention, each block's linears and each
+denoising step's attention changes the final latents, rank them, and search the
+smallest set kept native that reaches --target-psnr.
+
+Method: one item quantized at a time (everything else native), not one left out:
+each measurement is then a clean error owned by one item, and independent
+quantization errors add up, so the isolated errors predict any candidate config
+(calibrated by one all-FP8 run). Greedy search: keep native the item with the
+largest predicted error reduction per FP8 FLOP given up until the predicted PSNR
+reaches the target, run that config, recalibrate and continue if it misses.
+The recommended config is written as YAML (load it with --config or
+fx_fp8.compile_pipeline) and re-measured through compile_pipeline. Exit status 1
+if the re-measured PSNR misses the target. Progress goes to stderr.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="{inspect,dump,compare,sensitivity}")
+    sub.required = True
+
+    def common(p):
+        p.add_argument("--model", default="tiny",
+                       help="'tiny' (shipped trained model, default), a family (flux, qwen-image, wan, z-image, sd3; "
+                            "random weights) or a local diffusers pipeline/transformer folder")
+        _add_config_flags(p)
+
+    def run_flags(p, steps: int, prompts: int):
+        p.add_argument("--steps", type=int, default=steps, help=f"denoising steps (default {steps})")
+        p.add_argument("--prompts", type=int, default=prompts,
+                       help=f"prompts (tiny, local folders) or samples (families) (default {prompts})")
+        p.add_argument("--height", type=int, default=32)
+        p.add_argument("--width", type=int, default=32)
+        p.add_argument("--seed", type=int, default=0)
+
+    kw = dict(allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("inspect", help="one row per attention / linear node: FP8 or native, and why", **kw,
+                       description="Compile the transformer on example inputs (backend fp8, fullgraph) and print "
+                                   "what fx_fp8 did with every attention and linear node, then a summary.")
+    common(p)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("dump", help="graph code before/after each pass and per step variant, plus report.json", **kw,
+                       description="Write the FX graph as readable Python before and after each fx_fp8 pass, for "
+                                   "each step variant, plus the report (JSON and table). The same graphs reach "
+                                   "PyTorch logging with TORCH_LOGS=\"+fx_fp8\".")
+    common(p)
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("compare", help="native vs FP8 pipeline: latency, PSNR, SSIM, max abs error, side-by-side PNG",
+                       **kw, description="Run the pipeline natively and with fx_fp8.compile_pipeline, same seeds; "
+                                         "print latency, image PSNR/SSIM and the final latents' max abs error.")
+    common(p)
+    run_flags(p, steps=8, prompts=2)
+    p.add_argument("--out", default=None, help="side-by-side PNG (native | FP8 | difference)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("sensitivity", help="per-block / per-step FP8 sensitivity and a recommended config", **kw,
+                       description=SENSITIVITY_HELP)
+    common(p)
+    run_flags(p, steps=8, prompts=2)
+    p.add_argument("--target-psnr", type=float, default=30.0,
+                   help="PSNR (dB) of the final latents vs native that the recommendation must reach (default 30)")
+    p.add_argument("--out", default="fx_fp8_sensitivity", help="output folder (default fx_fp8_sensitivity/)")
+    p.add_argument("--yaml", default=None, help="recommended config path (default OUT/recommended.yaml)")
+    p.add_argument("--chart", default=None, help="chart path (default OUT/sensitivity.png)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the final re-measurement through compile_pipeline (the in-process one still runs)")
+    p.set_defaults(func=cmd_sensitivity)
+    return parser
+
+
+def main(argv: Optional[list] = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        _quiet()
+        return args.func(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except BrokenPipeError:  # `fx-fp8 inspect | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

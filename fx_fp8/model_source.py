@@ -1,0 +1,336 @@
+"""What `fx-fp8 --model X` names: the shipped tiny model, a family, or a local diffusers folder.
+
+    resolve_model("tiny")                 # fx_fp8.tiny_model (trained, the default)
+    resolve_model("flux")                 # fx_fp8.families: random weights, no download
+    resolve_model("/models/FLUX.1-dev")   # pipeline folder (model_index.json + transformer/)
+    resolve_model("/models/x/transformer")  # transformer folder (config.json with _class_name)
+
+A ModelSource loads the transformer, builds example inputs for one forward call
+from the transformer's config, and builds a runnable pipeline (`PipelineRun`)
+for `compare` and `sensitivity`. Bad input raises ModelSourceError (a
+ValueError) whose message is one line naming the bad value.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+
+class ModelSourceError(ValueError):
+    """`--model` names nothing we can load."""
+
+
+def _family(spec: str) -> Optional[str]:
+    from fx_fp8.families import canonical_family
+
+    try:
+        return canonical_family(spec)
+    except ValueError:
+        return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelSourceError(f"cannot read {str(path)!r}: {e}") from None
+    if not isinstance(data, dict):
+        raise ModelSourceError(f"{str(path)!r} is not a JSON object")
+    return data
+
+
+@dataclass
+class ModelSource:
+    spec: str                      # what the user typed
+    kind: str                      # "tiny" | "family" | "pipeline_dir" | "transformer_dir"
+    class_name: str                # the transformer's diffusers class
+    path: Optional[Path] = None    # folder holding the transformer's config.json
+    pipeline_path: Optional[Path] = None
+    family: Optional[str] = None
+
+    def describe(self) -> str:
+        where = f" ({self.path})" if self.path else ""
+        return f"{self.spec}: {self.class_name}{where}"
+
+    # -- transformer -------------------------------------------------------
+    def load_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        with warnings.catch_warnings():  # diffusers warns about unused config keys and low_cpu_mem_usage
+            warnings.simplefilter("ignore")
+            if self.kind == "family":
+                from fx_fp8.families import build_tiny_transformer
+
+                return build_tiny_transformer(self.family, dtype=dtype)
+            cls = _diffusers_class(self.class_name, self.path)
+            return cls.from_pretrained(str(self.path), torch_dtype=dtype, local_files_only=True).eval()
+
+    def example_inputs(self, model: torch.nn.Module, *, batch: int = 1, seed: int = 0) -> dict:
+        """Keyword arguments for one forward call of `model`, shaped from its config."""
+        dtype = next(model.parameters()).dtype
+        if self.kind == "family":
+            from fx_fp8.families import example_inputs
+
+            return example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
+        build = _INPUT_BUILDERS.get(self.class_name)
+        if build is None:
+            raise ModelSourceError(
+                f"no example-input builder for transformer class {self.class_name!r} "
+                f"(known: {', '.join(sorted(_INPUT_BUILDERS))})")
+        gen = torch.Generator().manual_seed(seed)
+        return build(model.config, batch, gen, dtype, self.kind == "tiny")
+
+    # -- pipeline ----------------------------------------------------------
+    def load_pipeline(self, *, prompts: int = 2, height: int = 32, width: int = 32, seed: int = 0) -> "PipelineRun":
+        """A pipeline plus the calls that make `prompts` samples (same seeds every run)."""
+        if self.kind == "transformer_dir":
+            raise ModelSourceError(
+                f"{str(self.path)!r} is a transformer folder: compare/sensitivity need a pipeline folder "
+                "(with model_index.json), 'tiny' or a family name")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if self.kind == "tiny":
+                from fx_fp8.tiny_model import load_tiny_pipeline, random_prompt
+
+                pipe = load_tiny_pipeline()
+                pipe.set_progress_bar_config(disable=True)
+                rng = np.random.default_rng(seed)
+                texts = [random_prompt(rng) for _ in range(prompts)]
+                # one batched call: every prompt in one transformer call per step
+                calls = [dict(prompt=texts, height=height, width=width)]
+                return PipelineRun(pipe, calls, [seed], labels=texts)
+            if self.kind == "family":
+                from fx_fp8.tiny_pipelines import build_tiny_pipeline
+
+                pipe, kwargs = build_tiny_pipeline(self.spec if self.spec.lower().startswith("wan2.2") else self.family,
+                                                   height=height, width=width, seed=seed)
+                # random embeddings stand for prompts: one call per sample, different noise seeds
+                return PipelineRun(pipe, [dict(kwargs)] * prompts, [seed + i for i in range(prompts)],
+                                   labels=[f"{self.family} sample {i}" for i in range(prompts)])
+            from diffusers import DiffusionPipeline
+
+            try:
+                pipe = DiffusionPipeline.from_pretrained(str(self.pipeline_path), torch_dtype=torch.float32,
+                                                         local_files_only=True)
+            except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
+                raise ModelSourceError(f"cannot load the pipeline in {str(self.pipeline_path)!r}: "
+                                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            pipe.set_progress_bar_config(disable=True)
+            texts = ["a photo of a cat", "a red car in the rain", "a mountain lake at dawn", "a bowl of fruit"]
+            texts = (texts * prompts)[:prompts]
+            return PipelineRun(pipe, [dict(prompt=t, height=height, width=width) for t in texts],
+                               [seed + i for i in range(prompts)], labels=texts)
+
+
+@dataclass
+class PipelineRun:
+    """A pipeline and the calls that make its samples; `calls[i]` runs with seed `seeds[i]`."""
+
+    pipe: object
+    calls: list[dict]
+    seeds: list[int]
+    labels: list[str] = field(default_factory=list)
+
+    def transformers(self) -> list[tuple[str, torch.nn.Module]]:
+        """The denoisers (Wan2.2 has two: transformer and transformer_2)."""
+        out = []
+        for name in ("transformer", "transformer_2"):
+            m = getattr(self.pipe, name, None)
+            if isinstance(m, torch.nn.Module):
+                out.append((name, m))
+        return out
+
+    def run(self, steps: int, *, output_type: str = "latent", publish: bool = True
+            ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(final latents, images or None) of every call, concatenated along the batch.
+
+        publish: publish the denoising step to fx_fp8 (see publish_steps) so
+        diffusion_kv_cache_skip_steps works; False for a pipeline prepared by
+        fx_fp8.compile_pipeline, which publishes it itself.
+        """
+        latents, images = [], []
+        for call, seed in zip(self.calls, self.seeds):
+            box: dict = {}
+
+            def grab(pipe, i, t, kw, box=box):
+                box["latents"] = kw["latents"]
+                return {}
+
+            with (publish_steps(self.pipe) if publish else contextlib.nullcontext()):
+                out = self.pipe(**call, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
+                                output_type=output_type, callback_on_step_end=grab)
+            result = out.frames if hasattr(out, "frames") else out.images
+            if output_type == "latent":
+                latents.append(torch.as_tensor(result).float())
+            else:
+                latents.append(box["latents"].float())
+                images.append(torch.as_tensor(result).float())
+        return torch.cat(latents), (torch.cat(images) if images else None)
+
+
+class publish_steps:
+    """Publish the denoising step to fx_fp8 for one pipeline call: step 0 on entry, +1 after each
+    `scheduler.step` (the pipeline calls it once per step, whatever number of transformer calls)."""
+
+    def __init__(self, pipe):
+        self.scheduler = pipe.scheduler
+
+    def __enter__(self):
+        from fx_fp8.steps import set_step
+
+        self.step = 0
+        original = type(self.scheduler).step
+
+        def step(*args, **kwargs):
+            out = original(self.scheduler, *args, **kwargs)
+            self.step += 1
+            set_step(self.step)
+            return out
+
+        self.scheduler.step = step  # instance attribute shadows the class method
+        set_step(0)
+        return self
+
+    def __exit__(self, *exc):
+        from fx_fp8.steps import set_step
+
+        del self.scheduler.step
+        set_step(None)
+        return False
+
+
+def _diffusers_class(name: str, where: Optional[Path]):
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise ModelSourceError(f"transformer class {name!r} in {str(where)!r} is not a diffusers model class")
+    return cls
+
+
+def resolve_model(spec: str) -> ModelSource:
+    """'tiny', a family name (flux, qwen-image, wan, z-image, sd3), or a local diffusers folder."""
+    if spec is None or not str(spec).strip():
+        raise ModelSourceError("empty --model: expected 'tiny', a family name or a local diffusers folder")
+    spec = str(spec).strip()
+    if spec.lower() == "tiny":
+        from fx_fp8.tiny_model import TINY_MODEL_DIR
+
+        return ModelSource(spec="tiny", kind="tiny", class_name="FluxTransformer2DModel",
+                           path=TINY_MODEL_DIR / "transformer", pipeline_path=TINY_MODEL_DIR)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _from_folder(spec, path)
+    family = _family(spec)
+    if family is not None:
+        from fx_fp8 import families
+
+        classes = {"flux": "FluxTransformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
+                   "wan": "WanTransformer3DModel", "z-image": "ZImageTransformer2DModel", "sd3": "SD3Transformer2DModel"}
+        assert set(classes) == set(families.FAMILIES)
+        return ModelSource(spec=spec, kind="family", class_name=classes[family], family=family)
+    from fx_fp8.families import FAMILIES
+
+    if os.sep in spec or spec.startswith((".", "~")) or (os.altsep and os.altsep in spec):
+        raise ModelSourceError(f"model folder not found: {spec!r}")
+    raise ModelSourceError(f"unknown model {spec!r}: expected 'tiny', a family ({', '.join(FAMILIES)}) "
+                           "or a local diffusers folder (no such folder)")
+
+
+def _from_folder(spec: str, path: Path) -> ModelSource:
+    if not path.is_dir():
+        raise ModelSourceError(f"--model {spec!r} is a file: expected a diffusers pipeline or transformer folder")
+    if (path / "model_index.json").is_file():
+        index = _read_json(path / "model_index.json")
+        sub = path / "transformer"
+        if "transformer" not in index or not (sub / "config.json").is_file():
+            raise ModelSourceError(f"folder {spec!r} holds no transformer (model_index.json has no 'transformer' "
+                                   "or transformer/config.json is missing)")
+        cls = _read_json(sub / "config.json").get("_class_name")
+        if not cls:
+            raise ModelSourceError(f"{str(sub / 'config.json')!r} has no _class_name")
+        from fx_fp8.tiny_model import TINY_MODEL_DIR
+
+        if path.resolve() == TINY_MODEL_DIR.resolve():
+            return resolve_model("tiny")
+        return ModelSource(spec=spec, kind="pipeline_dir", class_name=cls, path=sub, pipeline_path=path)
+    if (path / "config.json").is_file():
+        cls = _read_json(path / "config.json").get("_class_name")
+        if not cls:
+            raise ModelSourceError(f"folder {spec!r} holds no transformer (config.json has no _class_name)")
+        if "Transformer" not in cls and "DiT" not in cls:
+            raise ModelSourceError(f"folder {spec!r} holds a {cls}, not a transformer")
+        return ModelSource(spec=spec, kind="transformer_dir", class_name=cls, path=path)
+    raise ModelSourceError(f"folder {spec!r} holds no transformer (no model_index.json with a transformer/ "
+                           "subfolder, no config.json)")
+
+
+# -- example inputs from a transformer config ------------------------------
+# Small token grids: inspection needs the graph, not realistic resolutions.
+
+def _grid_ids(h: int, w: int) -> torch.Tensor:
+    ids = torch.zeros(h, w, 3)
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(h * w, 3)
+
+
+def _flux_inputs(cfg, batch, gen, dtype, tiny):
+    h = w = 16  # the tiny model's 32x32 image = 16x16 packed tokens
+    txt = 8 if tiny else 16
+    kw = dict(hidden_states=torch.randn(batch, h * w, cfg.in_channels, generator=gen).to(dtype),
+              encoder_hidden_states=torch.randn(batch, txt, cfg.joint_attention_dim, generator=gen).to(dtype),
+              pooled_projections=torch.randn(batch, cfg.pooled_projection_dim, generator=gen).to(dtype),
+              timestep=torch.full((batch,), 0.5, dtype=dtype), img_ids=_grid_ids(h, w), txt_ids=torch.zeros(txt, 3))
+    if cfg.get("guidance_embeds"):
+        kw["guidance"] = torch.full((batch,), 3.5, dtype=dtype)
+    return kw
+
+
+def _qwen_inputs(cfg, batch, gen, dtype, tiny):
+    h = w = 8
+    return dict(hidden_states=torch.randn(batch, h * w, cfg.in_channels, generator=gen).to(dtype),
+                encoder_hidden_states=torch.randn(batch, 12, cfg.joint_attention_dim, generator=gen).to(dtype),
+                encoder_hidden_states_mask=torch.ones(batch, 12, dtype=torch.long),
+                timestep=torch.full((batch,), 0.5, dtype=dtype), img_shapes=[[(1, h, w)]] * batch)
+
+
+def _wan_inputs(cfg, batch, gen, dtype, tiny):
+    pt, ph, pw = cfg.patch_size
+    kw = dict(hidden_states=torch.randn(batch, cfg.in_channels, 2 * pt, 8 * ph, 8 * pw, generator=gen).to(dtype),
+              timestep=torch.full((batch,), 500, dtype=torch.long),
+              encoder_hidden_states=torch.randn(batch, 12, cfg.text_dim, generator=gen).to(dtype))
+    if cfg.get("image_dim"):
+        kw["encoder_hidden_states_image"] = torch.randn(batch, 16, cfg.image_dim, generator=gen).to(dtype)
+    return kw
+
+
+def _zimage_inputs(cfg, batch, gen, dtype, tiny):
+    p, fp = cfg.all_patch_size[0], cfg.all_f_patch_size[0]
+    return dict(x=[torch.randn(cfg.in_channels, fp, 8 * p, 8 * p, generator=gen).to(dtype) for _ in range(batch)],
+                t=torch.full((batch,), 0.5, dtype=dtype),
+                cap_feats=[torch.randn(16, cfg.cap_feat_dim, generator=gen).to(dtype) for _ in range(batch)])
+
+
+def _sd3_inputs(cfg, batch, gen, dtype, tiny):
+    side = 8 * cfg.patch_size
+    return dict(hidden_states=torch.randn(batch, cfg.in_channels, side, side, generator=gen).to(dtype),
+                encoder_hidden_states=torch.randn(batch, 12, cfg.joint_attention_dim, generator=gen).to(dtype),
+                pooled_projections=torch.randn(batch, cfg.pooled_projection_dim, generator=gen).to(dtype),
+                timestep=torch.full((batch,), 500, dtype=dtype))
+
+
+_INPUT_BUILDERS: dict[str, Callable] = {
+    "FluxTransformer2DModel": _flux_inputs,
+    "QwenImageTransformer2DModel": _qwen_inputs,
+    "WanTransformer3DModel": _wan_inputs,
+    "ZImageTransformer2DModel": _zimage_inputs,
+    "SD3Transformer2DModel": _sd3_inputs,
+}

@@ -1,0 +1,121 @@
+"""`fx-fp8 sensitivity`: the error model, the greedy search, and end-to-end runs (subprocess)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fx_fp8.config import FP8Config
+from fx_fp8.passes.filters import matches
+from fx_fp8.sensitivity import ErrorModel, Item, block_pattern, greedy, psnr_db
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _items():
+    return [Item("attention_layer", 0, "attention layer 0", mse=5.0, work=10.0),
+            Item("attention_layer", 1, "attention layer 1", mse=1.0, work=10.0),
+            Item("attention_step", 0, "attention step 0", mse=4.0, work=20.0),
+            Item("attention_step", 1, "attention step 1", mse=1.0, work=20.0),
+            Item("linears_block", 0, "linears block 0", mse=0.5, work=100.0),
+            Item("linears_block", 1, "linears block 1", mse=8.0, work=100.0)]
+
+
+def test_error_model_is_additive_and_separable():
+    m = ErrorModel(_items(), steps=2)
+    # attention (layer, step) = layer error x step error / mean of both totals ((6 + 5) / 2)
+    assert m.raw(set()) == pytest.approx(6 * 5 / 5.5 + 0.5 + 8.0)
+    assert m.raw({("attention_layer", 0)}) == pytest.approx(1 * 5 / 5.5 + 8.5)
+    assert m.raw({("attention_step", 0), ("attention_layer", 0)}) == pytest.approx(1 * 1 / 5.5 + 8.5)
+    assert m.raw({(i.kind, i.index) for i in _items()}) == 0.0
+    # FP8 work over the run: attention per layer x live steps, linears x all steps
+    assert m.work(set()) == pytest.approx(2 * 10 * 2 + 2 * 100 * 2)
+    assert m.work({("attention_step", 1)}) == pytest.approx(2 * 10 * 1 + 400)
+
+
+def test_greedy_keeps_native_the_best_error_per_flop_until_done():
+    items = _items()
+    m = ErrorModel(items, steps=2)
+    chosen: set = set()
+    added = greedy(m, items, chosen, lambda c: m.raw(c) <= 9.0)
+    # layer 0 removes 25/5.5 of error for 20 FLOPs (step 0: 24/5.5 for 20): the best ratio
+    assert [i.label for i in added][0] == "attention layer 0"
+    assert m.raw(chosen) <= 9.0
+    assert ("linears_block", 1) not in chosen or m.raw(chosen - {("linears_block", 1)}) > 9.0
+    # a target that needs everything native: greedy stops when nothing has a gain left
+    chosen = set()
+    greedy(m, items, chosen, lambda c: False)
+    assert m.raw(chosen) == 0.0
+    assert psnr_db(0.0, 2.0) == math.inf and psnr_db(0.04, 2.0) == pytest.approx(20.0)
+
+
+def test_block_pattern_matches_exactly_one_block():
+    p = block_pattern("transformer_blocks", 1)
+    assert matches(p, "transformer_blocks.1.attn.to_q")
+    assert not matches(p, "transformer_blocks.11.attn.to_q")
+    assert not matches(p, "single_transformer_blocks.1.proj_mlp")
+    assert not matches(p, "transformer_blocks.10")
+    FP8Config.from_kwargs(ignored_layers=["@defaults", p])  # a valid ignored_layers pattern
+
+
+def _sensitivity(tmp_path, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, "-m", "fx_fp8", "sensitivity", "--out", str(tmp_path), *args],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r, json.loads((tmp_path / "sensitivity.json").read_text())
+
+
+def _check_result(r, res, tmp_path, target):
+    items = res["items"]
+    # one progress line per measurement, with the elapsed time, on stderr
+    progress = [l for l in r.stderr.splitlines() if re.match(r"\[\s*\d+\.\ds\] #\d+", l)]
+    assert len(progress) == 2 + len(items) + (len(res["history"]) - 1)
+    assert float(res["measured_psnr"]) >= target
+    # the final check ran the YAML through compile_pipeline: same numbers as the in-process swap
+    swap, official = res["history"][-2], res["history"][-1]
+    assert "compile_pipeline" in official["label"]
+    assert float(official["psnr"]) == pytest.approx(float(swap["psnr"]), abs=0.1)
+    assert f"re-measured PSNR:   {float(res['measured_psnr']):.2f} dB (meets" in r.stdout
+    assert "predicted PSNR:" in r.stdout
+    # strictly more FP8 than "skip everything": some item stays FP8, some FLOPs stay FP8
+    assert len(res["native_items"]) < len(items)
+    assert 0.0 < res["fp8_work_fraction"] <= 1.0
+    # the YAML is a loadable config matching the recommendation
+    cfg = FP8Config.from_yaml(tmp_path / "recommended.yaml")
+    assert cfg.to_dict() == res["recommended"]
+    native = set(res["native_items"])
+    assert cfg.diffusion_kv_cache_skip_steps == {int(l.split()[-1]) for l in native if l.startswith("attention step")}
+    assert cfg.diffusion_kv_cache_skip_layers == {int(l.split()[-1]) for l in native if l.startswith("attention layer")}
+    blocks = [l for l in native if l.startswith("linears block")]
+    ignored = cfg.quantization_config.ignored_layers or ()
+    assert len([p for p in ignored if p.startswith("re:") and p.endswith("\\..*")]) == len(blocks)
+    assert (tmp_path / "sensitivity.png").stat().st_size > 5000
+    return cfg
+
+
+def test_sensitivity_tiny_model_meets_target(tmp_path):
+    # 16x16, 4 steps: all-FP8 is about 36 dB here, so a 45 dB target makes the search work
+    r, res = _sensitivity(tmp_path, "--steps", "4", "--prompts", "2", "--height", "16", "--width", "16",
+                          "--target-psnr", "45")
+    assert float(res["all_fp8"]["psnr"]) < 45 and res["native_items"]
+    kinds = {i["kind"] for i in res["items"]}
+    assert kinds == {"attention_layer", "attention_step", "linears_block"}
+    assert len([i for i in res["items"] if i["kind"] == "attention_step"]) == 4
+    assert len([i for i in res["items"] if i["kind"] == "attention_layer"]) == 4  # 2 double + 2 single blocks
+    _check_result(r, res, tmp_path, 45.0)
+
+
+def test_sensitivity_tiny_wan_meets_target(tmp_path):
+    # random-weight Wan2.1 with classifier-free guidance (two transformer calls per step);
+    # all-FP8 is about 57 dB, so ask for 65 dB
+    r, res = _sensitivity(tmp_path, "--model", "wan", "--steps", "4", "--prompts", "1", "--height", "16",
+                          "--width", "16", "--target-psnr", "65")
+    assert float(res["all_fp8"]["psnr"]) < 65 and res["native_items"]
+    _check_result(r, res, tmp_path, 65.0)
