@@ -33,6 +33,24 @@ def quantized_weight(weight: torch.Tensor, granularity: str, block) -> tuple[tor
     return per_tensor[key]
 
 
+_STATIC_SCALES: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+
+
+def register_static_input_scale(weight: torch.Tensor, scale: float) -> None:
+    """Remember the calibrated activation scale of the linear that owns `weight`."""
+    _STATIC_SCALES[weight] = torch.tensor(scale, dtype=torch.float32, device=weight.device)
+
+
+def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
+    try:
+        return _STATIC_SCALES[weight]
+    except KeyError:
+        raise RuntimeError(
+            "fx_fp8: no static activation scale registered for this weight (a graph compiled for another "
+            "model instance?); call fx_fp8.prepare_model(model, config) before torch.compile"
+        ) from None
+
+
 class FP8Linear(nn.Module):
     """A linear layer holding only an FP8 weight (float8_e4m3fn) and fp32 scales."""
 

@@ -34,16 +34,6 @@ class CompileContext:
         if self.placeholders is None:
             self.placeholders = placeholder_index(self.gm)
 
-    def constant(self, prefix: str, tensor: torch.Tensor) -> torch.fx.Node:
-        """Register `tensor` as a graph constant (buffer) and return a get_attr node for it
-        (inserted where the graph's insertion point is)."""
-        i = 0
-        while hasattr(self.gm, f"{prefix}{i}"):
-            i += 1
-        name = f"{prefix}{i}"
-        self.gm.register_buffer(name, tensor, persistent=False)
-        return self.gm.graph.get_attr(name)
-
 
 class FXPass:
     """A graph rewrite. Subclasses set `name` and implement `run`, returning how

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fx_fp8.passes.base import FXPass
 from fx_fp8.passes.filters import first_match
 from fx_fp8.passes.fx_utils import call_args, meta_val, module_name, real_tensor, shape_str
-from fx_fp8.weights import quantized_weight
+from fx_fp8.weights import quantized_weight, register_static_input_scale
 
 LINEAR_TARGETS = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -91,19 +91,18 @@ class FP8LinearPass(FXPass):
                 self.record(node, op="linear", module=module, action="native", reason=reason, shapes=shapes)
                 continue
             real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
+            # Quantize now, once; the op finds this copy again by the weight's identity.
             wq, ws = quantized_weight(real_w, self.qcfg.weight_granularity, self.qcfg.weight_block_size)
+            act = self.qcfg.activation_granularity
+            if self.scales is not None:
+                register_static_input_scale(real_w, self.scales[module])
+                act = "static"
             weight_only = self._weight_only(w)
             with gm.graph.inserting_before(node):
-                wq_node = self.ctx.constant("fx_fp8_weight", wq)
-                ws_node = self.ctx.constant("fx_fp8_weight_scale", ws)
-                xs_node = None
-                if self.scales is not None:
-                    xs_node = self.ctx.constant("fx_fp8_input_scale", torch.tensor(self.scales[module], dtype=torch.float32, device=wq.device))
                 new = gm.graph.call_function(
                     torch.ops.fx_fp8.fp8_linear.default,
-                    (args["input"], wq_node, ws_node, args["bias"], xs_node, self.qcfg.weight_granularity,
-                     list(self.qcfg.weight_block_size or []), self.qcfg.activation_granularity, weight_only,
-                     self.ctx.lowering.name),
+                    (args["input"], args["weight"], None, args["bias"], None, self.qcfg.weight_granularity,
+                     list(self.qcfg.weight_block_size or []), act, weight_only, self.ctx.lowering.name),
                 )
             new.meta.update(node.meta)
             node.replace_all_uses_with(new)

@@ -46,7 +46,7 @@ def _fp8_attention_fake(query, key, value, attn_mask, softmax_scale, granularity
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    weight_scale: torch.Tensor,
+    weight_scale: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
     input_scale: Optional[torch.Tensor],
     weight_granularity: str,
@@ -55,8 +55,23 @@ def fp8_linear(
     weight_only: bool,
     lowering: str,
 ) -> torch.Tensor:
-    """y = x @ W^T + b with W already FP8 (+ fp32 scales) and x quantized here
-    (dynamic per token / per tensor, or with the static `input_scale`)."""
+    """y = x @ W^T + b, x quantized here (dynamic per token / per tensor, or
+    with the static `input_scale`).
+
+    `weight` is either FP8 with its fp32 `weight_scale` (prepare_model), or the
+    model's own weight with `weight_scale=None`: then its FP8 copy is looked up
+    by the weight's identity (made once, at compile time). Looking it up per
+    weight, rather than baking it into the graph, keeps it right when Dynamo
+    reuses one graph for another instance of the same class (Wan2.2's experts).
+    act_granularity "static" likewise looks up the static scale registered for
+    that weight.
+    """
+    if weight_scale is None:
+        from fx_fp8.weights import quantized_weight, static_input_scale
+
+        if act_granularity == "static":
+            input_scale = static_input_scale(weight)
+        weight, weight_scale = quantized_weight(weight, weight_granularity, tuple(weight_block) or None)
     out = get_lowering(lowering).linear(
         x, weight, weight_scale, bias, input_scale, weight_granularity=weight_granularity,
         weight_block=tuple(weight_block) or None, act_granularity=act_granularity, weight_only=weight_only,

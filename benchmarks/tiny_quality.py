@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""FP8 vs native image quality on the shipped tiny model: PSNR and SSIM over prompts x seeds.
+
+    python benchmarks/tiny_quality.py                      # default FP8 config (attention + linears)
+    python benchmarks/tiny_quality.py --ablation           # also attention-only, linears-only, ... rows
+    python benchmarks/tiny_quality.py --diffusion-kv-cache-skip-steps 0,1 --no-append
+
+Prompt i is drawn from the tiny model's grammar with seed i and generated with noise seed i,
+so every run compares the same 16 images. Results are printed as a table and appended
+(with date, machine, versions) to benchmarks/RESULTS.md unless --no-append.
+Targets: mean PSNR >= 30 dB, mean SSIM >= 0.97.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+import fx_fp8
+from fx_fp8.cli_flags import add_fp8_flags, config_from_args
+from fx_fp8.image_metrics import compare_images
+from fx_fp8.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline, random_prompt
+
+TARGET_PSNR, TARGET_SSIM = 30.0, 0.97
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+HEADER = "# Benchmark results\n\nDated sections appended by the scripts in benchmarks/; newest last.\n"
+
+# --ablation rows: which part of the FP8 recipe costs quality
+ABLATIONS = {
+    "attention only": dict(quantization=None),
+    "linears only": dict(diffusion_kv_cache_dtype=None),
+    "attention, P not quantized": dict(quantization=None, attention={"quantize_p": False}),
+    "attention, skip steps 0-1": dict(quantization=None, diffusion_kv_cache_skip_steps="0,1"),
+    "linears only, attention projections native": dict(diffusion_kv_cache_dtype=None,
+                                                      ignored_layers=["@defaults", r"re:.*attn\..*"]),
+    "both, attention projections native, skip steps 0-1": dict(diffusion_kv_cache_skip_steps="0,1",
+                                                              ignored_layers=["@defaults", r"re:.*attn\..*"]),
+}
+
+
+def prompts_and_seeds(n: int) -> list[tuple[str, int]]:
+    return [(random_prompt(np.random.default_rng(i)), i) for i in range(n)]
+
+
+def generate(pipe, cases, steps) -> list[np.ndarray]:
+    out = []
+    for prompt, seed in cases:
+        res = pipe(prompt, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="np")
+        out.append(res.images[0])
+    return out
+
+
+def evaluate(config, cases, steps, native, backend) -> dict:
+    """Compile a fresh pipeline with `config`, generate, compare with the native images."""
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    pipe = load_tiny_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    fx_fp8.compile_pipeline(pipe, config, backend=backend)
+    t0 = time.perf_counter()
+    images = generate(pipe, cases, steps)
+    seconds = time.perf_counter() - t0
+    scores = [compare_images(ref, img) for ref, img in zip(native, images)]
+    psnrs = np.array([s["psnr"] for s in scores])
+    ssims = np.array([s["ssim"] for s in scores])
+    # the graph that quantizes (with step skips there is also a "native" variant)
+    summary = [r for r in fx_fp8.get_reports() if r.step_variant in (None, "fp8")][-1].summary()
+    return {"psnr": float(np.mean(np.minimum(psnrs, 99.0))), "psnr_min": float(psnrs.min()),
+            "ssim": float(ssims.mean()), "ssim_min": float(ssims.min()), "seconds": seconds,
+            "attn": f"{summary['attention']['fp8']}/{sum(summary['attention'].values())}",
+            "linear": f"{summary['linear']['fp8']}/{sum(summary['linear'].values())}"}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores ({torch.get_num_threads()} torch threads)"
+
+
+def versions() -> str:
+    import diffusers
+
+    return f"torch {torch.__version__}, diffusers {diffusers.__version__}, python {platform.python_version()}"
+
+
+def weights_id() -> str:
+    """sha256 prefix of the tiny transformer's weights: results are tied to one training run."""
+    import hashlib
+
+    from fx_fp8.tiny_model import TINY_MODEL_DIR
+
+    path = os.path.join(TINY_MODEL_DIR, "transformer", "diffusion_pytorch_model.safetensors")
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
+
+
+def append_results(table: str, args, n_cases: int, steps: int, config) -> None:
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    section = (f"\n## tiny_quality — {now}\n\n"
+               f"- machine: {machine()}\n- versions: {versions()}\n"
+               f"- tiny model weights: transformer sha256 {weights_id()}\n"
+               f"- command: `python benchmarks/tiny_quality.py {' '.join(sys.argv[1:])}`\n"
+               f"- {n_cases} prompts x seeds, {steps} steps, 32x32, FP8 vs native (float32 CPU reference lowering "
+               f"unless stated); targets: mean PSNR >= {TARGET_PSNR:g} dB, mean SSIM >= {TARGET_SSIM:g}\n"
+               f"- config: `{config.to_dict()}`\n\n{table}\n")
+    new = not os.path.exists(RESULTS)
+    with open(RESULTS, "a") as f:  # append only: never rewrite other sections
+        if new:
+            f.write(HEADER)
+        f.write(section)
+    print(f"appended to {RESULTS}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--num-inference-steps", type=int, default=DEFAULT_NUM_INFERENCE_STEPS)
+    parser.add_argument("--ablation", action="store_true", help="also measure the parts of the recipe separately")
+    parser.add_argument("--no-append", action="store_true", help=f"do not append to {RESULTS}")
+    add_fp8_flags(parser)
+    args = parser.parse_args(argv)
+    if args.num_prompts < 1:
+        parser.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    config = config_from_args(args)
+    cases = prompts_and_seeds(args.num_prompts)
+    steps = args.num_inference_steps
+
+    pipe = load_tiny_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    t0 = time.perf_counter()
+    native = generate(pipe, cases, steps)
+    native_s = time.perf_counter() - t0
+
+    rows = [("FP8 (given config)", config)]
+    if args.ablation:
+        rows += [(name, config.replace(**over)) for name, over in ABLATIONS.items()]
+    from tabulate import tabulate
+
+    table_rows = []
+    for name, cfg in rows:
+        r = evaluate(cfg, cases, steps, native, args.backend)
+        ok = "yes" if r["psnr"] >= TARGET_PSNR and r["ssim"] >= TARGET_SSIM else "no"
+        table_rows.append([name, r["attn"], r["linear"], f"{r['psnr']:.2f}", f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}",
+                           f"{r['ssim_min']:.4f}", ok, f"{r['seconds']:.1f}"])
+        print(f"{name}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}", flush=True)
+    headers = ["config", "fp8 attention", "fp8 linears", "PSNR dB (mean)", "PSNR min", "SSIM (mean)", "SSIM min",
+               "meets target", "seconds (incl. compile)"]
+    table = tabulate(table_rows, headers=headers, tablefmt="github")
+    print(f"\nnative: {native_s:.1f} s for {len(cases)} images\n")
+    print(table)
+    if not args.no_append:
+        append_results(table, args, len(cases), steps, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

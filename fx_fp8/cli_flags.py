@@ -1,0 +1,108 @@
+"""The command-line flags shared by the examples and the `fx-fp8` CLI, and flags -> FP8Config.
+
+Flag names follow vLLM-Omni (`--quantization fp8`, `--diffusion-kv-cache-dtype fp8`,
+`--diffusion-kv-cache-skip-steps 0,1`, ...). Every FP8 flag defaults to "unset":
+only the flags a user types override the `--config` YAML.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from fx_fp8.config import DOWNSTREAMS, LOWERINGS, FP8Config
+
+#: argparse dest -> FP8Config key, for the flags that map one-to-one
+FLAG_TO_KEY = {
+    "quantization": "quantization",
+    "ignored_layers": "ignored_layers",
+    "diffusion_kv_cache_dtype": "diffusion_kv_cache_dtype",
+    "diffusion_kv_cache_skip_steps": "diffusion_kv_cache_skip_steps",
+    "diffusion_kv_cache_skip_layers": "diffusion_kv_cache_skip_layers",
+    "lowering": "lowering",
+    "downstream": "downstream",
+}
+
+
+def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--config, --quantization, --ignored-layers, --diffusion-kv-cache-*, --lowering, --downstream, --backend."""
+    g = parser.add_argument_group("FP8 (vLLM-Omni names; unset flags leave the --config YAML as it is)")
+    g.add_argument("--config", metavar="YAML", default=None,
+                   help="FP8 config: a flat YAML or a vLLM-Omni stage config (stage_args[*].engine_args)")
+    g.add_argument("--quantization", choices=["fp8", "int8", "none"], default=None,
+                   help="W8A8 linears (default when no FP8 flag and no --config is given: fp8 linears and fp8 attention)")
+    g.add_argument("--ignored-layers", metavar="PATTERNS", default=None,
+                   help="comma-separated module-name patterns kept native ('' = quantize every eligible linear; "
+                        "'@defaults' keeps the built-in list)")
+    g.add_argument("--diffusion-kv-cache-dtype", choices=["fp8", "auto", "none"], default=None,
+                   help="fp8 = FP8 attention (Q/K/V quantized); auto/none = native attention")
+    g.add_argument("--diffusion-kv-cache-skip-steps", metavar="SEL", default=None,
+                   help="denoising steps whose attention stays native, e.g. '0,1' or '0-3,27'")
+    g.add_argument("--diffusion-kv-cache-skip-layers", metavar="SEL", default=None,
+                   help="transformer layers whose attention stays native, e.g. '0,1,57'")
+    g.add_argument("--lowering", choices=list(LOWERINGS), default=None,
+                   help="FP8 kernels: auto (from the device), reference (CPU), cuda, npu")
+    g.add_argument("--downstream", choices=list(DOWNSTREAMS), default=None,
+                   help="compiler after the FP8 passes")
+    g.add_argument("--backend", choices=["fp8", "fp8_npu"], default="fp8", help="torch.compile backend")
+    return parser
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    """The FP8Config keys of the flags the user set (None = unset)."""
+    out = {}
+    for dest, key in FLAG_TO_KEY.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if dest in ("quantization", "diffusion_kv_cache_dtype") and value == "none":
+            value = None
+        out[key] = value
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> FP8Config:
+    """--config (if any) with the set flags on top; no flags and no --config -> the default
+    config (FP8 attention + FP8 linears). As in vLLM-Omni, without --config naming only one of
+    --quantization / --diffusion-kv-cache-dtype turns only that feature on."""
+    return FP8Config.load(getattr(args, "config", None), **overrides_from_args(args))
+
+
+def add_generation_flags(parser: argparse.ArgumentParser, *, default_model: Optional[str] = None, video: bool = False,
+                         default_size: int = 32, default_steps: Optional[int] = None) -> argparse.ArgumentParser:
+    """--model, --prompt, --height, --width, [--num-frames], --num-inference-steps, --seed, --device, --dtype, --output."""
+    g = parser.add_argument_group("generation")
+    g.add_argument("--model", default=default_model,
+                   help="a local diffusers folder (model_index.json)" + (f"; default: {default_model}" if default_model else ""))
+    g.add_argument("--prompt", default=None, help="the text prompt")
+    g.add_argument("--height", type=int, default=default_size)
+    g.add_argument("--width", type=int, default=default_size)
+    if video:
+        g.add_argument("--num-frames", type=int, default=5, help="frames to generate")
+    g.add_argument("--num-inference-steps", type=int, default=default_steps)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto", help="auto (cuda, then npu, then cpu), cpu, cuda, npu, ...")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                   help="auto = bfloat16 on accelerators, float32 on CPU")
+    g.add_argument("--output", default=None, help="where to write the result")
+    return parser
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> cuda if available, then npu, else cpu."""
+    import torch
+
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    from fx_fp8.ops.lowering import npu_available
+
+    return "npu" if npu_available() else "cpu"
+
+
+def resolve_dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    return getattr(torch, name)

@@ -1,0 +1,315 @@
+"""compile_pipeline / restore_pipeline: FP8 for a whole diffusers pipeline.
+
+    pipe = fx_fp8.compile_pipeline(pipe, "stage.yaml", diffusion_kv_cache_skip_steps="0,1")
+    image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
+    fx_fp8.restore_pipeline(pipe)
+
+What it does:
+  * every denoising transformer (`transformer`, and `transformer_2` of two-expert
+    Wan2.2 pipelines) is optionally prepared (`prepare_model`: FP8 weights, the
+    originals freed) and replaced by `torch.compile(t, backend="fp8", options={"config": cfg})`;
+  * the pipeline publishes its denoising step so `diffusion_kv_cache_skip_steps`
+    works: the pipeline's `__call__` starts the count at 0 (and clears it when it
+    returns or raises), and each `scheduler.step` call, which diffusers makes once
+    per denoising step after that step's transformer calls, advances it by one.
+    Both calls of a classifier-free-guidance step therefore see the same step, and
+    the count does not restart when Wan2.2 switches expert (one shared scheduler).
+    A pipeline with no scheduler `step` to hook is refused at compile time.
+
+The published step is process-global (fx_fp8.steps): run one compiled pipeline
+per process at a time. Inside `callback_on_step_end(pipe, i, t, kwargs)`,
+`fx_fp8.current_step()` is already i + 1 (the step about to run).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.nn as nn
+
+from fx_fp8 import backend as _backend
+from fx_fp8 import steps as _steps
+from fx_fp8.config import FP8Config
+
+#: pipeline attributes holding a denoising transformer, in the order they run
+TRANSFORMER_ATTRS = ("transformer", "transformer_2")
+BACKENDS = ("fp8", "fp8_npu")
+_STATE_ATTR = "_fx_fp8"
+
+
+@dataclass
+class TransformerCall:
+    """One call of a compiled transformer during a pipeline run."""
+
+    step: Optional[int]        # the published denoising step
+    transformer: str           # "transformer" or "transformer_2"
+    variants: list = field(default_factory=list)  # one entry per compiled graph run: "fp8" | "native"
+
+    @property
+    def variant(self) -> Optional[str]:
+        """The step variant that ran; None for a config without step skips (one graph, no choice);
+        "mixed" would mean the graphs of one call disagreed (a bug)."""
+        kinds = set(self.variants)
+        if not kinds:
+            return None
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+@dataclass
+class PipelineFP8State:
+    """What compile_pipeline changed on a pipeline, and a record of its last run (`calls`)."""
+
+    config: FP8Config
+    backend: str
+    originals: dict                     # attr -> the transformer before compilation
+    compiled: dict                      # attr -> the torch.compile'd module put on the pipeline
+    prepared: dict                      # attr -> prepare_model's result (or None)
+    kept_linears: dict                  # attr -> {linear name: original nn.Linear} (keep_weights=True)
+    base_class: type
+    scheduler: Any = None
+    scheduler_had_own_step: bool = False
+    scheduler_own_step: Any = None
+    hook_handles: list = field(default_factory=list)
+    step: Optional[int] = None          # step of the run in progress
+    scheduler_steps: int = 0            # scheduler.step calls in the run in progress / last run
+    calls: list = field(default_factory=list)  # TransformerCall per transformer call of the last run
+    running: bool = False
+
+    def step_variants(self) -> list:
+        """[[variant of each transformer call] for each step] of the last run."""
+        out: list = []
+        for c in self.calls:
+            while len(out) <= (c.step or 0):
+                out.append([])
+            out[c.step or 0].append(c.variant)
+        return out
+
+
+def pipeline_state(pipe) -> PipelineFP8State:
+    """The PipelineFP8State of a pipeline prepared by compile_pipeline (its `calls` record the last run)."""
+    state = getattr(pipe, _STATE_ATTR, None)
+    if state is None:
+        raise ValueError(f"{type(pipe).__name__} was not compiled with fx_fp8.compile_pipeline")
+    return state
+
+
+# -- the run record: which variant each call ran -------------------------------------------
+_ACTIVE: list[PipelineFP8State] = []   # runs in progress (nested pipeline calls stack)
+
+
+def _on_dispatch(variant: str) -> None:
+    if _ACTIVE and _ACTIVE[-1].calls:
+        _ACTIVE[-1].calls[-1].variants.append(variant)
+
+
+if _on_dispatch not in _backend.DISPATCH_HOOKS:
+    _backend.DISPATCH_HOOKS.append(_on_dispatch)
+
+
+def _pre_hook(state: PipelineFP8State, attr: str):
+    def hook(module, args):
+        if state.running:
+            state.calls.append(TransformerCall(step=_steps.current_step(), transformer=attr))
+    return hook
+
+
+# -- compile / restore ---------------------------------------------------------------------
+def _find_transformers(pipe) -> dict:
+    found = {a: getattr(pipe, a, None) for a in TRANSFORMER_ATTRS}
+    found = {a: m for a, m in found.items() if m is not None}
+    if not found:
+        raise ValueError(f"{type(pipe).__name__} has no denoising transformer: expected an nn.Module in "
+                         f"{' or '.join(TRANSFORMER_ATTRS)}; fx_fp8.compile_pipeline compiles DiT pipelines "
+                         "(Flux, Qwen-Image, Wan, Z-Image, SD3); for a bare model use torch.compile(model, backend='fp8')")
+    for a, m in found.items():
+        if isinstance(m, torch._dynamo.eval_frame.OptimizedModule):
+            raise ValueError(f"pipe.{a} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
+        if not isinstance(m, nn.Module):
+            raise ValueError(f"pipe.{a} is a {type(m).__name__}, not a torch.nn.Module")
+    return found
+
+
+def _check_scheduler(pipe):
+    scheduler = getattr(pipe, "scheduler", None)
+    step = getattr(scheduler, "step", None) if scheduler is not None else None
+    if step is None or not callable(step):
+        what = "no scheduler" if scheduler is None else f"a scheduler ({type(scheduler).__name__}) without a callable step()"
+        raise ValueError(f"{type(pipe).__name__} has {what}: fx_fp8.compile_pipeline publishes the denoising step by "
+                         "hooking pipe.scheduler.step, so diffusion_kv_cache_skip_steps could not work. Compile the "
+                         "transformer yourself and call fx_fp8.set_step(i) (or `with fx_fp8.denoising_step(i):`) "
+                         "around each step's transformer calls")
+    return scheduler
+
+
+def _install_scheduler_hook(state: PipelineFP8State, scheduler) -> None:
+    original = scheduler.step
+    state.scheduler = scheduler
+    state.scheduler_had_own_step = "step" in vars(scheduler)
+    state.scheduler_own_step = vars(scheduler).get("step")
+
+    @functools.wraps(original)
+    def step_and_advance(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if state.running:  # a scheduler used outside a pipeline call publishes nothing
+            state.scheduler_steps += 1
+            state.step += 1
+            _steps.set_step(state.step)
+        return out
+
+    step_and_advance._fx_fp8_state = state  # type: ignore[attr-defined]
+    scheduler.step = step_and_advance
+
+
+def _hooked(scheduler, state: PipelineFP8State) -> bool:
+    """Is our wrapper in scheduler.step's chain of wrappers (functools.wraps sets __wrapped__)?"""
+    fn = vars(scheduler).get("step")
+    while fn is not None:
+        if getattr(fn, "_fx_fp8_state", None) is state:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def _remove_scheduler_hook(state: PipelineFP8State) -> None:
+    scheduler = state.scheduler
+    if scheduler is None:
+        return
+    if state.scheduler_had_own_step:
+        scheduler.step = state.scheduler_own_step
+    else:
+        vars(scheduler).pop("step", None)
+    state.scheduler = None
+
+
+_WRAPPED_CLASSES: dict = {}
+
+
+def _wrapped_class(cls: type) -> type:
+    """A subclass of the pipeline's class whose __call__ publishes the step (Python looks
+    __call__ up on the type, so an instance attribute would not do)."""
+    if cls not in _WRAPPED_CLASSES:
+        @functools.wraps(cls.__call__)
+        def __call__(self, *args, **kwargs):
+            state = getattr(self, _STATE_ATTR, None)
+            if state is None:
+                return cls.__call__(self, *args, **kwargs)
+            with _run(self, state):
+                return cls.__call__(self, *args, **kwargs)
+
+        # same name and module: diffusers writes the class name into model_index.json
+        _WRAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                                             "__qualname__": cls.__qualname__, "_fx_fp8_base_class": cls})
+    return _WRAPPED_CLASSES[cls]
+
+
+@contextlib.contextmanager
+def _run(pipe, state: PipelineFP8State):
+    for attr, compiled in state.compiled.items():
+        if getattr(pipe, attr, None) is not compiled:
+            raise RuntimeError(f"pipe.{attr} was replaced after fx_fp8.compile_pipeline; call "
+                               "fx_fp8.restore_pipeline(pipe) first, then compile the new pipeline")
+    scheduler = getattr(pipe, "scheduler", None)
+    if scheduler is not state.scheduler or not _hooked(scheduler, state):
+        # the user swapped schedulers, or another pipeline sharing this scheduler was restored
+        _remove_scheduler_hook(state)
+        _install_scheduler_hook(state, _check_scheduler(pipe))
+    previous = _steps.current_step()
+    state.calls, state.scheduler_steps, state.step, state.running = [], 0, 0, True
+    _ACTIVE.append(state)
+    _steps.set_step(0)
+    try:
+        yield
+    finally:
+        _ACTIVE.remove(state)
+        state.running = False
+        _steps.STATE.step = previous
+    if state.calls and state.scheduler_steps == 0 and state.config.has_step_skips:
+        # Never a silent no-op: every call ran as step 0.
+        warnings.warn(f"fx_fp8: {type(pipe).__name__} called its transformer {len(state.calls)} times but never "
+                      "pipe.scheduler.step, so every call ran as denoising step 0 and "
+                      "diffusion_kv_cache_skip_steps did not select steps", RuntimeWarning, stacklevel=3)
+
+
+def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
+                     compile_kwargs: Optional[Mapping[str, Any]] = None, **overrides):
+    """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
+
+    config: an FP8Config, a mapping, a YAML path (flat or vLLM-Omni stage config) or None
+      (both FP8 attention and FP8 linears); `overrides` are config keys applied on top.
+    backend: "fp8" (lowering from the tensors' device) or "fp8_npu".
+    prepare: first call fx_fp8.prepare_model on each transformer, so the FP8 weights
+      replace the original ones in memory. This is destructive: restore_pipeline then gives
+      back a transformer whose eligible linears are FP8Linear modules, unless
+      keep_weights=True, which keeps the original nn.Linear modules on the CPU to put back
+      (the original weights stay in host memory).
+    compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
+    Returns `pipe`; fx_fp8.pipelines.pipeline_state(pipe).calls records each transformer
+    call of the last run (step, transformer, step variant).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"invalid backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if getattr(pipe, _STATE_ATTR, None) is not None:
+        raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
+                         "call fx_fp8.restore_pipeline(pipe) first")
+    cfg = FP8Config.load(config, **overrides)
+    transformers = _find_transformers(pipe)
+    if not callable(pipe):
+        raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
+                         "around the pipeline's __call__")
+    scheduler = _check_scheduler(pipe)
+    compile_kwargs = dict(compile_kwargs or {})
+    for key in ("backend", "options", "model"):
+        if key in compile_kwargs:
+            raise ValueError(f"compile_kwargs may not set {key!r}: compile_pipeline sets it")
+
+    state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
+                             kept_linears={}, base_class=type(pipe))
+    for attr, module in transformers.items():
+        if prepare:
+            linears = {n: m for n, m in module.named_modules() if type(m) is nn.Linear} if keep_weights else {}
+            state.prepared[attr] = _prepare(module, cfg)
+            if keep_weights:
+                state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
+        compiled = torch.compile(module, backend=backend, options={"config": cfg}, **compile_kwargs)
+        state.hook_handles.append(compiled.register_forward_pre_hook(_pre_hook(state, attr)))
+        state.compiled[attr] = compiled
+    _install_scheduler_hook(state, scheduler)
+    object.__setattr__(pipe, _STATE_ATTR, state)
+    for attr, compiled in state.compiled.items():
+        setattr(pipe, attr, compiled)
+    pipe.__class__ = _wrapped_class(state.base_class)
+    return pipe
+
+
+def _prepare(module, cfg):
+    from fx_fp8.weights import prepare_model
+
+    return prepare_model(module, cfg)
+
+
+def restore_pipeline(pipe):
+    """Undo compile_pipeline: the original transformer objects, scheduler.step and __call__.
+
+    After prepare=True (the default) without keep_weights=True the transformers' eligible
+    linears stay FP8Linear modules (their original weights were freed); they still run eagerly.
+    """
+    state = pipeline_state(pipe)
+    if state.running:
+        raise RuntimeError("restore_pipeline called while the pipeline is running")
+    for handle in state.hook_handles:
+        handle.remove()
+    for attr, original in state.originals.items():
+        for name, linear in state.kept_linears.get(attr, {}).items():
+            current = original.get_submodule(name)
+            parent, _, child = name.rpartition(".")
+            setattr(original.get_submodule(parent) if parent else original, child,
+                    linear.to(current.weight.device))
+        setattr(pipe, attr, original)
+    _remove_scheduler_hook(state)
+    pipe.__class__ = state.base_class
+    object.__delattr__(pipe, _STATE_ATTR)
+    return pipe
