@@ -214,3 +214,63 @@ def test_random_transformer_fails_quality(pipe):
     print(f"\nrandom transformer: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%}")
     assert shape_rate < 0.5
     assert bg_rate < 0.5
+
+
+# --------------------------------------------------------------------------- FP8-aware fine-tuning
+
+
+def test_fake_quant_matches_reference_lowering():
+    """The fake quantization used to fine-tune the shipped weights (examples/train_tiny_dit.py
+    --fp8-aware) computes what the CPU reference lowering computes, and lets gradients through."""
+    from fx_fp8 import FP8Config
+    from fx_fp8.ops import quant
+    from fx_fp8.ops.reference import LOWERING
+    from fx_fp8.tiny_model.fake_quant import fake_fp8_attention, fake_quant_rows, fake_quant_weight
+
+    torch.manual_seed(0)
+    a = FP8Config().attention
+    q, k, v = (torch.randn(2, 2, 264, 32) * 3 for _ in range(3))
+    q.requires_grad_(True)
+    ref = LOWERING.attention(q.detach(), k, v, attn_mask=None, softmax_scale=32**-0.5, granularity=a.granularity,
+                             q_block=a.q_block, kv_block=a.kv_block, hadamard=a.hadamard, smooth_k=a.smooth_k,
+                             quantize_p=a.quantize_p, p_scale=a.p_scale)
+    fake = fake_fp8_attention(q, k, v, None, 32**-0.5, a)
+    native = torch.nn.functional.scaled_dot_product_attention(q.detach(), k, v)
+    assert (fake - ref).abs().max() < 1e-3 * (native - ref).abs().max()  # fp32 summation order only
+    fake.sum().backward()
+    assert q.grad is not None and q.grad.abs().sum() > 0
+
+    x, w = torch.randn(40, 64, requires_grad=True), torch.randn(128, 64, requires_grad=True)
+    wq, ws = quant.quantize_weight(w.detach(), "channel")
+    ref = LOWERING.linear(x.detach(), wq, ws, None, None, weight_granularity="channel", weight_block=None,
+                          act_granularity="token", weight_only=False)
+    fake = fake_quant_rows(x) @ fake_quant_weight(w, "channel").t()
+    torch.testing.assert_close(fake, ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(x.detach() @ w.detach().t(), ref, rtol=1e-3, atol=1e-3)  # quantization is visible
+    fake.sum().backward()
+    # straight-through: d/dw of (xq @ wq^T).sum() is taken as if wq were w
+    torch.testing.assert_close(w.grad, fake_quant_rows(x.detach()).sum(0).expand(128, 64))
+
+
+def test_fake_fp8_context_is_scoped(pipe):
+    """Inside fake_fp8 the transformer runs quantized (the default config's 34 linears + attention);
+    on exit the model and torch's SDPA are back to native."""
+    from fx_fp8.tiny_model.fake_quant import fake_fp8
+    from fx_fp8.tiny_model.pipeline import image_ids, text_ids
+
+    tr = pipe.transformer
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    embeds, pooled = pipe.prompt_encoder.encode(["a red circle on a blue background"])
+    kw = dict(hidden_states=torch.randn(1, 256, 12, generator=torch.Generator().manual_seed(0)),
+              timestep=torch.tensor([0.5]), pooled_projections=pooled, encoder_hidden_states=embeds,
+              txt_ids=text_ids(embeds.shape[1]), img_ids=image_ids(32, 32), return_dict=False)
+    with torch.no_grad():
+        before = tr(**kw)[0]
+        with fake_fp8(tr) as names:
+            quantized = tr(**kw)[0]
+        after = tr(**kw)[0]
+    assert len(names) == 34 and "x_embedder" not in names and "proj_out" not in names
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    rel = ((quantized - before).norm() / before.norm()).item()
+    assert 1e-3 < rel < 0.2, rel
