@@ -73,3 +73,25 @@ def print_table(rows) -> None:
     table = [[r["run"], fmt(r["first"], ".2f"), fmt(r.get("steady"), ".2f"), fmt(r.get("psnr"), ".2f"),
               fmt(r.get("ssim"), ".4f")] for r in rows]
     print(tabulate(table, headers=["run", "first call (s)", "steady call (s)", "PSNR vs native (dB)", "SSIM vs native"]))
+
+
+def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bool, metrics):
+    """Time `run()` natively (when comparing), compile the pipeline with fx_fp8, time it again.
+
+    Returns (native_output or None, fp8_output, table rows); `metrics(native, fp8)` gives the
+    quality columns of the FP8 row.
+    """
+    rows, native = [], None
+    if compare:
+        native, first = timed(run, device)
+        _, steady = timed(run, device)
+        rows.append(dict(run="native", first=first, steady=steady))
+    fx_fp8.clear_reports()
+    fx_fp8.compile_pipeline(pipe, cfg, backend=backend)
+    out, first = timed(run, device)  # includes compilation
+    row = dict(run=f"fp8 ({backend})", first=first)
+    if compare:
+        out, row["steady"] = timed(run, device)
+        row.update(metrics(native, out))
+    rows.append(row)
+    return native, out, rows

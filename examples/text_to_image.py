@@ -25,7 +25,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-import fx_fp8  # noqa: E402
 from fx_fp8.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
 from fx_fp8.image_metrics import compare_images, save_side_by_side  # noqa: E402
 from fx_fp8.tiny_model import TINY_MODEL_DIR  # noqa: E402
@@ -94,21 +93,8 @@ def main(argv=None) -> int:
         gen = torch.Generator("cpu").manual_seed(args.seed)  # same noise on every device
         return pipe(**call, generator=gen).images[0]
 
-    rows = []
-    native = None
-    if args.compare:
-        native, first = _common.timed(run, device)
-        _, steady = _common.timed(run, device)
-        rows.append(dict(run="native", first=first, steady=steady))
-
-    fx_fp8.clear_reports()
-    fx_fp8.compile_pipeline(pipe, cfg, backend=args.backend)
-    image, first = _common.timed(run, device)  # includes compilation
-    row = dict(run=f"fp8 ({args.backend})", first=first)
-    if args.compare:
-        image, row["steady"] = _common.timed(run, device)
-        row.update(compare_images(native, image))
-    rows.append(row)
+    native, image, rows = _common.run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
+                                                    compare=args.compare, metrics=compare_images)
 
     print("fp8 backend:")
     _common.print_fp8_summary(pipe)

@@ -24,7 +24,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-import fx_fp8  # noqa: E402
 from fx_fp8.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
 from fx_fp8.image_metrics import compare_images, save_side_by_side, to_pil  # noqa: E402
 
@@ -114,21 +113,8 @@ def main(argv=None) -> int:
         gen = torch.Generator("cpu").manual_seed(args.seed)
         return pipe(**call, generator=gen, output_type="np").frames[0]
 
-    rows = []
-    native = None
-    if args.compare:
-        native, first = _common.timed(run, device)
-        _, steady = _common.timed(run, device)
-        rows.append(dict(run="native", first=first, steady=steady))
-
-    fx_fp8.clear_reports()
-    fx_fp8.compile_pipeline(pipe, cfg, backend=args.backend)
-    frames, first = _common.timed(run, device)
-    row = dict(run=f"fp8 ({args.backend})", first=first)
-    if args.compare:
-        frames, row["steady"] = _common.timed(run, device)
-        row.update(video_metrics(native, frames))
-    rows.append(row)
+    native, frames, rows = _common.run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
+                                                    compare=args.compare, metrics=video_metrics)
 
     print("fp8 backend:")
     _common.print_fp8_summary(pipe)

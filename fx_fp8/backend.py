@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.fx
