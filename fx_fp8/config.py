@@ -229,6 +229,21 @@ class FP8Config:
         set_("downstream", _check_choice("downstream", self.downstream, DOWNSTREAMS))
         if self.quantization == "int8" and self.quantization_config.method == "fp8":
             set_("quantization_config", dataclasses.replace(self.quantization_config, method="int8"))
+        self._warn_unused_selectors()
+
+    def _warn_unused_selectors(self) -> None:
+        """Selectors of a feature that is off would do nothing: say so instead of ignoring them."""
+        unused = []
+        if not self.attention_enabled:
+            if self.diffusion_kv_cache_skip_steps:
+                unused.append("diffusion_kv_cache_skip_steps")
+            if self.diffusion_kv_cache_skip_layers:
+                unused.append("diffusion_kv_cache_skip_layers")
+        if unused:
+            warnings.warn(f"{' and '.join(unused)} set but FP8 attention is off "
+                          f"(diffusion_kv_cache_dtype={self.diffusion_kv_cache_dtype!r}): they have no effect", stacklevel=4)
+        if not self.linear_enabled and self.quantization_config.ignored_layers:
+            warnings.warn("ignored_layers set but FP8 linears are off (quantization=None): it has no effect", stacklevel=4)
 
     # -- what is on --------------------------------------------------------
     @property

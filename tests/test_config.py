@@ -216,3 +216,10 @@ def test_dataclasses_direct():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         FP8Config.from_kwargs(quantization="int8")  # int8 is a method name, not a warning
+
+
+def test_selectors_of_a_feature_that_is_off_warn():
+    with pytest.warns(UserWarning, match="diffusion_kv_cache_skip_steps set but FP8 attention is off"):
+        FP8Config.from_kwargs(diffusion_kv_cache_dtype=None, diffusion_kv_cache_skip_steps="0,1")
+    with pytest.warns(UserWarning, match="ignored_layers set but FP8 linears are off"):
+        FP8Config.from_kwargs(quantization=None, ignored_layers=["img_mlp"])
