@@ -11,28 +11,15 @@ import fx_fp8
 from fx_fp8 import backend
 from fx_fp8.backend import compile_variant
 from fx_fp8.config import FP8Config
-from fx_fp8.families import FAMILIES, build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.passes import CompileContext, FP8AttentionPass
 from fx_fp8.passes.attention import is_sdpa
 from fx_fp8.passes.fx_utils import meta_val, module_name
 from fx_fp8.report import CompileReport
+from graph_capture import Capture
 
 ATTENTION_ONLY = {"diffusion_kv_cache_dtype": "fp8"}  # linears off: isolate the attention pass
-
-
-class Capture:
-    """A counting backend: keeps the graph, counts SDPA nodes, runs it natively."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append((gm, list(example_inputs)))
-        return gm.forward
-
-    def sdpa_nodes(self):
-        return [n for gm, _ in self.graphs for n in gm.graph.nodes if is_sdpa(n)]
 
 
 def rel_err(a, b):

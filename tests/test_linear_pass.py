@@ -15,19 +15,11 @@ from fx_fp8.passes import linear as linear_pass
 from fx_fp8.passes.filters import first_match
 from fx_fp8.passes.fx_utils import module_name
 from fx_fp8.passes.linear import LINEAR_TARGETS
+from graph_capture import Capture
 
 
 def rel_err(a, b):
     return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
-
-
-class Capture:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append((gm, list(example_inputs)))
-        return gm.forward
 
 
 _RUNS = {}
