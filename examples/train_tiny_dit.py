@@ -75,7 +75,7 @@ from fx_fp8.image_metrics import compare_images  # noqa: E402
 from fx_fp8.tiny_model.fake_quant import fake_fp8, quantized_linear_names  # noqa: E402
 from fx_fp8.tiny_model.pipeline import TinyShapesPipeline, image_ids, pack_images, text_ids  # noqa: E402
 from fx_fp8.tiny_model.prompt_encoder import TinyPromptEncoder  # noqa: E402
-from fx_fp8.tiny_model.shapes import dominant_colors, parse_prompt, random_prompt, render_prompt_image  # noqa: E402
+from fx_fp8.tiny_model.shapes import color_match_rates, random_prompt, render_prompt_image  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "fx_fp8" / "tiny_model" / "weights"
 IMAGE_SIZE = 32
@@ -159,13 +159,7 @@ def evaluate(pipe, n: int, seed: int) -> tuple[float, float]:
     prompts = [random_prompt(rng) for _ in range(n)]
     gen = torch.Generator().manual_seed(seed)
     images = pipe(prompts, generator=gen, output_type="np").images
-    fg_ok = bg_ok = 0
-    for p, img in zip(prompts, images):
-        color, _, background = parse_prompt(p)
-        fg, bg = dominant_colors((img * 255).round().astype(np.uint8))
-        fg_ok += fg == color
-        bg_ok += bg == background
-    return fg_ok / n, bg_ok / n
+    return color_match_rates(prompts, images)
 
 
 def main():

@@ -103,7 +103,7 @@ def compile_variant(gm, example_inputs, config: FP8Config, *, backend: str, lowe
     _warn_about_selectors(ctx, config)
     if ctx.dumps is not None:
         report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
-        report.graphs = dict(ctx.dumps)  # type: ignore[attr-defined]
+        report.graphs = dict(ctx.dumps)
     record_report(report)
     STATS["graphs"] += 1
     return _downstream_compile(downstream, graph_copy, example_inputs, mode), report

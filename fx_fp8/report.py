@@ -32,6 +32,7 @@ class CompileReport:
     layer_map: dict = field(default_factory=dict)
     weights: dict = field(default_factory=dict)   # bytes before/after, whether a BF16 copy is kept
     notes: list[str] = field(default_factory=list)
+    graphs: dict = field(default_factory=dict)    # stage -> graph code, when dump_graphs was asked
     graph_id: int = 0
 
     def add(self, **kw) -> ReportEntry:
@@ -50,6 +51,7 @@ class CompileReport:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        del d["graphs"]  # graph code goes to files (fx-fp8 dump), not into the JSON report
         d["summary"] = self.summary()
         return d
 

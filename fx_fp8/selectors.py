@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-Selector = frozenset
-
-
 def parse_selector(value, *, what: str = "selector") -> frozenset[int]:
     """Parse `value` into a frozenset of non-negative ints.
 

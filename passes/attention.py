@@ -44,9 +44,6 @@ class FP8AttentionPass(FXPass):
         self.skip_layers = ctx.config.diffusion_kv_cache_skip_layers
         self.on = ctx.config.attention_enabled
 
-    def uuid(self):
-        return (self.name, self.on, self.cfg, tuple(sorted(self.skip_layers)), self.ctx.step_variant)
-
     def reason_native(self, args: dict, module: str) -> Optional[str]:
         if not self.on:
             return f"attention quantization off (diffusion_kv_cache_dtype={self.ctx.config.diffusion_kv_cache_dtype!r})"

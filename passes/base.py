@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx
@@ -54,6 +54,3 @@ class FXPass:
         self.ctx.report.add(op=op, module=module, layer=self.ctx.layer_map.layer_of(module), action=action,
                             reason=reason, shapes=shapes, node=node.name)
 
-    def uuid(self) -> Any:
-        """A hashable description of what this pass will do (for caching)."""
-        return (self.name,)

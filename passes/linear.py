@@ -53,9 +53,6 @@ class FP8LinearPass(FXPass):
 
             self.scales = load_activation_scales(self.qcfg.activation_scales)
 
-    def uuid(self):
-        return (self.name, self.on, self.qcfg)
-
     def _weight_only(self, weight) -> bool:
         msg = self.ctx.lowering.weight_only(weight)
         if msg and msg not in _WARNED_WEIGHT_ONLY:

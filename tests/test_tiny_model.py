@@ -22,7 +22,7 @@ from fx_fp8.tiny_model import (
     random_prompt,
     render_prompt_image,
 )
-from fx_fp8.tiny_model.shapes import all_prompts, dominant_colors, parse_prompt
+from fx_fp8.tiny_model.shapes import all_prompts, color_match_rates, dominant_colors, parse_prompt
 
 N_QUALITY = 30  # prompts (each with its own seed) for the colour-match check
 
@@ -45,13 +45,7 @@ def _color_match_rates(pipe: TinyShapesPipeline, prompts: list[str]) -> tuple[fl
     each pixel to the nearest palette colour, match the prompt."""
     generators = [torch.Generator().manual_seed(1000 + i) for i in range(len(prompts))]
     images = pipe(prompts, generator=generators, output_type="np").images
-    fg_ok = bg_ok = 0
-    for prompt, img in zip(prompts, images):
-        color, _, background = parse_prompt(prompt)
-        fg, bg = dominant_colors((img * 255).round().astype(np.uint8))
-        fg_ok += fg == color
-        bg_ok += bg == background
-    return fg_ok / len(prompts), bg_ok / len(prompts)
+    return color_match_rates(prompts, images)
 
 
 # --------------------------------------------------------------------------- data / grammar

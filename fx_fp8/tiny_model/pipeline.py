@@ -163,25 +163,16 @@ class TinyShapesPipeline(DiffusionPipeline):
         with self.progress_bar(total=num_inference_steps) as progress_bar:
             for i, t in enumerate(timesteps):
                 timestep = t.expand(latents.shape[0]).to(latents.dtype) / 1000
-                noise_pred = self.transformer(
-                    hidden_states=latents,
-                    timestep=timestep,
-                    pooled_projections=pooled_prompt_embeds,
-                    encoder_hidden_states=prompt_embeds,
-                    txt_ids=txt_ids,
-                    img_ids=img_ids,
-                    return_dict=False,
-                )[0]
+
+                def predict(embeds, pooled):
+                    # self.transformer is looked up per call: a compiled replacement is picked up
+                    return self.transformer(hidden_states=latents, timestep=timestep, pooled_projections=pooled,
+                                            encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids,
+                                            return_dict=False)[0]
+
+                noise_pred = predict(prompt_embeds, pooled_prompt_embeds)
                 if do_cfg:
-                    neg_pred = self.transformer(
-                        hidden_states=latents,
-                        timestep=timestep,
-                        pooled_projections=neg_pooled,
-                        encoder_hidden_states=neg_embeds,
-                        txt_ids=txt_ids,
-                        img_ids=img_ids,
-                        return_dict=False,
-                    )[0]
+                    neg_pred = predict(neg_embeds, neg_pooled)
                     noise_pred = neg_pred + guidance_scale * (noise_pred - neg_pred)
 
                 latents = self.scheduler.step(noise_pred, t, latents, return_dict=False)[0]

@@ -164,3 +164,15 @@ def dominant_colors(image: np.ndarray) -> tuple[str, str]:
     counts[bg] = -1
     fg = int(counts.argmax())
     return COLOR_NAMES[fg], COLOR_NAMES[bg]
+
+
+def color_match_rates(prompts: list[str], images) -> tuple[float, float]:
+    """Fraction of images (float RGB in [0, 1]) whose measured (shape colour, background
+    colour) match their prompt: the prompt-following check of the tests and of training."""
+    fg_ok = bg_ok = 0
+    for prompt, img in zip(prompts, images):
+        color, _, background = parse_prompt(prompt)
+        fg, bg = dominant_colors((np.asarray(img) * 255).round().astype(np.uint8))
+        fg_ok += fg == color
+        bg_ok += bg == background
+    return fg_ok / len(prompts), bg_ok / len(prompts)
