@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from fx_fp8.ops.lowering import get_lowering
+from fx_fp8.weights import quantized_weight, static_input_scale
 
 
 @torch.library.custom_op("fx_fp8::fp8_attention", mutates_args=())
@@ -67,8 +68,6 @@ def fp8_linear(
     that weight.
     """
     if weight_scale is None:
-        from fx_fp8.weights import quantized_weight, static_input_scale
-
         if act_granularity == "static":
             input_scale = static_input_scale(weight)
         weight, weight_scale = quantized_weight(weight, weight_granularity, tuple(weight_block) or None)
