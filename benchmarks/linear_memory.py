@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.families import output_tensor
+from fx_fp8.tools.families import output_tensor
 from fx_fp8.weights import FP8Linear
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 import fx_fp8
-from fx_fp8.cli_flags import add_fp8_flags, config_from_args
-from fx_fp8.image_metrics import compare_images
-from fx_fp8.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline, random_prompt
+from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args
+from fx_fp8.tools.image_metrics import compare_images
+from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline, random_prompt
 
 TARGET_PSNR, TARGET_SSIM = 30.0, 0.97
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
@@ -101,7 +101,7 @@ def weights_id() -> str:
     """sha256 prefix of the tiny transformer's weights: results are tied to one training run."""
     import hashlib
 
-    from fx_fp8.tiny_model import TINY_MODEL_DIR
+    from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
     path = os.path.join(TINY_MODEL_DIR, "transformer", "diffusion_pytorch_model.safetensors")
     with open(path, "rb") as f:

@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
-from fx_fp8.image_metrics import compare_images, save_side_by_side  # noqa: E402
-from fx_fp8.tiny_model import TINY_MODEL_DIR  # noqa: E402
+from fx_fp8.tools.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
+from fx_fp8.tools.image_metrics import compare_images, save_side_by_side  # noqa: E402
+from fx_fp8.tools.tiny_model import TINY_MODEL_DIR  # noqa: E402
 
 TINY_PROMPT = "a red circle on a blue background"
 
@@ -45,7 +45,7 @@ def load_pipeline(model: str, device: str, dtype):
     if not os.path.isfile(os.path.join(model, "model_index.json")):
         raise SystemExit(f"--model {model!r} is not a diffusers folder (no model_index.json)")
     if is_tiny_model(model):
-        from fx_fp8.tiny_model import TinyShapesPipeline
+        from fx_fp8.tools.tiny_model import TinyShapesPipeline
 
         pipe = TinyShapesPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=True)
     else:

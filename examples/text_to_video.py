@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
-from fx_fp8.image_metrics import compare_images, save_side_by_side, to_pil  # noqa: E402
+from fx_fp8.tools.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
+from fx_fp8.tools.image_metrics import compare_images, save_side_by_side, to_pil  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +52,7 @@ def load(args, device, dtype):
         call = dict(prompt=args.prompt or "a cat surfing a wave at sunset")
         what = args.model
     else:
-        from fx_fp8.tiny_pipelines import build_tiny_pipeline
+        from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
         pipe, call = build_tiny_pipeline(args.tiny_pipeline, height=args.height, width=args.width, num_frames=args.num_frames)
         pipe = pipe.to(dtype)

@@ -1,7 +1,7 @@
-"""Trains the tiny text-to-image diffusion transformer shipped in ``fx_fp8/tiny_model/weights``.
+"""Trains the tiny text-to-image diffusion transformer shipped in ``fx_fp8/tools/tiny_model/weights``.
 
 The data are synthetic ("a {color} {shape} on a {color} background", 32x32 RGB,
-rendered on the fly from a seeded rng, see ``fx_fp8/tiny_model/shapes.py``).  The
+rendered on the fly from a seeded rng, see ``fx_fp8/tools/tiny_model/shapes.py``).  The
 model is a tiny ``FluxTransformer2DModel`` working in pixel space on 2x2 patches,
 conditioned by a learned ``TinyPromptEncoder``, trained jointly with the
 rectified-flow / flow-matching loss of ``FlowMatchEulerDiscreteScheduler``::
@@ -19,14 +19,14 @@ Reproduce the shipped weights from the repo root with::
 cores, ~0.2 s/step; it reported 95% shape-colour / 100% background match on 100 prompts.
 Without ``--stop-after`` the full 4000-step run takes ~13 minutes.)
 
-``--out`` defaults to the shipped folder ``fx_fp8/tiny_model/weights``.
+``--out`` defaults to the shipped folder ``fx_fp8/tools/tiny_model/weights``.
 
 FP8-aware fine-tune (``--init-from DIR --fp8-aware``): continues from a saved pipeline with
 each step computing the flow-matching loss twice on the same batch, once natively and once
 with FP8 fake quantization of what the default ``fx_fp8.FP8Config()`` quantizes (the 34
 eligible linears: weights per output channel, inputs per token; and the self-attention
 SDPA calls: smooth K, Hadamard Q/K, per-block Q/K/V, quantized P), with the numerics of
-``fx_fp8.ops.quant`` and straight-through gradients (``fx_fp8/tiny_model/fake_quant.py``);
+``fx_fp8.ops.quant`` and straight-through gradients (``fx_fp8/tools/tiny_model/fake_quant.py``);
 ``--consistency`` adds MSE(FP8 prediction, native prediction).  The loss mixes both, so the
 same weights stay good natively: the quality gate compares FP8 against these weights run
 natively.  This is what people do when they ship an FP8 checkpoint; fx_fp8 does not
@@ -42,7 +42,7 @@ x seeds; gate 30 dB / SSIM 0.97)::
     python examples/train_tiny_dit.py --init-from /tmp/ft_b --fp8-aware --consistency 30 \
         --steps 400 --eval-every 200 --lr 2e-4 --ema 0.995 --seed 2 --threads 1 --out /tmp/ft_c
     python examples/train_tiny_dit.py --init-from /tmp/ft_c --fp8-aware --consistency 50 \
-        --steps 600 --eval-every 200 --lr 2e-4 --ema 0.995 --seed 3 --threads 2 --out fx_fp8/tiny_model/weights
+        --steps 600 --eval-every 200 --lr 2e-4 --ema 0.995 --seed 3 --threads 2 --out fx_fp8/tools/tiny_model/weights
 
 Measured after each stage: base 26.61 dB / 0.933, ft_b 28.75 / 0.955, ft_c 29.52 / 0.967,
 shipped 31.06 / 0.975 (shape-colour match 96%, background 100%, 100 prompts).  Each stage
@@ -71,11 +71,11 @@ from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel  #
 
 from fx_fp8.config import FP8Config  # noqa: E402
 
-from fx_fp8.image_metrics import compare_images  # noqa: E402
-from fx_fp8.tiny_model.fake_quant import fake_fp8, quantized_linear_names  # noqa: E402
-from fx_fp8.tiny_model.pipeline import TinyShapesPipeline, image_ids, pack_images, text_ids  # noqa: E402
-from fx_fp8.tiny_model.prompt_encoder import TinyPromptEncoder  # noqa: E402
-from fx_fp8.tiny_model.shapes import color_match_rates, random_prompt, render_prompt_image  # noqa: E402
+from fx_fp8.tools.image_metrics import compare_images  # noqa: E402
+from fx_fp8.tools.tiny_model.fake_quant import fake_fp8, quantized_linear_names  # noqa: E402
+from fx_fp8.tools.tiny_model.pipeline import TinyShapesPipeline, image_ids, pack_images, text_ids  # noqa: E402
+from fx_fp8.tools.tiny_model.prompt_encoder import TinyPromptEncoder  # noqa: E402
+from fx_fp8.tools.tiny_model.shapes import color_match_rates, random_prompt, render_prompt_image  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "fx_fp8" / "tiny_model" / "weights"
 IMAGE_SIZE = 32
@@ -175,7 +175,7 @@ def main():
     ap.add_argument("--stop-after", type=int, default=None,
                     help="stop (and save) after this many steps, keeping the LR schedule of --steps")
     ap.add_argument("--init-from", type=Path, default=None,
-                    help="start from this saved pipeline folder (e.g. fx_fp8/tiny_model/weights) instead of random init")
+                    help="start from this saved pipeline folder (e.g. fx_fp8/tools/tiny_model/weights) instead of random init")
     ap.add_argument("--fp8-aware", action="store_true",
                     help="quantization-aware training: FP8 fake quant (default FP8Config) with straight-through grads")
     ap.add_argument("--fp8-weight", type=float, default=0.5,

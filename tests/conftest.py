@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8.families import FAMILIES, build_tiny_transformer, example_inputs
+from fx_fp8.tools.families import FAMILIES, build_tiny_transformer, example_inputs
 
 torch.set_num_threads(2)
 

@@ -11,7 +11,7 @@ import fx_fp8
 from fx_fp8 import backend
 from fx_fp8.backend import compile_variant
 from fx_fp8.config import FP8Config
-from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.passes import CompileContext, FP8AttentionPass
 from fx_fp8.passes.attention import is_sdpa

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fx_fp8.cli import main
-from fx_fp8.model_source import resolve_model
+from fx_fp8.tools.cli import main
+from fx_fp8.tools.model_source import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,8 +169,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_model_source_folders(tmp_path):
-    from fx_fp8.model_source import ModelSourceError
-    from fx_fp8.tiny_model import TINY_MODEL_DIR
+    from fx_fp8.tools.model_source import ModelSourceError
+    from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
     tiny_dir = resolve_model(str(TINY_MODEL_DIR))          # the pipeline folder itself is the tiny model
     assert tiny_dir.kind == "tiny"

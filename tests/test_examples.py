@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import fx_fp8
-from fx_fp8.cli_flags import add_fp8_flags, config_from_args, overrides_from_args
+from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args, overrides_from_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "examples", "configs", "*.yaml")))

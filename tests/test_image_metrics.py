@@ -1,4 +1,4 @@
-"""PSNR / SSIM / side-by-side PNG (fx_fp8.image_metrics)."""
+"""PSNR / SSIM / side-by-side PNG (fx_fp8.tools.image_metrics)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fx_fp8.image_metrics import compare_images, psnr, save_side_by_side, ssim, to_float_image
+from fx_fp8.tools.image_metrics import compare_images, psnr, save_side_by_side, ssim, to_float_image
 
 
 def _img(seed=0, shape=(32, 32, 3)):

@@ -8,7 +8,7 @@ import torch.nn as nn
 import fx_fp8
 from fx_fp8.backend import compile_variant
 from fx_fp8.config import DEFAULT_IGNORED_LAYERS, FP8Config
-from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.passes import linear as linear_pass

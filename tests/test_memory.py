@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.families import example_inputs, output_tensor
+from fx_fp8.tools.families import example_inputs, output_tensor
 from fx_fp8.weights import FP8Linear, _CACHE
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import fx_fp8
 import fx_fp8.backend as backend_mod
 from fx_fp8.config import AttentionQuantConfig, QuantizationConfig
-from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops import npu, quant
 from fx_fp8.ops.reference import LOWERING as REFERENCE
 from npu_sim import torch_npu_sim  # noqa: F401  (fixture)

@@ -20,7 +20,7 @@ from fx_fp8 import backend
 from fx_fp8.pipelines import TransformerCall, compile_pipeline, pipeline_state, restore_pipeline
 from fx_fp8.weights import FP8Linear
 
-from fx_fp8.tiny_pipelines import build_tiny_pipeline
+from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
 STEPS = 5
 SKIP = "0,1"

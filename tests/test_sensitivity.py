@@ -13,7 +13,7 @@ import pytest
 
 from fx_fp8.config import FP8Config
 from fx_fp8.passes.filters import matches
-from fx_fp8.sensitivity import ErrorModel, Item, block_pattern, greedy, psnr_db
+from fx_fp8.tools.sensitivity import ErrorModel, Item, block_pattern, greedy, psnr_db
 
 ROOT = Path(__file__).resolve().parents[1]
 

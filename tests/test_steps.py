@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 
 import fx_fp8
 from fx_fp8 import backend, steps
-from fx_fp8.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests for the shipped tiny text-to-image model (``fx_fp8.tiny_model``); CPU, offline."""
+"""Tests for the shipped tiny text-to-image model (``fx_fp8.tools.tiny_model``); CPU, offline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from diffusers import FluxTransformer2DModel
 
-from fx_fp8.tiny_model import (
+from fx_fp8.tools.tiny_model import (
     COLORS,
     SHAPES,
     TINY_MODEL_DIR,
@@ -22,7 +22,7 @@ from fx_fp8.tiny_model import (
     random_prompt,
     render_prompt_image,
 )
-from fx_fp8.tiny_model.shapes import all_prompts, color_match_rates, dominant_colors, parse_prompt
+from fx_fp8.tools.tiny_model.shapes import all_prompts, color_match_rates, dominant_colors, parse_prompt
 
 N_QUALITY = 30  # prompts (each with its own seed) for the colour-match check
 
@@ -219,7 +219,7 @@ def test_fake_quant_matches_reference_lowering():
     from fx_fp8 import FP8Config
     from fx_fp8.ops import quant
     from fx_fp8.ops.reference import LOWERING
-    from fx_fp8.tiny_model.fake_quant import fake_fp8_attention, fake_quant_rows, fake_quant_weight
+    from fx_fp8.tools.tiny_model.fake_quant import fake_fp8_attention, fake_quant_rows, fake_quant_weight
 
     torch.manual_seed(0)
     a = FP8Config().attention
@@ -249,8 +249,8 @@ def test_fake_quant_matches_reference_lowering():
 def test_fake_fp8_context_is_scoped(pipe):
     """Inside fake_fp8 the transformer runs quantized (the default config's 34 linears + attention);
     on exit the model and torch's SDPA are back to native."""
-    from fx_fp8.tiny_model.fake_quant import fake_fp8
-    from fx_fp8.tiny_model.pipeline import image_ids, text_ids
+    from fx_fp8.tools.tiny_model.fake_quant import fake_fp8
+    from fx_fp8.tools.tiny_model.pipeline import image_ids, text_ids
 
     tr = pipe.transformer
     sdpa = torch.nn.functional.scaled_dot_product_attention

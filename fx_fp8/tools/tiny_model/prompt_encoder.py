@@ -1,4 +1,4 @@
-"""A tiny learned prompt encoder over the fixed vocabulary of :mod:`fx_fp8.tiny_model.shapes`."""
+"""A tiny learned prompt encoder over the fixed vocabulary of :mod:`fx_fp8.tools.tiny_model.shapes`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ prompt-embedding arguments (``prompt_embeds``, ``pooled_prompt_embeds``,
 negative embeddings for classifier-free guidance, ...) and sizes a call
 needs: ``pipe(**call_kwargs, num_inference_steps=4, generator=g)``.
 
-The transformers come from :mod:`fx_fp8.families` (same structure as the real
+The transformers come from :mod:`fx_fp8.tools.families` (same structure as the real
 families at hidden sizes of 64-128); the VAEs are one- or two-block versions of
 the real ones. Weights are random: outputs are noise-like, but every module,
 scheduler call and guidance path of the real pipeline runs.
@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from fx_fp8.families import build_tiny_transformer
+from fx_fp8.tools.families import build_tiny_transformer
 
 #: pipelines this module can build, by name
 TINY_PIPELINES = ("flux", "qwen-image", "wan2.1", "wan2.2", "z-image", "sd3")

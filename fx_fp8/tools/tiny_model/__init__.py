@@ -3,7 +3,7 @@
 It draws "a {color} {shape} on a {color} background" images at 32x32 in pixel
 space, runs on CPU in well under a second, and needs no download::
 
-    from fx_fp8.tiny_model import load_tiny_pipeline
+    from fx_fp8.tools.tiny_model import load_tiny_pipeline
     pipe = load_tiny_pipeline()
     image = pipe("a red circle on a blue background", generator=torch.Generator().manual_seed(0)).images[0]
 

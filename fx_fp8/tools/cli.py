@@ -35,14 +35,14 @@ class _Parser(argparse.ArgumentParser):
 
 # -- config flags -------------------------------------------------------------------------------
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
-    from fx_fp8 import cli_flags
+    from fx_fp8.tools import cli_flags
 
     cli_flags.add_fp8_flags(p)  # --config, --quantization, --ignored-layers, --diffusion-kv-cache-*, --backend, ...
 
 
 def _config(args):
     """FP8Config from --config and the flags (flags win)."""
-    from fx_fp8 import cli_flags
+    from fx_fp8.tools import cli_flags
 
     try:
         return cli_flags.config_from_args(args)
@@ -51,7 +51,7 @@ def _config(args):
 
 
 def _source(args):
-    from fx_fp8.model_source import ModelSourceError, resolve_model
+    from fx_fp8.tools.model_source import ModelSourceError, resolve_model
 
     try:
         return resolve_model(args.model)
@@ -205,7 +205,7 @@ def cmd_dump(args) -> int:
 
 # -- compare -------------------------------------------------------------------------------------
 def _latent_psnr(ref, x) -> float:
-    from fx_fp8.sensitivity import psnr_db
+    from fx_fp8.tools.sensitivity import psnr_db
 
     return psnr_db(float(((x - ref) ** 2).mean()), float(ref.max() - ref.min()) or 1.0)
 
@@ -213,12 +213,12 @@ def _latent_psnr(ref, x) -> float:
 def cmd_compare(args) -> int:
     import torch
 
-    from fx_fp8 import image_metrics
+    from fx_fp8.tools import image_metrics
     from fx_fp8.pipelines import compile_pipeline
 
     source, config = _source(args), _config(args)
     _check_sizes(args)
-    from fx_fp8.model_source import ModelSourceError
+    from fx_fp8.tools.model_source import ModelSourceError
 
     try:
         run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
@@ -277,7 +277,7 @@ def _save_side_by_side(path, ref, fp8) -> None:
     """One row per sample: native | FP8 | |difference| x4."""
     from PIL import Image
 
-    from fx_fp8 import image_metrics
+    from fx_fp8.tools import image_metrics
 
     rows = [image_metrics.side_by_side([a, b, ((a - b).abs() * 4).clamp(0, 1)], ["native", "FP8", "|diff| x4"])
             for a, b in zip(ref, fp8)]
@@ -309,8 +309,8 @@ def _check_sizes(args) -> None:
 def cmd_sensitivity(args) -> int:
     from tabulate import tabulate
 
-    from fx_fp8.model_source import ModelSourceError
-    from fx_fp8.sensitivity import run_sensitivity, save_chart
+    from fx_fp8.tools.model_source import ModelSourceError
+    from fx_fp8.tools.sensitivity import run_sensitivity, save_chart
 
     source, config = _source(args), _config(args)
     _check_sizes(args)

@@ -1,7 +1,7 @@
 """What `fx-fp8 --model X` names: the shipped tiny model, a family, or a local diffusers folder.
 
-    resolve_model("tiny")                 # fx_fp8.tiny_model (trained, the default)
-    resolve_model("flux")                 # fx_fp8.families: random weights, no download
+    resolve_model("tiny")                 # fx_fp8.tools.tiny_model (trained, the default)
+    resolve_model("flux")                 # fx_fp8.tools.families: random weights, no download
     resolve_model("/models/FLUX.1-dev")   # pipeline folder (model_index.json + transformer/)
     resolve_model("/models/x/transformer")  # transformer folder (config.json with _class_name)
 
@@ -29,7 +29,7 @@ class ModelSourceError(ValueError):
 
 
 def _family(spec: str) -> Optional[str]:
-    from fx_fp8.families import canonical_family
+    from fx_fp8.tools.families import canonical_family
 
     try:
         return canonical_family(spec)
@@ -66,7 +66,7 @@ class ModelSource:
         with warnings.catch_warnings():  # diffusers warns about unused config keys and low_cpu_mem_usage
             warnings.simplefilter("ignore")
             if self.kind == "family":
-                from fx_fp8.families import build_tiny_transformer
+                from fx_fp8.tools.families import build_tiny_transformer
 
                 return build_tiny_transformer(self.family, dtype=dtype)
             cls = _diffusers_class(self.class_name, self.path)
@@ -76,7 +76,7 @@ class ModelSource:
         """Keyword arguments for one forward call of `model`, shaped from its config."""
         dtype = next(model.parameters()).dtype
         if self.kind == "family":
-            from fx_fp8.families import example_inputs
+            from fx_fp8.tools.families import example_inputs
 
             return example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
         build = _INPUT_BUILDERS.get(self.class_name)
@@ -97,7 +97,7 @@ class ModelSource:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.kind == "tiny":
-                from fx_fp8.tiny_model import load_tiny_pipeline, random_prompt
+                from fx_fp8.tools.tiny_model import load_tiny_pipeline, random_prompt
 
                 pipe = load_tiny_pipeline()
                 pipe.set_progress_bar_config(disable=True)
@@ -107,7 +107,7 @@ class ModelSource:
                 calls = [dict(prompt=texts, height=height, width=width)]
                 return PipelineRun(pipe, calls, [seed], labels=texts)
             if self.kind == "family":
-                from fx_fp8.tiny_pipelines import build_tiny_pipeline
+                from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
                 pipe, kwargs = build_tiny_pipeline(self.spec if self.spec.lower().startswith("wan2.2") else self.family,
                                                    height=height, width=width, seed=seed)
@@ -221,7 +221,7 @@ def resolve_model(spec: str) -> ModelSource:
         raise ModelSourceError("empty --model: expected 'tiny', a family name or a local diffusers folder")
     spec = str(spec).strip()
     if spec.lower() == "tiny":
-        from fx_fp8.tiny_model import TINY_MODEL_DIR
+        from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
         return ModelSource(spec="tiny", kind="tiny", class_name="FluxTransformer2DModel",
                            path=TINY_MODEL_DIR / "transformer", pipeline_path=TINY_MODEL_DIR)
@@ -230,13 +230,13 @@ def resolve_model(spec: str) -> ModelSource:
         return _from_folder(spec, path)
     family = _family(spec)
     if family is not None:
-        from fx_fp8 import families
+        from fx_fp8.tools import families
 
         classes = {"flux": "FluxTransformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
                    "wan": "WanTransformer3DModel", "z-image": "ZImageTransformer2DModel", "sd3": "SD3Transformer2DModel"}
         assert set(classes) == set(families.FAMILIES)
         return ModelSource(spec=spec, kind="family", class_name=classes[family], family=family)
-    from fx_fp8.families import FAMILIES
+    from fx_fp8.tools.families import FAMILIES
 
     if os.sep in spec or spec.startswith((".", "~")) or (os.altsep and os.altsep in spec):
         raise ModelSourceError(f"model folder not found: {spec!r}")
@@ -256,7 +256,7 @@ def _from_folder(spec: str, path: Path) -> ModelSource:
         cls = _read_json(sub / "config.json").get("_class_name")
         if not cls:
             raise ModelSourceError(f"{str(sub / 'config.json')!r} has no _class_name")
-        from fx_fp8.tiny_model import TINY_MODEL_DIR
+        from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
         if path.resolve() == TINY_MODEL_DIR.resolve():
             return resolve_model("tiny")
