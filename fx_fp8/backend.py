@@ -2,33 +2,35 @@
 
 Registered through the `torch_dynamo_backends` entry point, so
 `torch.compile(model, backend="fp8")` works without importing fx_fp8 first.
+
+Per graph Dynamo hands over:
+  1. names: each node is resolved to the compiled model's real module name
+     (passes/names.py), once, into the node's meta;
+  2. the passes run on a copy of the graph for each step variant (one, or
+     "fp8" and "native" when diffusion_kv_cache_skip_steps is set);
+  3. each variant goes to the downstream compiler (eager, Inductor, npugraph_ex);
+  4. the reports go to the compiled model (fx_fp8.get_reports(compiled)) and to
+     the bounded recent-compiles log.
 """
 from __future__ import annotations
 
-import logging
-import warnings
 from typing import Callable, Optional
 
 import torch
 import torch.fx
 
+from fx_fp8.calibration import check_scales_match, load_activation_scales
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
-from fx_fp8.report import CompileReport, record_report
-from fx_fp8.steps import variant_for_current_step
+from fx_fp8.passes import CompileContext, PassManager
+from fx_fp8.passes.attention import is_attention
+from fx_fp8.passes.names import NAME_KEY, LayerMap, find_compiled_model, module_name, resolve_names, traced_frame_variables
+from fx_fp8.report import RECENT, CompileReport, ModelRecord
+from fx_fp8.steps import variant_for_step
 
-log = logging.getLogger("fx_fp8")
-
-#: graphs compiled by the fx_fp8 backends since import (one per step variant)
-STATS = {"graphs": 0}
-_WARNED: set[str] = set()
-BACKEND_OPTION_KEYS = ("config", "dump_graphs")
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        warnings.warn(msg, stacklevel=3)
+#: torch.compile options that configure the backend rather than the FP8 config
+BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode")
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def config_from_options(options: Optional[dict]) -> tuple[FP8Config, dict]:
@@ -36,6 +38,8 @@ def config_from_options(options: Optional[dict]) -> tuple[FP8Config, dict]:
     options = dict(options or {})
     backend_opts = {k: options.pop(k) for k in BACKEND_OPTION_KEYS if k in options}
     base = backend_opts.pop("config", None)
+    if backend_opts.get("mode") not in MODES:
+        raise ValueError(f"invalid mode {backend_opts['mode']!r}: expected one of {', '.join(map(str, MODES[1:]))}")
     if base is None:
         return FP8Config.from_kwargs(**options), backend_opts
     return FP8Config.load(base, **options), backend_opts
@@ -48,14 +52,14 @@ def _graph_device(example_inputs) -> Optional[torch.device]:
     return None
 
 
-def choose_lowering(backend: str, config: FP8Config, device) -> str:
+def choose_lowering(backend: str, config: FP8Config, device, warn: Callable[[str], None]) -> str:
     if config.lowering != "auto":
         return config.lowering
     if backend == "fp8_npu":
         if npu_available() or (device is not None and device.type in ("npu", "privateuseone")):
             return "npu"
-        _warn_once("fx_fp8: backend 'fp8_npu' found no Ascend NPU (torch_npu not importable or no device); "
-                   "falling back to the CPU reference lowering ('reference')")
+        warn("fx_fp8: backend 'fp8_npu' found no Ascend NPU (torch_npu not importable or no device); "
+             "falling back to the CPU reference lowering ('reference')")
         return "reference"
     return resolve_lowering_name("auto", device)
 
@@ -89,84 +93,103 @@ def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mod
     raise ValueError(f"unknown downstream compiler {name!r}")
 
 
-def compile_variant(gm, example_inputs, config: FP8Config, *, backend: str, lowering: str, downstream: str,
-                    step_variant: Optional[str], mode: Optional[str] = None, dump_graphs: bool = False):
-    """Run the passes on a copy of `gm` for one step variant; returns (callable, report)."""
-    from fx_fp8.passes import CompileContext, PassManager
-
-    graph_copy = torch.fx.GraphModule(gm, _copy_graph(gm.graph))  # shares submodules/constants, not the graph
-    report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=step_variant)
-    ctx = CompileContext(gm=graph_copy, example_inputs=example_inputs, config=config, lowering=get_lowering(lowering),
-                         report=report, step_variant=step_variant, dumps=[] if dump_graphs else None)
-    PassManager().run(ctx)
-    report.layer_map = ctx.layer_map.as_dict()
-    _warn_about_selectors(ctx, config)
-    if ctx.dumps is not None:
-        report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
-        report.graphs = dict(ctx.dumps)
-    record_report(report)
-    STATS["graphs"] += 1
-    return _downstream_compile(downstream, graph_copy, example_inputs, mode), report
-
-
-def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule sharing gm's submodules and constants, with its own copy of the graph."""
     new = torch.fx.Graph()
-    out = new.graph_copy(graph, {})
+    out = new.graph_copy(gm.graph, {})
     new.output(out)
-    return new
+    return torch.fx.GraphModule(gm, new)
 
 
-def _warn_about_selectors(ctx, config: FP8Config) -> None:
-    n = ctx.layer_map.num_layers
-    beyond = sorted(i for i in config.diffusion_kv_cache_skip_layers if i >= n)
-    if config.attention_enabled and beyond:
-        _warn_once(f"fx_fp8: diffusion_kv_cache_skip_layers names layers {beyond} but this graph has {n} layers (0-{n - 1})")
-    unmatched = ctx.extras.get("unmatched_ignored_layers")
-    if unmatched:
-        _warn_once(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {unmatched}")
-
-
-#: callables `hook(variant)` told which variant each StepDispatch call runs
-#: (fx_fp8.pipelines records the per-step variant sequence of a pipeline run with it)
-DISPATCH_HOOKS: list[Callable[[str], None]] = []
+def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
+    attention = [module_name(n) for n in gm.graph.nodes if is_attention(n)]
+    if model is not None:
+        return LayerMap.from_model(model, set(attention))
+    return LayerMap.from_graph(attention, [module_name(n) for n in gm.graph.nodes])
 
 
 class StepDispatch:
     """Two compiled variants, picked per call by whether the published step is skipped."""
 
-    def __init__(self, variants: dict, skip_steps: frozenset):
+    def __init__(self, variants: dict, skip_steps, record: ModelRecord):
         self.variants = variants
         self.skip_steps = skip_steps
+        self.record = record
         self.calls = {"fp8": 0, "native": 0}
 
+    def _unpublished(self) -> None:
+        self.record.warn(
+            "fx_fp8: diffusion_kv_cache_skip_steps is set but no denoising step was published "
+            "(use fx_fp8.compile_pipeline, fx_fp8.set_step(i) or `with fx_fp8.denoising_step(i):`); "
+            "running the native-attention graph for these calls")
+
     def __call__(self, *args):
-        variant = variant_for_current_step(self.skip_steps)
+        variant = variant_for_step(self.skip_steps, self._unpublished)
         self.calls[variant] += 1
-        for hook in DISPATCH_HOOKS:
-            hook(variant)
         return self.variants[variant](*args)
 
 
-def _compile(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict], mode: Optional[str]):
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict] = None,
+                  mode: Optional[str] = None, model=None, owner=None):
+    """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python
+    stack shows (see passes/names.find_compiled_model). Returns the callable Dynamo runs."""
     config, backend_opts = config_from_options(options)
+    mode = mode or backend_opts.get("mode")
+    if not any(NAME_KEY in n.meta for n in gm.graph.nodes):  # resolved once (a re-run on a stored graph keeps them)
+        if model is None:
+            param_ids = {id(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)}
+            model, found_owner = find_compiled_model(param_ids)
+            owner = owner if owner is not None else found_owner
+        resolve_names(gm, example_inputs, model, traced_frame_variables())
+    record = ModelRecord.of(owner)
     device = _graph_device(example_inputs)
-    lowering = choose_lowering(backend, config, device)
+    lowering = choose_lowering(backend, config, device, record.warn)
     downstream = choose_downstream(config, lowering, mode)
-    common = dict(backend=backend, lowering=lowering, downstream=downstream, mode=mode,
-                  dump_graphs=bool(backend_opts.get("dump_graphs")))
+    qcfg = config.quantization_config
+    static_scales = (load_activation_scales(qcfg.activation_scales)
+                     if config.linear_enabled and qcfg.activation_scheme == "static" else None)
+    if static_scales is not None and model is not None:
+        check_scales_match(static_scales, [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)])
+    layer_map = _layer_map(gm, model)
+    variants = ("fp8", "native") if config.has_step_skips else (None,)
+    compiled = {}
+    for variant in variants:
+        graph_copy = _copy_graph(gm)
+        report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
+        ctx = CompileContext(gm=graph_copy, example_inputs=example_inputs, config=config,
+                             lowering=get_lowering(lowering), report=report, layer_map=layer_map, warn=record.warn,
+                             step_variant=variant, static_scales=static_scales,
+                             dumps=[] if backend_opts.get("dump_graphs") else None)
+        PassManager().run(ctx)
+        report.layer_map = layer_map.as_dict()
+        _warn_about_selectors(ctx, config, record)
+        if ctx.dumps is not None:
+            report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
+            report.graphs = dict(ctx.dumps)
+        record.add(report)
+        RECENT.add(report)
+        compiled[variant] = _downstream_compile(downstream, graph_copy, example_inputs, mode)
     if not config.has_step_skips:
-        fn, _ = compile_variant(gm, example_inputs, config, step_variant=None, **common)
-        return fn
-    variants = {v: compile_variant(gm, example_inputs, config, step_variant=v, **common)[0] for v in ("fp8", "native")}
-    return StepDispatch(variants, config.diffusion_kv_cache_skip_steps)
+        return compiled[None]
+    return StepDispatch(compiled, config.diffusion_kv_cache_skip_steps, record)
+
+
+def _warn_about_selectors(ctx: CompileContext, config: FP8Config, record: ModelRecord) -> None:
+    n = ctx.layer_map.num_layers
+    beyond = config.diffusion_kv_cache_skip_layers.at_least(n)
+    if config.attention_enabled and beyond:
+        record.warn(f"fx_fp8: diffusion_kv_cache_skip_layers names layers {beyond} but the model has {n} layers"
+                    + (f" (0-{n - 1})" if n else ""))
+    if ctx.unmatched_ignored_layers:
+        record.warn(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {ctx.unmatched_ignored_layers}")
 
 
 def fp8_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[dict] = None, mode: Optional[str] = None):
     """`torch.compile(model, backend="fp8", options={...})`: lowering from the tensors' device."""
-    return _compile(gm, example_inputs, backend="fp8", options=options, mode=mode)
+    return compile_graph(gm, example_inputs, backend="fp8", options=options, mode=mode)
 
 
 def fp8_npu_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[dict] = None, mode: Optional[str] = None):
     """`torch.compile(model, backend="fp8_npu", options={...})`: the Ascend lowering
     (CPU reference, with a warning, where no NPU is present)."""
-    return _compile(gm, example_inputs, backend="fp8_npu", options=options, mode=mode)
+    return compile_graph(gm, example_inputs, backend="fp8_npu", options=options, mode=mode)

@@ -15,7 +15,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fx_fp8.selectors import format_selector, parse_selector
+from fx_fp8.patterns import validate_pattern
+from fx_fp8.selectors import Selector, parse_selector
 
 LEGACY_KEYS = {
     "kv_cache_dtype": "diffusion_kv_cache_dtype",
@@ -24,23 +25,12 @@ LEGACY_KEYS = {
 }
 KV_CACHE_DTYPES = (None, "auto", "fp8")
 QUANTIZATION_METHODS = (None, "fp8", "int8")
+ATTENTION_GRANULARITIES = ("tensor", "head", "block")
+ATTENTION_KERNELS = ("auto", "triton", "cudnn")
+#: older configs wrote "@defaults" in ignored_layers to keep the sensitive layers: now always kept
+DEFAULTS_TOKEN = "@defaults"
 LOWERINGS = ("auto", "reference", "cuda", "npu")
 DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
-
-# Known-sensitive linears kept native unless the user sets ignored_layers
-# (see passes/filters.py for the pattern syntax). `re:` keeps them anchored so
-# that e.g. the final `proj_out` does not also match `single_transformer_blocks.3.proj_out`.
-DEFAULT_IGNORED_LAYERS: tuple[str, ...] = (
-    # timestep / text / image input embedders
-    "time_text_embed", "timestep_embedder", "text_embedder", "context_embedder", "x_embedder",
-    "condition_embedder", "img_in", "txt_in", "t_embedder", "cap_embedder", "all_x_embedder",
-    "time_embedding", "time_proj",
-    # adaLN modulation
-    "re:(.*\\.)?norm[^.]*\\.linear", "img_mod", "txt_mod", "adaLN_modulation",
-    # final projection / final layer
-    "re:proj_out", "re:norm_out(\\..*)?", "all_final_layer",
-)
-
 
 def _did_you_mean(key: str, known) -> str:
     close = difflib.get_close_matches(key, list(known), n=1)
@@ -67,6 +57,10 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
     return value
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_bool(name: str, value) -> bool:
@@ -101,7 +95,11 @@ class AttentionQuantConfig:
     smooth_k: subtract K's mean over tokens before quantizing (softmax is invariant).
     quantize_p: quantize the probabilities to e4m3 before P@V (what the fused
       device kernels do), scale `p_scale`.
-    cross_attention: also quantize attention whose query and key lengths differ.
+    min_kv_ratio: attention whose key length is below min_kv_ratio x its query
+      length (cross-attention to a short prompt) stays native; joint attention
+      (keys = the image tokens plus a few more) is quantized.
+    cross_attention: quantize attention whatever its key length (overrides min_kv_ratio).
+    kernel: CUDA attention kernel: "auto", "triton" or "cudnn" (ignored elsewhere).
     """
 
     granularity: str = "block"
@@ -111,65 +109,72 @@ class AttentionQuantConfig:
     smooth_k: bool = True
     quantize_p: bool = True
     p_scale: float = 448.0
+    min_kv_ratio: float = 0.5
     cross_attention: bool = False
+    kernel: str = "auto"
 
     def __post_init__(self):
-        _check_choice("attention.granularity", self.granularity, ("tensor", "head", "block"))
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
+        set_("granularity", _check_choice("attention.granularity", self.granularity, ATTENTION_GRANULARITIES))
+        set_("kernel", _check_choice("attention.kernel", self.kernel, ATTENTION_KERNELS))
         _check_int("attention.q_block", self.q_block)
         _check_int("attention.kv_block", self.kv_block)
         for name in ("hadamard", "smooth_k", "quantize_p", "cross_attention"):
             _check_bool(f"attention.{name}", getattr(self, name))
-        if not isinstance(self.p_scale, (int, float)) or isinstance(self.p_scale, bool) or not 0 < self.p_scale <= 448:
+        if not _is_number(self.p_scale) or not 0 < self.p_scale <= 448:
             raise ValueError(f"invalid attention.p_scale {self.p_scale!r}: expected a number in (0, 448]")
+        if not _is_number(self.min_kv_ratio) or not 0 <= self.min_kv_ratio <= 1:
+            raise ValueError(f"invalid attention.min_kv_ratio {self.min_kv_ratio!r}: expected a number in [0, 1]")
 
 
 @dataclass(frozen=True)
 class QuantizationConfig:
     """Linear (W8A8) settings, vLLM's `quantization_config` plus our extras.
 
-    ignored_layers: None -> the model-family defaults (DEFAULT_IGNORED_LAYERS);
-      [] -> quantize every eligible linear; a list -> exactly these patterns
-      (add the token "@defaults" to keep the defaults as well).
+    method: "fp8" (float8 e4m3 W8A8) or "int8" (symmetric int8 W8A8).
+    ignored_layers: module-name patterns of linears kept native, on top of the
+      known-sensitive layers (embedders, adaLN modulation, final projection),
+      which stay native unless quantize_sensitive is true. None and [] both
+      mean "no extra patterns". The token "@defaults" (older configs) is accepted
+      and changes nothing: the sensitive layers are always kept.
+    quantize_sensitive: also quantize the sensitive layers (everything eligible
+      then runs quantized except `ignored_layers`).
     activation_scheme: "dynamic" (scales computed per call) or "static"
       (scales from fx_fp8.calibrate, given by `activation_scales`: a dict or a JSON path).
     activation_granularity: "token" (per row) or "tensor" (dynamic only).
     weight_granularity: "tensor", "channel" (per output channel) or "block"
       (`weight_block_size` [rows, cols]; setting it implies "block").
     min_features: linears with in or out features below this stay native
-      (FP8 only costs time there); features must also be multiples of 16.
+      (quantization only costs time there); features must also be multiples of 16.
+    fast_accum: CUDA FP8 GEMMs use the faster accumulation (torch._scaled_mm's
+      use_fast_accum, torchao's default); false for the exact one.
+    With block weight scales, dynamic activations are quantized per token and per
+    group of weight_block_size[1] columns (what blockwise FP8 GEMMs take).
     """
 
     method: str = "fp8"
-    ignored_layers: tuple[str, ...] | None = None
+    ignored_layers: tuple[str, ...] = ()
+    quantize_sensitive: bool = False
     activation_scheme: str = "dynamic"
     activation_granularity: str = "token"
     weight_granularity: str = "channel"
     weight_block_size: tuple[int, int] | None = None
     activation_scales: Any = None
     min_features: int = 32
+    fast_accum: bool = True
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
-        set_("method", _check_choice("quantization_config.method", self.method, ("fp8", "int8")))
-        if self.ignored_layers is not None:
-            layers = self.ignored_layers
-            if isinstance(layers, str):
-                layers = [p for p in layers.split(",")]
-            if not isinstance(layers, (list, tuple)) or not all(isinstance(p, str) for p in layers):
-                raise ValueError(f"invalid ignored_layers {self.ignored_layers!r}: expected a list of module-name patterns")
-            cleaned = tuple(p.strip() for p in layers if p.strip())
-            from fx_fp8.passes.filters import validate_pattern  # one parser for patterns
-
-            for p in cleaned:
-                validate_pattern(p)
-            set_("ignored_layers", cleaned)
+        set_("method", _check_choice("quantization_config.method", self.method, QUANTIZATION_METHODS[1:]))
+        set_("ignored_layers", _clean_patterns(self.ignored_layers))
+        _check_bool("quantization_config.quantize_sensitive", self.quantize_sensitive)
         set_("activation_scheme", _check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")))
         set_("activation_granularity", _check_choice("quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")))
         if self.weight_block_size is not None:
             wbs = self.weight_block_size
             if not isinstance(wbs, (list, tuple)) or len(wbs) != 2:
                 raise ValueError(f"invalid weight_block_size {wbs!r}: expected [rows, cols], e.g. [128, 128]")
-            set_("weight_block_size", tuple(_check_int("weight_block_size", int(v) if not isinstance(v, bool) and isinstance(v, int) else v) for v in wbs))
+            set_("weight_block_size", tuple(_check_int("weight_block_size", v) for v in wbs))
             set_("weight_granularity", "block")
         set_("weight_granularity", _check_choice("quantization_config.weight_granularity", self.weight_granularity, ("tensor", "channel", "block")))
         if self.weight_granularity == "block" and self.weight_block_size is None:
@@ -179,15 +184,29 @@ class QuantizationConfig:
         if self.activation_scales is not None and not isinstance(self.activation_scales, (str, os.PathLike, Mapping)):
             raise ValueError(f"invalid activation_scales {self.activation_scales!r}: expected a JSON path or a mapping")
         _check_int("quantization_config.min_features", self.min_features, minimum=0)
+        _check_bool("quantization_config.fast_accum", self.fast_accum)
 
-    def effective_ignored_layers(self) -> tuple[tuple[str, ...], bool]:
-        """(patterns, user_given): the patterns in force and whether the user chose them."""
-        if self.ignored_layers is None:
-            return DEFAULT_IGNORED_LAYERS, False
-        out: list[str] = []
-        for p in self.ignored_layers:
-            out.extend(DEFAULT_IGNORED_LAYERS if p == "@defaults" else [p])
-        return tuple(out), True
+    @property
+    def act_granularity(self) -> str:
+        """The activation quantization that runs: "static", or the dynamic granularity
+        ("group" whenever the weights have block scales)."""
+        if self.activation_scheme == "static":
+            return "static"
+        return "group" if self.weight_granularity == "block" else self.activation_granularity
+
+
+def _clean_patterns(layers) -> tuple[str, ...]:
+    """ignored_layers as a tuple of validated patterns; None -> (); "a, b" -> ("a", "b"); "@defaults" dropped."""
+    if layers is None:
+        return ()
+    if isinstance(layers, str):
+        layers = layers.split(",")
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(p, str) for p in layers):
+        raise ValueError(f"invalid ignored_layers {layers!r}: expected a list of module-name patterns")
+    cleaned = tuple(p.strip() for p in layers if p.strip() and p.strip() != DEFAULTS_TOKEN)
+    for p in cleaned:
+        validate_pattern(p)
+    return cleaned
 
 
 _TOP_KEYS = (
@@ -209,8 +228,8 @@ class FP8Config:
     """
 
     diffusion_kv_cache_dtype: str | None = "fp8"
-    diffusion_kv_cache_skip_steps: frozenset = frozenset()
-    diffusion_kv_cache_skip_layers: frozenset = frozenset()
+    diffusion_kv_cache_skip_steps: Selector = field(default_factory=Selector)
+    diffusion_kv_cache_skip_layers: Selector = field(default_factory=Selector)
     quantization: str | None = "fp8"
     quantization_config: QuantizationConfig = field(default_factory=QuantizationConfig)
     attention: AttentionQuantConfig = field(default_factory=AttentionQuantConfig)
@@ -227,8 +246,11 @@ class FP8Config:
         set_("attention", _from_mapping(AttentionQuantConfig, self.attention, "attention"))
         set_("lowering", _check_choice("lowering", self.lowering, LOWERINGS))
         set_("downstream", _check_choice("downstream", self.downstream, DOWNSTREAMS))
-        if self.quantization == "int8" and self.quantization_config.method == "fp8":
-            set_("quantization_config", dataclasses.replace(self.quantization_config, method="int8"))
+        method = self.quantization_config.method
+        if self.quantization is not None and method != self.quantization:
+            if method != "fp8":  # "fp8" is the default: `quantization` decides
+                raise ValueError(f"quantization {self.quantization!r} disagrees with quantization_config.method {method!r}")
+            set_("quantization_config", dataclasses.replace(self.quantization_config, method=self.quantization))
         self._warn_unused_selectors()
 
     def _warn_unused_selectors(self) -> None:
@@ -243,7 +265,7 @@ class FP8Config:
             warnings.warn(f"{' and '.join(unused)} set but FP8 attention is off "
                           f"(diffusion_kv_cache_dtype={self.diffusion_kv_cache_dtype!r}): they have no effect", stacklevel=4)
         if not self.linear_enabled and self.quantization_config.ignored_layers:
-            warnings.warn("ignored_layers set but FP8 linears are off (quantization=None): it has no effect", stacklevel=4)
+            warnings.warn("ignored_layers set but quantized linears are off (quantization=None): it has no effect", stacklevel=4)
 
     # -- what is on --------------------------------------------------------
     @property
@@ -263,37 +285,30 @@ class FP8Config:
     def from_kwargs(cls, **kwargs) -> "FP8Config":
         """Build from flat keyword arguments (vLLM-Omni names, legacy kv_cache_* accepted).
 
-        If neither `quantization` nor `diffusion_kv_cache_dtype` (or legacy
-        `kv_cache_dtype`) is given, both features are on: choosing an fp8 backend
-        is the opt-in. If only one of them is given and it switches its feature
-        on, the other is off unless also given, as in vLLM-Omni where each is a
-        separate opt-in; if it switches its feature off (None / "auto"), the
-        other stays on.
+        Which features are on:
+        * neither `quantization` nor `diffusion_kv_cache_dtype` (nor legacy
+          `kv_cache_dtype`, nor `quantization_config` / `ignored_layers`) given:
+          both are on (choosing an fp8 backend is the opt-in);
+        * one feature switched on: the other is off unless also given, as in
+          vLLM-Omni where each is a separate opt-in. `quantization_config` (a
+          mapping, or a method name such as "fp8") or `ignored_layers` given
+          without `quantization` switch linears on with that method;
+        * one feature switched off (None / "auto"): the other stays on.
+        A key whose value is None next to a legacy key with a value counts as
+        not given (argparse-built dicts carry None for every flag).
         """
-        data = dict(kwargs)
-        for old, new in LEGACY_KEYS.items():
-            if old in data:
-                old_value = data.pop(old)
-                if new in data:
-                    if data[new] != old_value:
-                        warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={data[new]!r}", stacklevel=2)
-                else:
-                    data[new] = old_value
+        data = _fold_legacy_keys(dict(kwargs))
         for key in data:
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
+        qc_given = data.get("quantization_config") is not None or data.get("ignored_layers") is not None
+        if isinstance(data.get("quantization_config"), str):  # vLLM-Omni's tests pass quantization_config="fp8"
+            data["quantization_config"] = {"method": data["quantization_config"]}
         if "ignored_layers" in data:
-            shortcut = data.pop("ignored_layers")
-            qc = data.get("quantization_config") or {}
-            if isinstance(qc, QuantizationConfig):
-                qc = dataclasses.asdict(qc)
-            qc = dict(qc)
-            if qc.get("ignored_layers") is not None and list(qc["ignored_layers"]) != list(shortcut or []):
-                raise ValueError(
-                    f"ignored_layers given twice with different values: {shortcut!r} and quantization_config.ignored_layers={qc['ignored_layers']!r}"
-                )
-            qc["ignored_layers"] = shortcut if shortcut is not None else []
-            data["quantization_config"] = qc
+            _merge_ignored_layers_shortcut(data)
+        if "quantization" not in data and qc_given:
+            qc = data.get("quantization_config")
+            data["quantization"] = qc.method if isinstance(qc, QuantizationConfig) else dict(qc or {}).get("method", "fp8")
         mentions_attention = "diffusion_kv_cache_dtype" in data
         mentions_linear = "quantization" in data
         given = data.get("diffusion_kv_cache_dtype") if mentions_attention else data.get("quantization")
@@ -348,14 +363,13 @@ class FP8Config:
     def replace(self, **overrides) -> "FP8Config":
         """A copy with some keys changed (same key rules as from_kwargs, without the opt-in rule)."""
         data = self.to_dict()
-        for old, new in LEGACY_KEYS.items():
-            if old in overrides:
-                old_value = overrides.pop(old)
-                if new in overrides and overrides[new] != old_value:
-                    warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={overrides[new]!r}", stacklevel=2)
-                overrides.setdefault(new, old_value)
+        overrides = _fold_legacy_keys(dict(overrides))
+        if overrides.get("quantization") is not None and "quantization_config" not in overrides:
+            data["quantization_config"]["method"] = overrides["quantization"]
         if "ignored_layers" in overrides:
-            data["quantization_config"]["ignored_layers"] = overrides.pop("ignored_layers")
+            data["quantization_config"]["ignored_layers"] = _clean_patterns(overrides.pop("ignored_layers"))
+        if isinstance(overrides.get("quantization_config"), str):
+            overrides["quantization_config"] = {"method": overrides["quantization_config"]}
         for key, value in overrides.items():
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS)}")
@@ -368,14 +382,14 @@ class FP8Config:
     def to_dict(self) -> dict:
         """Plain data (selectors as strings), the inverse of from_kwargs; YAML/JSON-safe."""
         qc = dataclasses.asdict(self.quantization_config)
-        qc["ignored_layers"] = list(qc["ignored_layers"]) if qc["ignored_layers"] is not None else None
+        qc["ignored_layers"] = list(qc["ignored_layers"])
         qc["weight_block_size"] = list(qc["weight_block_size"]) if qc["weight_block_size"] else None
         if isinstance(qc["activation_scales"], os.PathLike):
             qc["activation_scales"] = os.fspath(qc["activation_scales"])
         return {
             "diffusion_kv_cache_dtype": self.diffusion_kv_cache_dtype,
-            "diffusion_kv_cache_skip_steps": format_selector(self.diffusion_kv_cache_skip_steps),
-            "diffusion_kv_cache_skip_layers": format_selector(self.diffusion_kv_cache_skip_layers),
+            "diffusion_kv_cache_skip_steps": str(self.diffusion_kv_cache_skip_steps),
+            "diffusion_kv_cache_skip_layers": str(self.diffusion_kv_cache_skip_layers),
             "quantization": self.quantization,
             "quantization_config": qc,
             "attention": dataclasses.asdict(self.attention),
@@ -388,6 +402,32 @@ class FP8Config:
 
         with open(path, "w") as f:
             yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def _fold_legacy_keys(data: dict) -> dict:
+    """kv_cache_* -> diffusion_kv_cache_*. The new key wins when both have a value (with a
+    warning if they differ); a new key whose value is None counts as not given."""
+    for old, new in LEGACY_KEYS.items():
+        if old in data:
+            old_value = data.pop(old)
+            if data.get(new) is not None and old_value is not None and data[new] != old_value:
+                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={data[new]!r}", stacklevel=3)
+            elif data.get(new) is None and (old_value is not None or new not in data):
+                data[new] = old_value
+    return data
+
+
+def _merge_ignored_layers_shortcut(data: dict) -> None:
+    """Top-level `ignored_layers` goes into quantization_config; given twice it must agree."""
+    shortcut = _clean_patterns(data.pop("ignored_layers"))
+    qc = data.get("quantization_config") or {}
+    qc = dataclasses.asdict(qc) if isinstance(qc, QuantizationConfig) else dict(qc)
+    inner = _clean_patterns(qc.get("ignored_layers"))
+    if inner and shortcut and inner != shortcut:
+        raise ValueError(f"ignored_layers given twice with different values: {list(shortcut)!r} and "
+                         f"quantization_config.ignored_layers={list(inner)!r}")
+    qc["ignored_layers"] = shortcut or inner
+    data["quantization_config"] = qc
 
 
 def _diffusion_engine_args(data: Mapping, where: str) -> dict:

@@ -16,14 +16,17 @@ What it does:
     the count does not restart when Wan2.2 switches expert (one shared scheduler).
     A pipeline with no scheduler `step` to hook is refused at compile time.
 
-The published step is process-global (fx_fp8.steps): run one compiled pipeline
-per process at a time. Inside `callback_on_step_end(pipe, i, t, kwargs)`,
-`fx_fp8.current_step()` is already i + 1 (the step about to run).
+The step and the record of a run live in context variables (fx_fp8.steps):
+several compiled pipelines may run at once in different threads or asyncio
+tasks, each seeing its own steps. Inside `callback_on_step_end(pipe, i, t,
+kwargs)`, `fx_fp8.current_step()` is already i + 1 (the step about to run).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import inspect
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -31,9 +34,11 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8 import backend as _backend
 from fx_fp8 import steps as _steps
+from fx_fp8.backend import MODES
 from fx_fp8.config import FP8Config
+from fx_fp8.report import get_reports
+from fx_fp8.weights import prepare_model
 
 #: pipeline attributes holding a denoising transformer, in the order they run
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")
@@ -74,10 +79,13 @@ class PipelineFP8State:
     scheduler_had_own_step: bool = False
     scheduler_own_step: Any = None
     hook_handles: list = field(default_factory=list)
-    step: Optional[int] = None          # step of the run in progress
-    scheduler_steps: int = 0            # scheduler.step calls in the run in progress / last run
-    calls: list = field(default_factory=list)  # TransformerCall per transformer call of the last run
-    running: bool = False
+    scheduler_steps: int = 0            # scheduler.step calls of the last finished run
+    calls: list = field(default_factory=list)  # TransformerCall per transformer call of the last finished run
+    running: int = 0                    # runs in progress (in any thread)
+
+    def reports(self) -> dict:
+        """{attr: [CompileReport, ...]} of each compiled transformer."""
+        return {attr: get_reports(compiled) for attr, compiled in self.compiled.items()}
 
     def step_variants(self) -> list:
         """[[variant of each transformer call] for each step] of the last run."""
@@ -98,22 +106,34 @@ def pipeline_state(pipe) -> PipelineFP8State:
 
 
 # -- the run record: which variant each call ran -------------------------------------------
-_ACTIVE: list[PipelineFP8State] = []   # runs in progress (nested pipeline calls stack)
+@dataclass
+class _Run:
+    """One pipeline call in progress, in the context (thread / task) that runs it."""
+
+    state: PipelineFP8State
+    step: int = 0
+    scheduler_steps: int = 0
+    calls: list = field(default_factory=list)
+
+    def on_variant(self, variant: str) -> None:
+        if self.calls:
+            self.calls[-1].variants.append(variant)
 
 
-def _on_dispatch(variant: str) -> None:
-    if _ACTIVE and _ACTIVE[-1].calls:
-        _ACTIVE[-1].calls[-1].variants.append(variant)
+#: the pipeline run in progress in this thread / task (nested pipeline calls stack by token)
+_RUN: contextvars.ContextVar[Optional[_Run]] = contextvars.ContextVar("fx_fp8_pipeline_run", default=None)
 
 
-if _on_dispatch not in _backend.DISPATCH_HOOKS:
-    _backend.DISPATCH_HOOKS.append(_on_dispatch)
+def _current_run(state: PipelineFP8State) -> Optional[_Run]:
+    run = _RUN.get()
+    return run if run is not None and run.state is state else None
 
 
 def _pre_hook(state: PipelineFP8State, attr: str):
     def hook(module, args):
-        if state.running:
-            state.calls.append(TransformerCall(step=_steps.current_step(), transformer=attr))
+        run = _current_run(state)
+        if run is not None:
+            run.calls.append(TransformerCall(step=_steps.current_step(), transformer=attr))
     return hook
 
 
@@ -154,10 +174,11 @@ def _install_scheduler_hook(state: PipelineFP8State, scheduler) -> None:
     @functools.wraps(original)
     def step_and_advance(*args, **kwargs):
         out = original(*args, **kwargs)
-        if state.running:  # a scheduler used outside a pipeline call publishes nothing
-            state.scheduler_steps += 1
-            state.step += 1
-            _steps.set_step(state.step)
+        run = _current_run(state)
+        if run is not None:  # a scheduler used outside a pipeline call publishes nothing
+            run.scheduler_steps += 1
+            run.step += 1
+            _steps.set_step(run.step)
         return out
 
     step_and_advance._fx_fp8_state = state  # type: ignore[attr-defined]
@@ -185,25 +206,22 @@ def _remove_scheduler_hook(state: PipelineFP8State) -> None:
     state.scheduler = None
 
 
-_WRAPPED_CLASSES: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _wrapped_class(cls: type) -> type:
     """A subclass of the pipeline's class whose __call__ publishes the step (Python looks
-    __call__ up on the type, so an instance attribute would not do)."""
-    if cls not in _WRAPPED_CLASSES:
-        @functools.wraps(cls.__call__)
-        def __call__(self, *args, **kwargs):
-            state = getattr(self, _STATE_ATTR, None)
-            if state is None:
-                return cls.__call__(self, *args, **kwargs)
-            with _run(self, state):
-                return cls.__call__(self, *args, **kwargs)
+    __call__ up on the type, so an instance attribute would not do). Made once per class."""
 
-        # same name and module: diffusers writes the class name into model_index.json
-        _WRAPPED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                                             "__qualname__": cls.__qualname__, "_fx_fp8_base_class": cls})
-    return _WRAPPED_CLASSES[cls]
+    @functools.wraps(cls.__call__)
+    def __call__(self, *args, **kwargs):
+        state = getattr(self, _STATE_ATTR, None)
+        if state is None:
+            return cls.__call__(self, *args, **kwargs)
+        with _run(self, state):
+            return cls.__call__(self, *args, **kwargs)
+
+    # same name and module: diffusers writes the class name into model_index.json
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "_fx_fp8_base_class": cls})
 
 
 @contextlib.contextmanager
@@ -217,19 +235,19 @@ def _run(pipe, state: PipelineFP8State):
         # the user swapped schedulers, or another pipeline sharing this scheduler was restored
         _remove_scheduler_hook(state)
         _install_scheduler_hook(state, _check_scheduler(pipe))
-    previous = _steps.current_step()
-    state.calls, state.scheduler_steps, state.step, state.running = [], 0, 0, True
-    _ACTIVE.append(state)
-    _steps.set_step(0)
+    run = _Run(state)
+    run_token = _RUN.set(run)
+    state.running += 1
     try:
-        yield
+        with _steps.denoising_step(0), _steps.variant_listener(run.on_variant):
+            yield
     finally:
-        _ACTIVE.remove(state)
-        state.running = False
-        _steps.STATE.step = previous
-    if state.calls and state.scheduler_steps == 0 and state.config.has_step_skips:
+        state.running -= 1
+        _RUN.reset(run_token)
+        state.calls, state.scheduler_steps = run.calls, run.scheduler_steps
+    if run.calls and run.scheduler_steps == 0 and state.config.has_step_skips:
         # Never a silent no-op: every call ran as step 0.
-        warnings.warn(f"fx_fp8: {type(pipe).__name__} called its transformer {len(state.calls)} times but never "
+        warnings.warn(f"fx_fp8: {type(pipe).__name__} called its transformer {len(run.calls)} times but never "
                       "pipe.scheduler.step, so every call ran as denoising step 0 and "
                       "diffusion_kv_cache_skip_steps did not select steps", RuntimeWarning, stacklevel=3)
 
@@ -243,7 +261,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     backend: "fp8" (lowering from the tensors' device) or "fp8_npu".
     prepare: first call fx_fp8.prepare_model on each transformer, so the FP8 weights
       replace the original ones in memory. This is destructive: restore_pipeline then gives
-      back a transformer whose eligible linears are FP8Linear modules, unless
+      back a transformer whose eligible linears are QuantizedLinear modules, unless
       keep_weights=True, which keeps the original nn.Linear modules on the CPU to put back
       (the original weights stay in host memory).
     compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
@@ -261,20 +279,19 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
                          "around the pipeline's __call__")
     scheduler = _check_scheduler(pipe)
-    compile_kwargs = dict(compile_kwargs or {})
-    for key in ("backend", "options", "model"):
-        if key in compile_kwargs:
-            raise ValueError(f"compile_kwargs may not set {key!r}: compile_pipeline sets it")
+    options = {"config": cfg}
+    compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
 
+    # everything is checked: only now change the transformers
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
                              kept_linears={}, base_class=type(pipe))
     for attr, module in transformers.items():
         if prepare:
             linears = {n: m for n, m in module.named_modules() if type(m) is nn.Linear} if keep_weights else {}
-            state.prepared[attr] = _prepare(module, cfg)
+            state.prepared[attr] = prepare_model(module, cfg)
             if keep_weights:
                 state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
-        compiled = torch.compile(module, backend=backend, options={"config": cfg}, **compile_kwargs)
+        compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
         state.hook_handles.append(compiled.register_forward_pre_hook(_pre_hook(state, attr)))
         state.compiled[attr] = compiled
     _install_scheduler_hook(state, scheduler)
@@ -285,17 +302,29 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     return pipe
 
 
-def _prepare(module, cfg):
-    from fx_fp8.weights import prepare_model
-
-    return prepare_model(module, cfg)
+def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
+    """torch.compile keywords, checked before anything is prepared. `mode` travels in the
+    backend options (torch.compile refuses `mode` together with `options`)."""
+    kwargs = dict(compile_kwargs or {})
+    allowed = set(inspect.signature(torch.compile).parameters) - {"model", "backend", "options", "mode"}
+    for key in kwargs:
+        if key in ("backend", "options", "model"):
+            raise ValueError(f"compile_kwargs may not set {key!r}: compile_pipeline sets it")
+        if key not in allowed and key != "mode":
+            raise ValueError(f"unknown torch.compile keyword {key!r} in compile_kwargs; known: {sorted(allowed | {'mode'})}")
+    if "mode" in kwargs:
+        mode = kwargs.pop("mode")
+        if mode not in MODES:
+            raise ValueError(f"invalid mode {mode!r} in compile_kwargs: expected one of {', '.join(map(str, MODES[1:]))}")
+        options["mode"] = mode
+    return kwargs
 
 
 def restore_pipeline(pipe):
     """Undo compile_pipeline: the original transformer objects, scheduler.step and __call__.
 
     After prepare=True (the default) without keep_weights=True the transformers' eligible
-    linears stay FP8Linear modules (their original weights were freed); they still run eagerly.
+    linears stay QuantizedLinear modules (their original weights were freed); they still run eagerly.
     """
     state = pipeline_state(pipe)
     if state.running:

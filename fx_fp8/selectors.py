@@ -1,55 +1,124 @@
-"""Integer selectors for steps and layers: "0,1,4-6", a list of ints, or empty."""
+"""Integer selectors for steps and layers: "0,1,4-6", a list of ints, or empty.
+
+A Selector keeps inclusive ranges, never the expanded set: "0-1000000000"
+parses instantly, uses no memory, and prints back as a range.
+"""
 from __future__ import annotations
 
-from typing import Iterable
+import bisect
+from typing import Iterable, Iterator
 
-def parse_selector(value, *, what: str = "selector") -> frozenset[int]:
-    """Parse `value` into a frozenset of non-negative ints.
+
+class Selector:
+    """An immutable set of non-negative integers held as sorted, disjoint, inclusive ranges."""
+
+    __slots__ = ("ranges", "_starts")
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()):
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(ranges):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        self.ranges: tuple[tuple[int, int], ...] = tuple(merged)
+        self._starts = [lo for lo, _ in merged]
+
+    @classmethod
+    def of(cls, values: Iterable[int]) -> "Selector":
+        return cls((v, v) for v in values)
+
+    def __contains__(self, i) -> bool:
+        if isinstance(i, bool) or not isinstance(i, int):
+            return False
+        j = bisect.bisect_right(self._starts, i) - 1
+        return j >= 0 and self.ranges[j][0] <= i <= self.ranges[j][1]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def __len__(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self.ranges)
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in self.ranges:
+            yield from range(lo, hi + 1)
+
+    def at_least(self, n: int) -> "Selector":
+        """The part of this selector that is >= n (e.g. layers a model does not have)."""
+        return Selector((max(lo, n), hi) for lo, hi in self.ranges if hi >= n)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Selector):
+            return self.ranges == other.ranges
+        if isinstance(other, (set, frozenset)):
+            return all(isinstance(v, int) for v in other) and self.ranges == Selector.of(other).ranges
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.ranges)
+
+    def __str__(self) -> str:
+        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges)
+
+    def __repr__(self) -> str:
+        return f"Selector({str(self)!r})"
+
+
+def parse_selector(value, *, what: str = "selector") -> Selector:
+    """Parse `value` into a Selector.
 
     Accepts None / "" (empty), an int, a string of comma-separated integers and
-    inclusive ranges ("0,1,4-6", whitespace tolerated), or a list/tuple of ints or
-    such strings. Anything else raises ValueError quoting the bad token and the
-    whole selector.
+    inclusive ranges ("0,1,4-6", whitespace tolerated; ASCII digits only), a
+    Selector, or a list/tuple/set of ints or such strings. Anything else raises
+    ValueError quoting the bad token, the whole selector and the key (`what`).
     """
     if value is None:
-        return frozenset()
+        return Selector()
+    if isinstance(value, Selector):
+        return value
     if isinstance(value, bool):
         raise ValueError(f"invalid {what} {value!r}: expected integers like '0,1,4-6'")
     if isinstance(value, int):
-        return _check_int(value, str(value), value, what)
+        return Selector([(_check_int(value, str(value), value, what),) * 2])
     if isinstance(value, str):
         return _parse_string(value, what)
     if isinstance(value, Iterable):
-        out: set[int] = set()
-        for item in value:
+        items = list(value)
+        ranges: list[tuple[int, int]] = []
+        for item in items:
             if isinstance(item, bool) or not isinstance(item, (int, str)):
-                raise ValueError(
-                    f"invalid token {item!r} in {what} {list(value)!r}: expected an integer or 'a-b' range"
-                )
-            out |= parse_selector(item, what=what) if isinstance(item, str) else _check_int(item, str(item), value, what)
-        return frozenset(out)
+                raise ValueError(f"invalid token {item!r} in {what} {items!r}: expected an integer or 'a-b' range")
+            if isinstance(item, str):
+                ranges.extend(_parse_string(item, what).ranges)
+            else:
+                i = _check_int(item, str(item), items, what)
+                ranges.append((i, i))
+        return Selector(ranges)
     raise ValueError(f"invalid {what} {value!r}: expected integers like '0,1,4-6' or a list of ints")
 
 
-def _check_int(i: int, token: str, whole, what: str) -> frozenset[int]:
+def _check_int(i: int, token: str, whole, what: str) -> int:
     if i < 0:
         raise ValueError(f"invalid token {token!r} in {what} {whole!r}: indices must be >= 0")
-    return frozenset({i})
+    return i
 
 
 def _parse_int(token: str, whole: str, what: str) -> int:
     t = token.strip()
-    if not t.isdigit():  # rejects "-1", "1.5", "a", "" and signs
+    # isdigit() alone accepts '²' and other scripts' digits: only ASCII 0-9 are integers here
+    if not (t.isascii() and t.isdigit()):
         raise ValueError(
-            f"invalid token {token.strip()!r} in {what} {whole!r}: expected a non-negative integer or an inclusive range 'a-b'"
+            f"invalid token {t!r} in {what} {whole!r}: expected a non-negative integer (ASCII digits) "
+            "or an inclusive range 'a-b'"
         )
     return int(t)
 
 
-def _parse_string(text: str, what: str) -> frozenset[int]:
+def _parse_string(text: str, what: str) -> Selector:
     if not text.strip():
-        return frozenset()
-    out: set[int] = set()
+        return Selector()
+    ranges: list[tuple[int, int]] = []
     for raw in text.split(","):
         token = raw.strip()
         if not token:
@@ -61,20 +130,13 @@ def _parse_string(text: str, what: str) -> frozenset[int]:
             lo, hi = _parse_int(lo_s, text, what), _parse_int(hi_s, text, what)
             if hi < lo:
                 raise ValueError(f"invalid token {token!r} in {what} {text!r}: range end {hi} is below its start {lo}")
-            out.update(range(lo, hi + 1))
+            ranges.append((lo, hi))
         else:
-            out.add(_parse_int(token, text, what))
-    return frozenset(out)
+            i = _parse_int(token, text, what)
+            ranges.append((i, i))
+    return Selector(ranges)
 
 
-def format_selector(values: Iterable[int]) -> str:
+def format_selector(values) -> str:
     """Inverse of parse_selector: {0,1,2,5} -> "0-2,5"."""
-    vals = sorted(set(values))
-    parts, i = [], 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return str(values if isinstance(values, Selector) else Selector.of(values))

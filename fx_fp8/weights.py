@@ -1,11 +1,16 @@
-"""FP8 weights: quantize once, share between graphs, and free the originals.
+"""Quantized weights are model state: quantize once, share between graphs, free the originals.
 
-`torch.compile(model, backend="fp8")` alone quantizes each weight once at
-compile time into a graph constant shared by every graph of the model (both
-step variants), but the model object still holds its original weight.
-`prepare_model(model, config)` before compiling replaces eligible nn.Linear
-modules by FP8Linear modules that hold only the FP8 weight and its scales, so
-the memory really drops.
+Two ways a quantized weight comes to exist, both owned by the model:
+* `prepare_model(model, config)` (recommended; `compile_pipeline` calls it)
+  replaces eligible nn.Linear modules by QuantizedLinear modules that hold
+  only the FP8/INT8 weight and its fp32 scales, as a parameter and buffers the
+  graph reads like any other. The original weights are freed.
+* `torch.compile(model, backend="fp8")` alone quantizes each weight at
+  compile time and keeps the copy on the weight Parameter itself (one entry
+  per method/granularity, never evicted by another, dropped with the weight),
+  so every graph of the model, both step variants, and another instance of
+  the same class each find their own weight's copy. The model keeps its
+  original weight too (the report says so).
 """
 from __future__ import annotations
 
@@ -13,118 +18,165 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from torch.utils.weak import WeakIdKeyDictionary
 
+from fx_fp8.calibration import check_scales_match, load_activation_scales
+from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
+from fx_fp8.ops.lowering import resolve_lowering_name
+from fx_fp8.rules import linear_native_reason
 
-# Keyed by tensor identity: a plain WeakKeyDictionary compares tensors with ==,
-# which raises on a second lookup of the same weight.
-_CACHE: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+#: attribute of a weight tensor holding its quantized copies: {(method, granularity, block): (version, wq, ws)}
+_COPIES_ATTR = "_fx_fp8_quantized"
+#: attribute of a weight tensor holding the calibrated activation scale of its linear
+_STATIC_SCALE_ATTR = "_fx_fp8_input_scale"
 
 
-def quantized_weight(weight: torch.Tensor, granularity: str, block) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp8 weight, fp32 scale), computed once per (tensor, granularity, block)."""
-    key = (granularity, tuple(block) if block else None, weight._version)
-    per_tensor = _CACHE.setdefault(weight, {})
-    if key not in per_tensor:
+def quantized_weight(weight: torch.Tensor, method: str, granularity: str, block) -> tuple[torch.Tensor, torch.Tensor]:
+    """(quantized weight, fp32 scale) of `weight`, made once per (method, granularity, block) and
+    kept on the weight; remade only if the weight was changed in place since."""
+    key = (method, granularity, tuple(block) if block else None)
+    copies = getattr(weight, _COPIES_ATTR, None)
+    if copies is None:
+        copies = {}
+        setattr(weight, _COPIES_ATTR, copies)
+    entry = copies.get(key)
+    if entry is None or entry[0] != weight._version:
         with torch.no_grad():
-            per_tensor.clear()  # an in-place update of the weight invalidates older versions
-            per_tensor[key] = quant.quantize_weight(weight.detach(), granularity, block)
-    return per_tensor[key]
+            wq, ws = quant.quantize_weight(weight.detach(), granularity, key[2], method)
+        entry = copies[key] = (weight._version, wq, ws)
+    return entry[1], entry[2]
 
 
-_STATIC_SCALES: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+def quantized_copies(weight: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The quantized copies kept on `weight` (for memory accounting)."""
+    return [(wq, ws) for _, wq, ws in getattr(weight, _COPIES_ATTR, {}).values()]
 
 
-def register_static_input_scale(weight: torch.Tensor, scale: float) -> None:
-    """Remember the calibrated activation scale of the linear that owns `weight`."""
-    _STATIC_SCALES[weight] = torch.tensor(scale, dtype=torch.float32, device=weight.device)
+def attach_static_input_scale(weight: torch.Tensor, scale: float) -> None:
+    """Keep the calibrated activation scale of the linear that owns `weight` on that weight."""
+    setattr(weight, _STATIC_SCALE_ATTR, torch.tensor(scale, dtype=torch.float32, device=weight.device))
 
 
 def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
-    try:
-        return _STATIC_SCALES[weight]
-    except KeyError:
+    scale = getattr(weight, _STATIC_SCALE_ATTR, None)
+    if scale is None:
         raise RuntimeError(
-            "fx_fp8: no static activation scale registered for this weight (a graph compiled for another "
+            "fx_fp8: no static activation scale attached to this weight (a graph compiled for another "
             "model instance?); call fx_fp8.prepare_model(model, config) before torch.compile"
-        ) from None
+        )
+    return scale
 
 
-class FP8Linear(nn.Module):
-    """A linear layer holding only an FP8 weight (float8_e4m3fn) and fp32 scales."""
+class QuantizedLinear(nn.Module):
+    """A linear layer holding only a quantized weight (float8_e4m3fn or int8) and fp32 scales.
 
-    def __init__(self, weight_fp8, weight_scale, bias, *, weight_granularity, weight_block, act_granularity,
+    `.to(dtype)` / `.half()` convert the bias and the output dtype and leave the
+    quantized weight and its scales as they are; `.to(device)` moves everything.
+    """
+
+    _FROZEN_DTYPE = ("weight", "weight_scale", "input_scale")
+
+    def __init__(self, weight_q, weight_scale, bias, *, method, weight_granularity, weight_block, act_granularity,
                  input_scale: Optional[torch.Tensor] = None, orig_dtype=torch.bfloat16):
         super().__init__()
-        self.in_features, self.out_features = weight_fp8.shape[1], weight_fp8.shape[0]
-        self.weight = nn.Parameter(weight_fp8, requires_grad=False)
+        self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
+        self.weight = nn.Parameter(weight_q, requires_grad=False)
         self.register_buffer("weight_scale", weight_scale)
-        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.register_buffer("input_scale", input_scale)
+        self.method = method
         self.weight_granularity = weight_granularity
         self.weight_block = list(weight_block or [])
         self.act_granularity = act_granularity
         self.orig_dtype = orig_dtype
 
     def forward(self, x):
-        from fx_fp8.ops.lowering import resolve_lowering_name
-
-        # Eagerly, pick the lowering by device; the linear pass rewrites it at compile time.
-        return torch.ops.fx_fp8.fp8_linear(
-            x, self.weight, self.weight_scale, self.bias, self.input_scale, self.weight_granularity,
-            self.weight_block, self.act_granularity, False, resolve_lowering_name("auto", x.device),
+        # Eagerly the lowering follows the device; under fx_fp8's backends the linear pass
+        # rewrites this call into the compiled form for the chosen lowering.
+        return torch.ops.fx_fp8.quantized_linear(
+            x, self.weight, self.weight_scale, self.bias, self.input_scale, method=self.method,
+            weight_granularity=self.weight_granularity, weight_block=self.weight_block,
+            act_granularity=self.act_granularity, lowering=resolve_lowering_name("auto", x.device),
         )
 
+    def _apply(self, fn, recurse=True):
+        frozen = {}
+        for name in self._FROZEN_DTYPE:
+            store = self._parameters if name in self._parameters else self._buffers
+            frozen[name] = (store, store.pop(name))
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            for name, (store, t) in frozen.items():
+                if t is not None:
+                    moved = fn(t)  # only its device is kept: a dtype cast would destroy the quantized data
+                    moved = moved if moved.dtype == t.dtype else t.to(moved.device)
+                    t = nn.Parameter(moved, requires_grad=False) if isinstance(t, nn.Parameter) else moved
+                store[name] = t
+        if self.bias is not None:
+            self.orig_dtype = self.bias.dtype
+        else:
+            probe = fn(torch.empty((), dtype=self.orig_dtype))
+            self.orig_dtype = probe.dtype if probe.is_floating_point() else self.orig_dtype
+        return self
+
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 {self.weight_granularity} scales"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{self.method} {self.weight_granularity} scales")
 
 
 def prepare_model(model: nn.Module, config=None, **overrides) -> dict:
-    """Quantize eligible nn.Linear weights of `model` to FP8 in place, freeing the originals.
+    """Quantize eligible nn.Linear weights of `model` in place, freeing the originals.
 
-    Uses the same layer selection as the linear pass (ignored_layers, sizes).
-    Returns {"quantized": [names], "native": {name: reason}, "bytes_before", "bytes_after"}.
+    Uses the same rules as the linear pass (fx_fp8.rules: ignored_layers,
+    sensitive layers, sizes). Everything is checked and every weight quantized
+    before the model is touched: an error leaves the model exactly as it was.
+    Returns {"quantized": [names], "native": {name: reason}, "bytes_before", "bytes_after", "method"}.
     Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
     """
-    from fx_fp8.calibration import load_activation_scales
-    from fx_fp8.config import FP8Config
-    from fx_fp8.passes.linear import linear_native_reason
-
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
-    patterns, _ = qcfg.effective_ignored_layers()
-    scales = load_activation_scales(qcfg.activation_scales) if qcfg.activation_scheme == "static" else None
-    result = {"quantized": [], "native": {}, "bytes_before": 0, "bytes_after": 0}
+    result = {"quantized": [], "native": {}, "bytes_before": 0, "bytes_after": 0, "method": qcfg.method}
     if not cfg.linear_enabled:
         return result
-    for name, module in list(model.named_modules()):
-        if type(module) is not nn.Linear:
-            continue
-        reason = linear_native_reason(name, module.in_features, module.out_features, module.weight.dtype, qcfg, patterns)
-        input_scale = None
-        if reason is None and scales is not None:
-            if name not in scales:
-                reason = "no static activation scale for this layer (recalibrate)"
-            else:
-                input_scale = torch.tensor(scales[name], dtype=torch.float32, device=module.weight.device)
+    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    scales = None
+    if qcfg.activation_scheme == "static":
+        scales = load_activation_scales(qcfg.activation_scales)
+        check_scales_match(scales, [n for n, _ in linears])
+    plan = []
+    for name, module in linears:
+        reason = linear_native_reason(name, module.in_features, module.out_features, module.weight.dtype, qcfg)
+        if reason is None and scales is not None and name not in scales:
+            reason = "no static activation scale for this layer (recalibrate)"
         if reason is not None:
             result["native"][name] = reason
             continue
-        wq, ws = quant.quantize_weight(module.weight.detach(), qcfg.weight_granularity, qcfg.weight_block_size)
-        new = FP8Linear(wq, ws, module.bias, weight_granularity=qcfg.weight_granularity, weight_block=qcfg.weight_block_size,
-                        act_granularity=qcfg.activation_granularity, input_scale=input_scale, orig_dtype=module.weight.dtype)
-        result["bytes_before"] += module.weight.numel() * module.weight.element_size()
-        result["bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * ws.element_size()
+        with torch.no_grad():
+            wq, ws = quant.quantize_weight(module.weight.detach(), qcfg.weight_granularity, qcfg.weight_block_size,
+                                           qcfg.method)
+        input_scale = (torch.tensor(scales[name], dtype=torch.float32, device=module.weight.device)
+                       if scales is not None else None)
+        plan.append((name, module, QuantizedLinear(
+            wq, ws, module.bias, method=qcfg.method, weight_granularity=qcfg.weight_granularity,
+            weight_block=qcfg.weight_block_size, act_granularity=qcfg.activation_granularity,
+            input_scale=input_scale, orig_dtype=module.weight.dtype)))
+    # every check passed and every weight is quantized: only now change the model
+    for name, module, new in plan:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        result["bytes_before"] += module.weight.numel() * module.weight.element_size()
+        result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
         result["quantized"].append(name)
     return result
 
 
 def reachable_tensor_bytes(obj) -> int:
     """Bytes of every distinct tensor storage reachable from a model or compiled model:
-    parameters, buffers and graph constants of compiled graphs (fx_fp8's weight cache included)."""
+    parameters, buffers, and the quantized copies kept on its weights."""
     seen, total = set(), 0
 
     def add(t: torch.Tensor):
@@ -139,9 +191,8 @@ def reachable_tensor_bytes(obj) -> int:
     tensors = list(module.parameters()) + list(module.buffers()) if isinstance(module, nn.Module) else []
     for t in tensors:
         add(t)
-    # FP8 copies made at compile time for *this* model's weights (not other models').
     for t in tensors:
-        for wq, ws in _CACHE.get(t, {}).values():
+        for wq, ws in quantized_copies(t):
             add(wq)
             add(ws)
     return total

@@ -1,7 +1,21 @@
-"""FP8 attention: scaled_dot_product_attention -> fx_fp8::fp8_attention."""
+"""FP8 attention: every attention form -> fx_fp8::fp8_attention (or fp8_attention_lse).
+
+Forms (each attention node gets a report row, rewritten or not):
+  sdpa            F.scaled_dot_product_attention / aten.scaled_dot_product_attention
+  flash           aten._scaled_dot_product_flash_attention          -> (out, lse [B,H,Sq], ...)
+  flash_cpu       aten._scaled_dot_product_flash_attention_for_cpu  -> (out, lse [B,H,Sq])
+  efficient       aten._scaled_dot_product_efficient_attention      -> (out, lse [B,H,pad32(Sq)], seed, offset)
+  cudnn           aten._scaled_dot_product_cudnn_attention          -> (out, lse [B,H,Sq,1], ...)
+The aten forms return tuples read through getitem: a node is rewritten when
+only the output (index 0) is read, or the output and the log-sum-exp (index
+1) in a layout fp8_attention_lse can produce; anything else stays native with
+the reason.
+"""
 from __future__ import annotations
 
 import math
+import operator
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -9,31 +23,84 @@ import torch.fx
 import torch.nn.functional as F
 
 from fx_fp8.passes.base import FXPass
-from fx_fp8.passes.fx_utils import call_args, meta_val, module_name, shape_str
+from fx_fp8.passes.fx_utils import call_args, meta_val
+from fx_fp8.passes.names import is_resolved, module_name
+from fx_fp8.rules import attention_call_reason, short_keys_reason
+from fx_fp8.shapes import scalar_value, shape_str
 
-SDPA_TARGETS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention,
-                torch.ops.aten.scaled_dot_product_attention.default}
-SDPA_PARAMS = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
-SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _broadcastable(shape, target) -> bool:
-    shape = (1,) * (len(target) - len(shape)) + tuple(shape)
-    return all(int(a) == 1 or int(a) == int(b) for a, b in zip(shape, target))
+aten = torch.ops.aten
 
 
-def is_sdpa(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in SDPA_TARGETS
+@dataclass(frozen=True)
+class AttentionForm:
+    name: str
+    params: tuple[str, ...]          # positional parameter names of the call
+    defaults: dict
+    mask_param: Optional[str]        # the argument holding the mask / bias
+    lse_layout: Optional[str]        # how index 1 (lse) is laid out: "bhs", "bhs1", or None (not producible)
+    returns_tuple: bool
+
+
+def _overloads(packet) -> set:
+    return {packet, packet.default}
+
+
+SDPA = AttentionForm("sdpa", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+                     {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False},
+                     "attn_mask", None, False)
+FLASH = AttentionForm("flash", ("query", "key", "value", "dropout_p", "is_causal", "return_debug_mask"),
+                      {"dropout_p": 0.0, "is_causal": False, "return_debug_mask": False, "scale": None},
+                      None, "bhs", True)
+FLASH_CPU = AttentionForm("flash_cpu", ("query", "key", "value", "dropout_p", "is_causal"),
+                          {"dropout_p": 0.0, "is_causal": False, "attn_mask": None, "scale": None},
+                          "attn_mask", "bhs", True)
+EFFICIENT = AttentionForm("efficient", ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
+                                        "is_causal"),
+                          {"attn_bias": None, "compute_log_sumexp": False, "dropout_p": 0.0, "is_causal": False,
+                           "scale": None}, "attn_bias", None, True)
+CUDNN = AttentionForm("cudnn", ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal",
+                                "return_debug_mask"),
+                      {"attn_bias": None, "compute_log_sumexp": False, "dropout_p": 0.0, "is_causal": False,
+                       "return_debug_mask": False, "scale": None}, "attn_bias", "bhs1", True)
+
+FORMS: dict = {}
+for _t in (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention,
+           *_overloads(aten.scaled_dot_product_attention)):
+    FORMS[_t] = SDPA
+for _packet, _form in ((aten._scaled_dot_product_flash_attention, FLASH),
+                       (aten._scaled_dot_product_flash_attention_for_cpu, FLASH_CPU),
+                       (aten._scaled_dot_product_efficient_attention, EFFICIENT),
+                       (aten._scaled_dot_product_cudnn_attention, CUDNN)):
+    for _t in _overloads(_packet):
+        FORMS[_t] = _form
+
+
+def attention_form(node: torch.fx.Node) -> Optional[AttentionForm]:
+    return FORMS.get(node.target) if node.op == "call_function" else None
+
+
+def is_attention(node: torch.fx.Node) -> bool:
+    return attention_form(node) is not None
+
+
+def _tuple_users(node: torch.fx.Node) -> Optional[dict[int, list[torch.fx.Node]]]:
+    """{index: [getitem nodes]} of a tuple-returning node, None if anything else reads it."""
+    out: dict[int, list] = {}
+    for user in node.users:
+        if user.op != "call_function" or user.target is not operator.getitem or not isinstance(user.args[1], int):
+            return None
+        out.setdefault(user.args[1], []).append(user)
+    return out
 
 
 class FP8AttentionPass(FXPass):
-    """Rewrites eligible SDPA nodes; records a decision for every SDPA node.
+    """Rewrites eligible attention nodes; records a decision for every attention node.
 
     Order of the checks (the first that applies is the recorded reason):
-    attention quantization off -> unsupported call (dropout, causal, dtype,
-    rank, GQA, a mask that does not broadcast to (B, H, Sq, Sk)) -> cross-attention -> skipped layer -> skipped step ->
-    what the lowering cannot take -> fp8.
+    attention quantization off -> outputs the FP8 op cannot produce -> unsupported
+    call (dropout, causal, dtype, rank, GQA, a mask that does not broadcast to
+    (B, H, Sq, Sk)) -> short keys (cross-attention) -> skipped layer -> layer
+    unknown while layers are skipped -> skipped step -> what the lowering cannot take -> fp8.
     """
 
     name = "fp8_attention"
@@ -43,69 +110,103 @@ class FP8AttentionPass(FXPass):
         self.cfg = ctx.config.attention           # config slice this pass keeps
         self.skip_layers = ctx.config.diffusion_kv_cache_skip_layers
         self.on = ctx.config.attention_enabled
+        self.unknown_layer_nodes: list[str] = []
 
-    def reason_native(self, args: dict, module: str) -> Optional[str]:
+    def _native_reason(self, node, form: AttentionForm, args: dict, module: str, users) -> Optional[str]:
         if not self.on:
             return f"attention quantization off (diffusion_kv_cache_dtype={self.ctx.config.diffusion_kv_cache_dtype!r})"
+        if form.returns_tuple:
+            if users is None or set(users) - {0, 1}:
+                return f"{form.name} attention: outputs other than the result and log-sum-exp are read"
+            if 1 in users and form.lse_layout is None:
+                return f"{form.name} attention: its log-sum-exp layout (padded rows) cannot be produced by the FP8 op"
         q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
-        if q is None or k is None or v is None:
-            return "query/key/value shapes unknown at compile time"
-        if isinstance(args["dropout_p"], torch.fx.Node) or args["dropout_p"] != 0.0:
-            return f"dropout_p={args['dropout_p']} (FP8 attention is inference-only)"
-        if args["is_causal"] is not False:
-            return "is_causal=True not supported by the FP8 kernels"
-        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-            return f"expected 4-D (B, H, S, D) inputs, got ranks {q.dim()}/{k.dim()}/{v.dim()}"
-        if q.dtype not in FLOAT_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-            return f"dtype {q.dtype}/{k.dtype}/{v.dtype} not supported (need one of fp32/bf16/fp16)"
-        if q.shape[1] != k.shape[1]:
-            return f"grouped-query attention ({q.shape[1]} query heads, {k.shape[1]} kv heads) not supported"
-        if q.shape[-1] != k.shape[-1] or k.shape[2] != v.shape[2]:
-            return "query/key head dims or key/value lengths differ"
-        mask = args["attn_mask"]
-        if mask is not None:
-            m = meta_val(mask)
-            if m is None or m.dim() > 4 or not _broadcastable(m.shape, (q.shape[0], q.shape[1], q.shape[2], k.shape[2])):
-                return f"attention mask of shape {tuple(m.shape) if m is not None else '?'} not broadcastable to (B, H, Sq, Sk)"
-            if m.dtype != torch.bool and m.dtype not in FLOAT_DTYPES:
-                return f"attention mask dtype {m.dtype} not supported"
-        if q.shape[2] != k.shape[2] and not self.cfg.cross_attention:
-            return f"cross-attention (query length {q.shape[2]} != key length {k.shape[2]}); set attention.cross_attention: true to quantize it"
+        mask = meta_val(args[form.mask_param]) if form.mask_param else None
+        if form.mask_param and args.get(form.mask_param) is not None and mask is None:
+            return "attention mask of unknown shape"
+        try:
+            dropout_p = scalar_value(args["dropout_p"], 0.0)
+            is_causal = bool(scalar_value(args["is_causal"], False))
+            scalar_value(args.get("scale"))
+        except TypeError as e:
+            return f"argument value unknown at compile time ({e})"
+        reason = attention_call_reason(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal,
+                                       enable_gqa=bool(scalar_value(args.get("enable_gqa"), False)))
+        if reason is None:
+            reason = short_keys_reason(q, k, self.cfg)
+        if reason is not None:
+            return reason
         layer = self.ctx.layer_map.layer_of(module)
         if layer is not None and layer in self.skip_layers:
             return f"layer {layer} in diffusion_kv_cache_skip_layers"
+        if layer is None and self.skip_layers and not is_resolved(node):
+            self.unknown_layer_nodes.append(f"{node.name} ({module or 'top level'})")
+            return (f"layer unknown (module {module!r} could not be resolved to the model's name) while "
+                    "diffusion_kv_cache_skip_layers is set: kept native rather than guessing")
         if self.ctx.step_variant == "native":
             return "skipped step variant (diffusion_kv_cache_skip_steps)"
-        return self.ctx.lowering.attention_reason(q, k, v, self.cfg, meta_val(args["attn_mask"]))
+        return self.ctx.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         changed = 0
-        lowering = self.ctx.lowering.name
         for node in list(gm.graph.nodes):
-            if not is_sdpa(node):
+            form = attention_form(node)
+            if form is None:
                 continue
-            args = call_args(node, SDPA_PARAMS, SDPA_DEFAULTS)
+            args = call_args(node, list(form.params), form.defaults)
             module = module_name(node)
-            q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
-            shapes = shape_str(q, k, v)
-            reason = self.reason_native(args, module)
+            shapes = shape_str(*(meta_val(args[n]) for n in ("query", "key", "value")))
+            users = _tuple_users(node) if form.returns_tuple else None
+            reason = self._native_reason(node, form, args, module, users)
             if reason is not None:
-                self.record(node, op="attention", module=module, action="native", reason=reason, shapes=shapes)
+                self.record(node, op="attention", module=module, action="native", reason=reason, shapes=shapes,
+                            form=form.name)
                 continue
-            scale = args["scale"]
-            softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-            c = self.cfg
-            with gm.graph.inserting_before(node):
-                new = gm.graph.call_function(
-                    torch.ops.fx_fp8.fp8_attention.default,
-                    (args["query"], args["key"], args["value"], args["attn_mask"], softmax_scale, c.granularity, c.q_block,
-                     c.kv_block, c.hadamard, c.smooth_k, c.quantize_p, float(c.p_scale), lowering),
-                )
-            new.meta.update(node.meta)
-            node.replace_all_uses_with(new)
-            gm.graph.erase_node(node)
-            desc = f"{c.granularity} scales" + (f" (q {c.q_block} / kv {c.kv_block} rows)" if c.granularity == "block" else "")
-            desc += ", Hadamard Q/K" if c.hadamard else ""
-            self.record(new, op="attention", module=module, action="fp8", reason=f"{lowering}: {desc}", shapes=shapes)
+            new = self._rewrite(gm, node, form, args, users)
+            self.record(new, op="attention", module=module, action="fp8", reason=self._describe(), shapes=shapes,
+                        form=form.name)
             changed += 1
+        if self.unknown_layer_nodes:
+            self.ctx.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
+                          f"attention node(s) whose layer is unknown; they were kept native: "
+                          f"{', '.join(self.unknown_layer_nodes[:8])}")
         return changed
+
+    def _rewrite(self, gm, node, form: AttentionForm, args: dict, users) -> torch.fx.Node:
+        q = meta_val(args["query"])
+        scale = scalar_value(args.get("scale"))
+        softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        c = self.cfg
+        mask = args.get(form.mask_param) if form.mask_param else None
+        want_lse = bool(users and 1 in users)
+        op = torch.ops.fx_fp8.fp8_attention_lse.default if want_lse else torch.ops.fx_fp8.fp8_attention.default
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(
+                op, (args["query"], args["key"], args["value"], mask, softmax_scale),
+                dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
+                     smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), kernel=c.kernel,
+                     lowering=self.ctx.lowering.name),
+            )
+            new.meta.update(node.meta)
+            if not form.returns_tuple:
+                node.replace_all_uses_with(new)
+            else:
+                out = gm.graph.call_function(operator.getitem, (new, 0)) if want_lse else new
+                for user in users.get(0, []):
+                    user.replace_all_uses_with(out)
+                    self.erase(gm, user)
+                if want_lse:
+                    lse = gm.graph.call_function(operator.getitem, (new, 1))
+                    if form.lse_layout == "bhs1":
+                        lse = gm.graph.call_method("unsqueeze", (lse, -1))
+                    for user in users[1]:
+                        user.replace_all_uses_with(lse)
+                        self.erase(gm, user)
+        self.erase(gm, node)
+        return new
+
+    def _describe(self) -> str:
+        c = self.cfg
+        desc = f"{c.granularity} scales" + (f" (q {c.q_block} / kv {c.kv_block} rows)" if c.granularity == "block" else "")
+        desc += ", Hadamard Q/K" if c.hadamard else ""
+        return f"{self.ctx.lowering.name}: {desc}"

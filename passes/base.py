@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.fx
 
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import Lowering
-from fx_fp8.passes.fx_utils import LayerMap, placeholder_index
+from fx_fp8.passes.fx_utils import placeholder_index
+from fx_fp8.passes.names import LayerMap, is_resolved
 from fx_fp8.report import CompileReport
 
 
@@ -22,35 +23,39 @@ class CompileContext:
     config: FP8Config
     lowering: Lowering
     report: CompileReport
+    layer_map: LayerMap
+    warn: Callable[[str], None]               # a warning, once per compiled model
     step_variant: Optional[str] = None
-    layer_map: LayerMap = None
+    static_scales: Optional[dict] = None      # calibrated activation scales by module name (static scheme)
+    analysis: dict = field(default_factory=dict)   # results of graph analyses, e.g. {"sensitive": {node: reason}}
+    dumps: Optional[list] = None              # [(stage, python code)] when a dump was asked for
     placeholders: dict = None
-    dumps: Optional[list] = None        # [(stage, python code)] when a dump was asked for
-    extras: dict = field(default_factory=dict)
+    unmatched_ignored_layers: list = field(default_factory=list)
 
     def __post_init__(self):
-        if self.layer_map is None:
-            self.layer_map = LayerMap(self.gm.graph)
         if self.placeholders is None:
             self.placeholders = placeholder_index(self.gm)
 
 
 class FXPass:
     """A graph rewrite. Subclasses set `name` and implement `run`, returning how
-    many nodes they changed; every candidate gets a report entry."""
+    many nodes they rewrote; every candidate gets a report entry. A pass removes
+    only nodes it replaced, through `erase` (the manager checks it)."""
 
     name = "pass"
 
     def __init__(self, ctx: CompileContext):
         self.ctx = ctx
-
-    def enabled(self) -> bool:
-        return True
+        self.erased: set[str] = set()
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         raise NotImplementedError
 
-    def record(self, node: torch.fx.Node, *, op: str, module: str, action: str, reason: str, shapes: str = "") -> None:
-        self.ctx.report.add(op=op, module=module, layer=self.ctx.layer_map.layer_of(module), action=action,
-                            reason=reason, shapes=shapes, node=node.name)
+    def erase(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+        self.erased.add(node.name)
+        gm.graph.erase_node(node)
 
+    def record(self, node: torch.fx.Node, *, op: str, module: str, action: str, reason: str, shapes: str = "",
+               **extra) -> None:
+        self.ctx.report.add(op=op, module=module, layer=self.ctx.layer_map.layer_of(module), action=action,
+                            reason=reason, shapes=shapes, node=node.name, name_resolved=is_resolved(node), **extra)

@@ -1,98 +1,11 @@
-"""Small FX helpers: module names from nn_module_stack, layer indices, node args."""
+"""Small FX helpers: node arguments by name, fake values, real tensors, eager functions as graph nodes."""
 from __future__ import annotations
 
-import re
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
-
-_ROOT = re.compile(r"^[LG]\[['\"][^'\"]*['\"]\]")
-_DICT_MODULES = re.compile(r"\.__dict__\[['\"]_modules['\"]\]\[['\"]([^'\"]+)['\"]\]")
-_MODULES = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]")
-_ITEM_STR = re.compile(r"\[['\"]([^'\"]+)['\"]\]")
-_ITEM_INT = re.compile(r"\[(\d+)\]")
-_GETATTR = re.compile(r"getattr\((.*), ['\"]([^'\"]+)['\"]\)")
-_BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
-
-
-def normalize_module_path(source: str) -> str:
-    """Dynamo's source spelling -> the name `model.named_modules()` uses.
-
-    `L['self'].__dict__['_modules']['transformer_blocks'].0.attn` -> `transformer_blocks.0.attn`
-    `L['s'].m.blocks.0.to_qkv` -> `m.blocks.0.to_qkv`
-    """
-    s = source
-    while True:  # getattr(x, 'a') -> x.a, innermost first
-        new = _GETATTR.sub(lambda m: f"{m.group(1)}.{m.group(2)}", s)
-        if new == s:
-            break
-        s = new
-    s = _ROOT.sub("", s)
-    s = _DICT_MODULES.sub(r".\1", s)
-    s = _MODULES.sub(r".\1", s)
-    s = _ITEM_STR.sub(r".\1", s)
-    s = _ITEM_INT.sub(r".\1", s)
-    return s.strip(".")
-
-
-def module_name(node: torch.fx.Node) -> str:
-    """Fully qualified name of the innermost module that produced `node` ('' for the root)."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
-    return normalize_module_path(path)
-
-
-def block_key(name: str) -> Optional[tuple[str, int]]:
-    """('transformer_blocks', 3) for 'transformer_blocks.3.attn.to_q'; None outside repeated blocks."""
-    m = _BLOCK.match(name)
-    if not m:
-        return None
-    return m.group(1), int(m.group(2))
-
-
-class LayerMap:
-    """Layer index of each transformer block, in execution order across block lists.
-
-    A block list is a repeated module list (`name.N`) that holds attention: the
-    lists are found from the graph's SDPA nodes and ordered by where they first
-    appear, and blocks keep their index within a list, so Flux gets double
-    blocks 0..N-1, then single blocks N.., and one selector never names two
-    blocks. Numbered modules without attention (e.g. `t_embedder.mlp.0`) are
-    not layers.
-    """
-
-    def __init__(self, graph: torch.fx.Graph):
-        from fx_fp8.passes.attention import is_sdpa
-
-        attention_lists = {key[0] for n in graph.nodes if is_sdpa(n) for key in [block_key(module_name(n))] if key}
-        sizes: dict[str, int] = {}
-        for node in graph.nodes:
-            key = block_key(module_name(node))
-            if key and key[0] in attention_lists:
-                sizes[key[0]] = max(sizes.get(key[0], 0), key[1] + 1)
-        self.offsets: dict[str, int] = {}
-        total = 0
-        for list_name, size in sizes.items():  # dict keeps first-appearance order
-            self.offsets[list_name] = total
-            total += size
-        self.num_layers = total
-
-    def layer_of(self, name: str) -> Optional[int]:
-        key = block_key(name)
-        if key is None or key[0] not in self.offsets:
-            return None
-        return self.offsets[key[0]] + key[1]
-
-    def as_dict(self) -> dict[str, str]:
-        """{'transformer_blocks': '0-18', ...} for the report."""
-        out, names = {}, list(self.offsets)
-        for i, name in enumerate(names):
-            end = self.offsets[names[i + 1]] if i + 1 < len(names) else self.num_layers
-            out[name] = f"{self.offsets[name]}-{end - 1}"
-        return out
 
 
 def call_args(node: torch.fx.Node, names: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -110,11 +23,6 @@ def meta_val(arg) -> Optional[torch.Tensor]:
         val = arg.meta.get("val", arg.meta.get("example_value"))
         return val if isinstance(val, torch.Tensor) else None
     return None
-
-
-def shape_str(*vals) -> str:
-    return " ".join("x".join(str(int(d)) if isinstance(d, int) or hasattr(d, "__int__") else str(d) for d in v.shape)
-                    if isinstance(v, torch.Tensor) else "-" for v in vals)
 
 
 def placeholder_index(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
@@ -136,3 +44,37 @@ def real_tensor(node_arg, gm: torch.fx.GraphModule, example_inputs, placeholders
             obj = getattr(obj, part, None)
         return obj if isinstance(obj, torch.Tensor) else None
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(fn: Callable, n_args: int) -> torch.fx.Graph:
+    return torch.fx.symbolic_trace(fn).graph
+
+
+def insert_function(graph: torch.fx.Graph, fn: Callable, args: tuple, meta: dict) -> Any:
+    """Insert the torch ops of the plain eager function `fn(*args)` at the graph's insert point.
+
+    `fn` takes node arguments only (bind constants with a module-level function or
+    functools.partial of hashable values) and is traced once with torch.fx. The new
+    nodes are ordinary torch calls, so the downstream compiler sees (and fuses) them;
+    they copy `meta`'s nn_module_stack so they stay attributed to their module.
+    Returns the node, or the tuple of nodes, that `fn` returns.
+    """
+    sub = _traced(fn, len(args))
+    placeholders = [n for n in sub.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise TypeError(f"{fn} takes {len(placeholders)} node arguments, got {len(args)}")
+    env = dict(zip(placeholders, args))
+    out = None
+    for n in sub.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "output":
+            out = torch.fx.map_arg(n.args[0], lambda a: env[a])
+            break
+        new = graph.node_copy(n, lambda a: env[a])
+        for key in ("nn_module_stack", "fx_fp8_module", "fx_fp8_module_resolved", "stack_trace"):
+            if key in meta:
+                new.meta[key] = meta[key]
+        env[n] = new
+    return out

@@ -1,141 +1,160 @@
-"""FP8 W8A8 linears: linear -> fx_fp8::fp8_linear with weights quantized once."""
+"""Quantized W8A8 linears (FP8 or INT8): linear -> activation quantization + fx_fp8::scaled_mm.
+
+For each eligible linear the pass writes
+    xq, xs = quantize(x)                    # once per activation-quant group
+    y      = scaled_mm(xq, xs, W, ...)      # W quantized once, kept on the model
+    y      = y.unflatten(0, x.shape[:-1])
+Linears that read the same tensor with the same dynamic recipe (to_q / to_k /
+to_v of one norm output, proj_mlp beside attention) form one group and share
+one quantization. Where the lowering quantizes with plain torch ops (CPU
+reference, CUDA) those ops are written into the graph, so the downstream
+compiler fuses them into the producer; where it has a fused kernel (NPU) one
+opaque fx_fp8::quantize_activation call is written per group.
+
+Prepared QuantizedLinear modules (prepare_model) reach the graph as
+fx_fp8::quantized_linear calls and are rewritten the same way; devices without
+quantized matrix units get fx_fp8::weight_only_linear.
+"""
 from __future__ import annotations
 
-import warnings
+import functools
+import operator
 from typing import Optional
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 
+from fx_fp8.ops import quant
 from fx_fp8.passes.base import FXPass
-from fx_fp8.passes.filters import first_match
-from fx_fp8.passes.fx_utils import call_args, meta_val, module_name, real_tensor, shape_str
-from fx_fp8.weights import quantized_weight, register_static_input_scale
+from fx_fp8.passes.fx_utils import call_args, insert_function, meta_val, real_tensor
+from fx_fp8.passes.names import module_name
+from fx_fp8.patterns import first_match
+from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason
+from fx_fp8.shapes import shape_str
+from fx_fp8.weights import attach_static_input_scale, quantized_weight
 
 LINEAR_TARGETS = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_WARNED_WEIGHT_ONLY: set = set()
+PREPARED_TARGETS = {torch.ops.fx_fp8.quantized_linear, torch.ops.fx_fp8.quantized_linear.default}
+PREPARED_PARAMS = ["x", "weight", "weight_scale", "bias", "input_scale"]
 
 
-def linear_native_reason(name: str, in_features: int, out_features: int, dtype, qcfg, patterns) -> Optional[str]:
-    """Why a linear stays native, or None. Order: ignored_layers pattern, dtype, shape, size."""
-    hit = first_match(patterns, name)
-    if hit is not None:
-        return f"ignored_layers pattern {hit!r}"
-    if dtype not in FLOAT_DTYPES:
-        return f"weight dtype {dtype} not supported"
-    if in_features % 16 or out_features % 16:
-        return f"features {in_features}->{out_features} not multiples of 16 (FP8 matmul tiles)"
-    if min(in_features, out_features) < qcfg.min_features:
-        return f"small layer ({in_features}->{out_features}, below min_features={qcfg.min_features}): FP8 only costs time"
-    return None
+@functools.lru_cache(maxsize=None)
+def dynamic_quant_fn(method: str, granularity: str, group: int):
+    """x [..., K] -> (xq [M, K], scale): quant.quantize_activation as a traceable function."""
+    def quantize(x):
+        return quant.quantize_activation(x.reshape(-1, x.shape[-1]), granularity, method, group or None)
+    return quantize
+
+
+@functools.lru_cache(maxsize=None)
+def static_quant_fn(method: str):
+    def quantize(x, scale):
+        return quant.quantize_activation_static(x.reshape(-1, x.shape[-1]), scale, method)
+    return quantize
+
+
+def restore_leading_dims(y, x):
+    """[M, N] -> x.shape[:-1] + (N,)."""
+    return y.unflatten(0, x.shape[:-1])
+
+
+class Linear:
+    """One linear the pass will rewrite, and how."""
+
+    def __init__(self, node, module, x, weight, weight_scale, bias, input_scale, *, method, weight_granularity,
+                 weight_block, act, weight_only, prepared, shapes):
+        self.node, self.module = node, module
+        self.x, self.weight, self.weight_scale, self.bias, self.input_scale = x, weight, weight_scale, bias, input_scale
+        self.method, self.weight_granularity, self.weight_block = method, weight_granularity, list(weight_block or [])
+        self.act, self.weight_only, self.prepared, self.shapes = act, weight_only, prepared, shapes
+
+    def group_key(self):
+        """Linears with equal keys share one activation quantization."""
+        if self.act == "static":  # a calibrated scale per layer: never shared
+            return (self.x, "static", self.node)
+        group = self.weight_block[1] if self.act == "group" else 0
+        return (self.x, self.method, self.act, group)
 
 
 class FP8LinearPass(FXPass):
-    """Rewrites eligible linear nodes and re-targets prepared FP8Linear calls.
+    """Decides every linear (report row each) and rewrites the quantized ones.
 
-    Decision order: quantization off -> ignored_layers -> unsupported weight or
-    shape -> no static scale -> what the lowering cannot take -> fp8 (W8A8, or
-    weight-only where the device has no FP8 matrix units).
+    Decision order: quantization off -> ignored_layers -> sensitive layer ->
+    unsupported weight or shape -> no static scale -> what the lowering cannot
+    take -> quantized (W8A8, or weight-only where the device has no FP8/INT8
+    matrix units). Prepared QuantizedLinear calls always stay quantized (their
+    original weights are gone) and are re-targeted to this compile's lowering.
     """
 
-    name = "fp8_linear"
+    name = "quantized_linear"
 
     def __init__(self, ctx):
         super().__init__(ctx)
         self.qcfg = ctx.config.quantization_config
         self.on = ctx.config.linear_enabled
-        self.patterns, self.user_patterns = self.qcfg.effective_ignored_layers()
-        self.scales = None
-        if self.on and self.qcfg.activation_scheme == "static":
-            from fx_fp8.calibration import load_activation_scales
-
-            self.scales = load_activation_scales(self.qcfg.activation_scales)
-
-    def _weight_only(self, weight) -> bool:
-        msg = self.ctx.lowering.weight_only(weight)
-        if msg and msg not in _WARNED_WEIGHT_ONLY:
-            _WARNED_WEIGHT_ONLY.add(msg)
-            warnings.warn(f"fx_fp8: {msg}: linears use weight-only FP8 (FP8 storage, native matmul)", stacklevel=2)
-        return bool(msg)
+        self.scales = ctx.static_scales
+        self.sensitive = ctx.analysis.get("sensitive", {})
 
     def run(self, gm: torch.fx.GraphModule) -> int:
-        changed = 0
         weights = self.ctx.report.weights
-        weights.setdefault("quantized_linear_bytes_before", 0)
-        weights.setdefault("quantized_linear_bytes_after", 0)
+        for key in ("quantized_linear_bytes_before", "quantized_linear_bytes_after"):
+            weights.setdefault(key, 0)
         weights.setdefault("original_copy_kept", False)
-        matched_patterns: set[str] = set()
+        plan: list[Linear] = []
+        matched: set[str] = set()
+        disagreeing: list[str] = []
         for node in list(gm.graph.nodes):
             if node.op != "call_function":
                 continue
-            # Dynamo records FP8Linear's call as the op packet, not the .default overload
-            if node.target in (torch.ops.fx_fp8.fp8_linear.default, torch.ops.fx_fp8.fp8_linear):
-                changed += self._retarget_prepared(node)
-                continue
-            if node.target not in LINEAR_TARGETS:
-                continue
-            args = call_args(node, ["input", "weight", "bias"], {"bias": None})
-            module = module_name(node)
-            x, w = meta_val(args["input"]), meta_val(args["weight"])
-            shapes = f"{shape_str(x)} -> {shape_str(w)}"
-            hit = first_match(self.patterns, module)
-            if hit is not None:
-                matched_patterns.add(hit)
-            reason = self._reason(args, module, x, w)
-            if reason is not None:
-                self.record(node, op="linear", module=module, action="native", reason=reason, shapes=shapes)
-                continue
-            real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
-            # Quantize now, once; the op finds this copy again by the weight's identity.
-            wq, ws = quantized_weight(real_w, self.qcfg.weight_granularity, self.qcfg.weight_block_size)
-            act = self.qcfg.activation_granularity
-            if self.scales is not None:
-                register_static_input_scale(real_w, self.scales[module])
-                act = "static"
-            weight_only = self._weight_only(w)
-            with gm.graph.inserting_before(node):
-                new = gm.graph.call_function(
-                    torch.ops.fx_fp8.fp8_linear.default,
-                    (args["input"], args["weight"], None, args["bias"], None, self.qcfg.weight_granularity,
-                     list(self.qcfg.weight_block_size or []), act, weight_only, self.ctx.lowering.name),
-                )
-            new.meta.update(node.meta)
-            node.replace_all_uses_with(new)
-            gm.graph.erase_node(node)
-            weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
-            weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * ws.element_size()
-            weights["original_copy_kept"] = True
-            self.record(new, op="linear", module=module, action="fp8", reason=self._describe(weight_only), shapes=shapes)
-            changed += 1
-        if weights["original_copy_kept"]:
-            self.ctx.report.notes.append(
-                "FP8 weights were made at compile time; the model still holds its original weights "
-                "(call fx_fp8.prepare_model(model, config) before torch.compile to free them)"
-            )
-        if self.on and self.user_patterns:
-            self.ctx.extras["unmatched_ignored_layers"] = [
-                p for p in self.patterns if p not in matched_patterns and p not in _default_set()
-            ]
-        return changed
+            if node.target in PREPARED_TARGETS:
+                plan.append(self._prepared(node, disagreeing))
+            elif node.target in LINEAR_TARGETS:
+                item = self._decide(gm, node, matched)
+                if item is not None:
+                    plan.append(item)
+        groups: dict = {}
+        for item in plan:
+            groups.setdefault(item.group_key(), []).append(item)
+        for n, members in enumerate(groups.values()):
+            self._rewrite_group(gm, members, f"g{n}:{members[0].x.name}")
+        self._notes(plan, matched, disagreeing)
+        return len(plan)
 
-    def _describe(self, weight_only: bool, prepared: bool = False) -> str:
+    # -- decisions ---------------------------------------------------------------------------
+    def _decide(self, gm, node, matched: set) -> Optional[Linear]:
+        args = call_args(node, ["input", "weight", "bias"], {"bias": None})
+        module = module_name(node)
+        x, w = meta_val(args["input"]), meta_val(args["weight"])
+        shapes = f"{shape_str(x)} -> {shape_str(w)}"
+        hit = first_match(self.qcfg.ignored_layers, module)
+        if hit is not None:
+            matched.add(hit)
+        reason = self._reason(node, args, module, x, w)
+        if reason is not None:
+            self.record(node, op="linear", module=module, action="native", reason=reason, shapes=shapes)
+            return None
+        real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
         q = self.qcfg
-        w = f"{q.weight_granularity}" + (f" {list(q.weight_block_size)}" if q.weight_granularity == "block" else "")
-        act = "weight-only" if weight_only else f"{q.activation_scheme} per-{q.activation_granularity} activations"
-        src = "prepared FP8 weights" if prepared else "weights quantized at compile"
-        return f"{self.ctx.lowering.name}: W8A8 {w} weight scales, {act}, {src}" if not weight_only else \
-            f"{self.ctx.lowering.name}: weight-only FP8 ({w} scales), {src}"
+        wq, ws = quantized_weight(real_w, q.method, q.weight_granularity, q.weight_block_size)  # once, now
+        if q.activation_scheme == "static":
+            attach_static_input_scale(real_w, self.scales[module])
+        weights = self.ctx.report.weights
+        weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
+        weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
+        weights["original_copy_kept"] = True
+        return Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=q.method,
+                      weight_granularity=q.weight_granularity, weight_block=q.weight_block_size, act=q.act_granularity,
+                      weight_only=self._weight_only(w), prepared=False, shapes=shapes)
 
-    def _reason(self, args, module, x, w) -> Optional[str]:
+    def _reason(self, node, args, module, x, w) -> Optional[str]:
         if not self.on:
             return "linear quantization off (quantization=None)"
         if x is None or w is None:
             return "input/weight shapes unknown at compile time"
         if w.dim() != 2:
             return f"weight of rank {w.dim()}"
-        reason = linear_native_reason(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, self.patterns)
+        reason = linear_native_reason(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, self.sensitive.get(node))
         if reason is not None:
             return reason
         if x.dtype not in FLOAT_DTYPES:
@@ -146,20 +165,97 @@ class FP8LinearPass(FXPass):
             return "no static activation scale for this layer (recalibrate)"
         return self.ctx.lowering.linear_reason(x, w, self.qcfg)
 
-    def _retarget_prepared(self, node: torch.fx.Node) -> int:
-        """FP8Linear modules (prepare_model) already call fx_fp8::fp8_linear: point it at our lowering."""
+    def _weight_only(self, w) -> bool:
+        msg = self.ctx.lowering.weight_only(w, self.qcfg)
+        if msg:
+            self.ctx.warn(f"fx_fp8: {msg}: {self.qcfg.method} linears use weight-only quantization "
+                          "(quantized storage, native matmul)")
+        return bool(msg)
+
+    def _prepared(self, node, disagreeing: list) -> Linear:
+        """A QuantizedLinear made by prepare_model: it reports and runs as it was prepared."""
+        args = call_args(node, PREPARED_PARAMS, {"bias": None, "input_scale": None})
         module = module_name(node)
-        x, w = meta_val(node.args[0]), meta_val(node.args[1])
+        x, w = meta_val(args["x"]), meta_val(args["weight"])
         shapes = f"{shape_str(x)} -> {shape_str(w)}"
-        weight_only = self._weight_only(w)
-        args = list(node.args)
-        args[8], args[9] = weight_only, self.ctx.lowering.name
-        node.args = tuple(args)
-        self.record(node, op="linear", module=module, action="fp8", reason=self._describe(weight_only, prepared=True), shapes=shapes)
-        return 1
+        method, wg, wb = args["method"], args["weight_granularity"], args["weight_block"]
+        act = "static" if args["input_scale"] is not None else args["act_granularity"]
+        q = self.qcfg
+        if (method, wg, act) != (q.method, q.weight_granularity, q.act_granularity) or not self.on:
+            disagreeing.append(module)
+        return Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"], args["input_scale"],
+                      method=method, weight_granularity=wg, weight_block=wb, act=act,
+                      weight_only=self._weight_only(w), prepared=True, shapes=shapes)
 
+    # -- rewriting ---------------------------------------------------------------------------
+    def _rewrite_group(self, gm, members: list[Linear], group: str) -> None:
+        graph = gm.graph
+        lowering = self.ctx.lowering
+        w8a8 = [m for m in members if not m.weight_only]
+        first = members[0]
+        xq = xs = None
+        if w8a8:
+            with graph.inserting_before(first.node):
+                xq, xs = self._quantize(graph, first)
+        for m in members:
+            with graph.inserting_before(m.node):
+                common = dict(method=m.method, weight_granularity=m.weight_granularity, weight_block=m.weight_block,
+                              lowering=lowering.name)
+                base_meta = {k: v for k, v in m.node.meta.items() if k not in ("val", "example_value")}
+                if m.weight_only:
+                    new = out = graph.call_function(torch.ops.fx_fp8.weight_only_linear.default,
+                                                    (m.x, m.weight, m.weight_scale, m.bias), common)
+                else:
+                    new = graph.call_function(torch.ops.fx_fp8.scaled_mm.default,
+                                              (xq, xs, m.weight, m.weight_scale, m.bias),
+                                              dict(common, out_dtype=meta_val(m.x).dtype,
+                                                   fast_accum=self.qcfg.fast_accum))
+                    new.meta.update(base_meta)
+                    out = insert_function(graph, restore_leading_dims, (new, m.x), m.node.meta)
+                out.meta.update(m.node.meta)  # same value as the linear it replaces
+            m.node.replace_all_uses_with(out)
+            self.erase(gm, m.node)
+            self.record(new, op="linear", module=m.module, action="fp8" if m.method == "fp8" else m.method,
+                        reason=self._describe(m), shapes=m.shapes,
+                        act_quant_group="" if m.weight_only else group)
 
-def _default_set():
-    from fx_fp8.config import DEFAULT_IGNORED_LAYERS
+    def _quantize(self, graph, m: Linear):
+        """(xq, xs) nodes for a group's activation, at the graph's insert point."""
+        lowering = self.ctx.lowering
+        scale = m.input_scale
+        if m.act == "static" and scale is None:  # unprepared: the scale attached to the weight
+            scale = graph.call_function(torch.ops.fx_fp8.static_input_scale.default, (m.weight,))
+        group = m.weight_block[1] if m.act == "group" else 0
+        if lowering.fused_activation_quant:
+            node = graph.call_function(
+                torch.ops.fx_fp8.quantize_activation.default, (m.x, scale),
+                dict(method=m.method, granularity="tensor" if m.act == "static" else m.act, group=group,
+                     lowering=lowering.name))
+            node.meta["nn_module_stack"] = m.node.meta.get("nn_module_stack", {})
+            return (graph.call_function(operator.getitem, (node, 0)), graph.call_function(operator.getitem, (node, 1)))
+        if m.act == "static":
+            return insert_function(graph, static_quant_fn(m.method), (m.x, scale), m.node.meta)
+        return insert_function(graph, dynamic_quant_fn(m.method, m.act, group), (m.x,), m.node.meta)
 
-    return set(DEFAULT_IGNORED_LAYERS)
+    def _describe(self, m: Linear) -> str:
+        w = m.weight_granularity + (f" {m.weight_block}" if m.weight_granularity == "block" else "")
+        src = "prepared weights" if m.prepared else "weights quantized at compile"
+        name = self.ctx.lowering.name
+        if m.weight_only:
+            return f"{name}: weight-only {m.method.upper()} ({w} scales), {src}"
+        act = "static activations" if m.act == "static" else f"dynamic per-{m.act} activations"
+        return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}"
+
+    def _notes(self, plan: list[Linear], matched: set, disagreeing: list) -> None:
+        report = self.ctx.report
+        if report.weights.get("original_copy_kept"):
+            report.notes.append("quantized weights were made at compile time; the model still holds its original "
+                                "weights (call fx_fp8.prepare_model(model, config) before torch.compile to free them)")
+        if self.on:
+            unmatched = [p for p in self.qcfg.ignored_layers if p not in matched]
+            if unmatched:
+                self.ctx.unmatched_ignored_layers.extend(unmatched)
+        if disagreeing:
+            self.ctx.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
+                          f"granularity or activation scheme than this compile's config (or quantization is off); "
+                          f"they run as prepared: {', '.join(disagreeing[:8])}")

@@ -1,7 +1,20 @@
 """torch.library custom ops: opaque to Dynamo and Inductor, with fake impls.
 
-The `lowering` string argument is chosen by the passes at compile time; the
-implementation is looked up in fx_fp8.ops.lowering.
+Every op takes its static attributes as keyword arguments (the passes build
+the nodes by name, never by position), including `lowering`, the name of the
+implementation chosen at compile time (fx_fp8.ops.lowering).
+
+    fp8_attention        SDPA semantics, Q/K/V quantized to FP8 inside
+    fp8_attention_lse    the same, also returning the log-sum-exp (ring attention, aten flash ops)
+    quantize_activation  the fused activation quantization of lowerings that have one (NPU)
+    scaled_mm            quantized activation x quantized weight, fp32 scales, bias
+    weight_only_linear   quantized weight storage, native matmul (devices without FP8/INT8 units)
+    quantized_linear     the eager composite a prepared QuantizedLinear calls; the linear pass
+                         rewrites it into the compiled form
+    static_input_scale   the calibrated activation scale kept on a weight (unprepared static scales)
+
+The ops are inference-only: their autograd formula lets a graph that
+requires grad compile, and raises only if a backward actually runs through them.
 """
 from __future__ import annotations
 
@@ -9,75 +22,184 @@ from typing import Optional
 
 import torch
 
+from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.weights import quantized_weight, static_input_scale
+from fx_fp8 import weights
+
+
+# -- attention ------------------------------------------------------------------------------
+def _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
+               quantize_p, p_scale, kernel, lowering, return_lse):
+    return get_lowering(lowering).attention(
+        query, key, value, attn_mask=attn_mask, softmax_scale=softmax_scale, granularity=granularity,
+        q_block=q_block, kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k, quantize_p=quantize_p,
+        p_scale=p_scale, kernel=kernel, return_lse=return_lse,
+    )
 
 
 @torch.library.custom_op("fx_fp8::fp8_attention", mutates_args=())
-def fp8_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Optional[torch.Tensor],
-    softmax_scale: float,
-    granularity: str,
-    q_block: int,
-    kv_block: int,
-    hadamard: bool,
-    smooth_k: bool,
-    quantize_p: bool,
-    p_scale: float,
-    lowering: str,
-) -> torch.Tensor:
-    """SDPA semantics on (B, H, S, D) inputs (attn_mask as in SDPA, broadcast to
-    (B, H, Sq, Sk)): quantize Q/K/V to FP8 e4m3, fused attention."""
-    out = get_lowering(lowering).attention(
-        query, key, value, attn_mask=attn_mask, softmax_scale=softmax_scale, granularity=granularity, q_block=q_block,
-        kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k, quantize_p=quantize_p, p_scale=p_scale,
-    )
+def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+                  softmax_scale: float, *, granularity: str, q_block: int, kv_block: int, hadamard: bool,
+                  smooth_k: bool, quantize_p: bool, p_scale: float, kernel: str, lowering: str) -> torch.Tensor:
+    """SDPA on (B, H, S, D) inputs (attn_mask as in SDPA): Q/K/V quantized to FP8 e4m3, fused attention."""
+    out = _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
+                     quantize_p, p_scale, kernel, lowering, False)
     return out.contiguous()
 
 
 @fp8_attention.register_fake
-def _fp8_attention_fake(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k, quantize_p, p_scale, lowering):
+def _(query, key, value, attn_mask, softmax_scale, **_):
     return query.new_empty(*query.shape[:-1], value.shape[-1])
 
 
-@torch.library.custom_op("fx_fp8::fp8_linear", mutates_args=())
-def fp8_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    input_scale: Optional[torch.Tensor],
-    weight_granularity: str,
-    weight_block: list[int],
-    act_granularity: str,
-    weight_only: bool,
-    lowering: str,
-) -> torch.Tensor:
-    """y = x @ W^T + b, x quantized here (dynamic per token / per tensor, or
-    with the static `input_scale`).
+@torch.library.custom_op("fx_fp8::fp8_attention_lse", mutates_args=())
+def fp8_attention_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attn_mask: Optional[torch.Tensor], softmax_scale: float, *, granularity: str, q_block: int,
+                      kv_block: int, hadamard: bool, smooth_k: bool, quantize_p: bool, p_scale: float, kernel: str,
+                      lowering: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_attention that also returns lse = log(sum(exp(scores))) per query row, fp32 (B, H, Sq)."""
+    out, lse = _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard,
+                          smooth_k, quantize_p, p_scale, kernel, lowering, True)
+    return out.contiguous(), lse.float().contiguous()
 
-    `weight` is either FP8 with its fp32 `weight_scale` (prepare_model), or the
-    model's own weight with `weight_scale=None`: then its FP8 copy is looked up
-    by the weight's identity (made once, at compile time). Looking it up per
-    weight, rather than baking it into the graph, keeps it right when Dynamo
-    reuses one graph for another instance of the same class (Wan2.2's experts).
-    act_granularity "static" likewise looks up the static scale registered for
-    that weight.
-    """
-    if weight_scale is None:
-        if act_granularity == "static":
-            input_scale = static_input_scale(weight)
-        weight, weight_scale = quantized_weight(weight, weight_granularity, tuple(weight_block) or None)
-    out = get_lowering(lowering).linear(
-        x, weight, weight_scale, bias, input_scale, weight_granularity=weight_granularity,
-        weight_block=tuple(weight_block) or None, act_granularity=act_granularity, weight_only=weight_only,
-    )
+
+@fp8_attention_lse.register_fake
+def _(query, key, value, attn_mask, softmax_scale, **_):
+    return (query.new_empty(*query.shape[:-1], value.shape[-1]),
+            query.new_empty(query.shape[:-1], dtype=torch.float32))
+
+
+# -- linears --------------------------------------------------------------------------------
+@torch.library.custom_op("fx_fp8::quantize_activation", mutates_args=())
+def quantize_activation(x: torch.Tensor, static_scale: Optional[torch.Tensor], *, method: str, granularity: str,
+                        group: int, lowering: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (xq [M, K], fp32 scale [M, 1] per token, [] per tensor / static, [M, groups] per group)."""
+    x2d = x.reshape(-1, x.shape[-1])
+    return get_lowering(lowering).quantize_activation(x2d, static_scale, method=method, granularity=granularity,
+                                                      group=group or None)
+
+
+@quantize_activation.register_fake
+def _(x, static_scale, *, method, granularity, group, lowering):
+    m, k = x.numel() // x.shape[-1], x.shape[-1]
+    if static_scale is not None or granularity == "tensor":
+        scale_shape = ()
+    else:
+        scale_shape = (m, 1) if granularity == "token" else (m, -(-k // group))
+    return (x.new_empty((m, k), dtype=quant.METHODS[method][0]), x.new_empty(scale_shape, dtype=torch.float32))
+
+
+def _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block):
+    """A prepared (quantized) weight with its scale, or the model's own weight: then its
+    quantized copy, made at compile time and kept on the weight (fx_fp8.weights)."""
+    if weight_scale is not None:
+        return weight, weight_scale
+    return weights.quantized_weight(weight, method, weight_granularity, tuple(weight_block) or None)
+
+
+@torch.library.custom_op("fx_fp8::scaled_mm", mutates_args=())
+def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
+              bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
+              out_dtype: torch.dtype, fast_accum: bool, lowering: str) -> torch.Tensor:
+    """xq [M, K] (quantized) x weight [N, K] -> [M, N] in out_dtype."""
+    wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block)
+    out = get_lowering(lowering).scaled_mm(xq, x_scale, wq, ws, bias, method=method,
+                                           weight_granularity=weight_granularity,
+                                           weight_block=tuple(weight_block) or None, out_dtype=out_dtype,
+                                           fast_accum=fast_accum)
     return out.contiguous()
 
 
-@fp8_linear.register_fake
-def _fp8_linear_fake(x, weight, weight_scale, bias, input_scale, weight_granularity, weight_block, act_granularity, weight_only, lowering):
+@scaled_mm.register_fake
+def _(xq, x_scale, weight, weight_scale, bias, *, out_dtype, **_):
+    return xq.new_empty((xq.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("fx_fp8::weight_only_linear", mutates_args=())
+def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
+                       bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
+                       lowering: str) -> torch.Tensor:
+    """x [..., K] with a quantized weight dequantized for a native matmul -> [..., N]."""
+    wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block)
+    x2d = x.reshape(-1, x.shape[-1])
+    out = get_lowering(lowering).weight_only_linear(x2d, wq, ws, bias, method=method,
+                                                    weight_granularity=weight_granularity,
+                                                    weight_block=tuple(weight_block) or None)
+    return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
+
+
+@weight_only_linear.register_fake
+def _(x, weight, weight_scale, bias, **_):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("fx_fp8::quantized_linear", mutates_args=())
+def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                     input_scale: Optional[torch.Tensor], *, method: str, weight_granularity: str,
+                     weight_block: list[int], act_granularity: str, lowering: str) -> torch.Tensor:
+    """y = x @ W^T + b for a prepared QuantizedLinear, eagerly: quantize x (dynamic per token /
+    per tensor, or with the static `input_scale`), then the lowering's scaled_mm."""
+    impl = get_lowering(lowering)
+    x2d = x.reshape(-1, x.shape[-1])
+    block = tuple(weight_block) or None
+    if input_scale is not None:
+        xq, xs = quant.quantize_activation_static(x2d, input_scale, method)
+    else:
+        xq, xs = quant.quantize_activation(x2d, act_granularity, method, block[1] if block else None)
+    out = impl.scaled_mm(xq, xs, weight, weight_scale, bias, method=method, weight_granularity=weight_granularity,
+                         weight_block=block, out_dtype=x.dtype)
+    return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
+
+
+@quantized_linear.register_fake
+def _(x, weight, weight_scale, bias, input_scale, **_):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("fx_fp8::static_input_scale", mutates_args=())
+def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
+    """The calibrated activation scale attached to `weight` at compile time (fp32 scalar)."""
+    return weights.static_input_scale(weight).clone()
+
+
+@static_input_scale.register_fake
+def _(weight):
+    return weight.new_empty((), dtype=torch.float32)
+
+
+# -- inference only ---------------------------------------------------------------------------
+@torch.library.custom_op("fx_fp8::no_backward", mutates_args=())
+def no_backward(grad: torch.Tensor, like: torch.Tensor, op: str) -> torch.Tensor:
+    raise RuntimeError(f"fx_fp8::{op} is inference-only: .backward() reached a quantized node. Compile the "
+                       "model for training without fx_fp8's backends, or run inference under torch.no_grad()")
+
+
+@no_backward.register_fake
+def _(grad, like, op):
+    return torch.empty_like(like)
+
+
+def _register_inference_only(op, name: str) -> None:
+    """An autograd formula whose backward raises when (and only when) it runs, so graphs that
+    require grad still compile (AOTAutograd traces the backward with the fake impl)."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*[t for t in inputs if isinstance(t, torch.Tensor)])
+        ctx.is_tensor = [isinstance(t, torch.Tensor) for t in inputs]
+
+    def backward(ctx, *grads):
+        g = next(g for g in grads if g is not None)
+        saved = iter(ctx.saved_tensors)
+        out = []
+        for i, is_tensor in enumerate(ctx.is_tensor):
+            t = next(saved) if is_tensor else None
+            out.append(torch.ops.fx_fp8.no_backward(g, t, name) if is_tensor and ctx.needs_input_grad[i] else None)
+        return tuple(out)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+for _op, _name in ((fp8_attention, "fp8_attention"), (fp8_attention_lse, "fp8_attention_lse"),
+                   (scaled_mm, "scaled_mm"), (weight_only_linear, "weight_only_linear"),
+                   (quantized_linear, "quantized_linear"), (quantize_activation, "quantize_activation")):
+    _register_inference_only(_op, _name)

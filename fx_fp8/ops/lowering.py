@@ -3,6 +3,20 @@
 The passes pick a lowering name at compile time and bake it into each custom
 op call, so the NPU lowering can also run on CPU tensors under the contract
 simulator in the tests. Device modules are imported only when asked for.
+
+A lowering answers two kinds of question:
+* at compile time, on FakeTensor metadata: can this node run here, and if not
+  why (`attention_reason`, `linear_reason`, `weight_only`); it must not
+  specialise symbolic sizes (use fx_fp8.shapes);
+* at run time, on real tensors: the kernels (`attention`, `quantize_activation`,
+  `scaled_mm`, `weight_only_linear`).
+
+Activation quantization: when `fused_activation_quant` is False (CPU reference,
+CUDA) the linear pass writes the quantization into the graph as plain torch
+ops (fx_fp8.ops.quant), so the downstream compiler fuses it into the producer
+(norm, modulation, GELU); when True (NPU) it emits one opaque
+`fx_fp8::quantize_activation` call, which runs the device's fused kernel.
+Either way one quantization serves every linear that reads the same tensor.
 """
 from __future__ import annotations
 
@@ -16,42 +30,62 @@ _MODULES = {
     "cuda": "fx_fp8.ops.cuda",
     "npu": "fx_fp8.ops.npu",
 }
-_CACHE: dict[str, "Lowering"] = {}
 
 
 class Lowering:
     """Interface of a lowering module's `LOWERING` object.
 
-    attention_reason / linear_reason return None when the node can run in FP8
-    on this lowering, else the reason it stays native (goes into the report).
+    Conventions shared by every lowering (the CPU reference defines the numerics):
+    * attention inputs are (B, H, S, D); `return_lse` asks for the natural-log
+      log-sum-exp of the scaled scores too, fp32 (B, H, Sq), -inf for a fully
+      masked row (whose output is 0);
+    * `method` is "fp8" (float8_e4m3fn) or "int8" (symmetric int8);
+    * activation scales are fp32 [M, 1] (per token), [] (per tensor / static) or
+      [M, ceil(K / weight_block[1])] (per group, with block weight scales);
+      weight scales fp32 [N, 1] (channel), [] (tensor) or [ceil(N/br), ceil(K/bc)] (block).
     """
 
     name = "base"
     description = ""
+    fused_activation_quant = False
 
-    def attention_reason(self, q, k, v, cfg, attn_mask=None) -> Optional[str]:  # FakeTensor metadata
+    # -- compile time -------------------------------------------------------------------
+    def attention_reason(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> Optional[str]:
         return None
 
     def linear_reason(self, x, weight, qcfg) -> Optional[str]:
         return None
 
-    def weight_only(self, weight) -> Optional[str]:
-        """A message when linears must use weight-only FP8 on this device, else None."""
+    def weight_only(self, weight, qcfg) -> Optional[str]:
+        """A message when linears of this method must be weight-only on this device, else None."""
         return None
 
-    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k, quantize_p, p_scale):
+    # -- run time -----------------------------------------------------------------------
+    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
+                  quantize_p, p_scale, kernel, return_lse):
         raise NotImplementedError
 
-    def linear(self, x, weight, weight_scale, bias, input_scale, *, weight_granularity, weight_block, act_granularity, weight_only):
+    def quantize_activation(self, x2d, static_scale, *, method, granularity, group=None):
+        """(xq [M, K], scale): only called when fused_activation_quant is True. granularity
+        "token" / "tensor" / "group" (per token and per `group` columns, for block weights)."""
+        raise NotImplementedError
+
+    def scaled_mm(self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype,
+                  fast_accum=False):
+        """xq [M, K] x wq [N, K]^T with scales -> [M, N] out_dtype (+ bias). Block weights come
+        with per-group activation scales [M, ceil(K / weight_block[1])]. fast_accum: the
+        CUDA FP8 GEMM's faster, less exact accumulation (ignored where it does not exist)."""
+        raise NotImplementedError
+
+    def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
         raise NotImplementedError
 
 
 def get_lowering(name: str) -> Lowering:
+    """The LOWERING object of a lowering module (imported on first use; Python caches modules)."""
     if name not in _MODULES:
         raise ValueError(f"unknown lowering {name!r}: expected one of {sorted(_MODULES)}")
-    if name not in _CACHE:
-        _CACHE[name] = importlib.import_module(_MODULES[name]).LOWERING
-    return _CACHE[name]
+    return importlib.import_module(_MODULES[name]).LOWERING
 
 
 def npu_available() -> bool:

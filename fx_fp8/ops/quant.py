@@ -13,12 +13,15 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
+INT8_MAX = 127.0
+#: storage dtype and largest magnitude of each linear quantization method
+METHODS = {"fp8": (FP8_DTYPE, FP8_MAX), "int8": (torch.int8, INT8_MAX)}
 _TINY = 1e-12
 
 
-def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """fp32 scale so that amax maps to the largest e4m3 value."""
-    return (amax.float().clamp_min(_TINY) / FP8_MAX)
+def scale_from_amax(amax: torch.Tensor, qmax: float = FP8_MAX) -> torch.Tensor:
+    """fp32 scale so that amax maps to the largest representable value."""
+    return amax.float().clamp_min(_TINY) / qmax
 
 
 def cast_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -26,16 +29,66 @@ def cast_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def cast_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to the nearest integer (ties to even), clamped to [-127, 127] (symmetric)."""
+    return torch.round(x.float() / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+
+
+def cast(x: torch.Tensor, scale: torch.Tensor, method: str = "fp8") -> torch.Tensor:
+    return cast_int8(x, scale) if method == "int8" else cast_fp8(x, scale)
+
+
+def _qmax(method: str) -> float:
+    try:
+        return METHODS[method][1]
+    except KeyError:
+        raise ValueError(f"unknown quantization method {method!r}: expected one of {sorted(METHODS)}") from None
+
+
 # -- activations and weights (2-D) ---------------------------------------------
-def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_row(x: torch.Tensor, method: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per row of the last dim: scale shape x.shape[:-1] + (1,)."""
-    scale = scale_from_amax(x.abs().amax(dim=-1, keepdim=True))
-    return cast_fp8(x, scale), scale
+    scale = scale_from_amax(x.abs().amax(dim=-1, keepdim=True), _qmax(method))
+    return cast(x, scale, method), scale
 
 
-def quantize_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = scale_from_amax(x.abs().amax()).reshape(())
-    return cast_fp8(x, scale), scale
+def quantize_per_tensor(x: torch.Tensor, method: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    scale = scale_from_amax(x.abs().amax(), _qmax(method)).reshape(())
+    return cast(x, scale, method), scale
+
+
+def quantize_per_group(x2d: torch.Tensor, group: int, method: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per row and per `group` consecutive columns (the activation side of block
+    weight scales, as blockwise scaled matmuls take it): scale [M, ceil(K / group)]."""
+    m, k = x2d.shape
+    padded = torch.nn.functional.pad(x2d.float(), (0, (-k) % group))
+    groups = padded.reshape(m, -1, group)
+    scale = scale_from_amax(groups.abs().amax(dim=-1), _qmax(method))
+    return cast(groups, scale[..., None], method).reshape(m, -1)[:, :k].contiguous(), scale
+
+
+def quantize_activation(x2d: torch.Tensor, granularity: str, method: str = "fp8", group: int | None = None):
+    """Dynamic activation quantization of a 2-D [M, K] input: (xq, scale [M, 1], [] or [M, groups])."""
+    if granularity == "token":
+        return quantize_per_row(x2d, method)
+    if granularity == "tensor":
+        return quantize_per_tensor(x2d, method)
+    if granularity == "group":
+        return quantize_per_group(x2d, group, method)
+    raise ValueError(f"unknown activation granularity {granularity!r}")
+
+
+def dequantize_activation(xq: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    """float32 activation back from its quantized form (per token, per tensor or per group)."""
+    if group is not None and scale.dim() == 2:
+        return xq.float() * scale.repeat_interleave(group, dim=-1)[:, : xq.shape[-1]]
+    return xq.float() * scale
+
+
+def quantize_activation_static(x2d: torch.Tensor, scale: torch.Tensor, method: str = "fp8"):
+    """Static activation quantization with a calibrated scalar scale: (xq, scale [])."""
+    scale = scale.float().reshape(())
+    return cast(x2d, scale, method), scale
 
 
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -43,20 +96,20 @@ def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, (-c) % cols, 0, (-r) % rows))
 
 
-def quantize_weight(w: torch.Tensor, granularity: str, block: tuple[int, int] | None = None):
+def quantize_weight(w: torch.Tensor, granularity: str, block: tuple[int, int] | None = None, method: str = "fp8"):
     """Quantize a [out, in] weight. Scales: tensor -> [], channel -> [out, 1],
     block -> [ceil(out/br), ceil(in/bc)]."""
     if granularity == "tensor":
-        return quantize_per_tensor(w)
+        return quantize_per_tensor(w, method)
     if granularity == "channel":
-        return quantize_per_row(w)
+        return quantize_per_row(w, method)
     if granularity == "block":
         br, bc = block
         out_f, in_f = w.shape
         padded = _pad_to(w.float(), br, bc)
         blocks = padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc)
-        scale = scale_from_amax(blocks.abs().amax(dim=(1, 3)))
-        q = cast_fp8(blocks, scale[:, None, :, None]).reshape(padded.shape)[:out_f, :in_f].contiguous()
+        scale = scale_from_amax(blocks.abs().amax(dim=(1, 3)), _qmax(method))
+        q = cast(blocks, scale[:, None, :, None], method).reshape(padded.shape)[:out_f, :in_f].contiguous()
         return q, scale
     raise ValueError(f"unknown weight granularity {granularity!r}")
 
@@ -152,22 +205,29 @@ def apply_mask(scores: torch.Tensor, attn_mask) -> torch.Tensor:
     return scores + attn_mask.float()
 
 
-def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_block, quantize_p, p_scale, out_dtype, attn_mask=None):
+def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_block, quantize_p, p_scale, out_dtype,
+                       attn_mask=None, return_lse=False):
     """Reference math of the fused FP8 kernel, in float32.
 
     S = (Qq Kq^T) * sq * sk * softmax_scale; P = exp(S - rowmax) in [0, 1];
     P is quantized to e4m3 with the fixed scale 1/p_scale when quantize_p;
     O = (Pq Vq) * sv / rowsum(P) with rowsum taken from the unquantized P,
-    as flash kernels accumulate it in fp32.
+    as flash kernels accumulate it in fp32. A row whose keys are all masked
+    gives O = 0 (as native SDPA does) and lse = -inf.
+    With return_lse, also lse = rowmax + log(rowsum(P)) (natural log, fp32, (B, H, Sq)).
     """
     s_q, s_k = qq.shape[2], kq.shape[2]
     rows_q = expand_row_scale(sq, s_q, q_block)                    # [B,H,Sq,1]
     rows_k = expand_row_scale(sk, s_k, kv_block).transpose(-1, -2)  # [B,H,1,Sk]
     scores = apply_mask((qq.float() @ kq.float().transpose(-1, -2)) * rows_q * rows_k * softmax_scale, attn_mask)
-    scores = scores - scores.amax(dim=-1, keepdim=True)
-    p = torch.exp(scores)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)  # fully masked row
+    p = torch.exp(scores - row_max)
     denom = p.sum(dim=-1, keepdim=True)
     if quantize_p:
         p = (p * p_scale).to(FP8_DTYPE).float() / p_scale
     vf = vq.float() * expand_row_scale(sv, s_k, kv_block)
-    return ((p @ vf) / denom).to(out_dtype)
+    out = ((p @ vf) / denom.clamp_min(_TINY)).to(out_dtype)
+    if not return_lse:
+        return out
+    return out, (row_max + torch.log(denom)).squeeze(-1)

@@ -1,4 +1,4 @@
-"""Module-name patterns for ignored_layers.
+"""Module-name patterns for ignored_layers (one parser, used by the config, the passes and prepare_model).
 
 Rules, checked in this order for each pattern:
   1. "re:<regex>"  - the regular expression must match the whole module name.

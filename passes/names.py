@@ -1,0 +1,277 @@
+"""Module names and layer indices that belong to the model, not to the graph piece.
+
+Dynamo spells a node's module in `nn_module_stack` relative to the frame it
+traced: `L['self'].transformer_blocks[0].attn` for the whole model, but `attn`
+for a block compiled alone after a graph break, `L['self'].forward.__self__.proj_out`
+under a diffusers hook, `L['module']...` inside a cache hook. Patterns and
+layer selectors must see the model's own `named_modules()` names, so each node
+is resolved against the model being compiled:
+
+1. the model: the `_orig_mod` of the `torch.compile`d module whose call is on
+   the Python stack, else the outermost nn.Module whose method is on the stack
+   and owns the graph's parameters;
+2. a node that reads a parameter (a linear's weight) is named after the
+   parameter's owner, found by identity;
+3. any other node (attention) is named by walking its nn_module_stack source
+   from the traced frame's real local variables to the module object, then
+   looking that object up in the model by identity.
+
+What cannot be resolved keeps Dynamo's spelling and is marked unresolved; the
+passes report it and never apply a layer selector to it silently.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Optional
+
+import torch
+import torch.fx
+import torch.nn as nn
+
+_ROOT = re.compile(r"^([LG])\[['\"]([^'\"]*)['\"]\]")
+_DICT_MODULES = re.compile(r"\.__dict__\[['\"]_modules['\"]\]\[['\"]([^'\"]+)['\"]\]")
+_MODULES = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]")
+_ITEM_STR = re.compile(r"\[['\"]([^'\"]+)['\"]\]")
+_ITEM_INT = re.compile(r"\[(\d+)\]")
+_GETATTR = re.compile(r"getattr\((.*), ['\"]([^'\"]+)['\"]\)")
+_BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
+
+#: node.meta keys the backend writes once per compile (the passes read them)
+NAME_KEY = "fx_fp8_module"
+RESOLVED_KEY = "fx_fp8_module_resolved"
+
+
+def split_source(source: str) -> tuple[Optional[str], str]:
+    """Dynamo's source spelling -> (root variable or None, dotted path from it).
+
+    `L['self'].__dict__['_modules']['transformer_blocks'].0.attn` -> ('L:self', 'transformer_blocks.0.attn')
+    `L['s'].m.blocks[0].to_qkv` -> ('L:s', 'm.blocks.0.to_qkv');  `G['orig'].__self__.attn` -> ('G:orig', '__self__.attn')
+    """
+    s = source
+    while True:  # getattr(x, 'a') -> x.a, innermost first
+        new = _GETATTR.sub(lambda m: f"{m.group(1)}.{m.group(2)}", s)
+        if new == s:
+            break
+        s = new
+    local = None
+    m = _ROOT.match(s)
+    if m:
+        local = f"{m.group(1)}:{m.group(2)}"
+        s = s[m.end():]
+    s = _DICT_MODULES.sub(r".\1", s)
+    s = _MODULES.sub(r".\1", s)
+    s = _ITEM_STR.sub(r".\1", s)
+    s = _ITEM_INT.sub(r".\1", s)
+    return local, s.strip(".")
+
+
+def normalize_module_path(source: str) -> str:
+    """Dynamo's source spelling -> a dotted path relative to the traced frame."""
+    return split_source(source)[1]
+
+
+def stack_module_path(node: torch.fx.Node) -> Optional[str]:
+    """The innermost nn_module_stack source of a node, as Dynamo spells it (None at the frame's top level)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    return list(stack.values())[-1][0]
+
+
+def module_name(node: torch.fx.Node) -> str:
+    """The node's module name: the resolved one when the backend resolved it, else Dynamo's relative spelling."""
+    if NAME_KEY in node.meta:
+        return node.meta[NAME_KEY]
+    path = stack_module_path(node)
+    return normalize_module_path(path) if path else ""
+
+
+def is_resolved(node: torch.fx.Node) -> bool:
+    return bool(node.meta.get(RESOLVED_KEY, False))
+
+
+def block_key(name: str) -> Optional[tuple[str, int]]:
+    """('transformer_blocks', 3) for 'transformer_blocks.3.attn.to_q'; None outside repeated blocks."""
+    m = _BLOCK.match(name)
+    if not m:
+        return None
+    return m.group(1), int(m.group(2))
+
+
+# -- finding the model ------------------------------------------------------------------------
+def find_compiled_model(param_ids: set[int]) -> tuple[Optional[nn.Module], Optional[Any]]:
+    """(model, owner) for the graph being compiled now, from the Python stack.
+
+    model: the nn.Module whose names the passes use. owner: the object that
+    owns this compile's reports and warnings (the OptimizedModule of
+    `torch.compile(model)`, else the model itself); None, None when no module
+    is on the stack (a compiled function).
+    """
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    frame = sys._getframe(1)
+    outermost = None
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, OptimizedModule):
+            return obj._orig_mod, obj
+        if isinstance(obj, nn.Module) and (not param_ids or _owns_any(obj, param_ids)):
+            outermost = obj
+        frame = frame.f_back
+    return outermost, outermost
+
+
+def _owns_any(module: nn.Module, param_ids: set[int]) -> bool:
+    return any(id(p) in param_ids for p in module.parameters())
+
+
+def traced_frame_variables() -> dict:
+    """The real variables of the frame Dynamo is compiling now, keyed as split_source names
+    them ('L:self', 'G:orig'); {} outside Dynamo."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # private API: a torch without it only loses name resolution, loudly (see resolve_names)
+        return {}
+    if tx is None:
+        return {}
+    scope = {f"G:{k}": v for k, v in (getattr(tx, "f_globals", None) or {}).items()}
+    scope.update({f"L:{k}": v for k, v in (getattr(tx, "f_locals", None) or {}).items()})
+    return scope
+
+
+def _walk(obj, path: str):
+    """Follow a dotted path of attributes / indices from obj; None where it breaks."""
+    for part in path.split(".") if path else ():
+        if isinstance(obj, (nn.ModuleList, nn.Sequential, list, tuple)) and part.isdigit():
+            try:
+                obj = obj[int(part)]
+            except IndexError:
+                return None
+        else:
+            obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+class ModelNames:
+    """Resolves graph nodes to the compiled model's `named_modules()` names."""
+
+    def __init__(self, model: Optional[nn.Module], frame_vars: dict):
+        self.model = model
+        self.frame_vars = frame_vars
+        self.param_owner: dict[int, str] = {}
+        self.module_name_of: dict[int, str] = {}
+        if model is not None:
+            for name, mod in model.named_modules(remove_duplicate=False):
+                self.module_name_of.setdefault(id(mod), name)
+                for pname, p in mod.named_parameters(recurse=False):
+                    self.param_owner.setdefault(id(p), name)
+                for bname, b in mod.named_buffers(recurse=False):
+                    if b is not None:
+                        self.param_owner.setdefault(id(b), name)
+
+    def of_tensor(self, t) -> Optional[str]:
+        """Name of the module owning parameter/buffer `t`, or None."""
+        return self.param_owner.get(id(t)) if isinstance(t, torch.Tensor) else None
+
+    def of_stack(self, node: torch.fx.Node) -> tuple[str, bool]:
+        """(name, resolved) of the innermost module in a node's nn_module_stack."""
+        path = stack_module_path(node)
+        if path is None:
+            # top level of the traced frame: the frame's `self`, if it is a module of the model
+            root = self.frame_vars.get("L:self")
+            name = self.module_name_of.get(id(root)) if root is not None else None
+            return (name, True) if name is not None else ("", self.model is not None and root is self.model)
+        local, rel = split_source(path)
+        if self.model is not None and local is not None and local in self.frame_vars:
+            obj = _walk(self.frame_vars[local], rel)
+            name = self.module_name_of.get(id(obj)) if obj is not None else None
+            if name is not None:
+                return name, True
+        return rel, False
+
+
+def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.Module], frame_vars: dict) -> None:
+    """Write each call node's module name (and whether it is the model's real name) into its meta."""
+    names = ModelNames(model, frame_vars)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    real = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        # a call whose weight operand is a parameter (linear, prepared linear) belongs to that parameter's module
+        weight = node.kwargs.get("weight", node.args[1] if len(node.args) > 1 else None)
+        owner = names.of_tensor(real.get(weight)) if isinstance(weight, torch.fx.Node) else None
+        if owner is not None:
+            node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = owner, True
+        else:
+            node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = names.of_stack(node)
+
+
+# -- layer indices ------------------------------------------------------------------------------
+class LayerMap:
+    """Layer index of each transformer block, in order across the model's block lists.
+
+    A block list is a repeated module list (`name.N`) whose blocks hold
+    attention. Blocks keep their index within a list and lists are numbered one
+    after the other in the model's definition order (which is also their
+    execution order in the diffusers families: Flux double blocks 0..N-1, then
+    single blocks N..), so one selector never names two blocks, and a graph
+    piece (a block compiled alone after a graph break or under a hook) numbers
+    its blocks as the whole model does. Without the model, the lists come from
+    this graph's attention nodes, in order of appearance.
+    """
+
+    def __init__(self, sizes: dict[str, int]):
+        self.offsets: dict[str, int] = {}
+        total = 0
+        for list_name, size in sizes.items():
+            self.offsets[list_name] = total
+            total += size
+        self.num_layers = total
+
+    @classmethod
+    def from_model(cls, model: nn.Module, attention_modules: set[str]) -> "LayerMap":
+        sizes: dict[str, int] = {}
+        for name, mod in model.named_modules():
+            if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) > 0:
+                blocks = [f"{name}.{i}" for i in range(len(mod))]
+                if any(_holds_attention(b) for b in mod) or any(a.startswith(tuple(b + "." for b in blocks))
+                                                                  for a in attention_modules):
+                    if not any(name.startswith(other + ".") for other in sizes):  # nested lists: the outer one counts
+                        sizes[name] = len(mod)
+        return cls(sizes)
+
+    @classmethod
+    def from_graph(cls, attention_names: list[str], all_names: list[str]) -> "LayerMap":
+        lists = {key[0] for n in attention_names for key in [block_key(n)] if key}
+        sizes: dict[str, int] = {}
+        for name in all_names:
+            key = block_key(name)
+            if key and key[0] in lists:
+                sizes[key[0]] = max(sizes.get(key[0], 0), key[1] + 1)
+        return cls(sizes)
+
+    def layer_of(self, name: str) -> Optional[int]:
+        key = block_key(name)
+        if key is None or key[0] not in self.offsets:
+            return None
+        return self.offsets[key[0]] + key[1]
+
+    def as_dict(self) -> dict[str, str]:
+        """{'transformer_blocks': '0-18', ...} for the report."""
+        out, names = {}, list(self.offsets)
+        for i, name in enumerate(names):
+            end = self.offsets[names[i + 1]] if i + 1 < len(names) else self.num_layers
+            out[name] = f"{self.offsets[name]}-{end - 1}"
+        return out
+
+
+def _holds_attention(block: nn.Module) -> bool:
+    """Does a block contain an attention module (diffusers' Attention classes, or anything named so)?"""
+    return any(type(m).__name__.endswith(("Attention", "AttentionModule")) or hasattr(m, "processor")
+               for m in block.modules())
