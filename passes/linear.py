@@ -116,8 +116,11 @@ class FP8LinearPass(FXPass):
         groups: dict = {}
         for item in plan:
             groups.setdefault(item.group_key(), []).append(item)
+        replaced: dict = {}  # a linear whose output feeds another linear is replaced first
         for n, members in enumerate(groups.values()):
-            self._rewrite_group(gm, members, f"g{n}:{members[0].x.name}")
+            for m in members:
+                m.x = replaced.get(m.x, m.x)
+            self._rewrite_group(gm, members, f"g{n}:{members[0].x.name}", replaced)
         self._notes(plan, matched, disagreeing)
         return len(plan)
 
@@ -188,7 +191,7 @@ class FP8LinearPass(FXPass):
                       weight_only=self._weight_only(w), prepared=True, shapes=shapes)
 
     # -- rewriting ---------------------------------------------------------------------------
-    def _rewrite_group(self, gm, members: list[Linear], group: str) -> None:
+    def _rewrite_group(self, gm, members: list[Linear], group: str, replaced: dict) -> None:
         graph = gm.graph
         lowering = self.ctx.lowering
         w8a8 = [m for m in members if not m.weight_only]
@@ -214,6 +217,7 @@ class FP8LinearPass(FXPass):
                     out = insert_function(graph, restore_leading_dims, (new, m.x), m.node.meta)
                 out.meta.update(m.node.meta)  # same value as the linear it replaces
             m.node.replace_all_uses_with(out)
+            replaced[m.node] = out
             self.erase(gm, m.node)
             self.record(new, op="linear", module=m.module, action="fp8" if m.method == "fp8" else m.method,
                         reason=self._describe(m), shapes=m.shapes,

@@ -8,16 +8,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8 import backend
-from fx_fp8.backend import compile_variant
 from fx_fp8.config import FP8Config
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.passes import CompileContext, FP8AttentionPass
-from fx_fp8.passes.attention import is_sdpa
-from fx_fp8.passes.fx_utils import meta_val, module_name
+from fx_fp8.passes.attention import is_attention
+from fx_fp8.passes.fx_utils import meta_val
+from fx_fp8.passes.names import LayerMap, module_name
 from fx_fp8.report import CompileReport
-from graph_capture import Capture
+from graph_capture import Capture, compile_stored
 
 ATTENTION_ONLY = {"diffusion_kv_cache_dtype": "fp8"}  # linears off: isolate the attention pass
 
@@ -50,7 +49,7 @@ def _family_run(family):
     assert len(reports) == len(cap.graphs) and (len(reports) == 1 or not fullgraph)
     entries = [e for r in reports for e in r.entries]
     return dict(model=model, kw=kw, native=native, out=out, reports=reports, entries=entries, nodes=nodes, cross=cross,
-                graph=max(cap.graphs, key=lambda g: sum(map(is_sdpa, g[0].graph.nodes))))
+                graph=max(cap.graphs, key=lambda g: sum(map(is_attention, g[0].graph.nodes))))
 
 
 def count(entries, op, action=None):
@@ -110,7 +109,7 @@ def test_cross_attention_opt_in():
     run = get_run("wan")
     gm, inputs = run["graph"]
     cfg = FP8Config.from_kwargs(diffusion_kv_cache_dtype="fp8", attention={"cross_attention": True})
-    _, report = compile_variant(gm, inputs, cfg, backend="fp8", lowering="reference", downstream="eager", step_variant=None)
+    _, report = compile_stored(gm, inputs, cfg)
     assert report.count("attention", "fp8") == len(run["nodes"]) == 4
 
 
@@ -138,13 +137,12 @@ def test_skip_layers_flux():
     assert rel_err(out, run["native"]) < rel_err(run["out"], run["native"])
 
 
-def test_skip_layers_beyond_model_warns(monkeypatch):
+def test_skip_layers_beyond_model_warns():
     run = get_run("flux")
-    monkeypatch.setattr(backend, "_WARNED", set())
     gm, inputs = run["graph"]
-    cfg = FP8Config.from_kwargs(diffusion_kv_cache_dtype="fp8", diffusion_kv_cache_skip_layers="1,7,9")
-    with pytest.warns(UserWarning, match=r"diffusion_kv_cache_skip_layers names layers \[7, 9\] but this graph has 4 layers"):
-        compile_variant(gm, inputs, cfg, backend="fp8", lowering="reference", downstream="eager", step_variant=None)
+    cfg = FP8Config.from_kwargs(diffusion_kv_cache_dtype="fp8", diffusion_kv_cache_skip_layers="1,7-9")
+    with pytest.warns(UserWarning, match=r"diffusion_kv_cache_skip_layers names layers 7-9 but the model has 4 layers"):
+        compile_stored(gm, inputs, cfg)
 
 
 # -- unsupported calls ---------------------------------------------------------
@@ -203,7 +201,8 @@ def _pass_on_mask(mask_val):
     for node, val in zip([n for n in gm.graph.nodes if n.op == "placeholder"], [q, q, q, mask_val]):
         node.meta["val"] = val
     ctx = CompileContext(gm=gm, example_inputs=[q, q, q, mask_val], config=FP8Config(quantization=None),
-                         lowering=get_lowering("reference"), report=CompileReport("fp8", "reference", "eager", None))
+                         lowering=get_lowering("reference"), report=CompileReport("fp8", "reference", "eager", None),
+                         layer_map=LayerMap({}), warn=warnings.warn)
     changed = FP8AttentionPass(ctx).run(gm)
     (entry,) = ctx.report.entries
     return changed, entry
@@ -236,11 +235,10 @@ class _NoAttention(nn.Module):
 
 def test_no_sdpa_no_linear_zero_rewrites():
     m, x = _NoAttention(), torch.randn(2, 3, 8, 8)
-    before = backend.STATS["graphs"]
-    out = torch.compile(m, backend="fp8")(x)
-    (report,) = fx_fp8.get_reports()
+    compiled = torch.compile(m, backend="fp8")
+    out = compiled(x)
+    (report,) = fx_fp8.get_reports(compiled)
     assert report.entries == [] and report.summary() == {"attention": {"fp8": 0, "native": 0}, "linear": {"fp8": 0, "native": 0}}
-    assert backend.STATS["graphs"] == before + 1
     torch.testing.assert_close(out, m(x))
 
 

@@ -1,4 +1,5 @@
-"""FP8LinearPass: which linears become FP8 W8A8, which stay native and why; per-layer numerics."""
+"""The linear pass: which linears become FP8/INT8 W8A8, which stay native and why; activation-quant
+groups; per-layer numerics."""
 import warnings
 
 import pytest
@@ -6,16 +7,15 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.backend import compile_variant
-from fx_fp8.config import DEFAULT_IGNORED_LAYERS, FP8Config
+from fx_fp8.config import FP8Config
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
-from fx_fp8.passes import linear as linear_pass
-from fx_fp8.passes.filters import first_match
-from fx_fp8.passes.fx_utils import module_name
+from fx_fp8.patterns import first_match
 from fx_fp8.passes.linear import LINEAR_TARGETS
-from graph_capture import Capture
+from fx_fp8.passes.names import module_name
+from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS
+from graph_capture import Capture, compile_stored
 
 
 def rel_err(a, b):
@@ -38,9 +38,6 @@ def traced(family):
             model(**kw)  # warm lazy caches (Z-Image RoPE) so the model traces to one graph
             native = output_tensor(torch.compile(model, backend=cap, fullgraph=True)(**kw))
         (gm, inputs), = cap.graphs
-        # the pass manager drops dead code first (e.g. the text stream of Qwen-Image's last block)
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
         nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LINEAR_TARGETS]
         modules = dict(model.named_modules())
         linears = {module_name(n): modules[module_name(n)] for n in nodes}
@@ -51,8 +48,8 @@ def traced(family):
 
 def run_pass(family, **kw):
     model, gm, inputs, native, linears = traced(family)
-    cfg = FP8Config.from_kwargs(quantization="fp8", **kw)
-    fn, report = compile_variant(gm, inputs, cfg, backend="fp8", lowering="reference", downstream="eager", step_variant=None)
+    cfg = FP8Config.from_kwargs(quantization=kw.pop("quantization", "fp8"), **kw)
+    fn, report = compile_stored(gm, inputs, cfg)
     with torch.no_grad():
         res = fn(*inputs)
     out = output_tensor(res[0] if isinstance(res, (list, tuple)) else res)
@@ -73,15 +70,16 @@ def test_defaults_quantize_every_eligible_linear(family):
     assert set(got) == set(linears)
     assert report.count("attention", "fp8") == 0
     for name, lin in linears.items():
-        hit = first_match(DEFAULT_IGNORED_LAYERS, name)
+        hit = first_match(SENSITIVE_LAYER_PATTERNS, name)
         e = got[name]
         if hit is not None:
-            assert (e.action, e.reason) == ("native", f"ignored_layers pattern {hit!r}"), name
+            assert e.action == "native" and e.reason.startswith(f"known sensitive layer (pattern {hit!r})"), (name, e.reason)
+            assert "quantize_sensitive: true" in e.reason
         elif not big_enough(lin):
             assert e.action == "native" and ("min_features" in e.reason or "multiples of 16" in e.reason), (name, e.reason)
         else:
             assert e.action == "fp8", (name, e.reason)
-            assert e.reason.startswith("reference: W8A8 channel weight scales, dynamic per-token activations")
+            assert e.reason.startswith("reference: FP8 W8A8, channel weight scales, dynamic per-token activations")
     # the sensitive layers of every family are among the native ones
     native_names = [n for n, e in got.items() if e.action == "native"]
     assert any("embed" in n or n in ("img_in", "txt_in") for n in native_names)
@@ -93,32 +91,68 @@ def test_defaults_quantize_every_eligible_linear(family):
     assert any("prepare_model" in note for note in report.notes)
 
 
-def test_empty_ignored_layers_quantizes_all_eligible(family):
-    report, out, native, linears = run_pass(family, ignored_layers=[])
+def test_none_and_empty_ignored_layers_mean_no_extra_patterns(family):
+    default, _, _, _ = run_pass(family)
+    for value in ([], None):
+        report, _, _, _ = run_pass(family, ignored_layers=value)
+        assert {n: e.action for n, e in decisions(report).items()} == {n: e.action for n, e in decisions(default).items()}
+
+
+def test_quantize_sensitive_quantizes_all_eligible(family):
+    report, out, native, linears = run_pass(family, quantization_config={"quantize_sensitive": True})
     got = decisions(report)
     eligible = {n for n, lin in linears.items() if big_enough(lin)}
     assert {n for n, e in got.items() if e.action == "fp8"} == eligible
-    assert len(eligible) > report.count("linear", "fp8") - 1 > 0
+    default, _, _, _ = run_pass(family)
+    assert report.count("linear", "fp8") > default.count("linear", "fp8")
     assert rel_err(out, native) > 1e-4
 
 
-def test_qwen_ignored_img_mlp_exactly():
+def test_qwen_ignored_img_mlp_adds_to_the_sensitive_layers():
     report, out, native, linears = run_pass("qwen-image", ignored_layers=["img_mlp"])
     got = decisions(report)
     img_mlp = {n for n in linears if ".img_mlp." in n}
     assert len(img_mlp) == 4  # 2 blocks x (net.0.proj, net.2)
     native = {n for n, e in got.items() if e.action == "native"}
     small = {n for n, lin in linears.items() if not big_enough(lin)}  # img_in / proj_out: 16 features here
-    assert native == img_mlp | small
-    # the explicit list replaces the defaults: nothing else is ignored, the text embedder is FP8 now
+    sensitive = {n for n in linears if first_match(SENSITIVE_LAYER_PATTERNS, n)}
+    # vLLM-Omni's recommended setting never quietly quantizes img_in / txt_in / modulation / proj_out
+    assert native == img_mlp | small | sensitive
     assert {n for n, e in got.items() if "ignored_layers" in e.reason} == img_mlp
     assert all(got[n].reason == "ignored_layers pattern 'img_mlp'" for n in img_mlp)
-    assert got["txt_in"].action == "fp8"
-    # "@defaults" keeps the family defaults as well
+    assert got["txt_in"].action == "native" and {"txt_in", "norm_out.linear"} <= sensitive
+    # "@defaults" (older configs) changes nothing: the sensitive layers are always kept
     report2, _, _, _ = run_pass("qwen-image", ignored_layers=["img_mlp", "@defaults"])
-    native2 = {n for n, e in decisions(report2).items() if e.action == "native"}
-    assert native2 == img_mlp | small | {n for n in linears if first_match(DEFAULT_IGNORED_LAYERS, n)}
-    assert len(native2) > len(native)
+    assert {n for n, e in decisions(report2).items() if e.action == "native"} == native
+
+
+def test_flux_qkv_share_one_activation_quantization():
+    report, _, _, linears = run_pass("flux", quantization_config={"quantize_sensitive": True})
+    got = decisions(report)
+    for blk in ("transformer_blocks.0", "transformer_blocks.1"):
+        groups = {got[f"{blk}.attn.{p}"].act_quant_group for p in ("to_q", "to_k", "to_v")}
+        added = {got[f"{blk}.attn.{p}"].act_quant_group for p in ("add_q_proj", "add_k_proj", "add_v_proj")}
+        assert len(groups) == 1 and len(added) == 1 and groups != added and "" not in groups
+    # single blocks: proj_mlp reads the same normed input as to_q / to_k / to_v
+    single = {got[f"single_transformer_blocks.0.{p}"].act_quant_group
+              for p in ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")}
+    assert len(single) == 1
+    # the graph holds exactly one quantization (one amax over rows) per group
+    model, gm, inputs, native, _ = traced("flux")
+    cfg = FP8Config.from_kwargs(quantization="fp8", quantization_config={"quantize_sensitive": True})
+    fn, report = compile_stored(gm, inputs, cfg, )
+    n_groups = len({e.act_quant_group for e in report.entries if e.op == "linear" and e.action == "fp8"})
+    code = fn.__self__.code if hasattr(fn, "__self__") else ""
+    assert code.count(".amax(") == n_groups < report.count("linear", "fp8")
+
+
+@pytest.mark.parametrize("family", ["flux", "wan", "sd3"])
+def test_int8_end_to_end_close(family):
+    report, out, native, _ = run_pass(family, quantization="int8")
+    assert report.count("linear", "int8") >= 10 and report.count("linear", "fp8") == 0
+    assert all(e.reason.startswith("reference: INT8 W8A8") for e in report.entries if e.action == "int8")
+    err = rel_err(out, native)
+    assert 1e-5 < err < 0.05, err
 
 
 class _Sizes(nn.Module):
@@ -142,6 +176,7 @@ def test_small_and_misaligned_layers_stay_native():
     assert got["odd"] == ("native", "features 64->72 not multiples of 16 (FP8 matmul tiles)")
     assert got["narrow"] == ("native", "features 72->16 not multiples of 16 (FP8 matmul tiles)")
     assert got["small"] == ("native", "small layer (16->64, below min_features=32): FP8 only costs time")
+    assert all(e.name_resolved for e in report.entries)
     torch._dynamo.reset()
     fx_fp8.clear_reports()
     torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {"min_features": 0}})(torch.randn(8, 64))
@@ -149,21 +184,24 @@ def test_small_and_misaligned_layers_stay_native():
     assert {e.module: e.action for e in report.entries}["small"] == "fp8"
 
 
+@pytest.mark.parametrize("method", ["fp8", "int8"])
 @pytest.mark.parametrize("granularity, block", [("tensor", None), ("channel", None), ("block", [128, 128]), ("block", [64, 32])])
 @pytest.mark.parametrize("act", ["token", "tensor"])
 @pytest.mark.parametrize("shape", [(256, 256), (512, 128), (192, 768)])
-def test_fp8_linear_relative_mse(granularity, block, act, shape):
+def test_quantized_linear_relative_mse(method, granularity, block, act, shape):
     in_f, out_f = shape
     g = torch.Generator().manual_seed(in_f + out_f)
     lin = nn.Linear(in_f, out_f)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f ** 0.5)
     x = torch.randn(4, 77, in_f, generator=g)
-    wq, ws = quant.quantize_weight(lin.weight.detach(), granularity, block)
-    y = torch.ops.fx_fp8.fp8_linear(x, wq, ws, lin.bias.detach(), None, granularity, block or [], act, False, "reference")
+    wq, ws = quant.quantize_weight(lin.weight.detach(), granularity, block, method)
+    y = torch.ops.fx_fp8.quantized_linear(x, wq, ws, lin.bias.detach(), None, method=method,
+                                          weight_granularity=granularity, weight_block=block or [],
+                                          act_granularity="group" if block else act, lowering="reference")
     ref = lin(x).detach()
     mse = float(((y - ref) ** 2).mean() / (ref ** 2).mean())
-    assert y.shape == ref.shape and 1e-6 < mse < 0.002, mse
+    assert y.shape == ref.shape and 1e-7 < mse < 0.002, mse
 
 
 def test_static_input_scale_in_op():
@@ -171,11 +209,14 @@ def test_static_input_scale_in_op():
     x = torch.randn(10, 64)
     wq, ws = quant.quantize_weight(lin.weight.detach(), "channel")
     scale = torch.tensor(float(x.abs().max()) / 448.0)
-    y = torch.ops.fx_fp8.fp8_linear(x, wq, ws, lin.bias.detach(), scale, "channel", [], "token", False, "reference")
-    assert rel_err(y, lin(x).detach()) < 0.05
+
+    def run(s):
+        return torch.ops.fx_fp8.quantized_linear(x, wq, ws, lin.bias.detach(), s, method="fp8",
+                                                 weight_granularity="channel", weight_block=[],
+                                                 act_granularity="token", lowering="reference")
+    assert rel_err(run(scale), lin(x).detach()) < 0.05
     # a too small static scale clips: the error grows, proving the scale is used
-    y_clip = torch.ops.fx_fp8.fp8_linear(x, wq, ws, lin.bias.detach(), scale / 20, "channel", [], "token", False, "reference")
-    assert rel_err(y_clip, lin(x).detach()) > 0.3
+    assert rel_err(run(scale / 20), lin(x).detach()) > 0.3
 
 
 class _Two(nn.Module):
@@ -191,21 +232,23 @@ class _Two(nn.Module):
 def test_weight_only_fallback_warns_once(monkeypatch):
     calls = []
 
-    def weight_only(self, weight):
+    def weight_only(self, weight, qcfg):
         calls.append(tuple(weight.shape))
         return "test device has no FP8 matrix units"
 
     monkeypatch.setattr(ReferenceLowering, "weight_only", weight_only)
-    monkeypatch.setattr(linear_pass, "_WARNED_WEIGHT_ONLY", set())
     m, x = _Two().eval(), torch.randn(8, 64)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        out = torch.compile(m, backend="fp8", options={"quantization": "fp8"})(x)
+        compiled = torch.compile(m, backend="fp8", options={"quantization": "fp8"})
+        out = compiled(x)
     msgs = [str(i.message) for i in w if "weight-only" in str(i.message)]
-    assert msgs == ["fx_fp8: test device has no FP8 matrix units: linears use weight-only FP8 (FP8 storage, native matmul)"]
+    assert msgs == ["fx_fp8: test device has no FP8 matrix units: fp8 linears use weight-only quantization "
+                    "(quantized storage, native matmul)"]
     assert len(calls) == 2
-    (report,) = fx_fp8.get_reports()
+    (report,) = fx_fp8.get_reports(compiled)
     assert [e.reason for e in report.entries] == ["reference: weight-only FP8 (channel scales), weights quantized at compile"] * 2
+    assert all(e.act_quant_group == "" for e in report.entries)
     ref = m(x).detach()
     assert 1e-5 < rel_err(out, ref) < 0.05
     # weight-only keeps activations unquantized: closer than W8A8

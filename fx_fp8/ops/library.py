@@ -183,7 +183,7 @@ def _register_inference_only(op, name: str) -> None:
     """An autograd formula whose backward raises when (and only when) it runs, so graphs that
     require grad still compile (AOTAutograd traces the backward with the fake impl)."""
 
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx, inputs, output, keyword_only_inputs=None):
         ctx.save_for_backward(*[t for t in inputs if isinstance(t, torch.Tensor)])
         ctx.is_tensor = [isinstance(t, torch.Tensor) for t in inputs]
 
