@@ -24,7 +24,7 @@ import torch.nn as nn
 
 import fx_fp8
 from fx_fp8.tools.families import output_tensor
-from fx_fp8.weights import FP8Linear
+from fx_fp8.weights import QuantizedLinear
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 HEADER = "# Benchmark results\n\nDated sections appended by the scripts in benchmarks/; newest last.\n"
@@ -77,7 +77,7 @@ def kind_of(name: str) -> str:
 
 
 def linear_bytes(module: nn.Module) -> int:
-    if isinstance(module, FP8Linear):
+    if isinstance(module, QuantizedLinear):
         return module.weight.numel() * module.weight.element_size() + module.weight_scale.numel() * module.weight_scale.element_size()
     return module.weight.numel() * module.weight.element_size()
 
@@ -85,7 +85,7 @@ def linear_bytes(module: nn.Module) -> int:
 def per_kind(model: nn.Module) -> dict:
     out = defaultdict(lambda: [0, 0])  # kind -> [count, bytes]
     for name, m in model.named_modules():
-        if isinstance(m, (nn.Linear, FP8Linear)):
+        if isinstance(m, (nn.Linear, QuantizedLinear)):
             k = kind_of(name)
             out[k][0] += 1
             out[k][1] += linear_bytes(m)

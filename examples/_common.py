@@ -1,6 +1,7 @@
 """What text_to_image.py and text_to_video.py share: timing, the native-vs-FP8 table, the run summary."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -21,6 +22,23 @@ def quiet_diffusers() -> None:
         transformers_logging.set_verbosity_error()
     except ImportError:
         pass
+
+
+def output_path(output, default_name: str) -> str:
+    """--output as a file path, checked before any model loads: a file name, or a folder (an existing
+    one, or a name ending with a slash) that gets `default_name` inside; none -> outputs/<default_name>.
+    A path that cannot be written, or whose extension PIL cannot write, exits naming the path."""
+    from fx_fp8.tools.cli_flags import check_output_file, image_suffixes, resolve_output
+
+    path = resolve_output(output, default_name)
+    if not os.path.splitext(path)[1]:
+        raise SystemExit(f"--output {output!r} has no file extension: expected an image file name (e.g. "
+                         f"{os.path.splitext(default_name)[1]}) or a folder (an existing one, or a name ending with '/')")
+    try:
+        check_output_file("--output", path, image_suffixes(), kind="image")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return path
 
 
 def synchronize(device: str) -> None:

@@ -22,7 +22,8 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 from fx_fp8.tools.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
@@ -71,12 +72,15 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     _common.quiet_diffusers()
-    cfg = config_from_args(args)  # bad flags or YAML fail here, before any model loads
+    try:
+        cfg = config_from_args(args)  # bad flags or YAML fail here, before any model loads
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     tiny = is_tiny_model(args.model)
     prompt = args.prompt or (TINY_PROMPT if tiny else "a photo of a lighthouse at dawn")
-    output = args.output or os.path.join("outputs", "text_to_image.png")
+    output = _common.output_path(args.output, "text_to_image.png")  # a file or a folder, checked before loading
 
     print(f"model: {args.model}{' (shipped tiny model)' if tiny else ''} on {device}, {str(dtype).replace('torch.', '')}")
     print(f"prompt: {prompt!r}, {args.height}x{args.width}, seed {args.seed}")

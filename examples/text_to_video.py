@@ -21,7 +21,8 @@ import warnings
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 from fx_fp8.tools.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
@@ -100,10 +101,13 @@ def main(argv=None) -> int:
     _common.quiet_diffusers()
     if args.num_frames < 1:
         raise SystemExit(f"--num-frames must be >= 1, got {args.num_frames}")
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)  # bad flags or YAML fail here, before any model loads
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    output = args.output or os.path.join("outputs", "text_to_video.gif")
+    output = _common.output_path(args.output, "text_to_video.gif")  # a file or a folder, checked before loading
     pipe, call, what = load(args, device, dtype)
     print(f"model: {what}")
     print(f"device {device}, {str(dtype).replace('torch.', '')}; {args.num_frames} frames {args.height}x{args.width}, seed {args.seed}")

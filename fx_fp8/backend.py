@@ -24,7 +24,7 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
-from fx_fp8.passes.names import NAME_KEY, LayerMap, find_compiled_model, module_name, resolve_names, traced_frame_variables
+from fx_fp8.passes.names import LayerMap, module_name, resolve_graph
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.steps import variant_for_step
 
@@ -135,12 +135,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     stack shows (see passes/names.find_compiled_model). Returns the callable Dynamo runs."""
     config, backend_opts = config_from_options(options)
     mode = mode or backend_opts.get("mode")
-    if not any(NAME_KEY in n.meta for n in gm.graph.nodes):  # resolved once (a re-run on a stored graph keeps them)
-        if model is None:
-            param_ids = {id(t) for t in example_inputs if isinstance(t, torch.nn.Parameter)}
-            model, found_owner = find_compiled_model(param_ids)
-            owner = owner if owner is not None else found_owner
-        resolve_names(gm, example_inputs, model, traced_frame_variables())
+    model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
     record = ModelRecord.of(owner)
     device = _graph_device(example_inputs)
     lowering = choose_lowering(backend, config, device, record.warn)

@@ -25,7 +25,7 @@ LEGACY_KEYS = {
 }
 KV_CACHE_DTYPES = (None, "auto", "fp8")
 QUANTIZATION_METHODS = (None, "fp8", "int8")
-ATTENTION_GRANULARITIES = ("tensor", "head", "block")
+ATTENTION_GRANULARITIES = ("tensor", "head", "block", "mx")
 ATTENTION_KERNELS = ("auto", "triton", "cudnn")
 #: older configs wrote "@defaults" in ignored_layers to keep the sensitive layers: now always kept
 DEFAULTS_TOKEN = "@defaults"
@@ -308,7 +308,8 @@ class FP8Config:
             _merge_ignored_layers_shortcut(data)
         if "quantization" not in data and qc_given:
             qc = data.get("quantization_config")
-            data["quantization"] = qc.method if isinstance(qc, QuantizationConfig) else dict(qc or {}).get("method", "fp8")
+            method = qc.method if isinstance(qc, QuantizationConfig) else dict(qc or {}).get("method", "fp8")
+            data["quantization"] = _check_choice("quantization_config.method", method, QUANTIZATION_METHODS[1:])
         mentions_attention = "diffusion_kv_cache_dtype" in data
         mentions_linear = "quantization" in data
         given = data.get("diffusion_kv_cache_dtype") if mentions_attention else data.get("quantization")

@@ -184,7 +184,7 @@ class FP8AttentionPass(FXPass):
             new = gm.graph.call_function(
                 op, (args["query"], args["key"], args["value"], mask, softmax_scale),
                 dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
-                     smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), kernel=c.kernel,
+                     smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=c.kernel,
                      lowering=self.ctx.lowering.name),
             )
             new.meta.update(node.meta)

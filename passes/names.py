@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import sys
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -40,6 +41,8 @@ _BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
 #: node.meta keys the backend writes once per compile (the passes read them)
 NAME_KEY = "fx_fp8_module"
 RESOLVED_KEY = "fx_fp8_module_resolved"
+#: gm.meta key: a weak reference to the model the names were resolved against
+MODEL_KEY = "fx_fp8_model"
 
 
 def split_source(source: str) -> tuple[Optional[str], str]:
@@ -196,8 +199,10 @@ class ModelNames:
 
 
 def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.Module], frame_vars: dict) -> None:
-    """Write each call node's module name (and whether it is the model's real name) into its meta."""
+    """Write each call node's module name (and whether it is the model's real name) into its
+    meta, and the model into gm.meta (weakly), so a stored graph keeps both."""
     names = ModelNames(model, frame_vars)
+    gm.meta[MODEL_KEY] = weakref.ref(model) if model is not None else None
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     for node in gm.graph.nodes:
@@ -210,6 +215,20 @@ def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.M
             node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = owner, True
         else:
             node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = names.of_stack(node)
+
+
+def resolve_graph(gm: torch.fx.GraphModule, example_inputs, *, model=None, owner=None):
+    """Resolve names once per graph (a stored graph keeps them): call it while Dynamo compiles
+    the graph, from a backend. Returns (model, owner) as find_compiled_model finds them."""
+    if MODEL_KEY in gm.meta:
+        ref = gm.meta[MODEL_KEY]
+        return (ref() if ref is not None else None), owner
+    if model is None:
+        param_ids = {id(t) for t in example_inputs if isinstance(t, nn.Parameter)}
+        model, found = find_compiled_model(param_ids)
+        owner = owner if owner is not None else found
+    resolve_names(gm, example_inputs, model, traced_frame_variables())
+    return model, owner
 
 
 # -- layer indices ------------------------------------------------------------------------------

@@ -28,9 +28,13 @@ def attention64(q, k, v, mask=None):
     return torch.softmax(scores, -1) @ v.double()
 
 
-def fp8_attention(q, k, v, mask=None, *, granularity="block", hadamard=True, smooth_k=True, quantize_p=True):
-    return torch.ops.fx_fp8.fp8_attention(q, k, v, mask, 1 / math.sqrt(q.shape[-1]), granularity, 128, 256,
-                                          hadamard, smooth_k, quantize_p, 448.0, "reference")
+def attention_kwargs(granularity="block", hadamard=True, smooth_k=True, quantize_p=True):
+    return dict(granularity=granularity, q_block=128, kv_block=256, hadamard=hadamard, smooth_k=smooth_k,
+                quantize_p=quantize_p, p_scale=448.0, attention_kernel="auto", lowering="reference")
+
+
+def fp8_attention(q, k, v, mask=None, **kw):
+    return torch.ops.fx_fp8.fp8_attention(q, k, v, mask, 1 / math.sqrt(q.shape[-1]), **attention_kwargs(**kw))
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +104,33 @@ def test_cross_attention_lengths_and_bf16():
     out = fp8_attention(q, k, v)
     assert out.dtype == torch.bfloat16 and out.shape == (1, 2, 200, 64)
     assert sqnr_db(attention64(q, k, v), out) > 20.0
+
+
+def test_fully_masked_rows_give_zero_like_sdpa():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=g) for _ in range(3))
+    keep = torch.ones(1, 1, 64, 64, dtype=torch.bool)
+    keep[..., :3, :] = False  # three query rows see no key at all (padding)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    out = fp8_attention(q, k, v, keep)
+    assert torch.isfinite(out).all() and torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3]))
+    assert torch.equal(ref[:, :, :3], out[:, :, :3]) and sqnr_db(ref[:, :, 3:], out[:, :, 3:]) > 22.0
+    bias = torch.zeros(1, 1, 64, 64).masked_fill(~keep, float("-inf"))  # the same as an additive mask
+    assert torch.equal(fp8_attention(q, k, v, bias)[:, :, :3], out[:, :, :3])
+
+
+def test_lse_op_matches_float64_logsumexp():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 3, 200, 64, generator=g) for _ in range(3))
+    keep = torch.ones(2, 1, 1, 200, dtype=torch.bool)
+    keep[1, ..., 150:] = False
+    scale = 1 / math.sqrt(64)
+    out, lse = torch.ops.fx_fp8.fp8_attention_lse(q, k, v, keep, scale, **attention_kwargs())
+    scores = (q.double() @ k.double().transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    ref_lse = torch.logsumexp(scores, -1)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 3, 200)
+    assert float((lse.double() - ref_lse).abs().max()) < 0.05  # FP8 scores, exact softmax sums
+    torch.testing.assert_close(out, fp8_attention(q, k, v, keep), atol=0, rtol=0)
 
 
 def test_hadamard_is_orthonormal():

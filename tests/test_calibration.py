@@ -51,7 +51,8 @@ def test_static_scales_round_trip_in_fresh_process(tmp_path):
         native = output_tensor(model(**example_inputs("sd3", model, seed=5)))
     (report,) = fx_fp8.get_reports()
     fp8 = [e for e in report.entries if e.op == "linear" and e.action == "fp8"]
-    assert fp8 and all("static per-token activations" in e.reason for e in fp8)
+    assert fp8 and all("static activations" in e.reason for e in fp8)
+    assert len({e.act_quant_group for e in fp8}) == len(fp8)  # a calibrated scale per layer: no shared groups
     assert 1e-4 < float((static - native).norm() / native.norm()) < 0.05
 
     out_path = tmp_path / "out.pt"
@@ -87,6 +88,33 @@ def test_missing_scale_keeps_layer_native():
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries}
     assert got["a"][0] == "fp8" and got["b"] == ("native", "no static activation scale for this layer (recalibrate)")
+
+
+def test_calibrate_on_a_compiled_model_uses_the_real_names():
+    model = sd3()
+    compiled = torch.compile(model, backend="eager")
+    scales = fx_fp8.calibrate(compiled, [example_inputs("sd3", model, seed=0)])
+    assert scales and not any(n.startswith("_orig_mod") for n in scales)
+    assert set(scales) == {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def test_scales_that_match_no_layer_are_an_error():
+    model = sd3()
+    with pytest.raises(Exception, match="none of the 1 static activation scales names a linear of this model"):
+        with torch.no_grad():
+            torch.compile(model, backend="fp8", options={"quantization_config": {
+                "activation_scheme": "static", "activation_scales": {"_orig_mod.proj_out": 0.1}}})(
+                **example_inputs("sd3", model))
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), "0.1", True])
+def test_scales_are_validated_when_loaded(value, tmp_path):
+    with pytest.raises(ValueError, match=r"invalid activation scale .* for 'x' in activation_scales: expected a finite number > 0"):
+        fx_fp8.load_activation_scales({"x": value})
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"format": FORMAT, "scales": {"x": value}}, allow_nan=True))
+    with pytest.raises(ValueError, match="invalid activation scale"):
+        fx_fp8.load_activation_scales(path)
 
 
 def test_bad_scale_files(tmp_path):

@@ -5,13 +5,14 @@ import pytest
 import yaml
 
 from fx_fp8.backend import config_from_options
-from fx_fp8.config import DEFAULT_IGNORED_LAYERS, AttentionQuantConfig, FP8Config, QuantizationConfig
+from fx_fp8.config import AttentionQuantConfig, FP8Config, QuantizationConfig
 
 
 def test_defaults_turn_both_features_on():
     cfg = FP8Config.from_kwargs()
     assert cfg.attention_enabled and cfg.linear_enabled and not cfg.has_step_skips
-    assert cfg.quantization_config.effective_ignored_layers() == (DEFAULT_IGNORED_LAYERS, False)
+    qc = cfg.quantization_config
+    assert qc.ignored_layers == () and qc.quantize_sensitive is False and qc.method == "fp8"
 
 
 @pytest.mark.parametrize("kw, attention, linear", [
@@ -97,23 +98,66 @@ def test_new_key_wins_over_legacy_with_warning():
 def test_legacy_keys_as_overrides_of_a_config():
     base = FP8Config()
     assert FP8Config.load(base, kv_cache_skip_steps="2").diffusion_kv_cache_skip_steps == {2}
-    with pytest.warns(UserWarning, match="legacy 'kv_cache_dtype'"):
-        cfg = FP8Config.load(base, kv_cache_dtype="fp8", diffusion_kv_cache_dtype=None)
-    assert not cfg.attention_enabled
+    with pytest.warns(UserWarning, match="legacy 'kv_cache_skip_steps'"):
+        cfg = FP8Config.load(base, kv_cache_skip_steps="1", diffusion_kv_cache_skip_steps="3")
+    assert cfg.diffusion_kv_cache_skip_steps == {3}
+
+
+@pytest.mark.parametrize("build", [
+    lambda **kw: FP8Config.from_kwargs(**kw),
+    lambda **kw: FP8Config.load(FP8Config(diffusion_kv_cache_dtype=None), **kw),
+])
+def test_explicit_none_next_to_a_legacy_value_counts_as_not_given(build):
+    # argparse-built dicts carry None for every flag: the legacy flag the user did give wins
+    cfg = build(diffusion_kv_cache_dtype=None, kv_cache_dtype="fp8", kv_cache_skip_steps="0", diffusion_kv_cache_skip_steps=None)
+    assert cfg.attention_enabled and cfg.diffusion_kv_cache_skip_steps == {0}
 
 
 def test_ignored_layers_shortcut():
     cfg = FP8Config.from_kwargs(ignored_layers=["img_mlp"])
-    assert cfg.quantization_config.effective_ignored_layers() == (("img_mlp",), True)
-    assert FP8Config.from_kwargs(ignored_layers=[]).quantization_config.effective_ignored_layers() == ((), True)
+    assert cfg.quantization_config.ignored_layers == ("img_mlp",)
+    assert cfg.linear_enabled and not cfg.attention_enabled  # a linear setting alone opts into linears only
+    assert FP8Config.from_kwargs(ignored_layers=[]).quantization_config.ignored_layers == ()
     assert FP8Config.from_kwargs(ignored_layers="a, b").quantization_config.ignored_layers == ("a", "b")
     with pytest.raises(ValueError, match="ignored_layers given twice"):
         FP8Config.from_kwargs(ignored_layers=["a"], quantization_config={"ignored_layers": ["b"]})
 
 
-def test_defaults_token_keeps_defaults():
-    patterns, user = QuantizationConfig(ignored_layers=["img_mlp", "@defaults"]).effective_ignored_layers()
-    assert user and patterns == ("img_mlp",) + DEFAULT_IGNORED_LAYERS
+def test_defaults_token_is_accepted_and_changes_nothing():
+    assert QuantizationConfig(ignored_layers=["img_mlp", "@defaults"]).ignored_layers == ("img_mlp",)
+    assert not QuantizationConfig(ignored_layers=["@defaults"]).quantize_sensitive
+
+
+@pytest.mark.parametrize("build", [
+    lambda: FP8Config.from_kwargs(quantization="fp8", ignored_layers=None),
+    lambda: FP8Config.from_kwargs(quantization="fp8", ignored_layers=[]),
+    lambda: FP8Config.from_kwargs(quantization="fp8", quantization_config={"ignored_layers": None}),
+    lambda: FP8Config.from_mapping({"quantization": "fp8", "ignored_layers": None}),
+    lambda: FP8Config.from_mapping({"quantization": "fp8", "quantization_config": {"ignored_layers": None}}),
+    lambda: FP8Config.load(FP8Config.from_kwargs(quantization="fp8", ignored_layers=["a"]), ignored_layers=None),
+    lambda: FP8Config.load(None, quantization="fp8", ignored_layers=None),
+])
+def test_ignored_layers_none_means_the_same_everywhere(build):
+    qc = build().quantization_config
+    assert qc.ignored_layers == () and not qc.quantize_sensitive
+
+
+def test_quantization_config_as_a_method_string_and_alone():
+    cfg = FP8Config.from_kwargs(quantization_config="fp8")  # vLLM-Omni's tests pass it so
+    assert cfg.linear_enabled and cfg.quantization_config.method == "fp8" and not cfg.attention_enabled
+    alone = FP8Config.from_kwargs(quantization_config={"ignored_layers": ["img_mlp"]})  # its t2i script's --ignored-layers
+    assert alone.linear_enabled and not alone.attention_enabled
+    int8 = FP8Config.from_kwargs(quantization_config={"method": "int8"})
+    assert int8.quantization == "int8" and int8.quantization_config.method == "int8"
+    assert FP8Config.from_kwargs(quantization="int8").quantization_config.method == "int8"
+    with pytest.raises(ValueError, match="quantization 'fp8' disagrees with quantization_config.method 'int8'"):
+        FP8Config.from_kwargs(quantization="fp8", quantization_config={"method": "int8"})
+    assert FP8Config.load(FP8Config(), quantization="int8").quantization_config.method == "int8"
+
+
+def test_attention_granularity_case_is_normalised():
+    cfg = FP8Config.from_kwargs(attention={"granularity": "HEAD", "kernel": "Triton"})
+    assert cfg.attention.granularity == "head" and cfg.attention.kernel == "triton"
 
 
 def test_flat_yaml(tmp_path):
@@ -215,11 +259,11 @@ def test_dataclasses_direct():
         FP8Config(quantization_config=[1])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        FP8Config.from_kwargs(quantization="int8")  # int8 is a method name, not a warning
+        FP8Config.from_kwargs(quantization="int8")  # int8 is a method, not a warning
 
 
 def test_selectors_of_a_feature_that_is_off_warn():
     with pytest.warns(UserWarning, match="diffusion_kv_cache_skip_steps set but FP8 attention is off"):
         FP8Config.from_kwargs(diffusion_kv_cache_dtype=None, diffusion_kv_cache_skip_steps="0,1")
-    with pytest.warns(UserWarning, match="ignored_layers set but FP8 linears are off"):
+    with pytest.warns(UserWarning, match="ignored_layers set but quantized linears are off"):
         FP8Config.from_kwargs(quantization=None, ignored_layers=["img_mlp"])

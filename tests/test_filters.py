@@ -1,13 +1,12 @@
-"""ignored_layers pattern semantics (passes/filters.py), one test per rule, and precedence."""
+"""ignored_layers pattern semantics (fx_fp8/patterns.py), one test per rule, and precedence."""
 import pytest
 import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8 import backend
-from fx_fp8.config import DEFAULT_IGNORED_LAYERS, FP8Config, QuantizationConfig
-from fx_fp8.passes.filters import first_match, matches, validate_pattern
-from fx_fp8.passes.linear import linear_native_reason
+from fx_fp8.config import FP8Config, QuantizationConfig
+from fx_fp8.patterns import first_match, matches, validate_pattern
+from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason
 
 NAME = "transformer_blocks.7.img_mlp.net.0.proj"
 
@@ -53,22 +52,26 @@ def test_bad_regex_names_pattern(bad):
 
 
 def test_ignored_beats_eligibility():
-    qc = QuantizationConfig()
+    qc = QuantizationConfig(ignored_layers=["img_mlp"])
     # an ignored layer that is also too small reports the pattern, not the size
-    assert linear_native_reason("img_mlp.fc", 8, 8, torch.float32, qc, ("img_mlp",)) == "ignored_layers pattern 'img_mlp'"
-    assert "min_features" in linear_native_reason("other.fc", 16, 16, torch.float32, qc, ("img_mlp",))
-    assert "multiples of 16" in linear_native_reason("other.fc", 24, 64, torch.float32, qc, ())
-    assert linear_native_reason("other.fc", 64, 64, torch.float32, qc, ("img_mlp",)) is None
-    assert "weight dtype" in linear_native_reason("other.fc", 64, 64, torch.int8, qc, ())
+    assert linear_native_reason("img_mlp.fc", 8, 8, torch.float32, qc) == "ignored_layers pattern 'img_mlp'"
+    assert "min_features" in linear_native_reason("other.fc", 16, 16, torch.float32, qc)
+    assert "multiples of 16" in linear_native_reason("other.fc", 24, 64, torch.float32, qc)
+    assert linear_native_reason("other.fc", 64, 64, torch.float32, qc) is None
+    assert "weight dtype" in linear_native_reason("other.fc", 64, 64, torch.int8, qc)
 
 
-def test_user_list_replaces_defaults():
-    patterns, user = QuantizationConfig(ignored_layers=["img_mlp"]).effective_ignored_layers()
-    assert patterns == ("img_mlp",) and user
-    assert linear_native_reason("time_text_embed.linear_1", 64, 64, torch.float32, QuantizationConfig(), patterns) is None
-    defaults, user = QuantizationConfig().effective_ignored_layers()
-    assert defaults == DEFAULT_IGNORED_LAYERS and not user
-    assert linear_native_reason("time_text_embed.linear_1", 64, 64, torch.float32, QuantizationConfig(), defaults) is not None
+def test_user_list_adds_to_the_sensitive_layers():
+    sensitive = "time_text_embed.linear_1"
+    for qc in (QuantizationConfig(), QuantizationConfig(ignored_layers=["img_mlp"]), QuantizationConfig(ignored_layers=[])):
+        reason = linear_native_reason(sensitive, 64, 64, torch.float32, qc)
+        assert reason.startswith("known sensitive layer (pattern 'time_text_embed')"), reason
+    opt_in = QuantizationConfig(ignored_layers=["img_mlp"], quantize_sensitive=True)
+    assert linear_native_reason(sensitive, 64, 64, torch.float32, opt_in) is None
+    assert linear_native_reason("a.img_mlp.fc", 64, 64, torch.float32, opt_in) == "ignored_layers pattern 'img_mlp'"
+    # a structural reason found in the graph is reported instead of the name pattern
+    assert linear_native_reason("blocks.0.mod", 64, 64, torch.float32, QuantizationConfig(),
+                                sensitive="adaLN modulation").startswith("adaLN modulation; kept native")
 
 
 @pytest.mark.parametrize("name, ignored", [
@@ -79,7 +82,7 @@ def test_user_list_replaces_defaults():
     ("transformer_blocks.0.ff.net.2", False), ("blocks.0.norm2", False),
 ])
 def test_default_patterns(name, ignored):
-    assert (first_match(DEFAULT_IGNORED_LAYERS, name) is not None) is ignored
+    assert (first_match(SENSITIVE_LAYER_PATTERNS, name) is not None) is ignored
 
 
 class _TwoLinears(nn.Module):
@@ -92,13 +95,12 @@ class _TwoLinears(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def test_unmatched_user_pattern_warns(monkeypatch):
-    monkeypatch.setattr(backend, "_WARNED", set())
+def test_unmatched_user_pattern_warns():
     model = _TwoLinears().eval()
     compiled = torch.compile(model, backend="fp8", options={"ignored_layers": ["fc1", "no_such_layer"]})
     with pytest.warns(UserWarning, match=r"ignored_layers patterns matched no linear in this graph: \['no_such_layer'\]"):
         compiled(torch.randn(4, 64))
-    (report,) = fx_fp8.get_reports()
+    (report,) = fx_fp8.get_reports(compiled)
     actions = {e.module: (e.action, e.reason) for e in report.entries if e.op == "linear"}
     assert actions["fc1"] == ("native", "ignored_layers pattern 'fc1'")
     assert actions["fc2"][0] == "fp8"

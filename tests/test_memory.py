@@ -7,7 +7,8 @@ import torch.nn as nn
 
 import fx_fp8
 from fx_fp8.tools.families import example_inputs, output_tensor
-from fx_fp8.weights import FP8Linear, _CACHE
+from fx_fp8.ops import quant
+from fx_fp8.weights import QuantizedLinear, quantized_copies
 
 
 def bf16_flux():
@@ -47,7 +48,7 @@ def test_prepare_model_frees_bf16_weights():
     result = fx_fp8.prepare_model(model)
     quantized = result["quantized"]
     assert len(quantized) >= 15 and set(quantized) | set(result["native"]) == set(eligible)
-    assert all(isinstance(model.get_submodule(n), FP8Linear) for n in quantized)
+    assert all(isinstance(model.get_submodule(n), QuantizedLinear) for n in quantized)
     q_before = sum(bf16_bytes[n] for n in quantized)
     q_after = sum(model.get_submodule(n).weight.numel() + model.get_submodule(n).weight_scale.numel() * 4 for n in quantized)
     assert result["bytes_before"] == q_before and result["bytes_after"] == q_after
@@ -65,13 +66,13 @@ def test_prepare_model_frees_bf16_weights():
     # calling again, both variants: no BF16 copy comes back, no compile-time FP8 copies either
     run_steps(compiled, kw, [0, 1, 2])
     assert fx_fp8.reachable_tensor_bytes(compiled) == total_after
-    assert not any(p in _CACHE for p in model.parameters())
-    reports = fx_fp8.get_reports()
+    assert not any(quantized_copies(p) for p in model.parameters())
+    reports = fx_fp8.get_reports(compiled)
     assert [r.step_variant for r in reports] == ["fp8", "native"]
     for r in reports:
         assert r.weights["original_copy_kept"] is False and r.weights["quantized_linear_bytes_before"] == 0
         assert r.count("linear", "fp8") == len(quantized)
-        assert all("prepared FP8 weights" in e.reason for e in r.entries if e.op == "linear" and e.action == "fp8")
+        assert all("prepared weights" in e.reason for e in r.entries if e.op == "linear" and e.action == "fp8")
 
 
 def test_without_prepare_model_the_original_is_kept():
@@ -80,7 +81,7 @@ def test_without_prepare_model_the_original_is_kept():
     compiled = torch.compile(model, backend="fp8")
     with torch.no_grad():
         compiled(**kw)
-    (report,) = fx_fp8.get_reports()
+    (report,) = fx_fp8.get_reports(compiled)
     w = report.weights
     assert w["original_copy_kept"] is True
     assert any("still holds its original weights" in n and "prepare_model" in n for n in report.notes)
@@ -103,10 +104,66 @@ def test_prepare_model_same_numerics_as_compile_time_quantization():
 def test_prepare_model_respects_config():
     model, _ = bf16_flux()
     off = fx_fp8.prepare_model(model, quantization=None)
-    assert off["quantized"] == [] and not any(isinstance(m, FP8Linear) for m in model.modules())
+    assert off["quantized"] == [] and not any(isinstance(m, QuantizedLinear) for m in model.modules())
     res = fx_fp8.prepare_model(model, ignored_layers=["ff"])
     assert all(".ff." not in n for n in res["quantized"])
     assert res["native"]["transformer_blocks.0.ff.net.2"] == "ignored_layers pattern 'ff'"
-    assert model.get_submodule("x_embedder").__class__ is FP8Linear  # the explicit list replaced the defaults
+    assert type(model.get_submodule("x_embedder")) is nn.Linear  # sensitive: kept even with an explicit list
+    assert res["native"]["x_embedder"].startswith("known sensitive layer")
+    fx_fp8.prepare_model(model, quantization_config={"quantize_sensitive": True})
+    assert type(model.get_submodule("x_embedder")) is QuantizedLinear
     with pytest.raises(ValueError, match="did you mean"):
         fx_fp8.prepare_model(model, ignored_layer=["ff"])
+
+
+def _state(model):
+    return {n: (type(m), m.weight.dtype, m.weight.data_ptr()) for n, m in model.named_modules()
+            if getattr(m, "weight", None) is not None}
+
+
+@pytest.mark.parametrize("bad", [
+    {"quantization_config": {"activation_scheme": "static", "activation_scales": {"no.such.layer": 0.1}}},
+    {"quantization_config": {"activation_scheme": "static", "activation_scales": {"x_embedder": float("nan")}}},
+    {"quantization_config": {"weight_granularity": "row"}},
+])
+def test_prepare_model_error_leaves_the_model_unchanged(bad):
+    model, _ = bf16_flux()
+    before = _state(model)
+    with pytest.raises(ValueError):
+        fx_fp8.prepare_model(model, **bad)
+    assert _state(model) == before
+
+
+def test_prepared_model_survives_dtype_and_device_moves():
+    model, kw = bf16_flux()
+    fx_fp8.prepare_model(model)
+    layer = model.get_submodule("transformer_blocks.0.attn.to_q")
+    with torch.no_grad():
+        ref = output_tensor(model(**kw)).float()
+        for convert, dtype in ((lambda m: m.to(torch.float32), torch.float32), (lambda m: m.half(), torch.float16),
+                               (lambda m: m.to("cpu", torch.bfloat16), torch.bfloat16)):
+            convert(model)
+            assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.dtype == torch.float32
+            assert layer.bias.dtype == dtype and layer.orig_dtype == dtype
+            out = output_tensor(model(**{k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
+                                         for k, v in kw.items()}))
+            assert out.dtype == dtype and float((out.float() - ref).norm() / ref.norm()) < 0.05
+
+
+def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
+    """One model compiled with two configs keeps both quantized copies on its weights."""
+    model, kw = bf16_flux()
+    calls = []
+    real = quant.quantize_weight
+    monkeypatch.setattr(quant, "quantize_weight", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    a = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+    b = torch.compile(model, backend="fp8", options={"quantization": "fp8", "quantization_config": {"weight_granularity": "tensor"}})
+    with torch.no_grad():
+        a(**kw), b(**kw)
+        first = len(calls)
+        assert first > 0 and set(calls) == {"channel", "tensor"}
+        for _ in range(10):
+            a(**kw), b(**kw)
+    assert len(calls) == first  # 20 steady calls: no re-quantization
+    w = model.get_submodule("transformer_blocks.0.attn.to_q").weight
+    assert len(quantized_copies(w)) == 2

@@ -49,3 +49,29 @@ def test_format_round_trip(values):
 
 def test_format_compacts_ranges():
     assert format_selector({0, 1, 2, 5}) == "0-2,5"
+
+
+def test_huge_range_is_held_as_a_range():
+    import time
+
+    from fx_fp8.selectors import Selector
+
+    t0 = time.perf_counter()
+    sel = parse_selector("0-1000000000,5", what="diffusion_kv_cache_skip_layers")
+    assert time.perf_counter() - t0 < 0.05  # no expansion: a range, not a billion ints
+    assert isinstance(sel, Selector) and sel.ranges == ((0, 1000000000),)
+    assert 999_999_999 in sel and 1_000_000_001 not in sel and len(sel) == 1_000_000_001
+    assert str(sel) == "0-1000000000" and format_selector(sel) == "0-1000000000"
+    assert str(sel.at_least(4)) == "4-1000000000"
+
+
+@pytest.mark.parametrize("text", ["٣", "1,²", "１", "0-٣"])
+def test_non_ascii_digits_rejected_naming_the_key(text):
+    with pytest.raises(ValueError) as e:
+        parse_selector(text, what="diffusion_kv_cache_skip_steps")
+    assert "diffusion_kv_cache_skip_steps" in str(e.value) and "ASCII" in str(e.value)
+
+
+def test_selector_equality_with_sets():
+    assert parse_selector("0-2,5") == {0, 1, 2, 5} and parse_selector([5, 1, 0, 2]) == parse_selector("0-2,5")
+    assert parse_selector("") == set() and not parse_selector(None)

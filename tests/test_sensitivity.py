@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fx_fp8.config import FP8Config
-from fx_fp8.passes.filters import matches
+from fx_fp8.patterns import matches
 from fx_fp8.tools.sensitivity import ErrorModel, Item, block_pattern, greedy, psnr_db
 
 ROOT = Path(__file__).resolve().parents[1]

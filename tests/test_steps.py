@@ -6,7 +6,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8 import backend, steps
+from fx_fp8 import steps
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 
 
@@ -19,18 +19,11 @@ def sd3():
 
 
 @pytest.fixture
-def variants(monkeypatch):
-    """Records the variant StepDispatch picks on each call."""
+def variants():
+    """Records the variant each step-dispatching graph picks on each call (in this context)."""
     seen = []
-    real = backend.variant_for_current_step
-
-    def spy(skip_steps):
-        v = real(skip_steps)
-        seen.append(v)
-        return v
-
-    monkeypatch.setattr(backend, "variant_for_current_step", spy)
-    return seen
+    with steps.variant_listener(seen.append):
+        yield seen
 
 
 def loop(compiled, kw, n=6):
@@ -45,14 +38,13 @@ def loop(compiled, kw, n=6):
 def test_skip_steps_two_variants_one_dynamo_graph(sd3, variants):
     model, kw = sd3
     counters.clear()
-    before = backend.STATS["graphs"]
     compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0,1"})
     outs = loop(compiled, kw)
-    assert backend.STATS["graphs"] - before == 2
+    assert len(fx_fp8.get_reports(compiled)) == 2
     # Dynamo converted one frame once: a single graph, no recompiles across the steps
     assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["total"] == counters["frames"]["ok"] == 1
     assert variants == ["native", "native", "fp8", "fp8", "fp8", "fp8"]
-    reports = fx_fp8.get_reports()
+    reports = fx_fp8.get_reports(compiled)
     assert [r.step_variant for r in reports] == ["fp8", "native"]
     by_variant = {r.step_variant: r for r in reports}
     assert by_variant["native"].count("attention", "fp8") == 0
@@ -66,7 +58,7 @@ def test_skip_steps_two_variants_one_dynamo_graph(sd3, variants):
 
     # a second request: no new graph at all
     outs2 = loop(compiled, kw)
-    assert backend.STATS["graphs"] - before == 2
+    assert len(fx_fp8.get_reports(compiled)) == 2
     assert counters["stats"]["unique_graphs"] == 1 and counters["frames"]["total"] == 1
     assert variants[6:] == variants[:6]
     assert all(torch.equal(a, b) for a, b in zip(outs, outs2))
@@ -81,18 +73,15 @@ def test_skip_steps_two_variants_one_dynamo_graph(sd3, variants):
 
 def test_no_skips_one_graph(sd3, variants):
     model, kw = sd3
-    before = backend.STATS["graphs"]
     compiled = torch.compile(model, backend="fp8")
     outs = loop(compiled, kw, n=3)
-    assert backend.STATS["graphs"] - before == 1
     assert variants == []  # no dispatch at all
-    (report,) = fx_fp8.get_reports()
+    (report,) = fx_fp8.get_reports(compiled)
     assert report.step_variant is None and report.count("attention", "fp8") == 2
     assert torch.equal(outs[0], outs[2])
 
 
-def test_unpublished_step_warns_once_and_runs_native(sd3, variants, monkeypatch):
-    monkeypatch.setattr(steps.STATE, "warned_unpublished", False)
+def test_unpublished_step_warns_once_per_compiled_model_and_runs_native(sd3, variants):
     model, kw = sd3
     compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "3"})
     with warnings.catch_warnings(record=True) as w:
@@ -106,6 +95,14 @@ def test_unpublished_step_warns_once_and_runs_native(sd3, variants, monkeypatch)
     with torch.no_grad(), fx_fp8.denoising_step(3):
         assert torch.equal(output_tensor(compiled(**kw)), out)  # step 3 is skipped: same native variant
     assert variants[-1] == "native"
+    # a second compiled model warns for itself (not once per process)
+    torch._dynamo.reset()
+    other = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "3"})
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            other(**kw)
+    assert sum("no denoising step was published" in str(i.message) for i in w) == 1
 
 
 def test_set_step_and_context():
@@ -124,7 +121,33 @@ def test_set_step_and_context():
     assert fx_fp8.current_step() is None
 
 
-def test_variant_for_current_step():
+def test_variant_for_step():
+    told = []
     fx_fp8.set_step(2)
-    assert steps.variant_for_current_step(frozenset({2})) == "native"
-    assert steps.variant_for_current_step(frozenset({0, 1})) == "fp8"
+    assert steps.variant_for_step(frozenset({2}), lambda: told.append(1)) == "native"
+    assert steps.variant_for_step(frozenset({0, 1}), lambda: told.append(1)) == "fp8"
+    fx_fp8.set_step(None)
+    assert steps.variant_for_step(frozenset({0}), lambda: told.append(1)) == "native" and told == [1]
+
+
+def test_steps_are_per_thread():
+    import threading
+
+    fx_fp8.set_step(5)
+    seen = {}
+
+    def worker():
+        seen["start"] = fx_fp8.current_step()  # a new thread has nothing published
+        with fx_fp8.denoising_step(0):
+            seen["inside"] = fx_fp8.current_step()
+            barrier.wait()
+            barrier.wait()
+
+    barrier = threading.Barrier(2)
+    t = threading.Thread(target=worker)
+    t.start()
+    barrier.wait()
+    assert fx_fp8.current_step() == 5  # the other thread's step does not leak here
+    barrier.wait()
+    t.join()
+    assert seen == {"start": None, "inside": 0}

@@ -227,7 +227,7 @@ def test_fake_quant_matches_reference_lowering():
     q.requires_grad_(True)
     ref = LOWERING.attention(q.detach(), k, v, attn_mask=None, softmax_scale=32**-0.5, granularity=a.granularity,
                              q_block=a.q_block, kv_block=a.kv_block, hadamard=a.hadamard, smooth_k=a.smooth_k,
-                             quantize_p=a.quantize_p, p_scale=a.p_scale)
+                             quantize_p=a.quantize_p, p_scale=a.p_scale, kernel=a.kernel, return_lse=False)
     fake = fake_fp8_attention(q, k, v, None, 32**-0.5, a)
     native = torch.nn.functional.scaled_dot_product_attention(q.detach(), k, v)
     assert (fake - ref).abs().max() < 1e-3 * (native - ref).abs().max()  # fp32 summation order only
@@ -236,8 +236,9 @@ def test_fake_quant_matches_reference_lowering():
 
     x, w = torch.randn(40, 64, requires_grad=True), torch.randn(128, 64, requires_grad=True)
     wq, ws = quant.quantize_weight(w.detach(), "channel")
-    ref = LOWERING.linear(x.detach(), wq, ws, None, None, weight_granularity="channel", weight_block=None,
-                          act_granularity="token", weight_only=False)
+    xq, xs = quant.quantize_activation(x.detach(), "token")
+    ref = LOWERING.scaled_mm(xq, xs, wq, ws, None, method="fp8", weight_granularity="channel", weight_block=None,
+                             out_dtype=torch.float32)
     fake = fake_quant_rows(x) @ fake_quant_weight(w, "channel").t()
     torch.testing.assert_close(fake, ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(x.detach() @ w.detach().t(), ref, rtol=1e-3, atol=1e-3)  # quantization is visible

@@ -2,7 +2,8 @@
 
 Every op takes its static attributes as keyword arguments (the passes build
 the nodes by name, never by position), including `lowering`, the name of the
-implementation chosen at compile time (fx_fp8.ops.lowering).
+implementation chosen at compile time (fx_fp8.ops.lowering). (No argument may be
+called `kernel`: Inductor's fallback kernels take that name themselves.)
 
     fp8_attention        SDPA semantics, Q/K/V quantized to FP8 inside
     fp8_attention_lse    the same, also returning the log-sum-exp (ring attention, aten flash ops)
@@ -29,21 +30,22 @@ from fx_fp8 import weights
 
 # -- attention ------------------------------------------------------------------------------
 def _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-               quantize_p, p_scale, kernel, lowering, return_lse):
+               quantize_p, p_scale, attention_kernel, lowering, return_lse):
     return get_lowering(lowering).attention(
         query, key, value, attn_mask=attn_mask, softmax_scale=softmax_scale, granularity=granularity,
         q_block=q_block, kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k, quantize_p=quantize_p,
-        p_scale=p_scale, kernel=kernel, return_lse=return_lse,
+        p_scale=p_scale, kernel=attention_kernel, return_lse=return_lse,
     )
 
 
 @torch.library.custom_op("fx_fp8::fp8_attention", mutates_args=())
 def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
                   softmax_scale: float, *, granularity: str, q_block: int, kv_block: int, hadamard: bool,
-                  smooth_k: bool, quantize_p: bool, p_scale: float, kernel: str, lowering: str) -> torch.Tensor:
+                  smooth_k: bool, quantize_p: bool, p_scale: float, attention_kernel: str,
+                  lowering: str) -> torch.Tensor:
     """SDPA on (B, H, S, D) inputs (attn_mask as in SDPA): Q/K/V quantized to FP8 e4m3, fused attention."""
     out = _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                     quantize_p, p_scale, kernel, lowering, False)
+                     quantize_p, p_scale, attention_kernel, lowering, False)
     return out.contiguous()
 
 
@@ -55,11 +57,11 @@ def _(query, key, value, attn_mask, softmax_scale, **_):
 @torch.library.custom_op("fx_fp8::fp8_attention_lse", mutates_args=())
 def fp8_attention_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attn_mask: Optional[torch.Tensor], softmax_scale: float, *, granularity: str, q_block: int,
-                      kv_block: int, hadamard: bool, smooth_k: bool, quantize_p: bool, p_scale: float, kernel: str,
-                      lowering: str) -> tuple[torch.Tensor, torch.Tensor]:
+                      kv_block: int, hadamard: bool, smooth_k: bool, quantize_p: bool, p_scale: float,
+                      attention_kernel: str, lowering: str) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8_attention that also returns lse = log(sum(exp(scores))) per query row, fp32 (B, H, Sq)."""
     out, lse = _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard,
-                          smooth_k, quantize_p, p_scale, kernel, lowering, True)
+                          smooth_k, quantize_p, p_scale, attention_kernel, lowering, True)
     return out.contiguous(), lse.float().contiguous()
 
 

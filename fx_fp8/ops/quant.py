@@ -190,10 +190,24 @@ def prepare_qkv(q, k, v, *, granularity, q_block, kv_block, hadamard, smooth_k):
         kf = kf - kf.mean(dim=2, keepdim=True)  # q.(k - m) differs by a per-row constant
     if hadamard:
         qf, kf = hadamard_rotate(qf), hadamard_rotate(kf)
+    if granularity == "mx":  # MXFP8 (fx_fp8.ops.mx): dequantized values, unit scales
+        from fx_fp8.ops import mx
+        return mx.reference_qkv(qf, kf, v)
     qq, sq = quantize_rows_in_blocks(qf, granularity, q_block)
     kq, sk = quantize_rows_in_blocks(kf, granularity, kv_block)
     vq, sv = quantize_rows_in_blocks(v, granularity, kv_block)
     return qq, sq, kq, sk, vq, sv
+
+
+def smoothing_lse_shift(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """What K smoothing removed from the log-sum-exp: softmax_scale * q . mean(K), (B, H, Sq) fp32.
+
+    Subtracting K's token mean shifts every score of a query row by the same
+    q . mean(K): the softmax and the output do not change, its log-sum-exp
+    does. Lowerings that return an lse with smooth_k add this back, so the lse
+    is that of the unsmoothed scores (what ring attention merges)."""
+    k_mean = k.float().mean(dim=2, keepdim=True)             # (B, H, 1, D)
+    return (q.float() @ k_mean.transpose(-1, -2)).squeeze(-1) * softmax_scale
 
 
 def apply_mask(scores: torch.Tensor, attn_mask) -> torch.Tensor:

@@ -50,10 +50,14 @@ class ReferenceLowering(Lowering):
         qq, sq, kq, sk, vq, sv = quant.prepare_qkv(
             q, k, v, granularity=granularity, q_block=q_block, kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k
         )
-        return quant.attention_from_fp8(
+        out = quant.attention_from_fp8(
             qq, sq, kq, sk, vq, sv, softmax_scale=softmax_scale, q_block=q_block, kv_block=kv_block,
             quantize_p=quantize_p, p_scale=p_scale, out_dtype=q.dtype, attn_mask=attn_mask, return_lse=return_lse,
         )
+        if return_lse and smooth_k:
+            out, lse = out
+            return out, lse + quant.smoothing_lse_shift(q, k, softmax_scale)
+        return out
 
     def quantize_activation(self, x2d, static_scale, *, method, granularity, group=None):
         if static_scale is not None:

@@ -8,12 +8,20 @@
 `--model`: `tiny` (the shipped trained model, default), a family name (flux,
 qwen-image, wan, z-image, sd3: random weights, no download) or a local diffusers
 folder (pipeline folder or transformer folder). Config: `--config YAML` plus the
-flags, which override it. Bad input exits with status 2 and one line on stderr.
+flags, which override it. Bad input (a model that cannot be loaded, a size the
+pipeline cannot make, an output path that cannot be written) is found before the
+work starts and exits with status 2 and one line on stderr.
+
+`--format json` and the JSON files are strict JSON (RFC 8259): numbers that are
+not finite, such as the PSNR of identical images, are written as the strings
+"inf", "-inf" and "nan" (as in sensitivity.json).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import numbers
 import os
 import sys
 import time
@@ -59,8 +67,64 @@ def _source(args):
         raise UsageError(str(e)) from None
 
 
+def _check_source(source, *, pipeline: bool, args=None) -> None:
+    """What the model can be found unable to do before loading it: inspect/dump need a loadable
+    transformer with an example-input builder; compare/sensitivity a pipeline at --height/--width."""
+    from fx_fp8.tools.model_source import ModelSourceError
+
+    try:
+        if pipeline:
+            source.check_pipeline()
+            source.check_size(args.height, args.width)
+        else:
+            source.check_transformer()
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+
+
+# -- output paths: checked before the work starts -------------------------------------------------
+def _check_dir(flag: str, path) -> None:
+    from fx_fp8.tools import cli_flags
+
+    try:
+        cli_flags.check_output_dir(flag, path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _check_file(flag: str, path, suffixes=None, kind: str = "file") -> None:
+    from fx_fp8.tools import cli_flags
+
+    try:
+        cli_flags.check_output_file(flag, path, suffixes, kind=kind)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+# -- strict JSON ------------------------------------------------------------------------------------
+def _strict(obj):
+    """Non-finite floats -> "inf" / "-inf" / "nan"; tuples -> lists; numpy scalars -> Python."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        obj = float(obj)
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
+
+
+def to_json(obj) -> str:
+    """Strict JSON text (no bare Infinity / NaN: those become the strings "inf", "-inf", "nan")."""
+    return json.dumps(_strict(obj), indent=1, allow_nan=False)
+
+
 def _quiet():
-    """diffusers/torch chatter (deprecations, accelerate hints) is not our output."""
+    """diffusers/transformers/torch chatter (deprecations, accelerate hints) is not our output."""
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", message=".*should be kept in float32.*")
@@ -69,6 +133,12 @@ def _quiet():
 
         dlog.set_verbosity_error()
         dlog.disable_progress_bar()
+    except ImportError:
+        pass
+    try:  # diffusers' pipeline loading imports transformers' processors, which warn about torchvision
+        from transformers.utils import logging as tlog
+
+        tlog.set_verbosity_error()
     except ImportError:
         pass
 
@@ -172,15 +242,18 @@ def format_inspect(data: dict) -> str:
 
 def cmd_inspect(args) -> int:
     source, config = _source(args), _config(args)
+    _check_source(source, pipeline=False)
     data, _ = compile_and_report(source, config, backend=args.backend)
-    print(json.dumps(data, indent=1) if args.format == "json" else format_inspect(data))
+    print(to_json(data) if args.format == "json" else format_inspect(data))
     return 0
 
 
 def cmd_dump(args) -> int:
     source, config = _source(args), _config(args)
+    _check_source(source, pipeline=False)
+    _check_dir("--out", args.out)
     data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True)
-    out = Path(args.out)
+    out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for i, g in enumerate(data["graphs"]):
@@ -193,7 +266,7 @@ def cmd_dump(args) -> int:
             path = folder / f"{j:02d}_{stage}.py"
             path.write_text(code)
             written.append(path)
-    (out / "report.json").write_text(json.dumps(data, indent=1))
+    (out / "report.json").write_text(to_json(data))
     (out / "report.txt").write_text(format_inspect(data) + "\n")
     written += [out / "report.json", out / "report.txt"]
     for p in written:
@@ -213,11 +286,14 @@ def _latent_psnr(ref, x) -> float:
 def cmd_compare(args) -> int:
     import torch
 
-    from fx_fp8.tools import image_metrics
     from fx_fp8.pipelines import compile_pipeline
+    from fx_fp8.tools import cli_flags, image_metrics
 
     source, config = _source(args), _config(args)
     _check_sizes(args)
+    _check_source(source, pipeline=True, args=args)
+    if args.out:
+        _check_file("--out", args.out, cli_flags.image_suffixes(), kind="image")
     from fx_fp8.tools.model_source import ModelSourceError
 
     try:
@@ -225,7 +301,11 @@ def cmd_compare(args) -> int:
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     torch._dynamo.reset()
-    run.run(args.steps, output_type="np")           # warm-up (lazy init), untimed
+    try:
+        run.run(args.steps, output_type="np")       # warm-up (lazy init), untimed; the pipeline checks its inputs
+    except ValueError as e:
+        raise UsageError(f"the native {source.spec} pipeline refused --height {args.height} --width {args.width} "
+                         f"--steps {args.steps}: {_one_line(e)}") from None
     t0 = time.perf_counter()
     ref_lat, ref_img = run.run(args.steps, output_type="np")
     t_native = time.perf_counter() - t0
@@ -247,11 +327,11 @@ def cmd_compare(args) -> int:
         "config": config.to_dict(),
     }
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        _save_side_by_side(args.out, ref_img, img)
+        Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        _save_side_by_side(Path(args.out).expanduser(), ref_img, img)
         result["image"] = str(args.out)
     if args.format == "json":
-        print(json.dumps(result, indent=1))
+        print(to_json(result))
     else:
         from tabulate import tabulate
 
@@ -305,18 +385,29 @@ def _check_sizes(args) -> None:
             raise UsageError(f"invalid --{name} {v}: expected a positive integer")
 
 
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 # -- sensitivity ---------------------------------------------------------------------------------
 def cmd_sensitivity(args) -> int:
     from tabulate import tabulate
 
+    from fx_fp8.tools import cli_flags
     from fx_fp8.tools.model_source import ModelSourceError
     from fx_fp8.tools.sensitivity import run_sensitivity, save_chart
 
     source, config = _source(args), _config(args)
     _check_sizes(args)
-    out = Path(args.out)
-    yaml_path = Path(args.yaml) if args.yaml else out / "recommended.yaml"
-    chart_path = Path(args.chart) if args.chart else out / "sensitivity.png"
+    _check_source(source, pipeline=True, args=args)
+    out = Path(args.out).expanduser()
+    yaml_path = Path(args.yaml).expanduser() if args.yaml else out / "recommended.yaml"
+    chart_path = Path(args.chart).expanduser() if args.chart else out / "sensitivity.png"
+    _check_dir("--out", args.out)
+    _check_file("--yaml" if args.yaml else "--out", args.yaml or yaml_path, kind="YAML")
+    _check_file("--chart" if args.chart else "--out", args.chart or chart_path, cli_flags.chart_suffixes(),
+                kind="chart")
     try:
         run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
     except ModelSourceError as e:
@@ -328,7 +419,7 @@ def cmd_sensitivity(args) -> int:
     res = run_sensitivity(run, config, steps=args.steps, target_psnr=args.target_psnr, yaml_path=yaml_path,
                           verify=not args.no_verify)
     save_chart(res, chart_path)
-    (out / "sensitivity.json").write_text(json.dumps(res.to_dict(), indent=1))
+    (out / "sensitivity.json").write_text(to_json(res.to_dict()))
 
     total = res.all_fp8.mse or 1.0
     native = set(res.native_items)
@@ -352,6 +443,8 @@ def cmd_sensitivity(args) -> int:
 
 
 # -- parser ----------------------------------------------------------------------------------------
+JSON_HELP = ("table or json (strict JSON: infinite / NaN numbers, e.g. the PSNR of identical images, are "
+             "written as the strings \"inf\", \"-inf\", \"nan\")")
 SENSITIVITY_HELP = """\
 Measure how much FP8 in each block's attention, each block's linears and each
 denoising step's attention changes the final latents, rank them, and search the
@@ -394,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile the transformer on example inputs (backend fp8, fullgraph) and print "
                                    "what fx_fp8 did with every attention and linear node, then a summary.")
     common(p)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("dump", help="graph code before/after each pass and per step variant, plus report.json", **kw,
@@ -411,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     run_flags(p, steps=8, prompts=2)
     p.add_argument("--out", default=None, help="side-by-side PNG (native | FP8 | difference)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("sensitivity", help="per-block / per-step FP8 sensitivity and a recommended config", **kw,
@@ -436,6 +529,13 @@ def main(argv: Optional[list] = None) -> int:
         return args.func(args)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        from fx_fp8.tools.model_source import ModelSourceError
+
+        if not isinstance(e, ModelSourceError):
+            raise
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)   # a model that fails to load
         return 2
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0

@@ -7,6 +7,9 @@ only the flags a user types override the `--config` YAML.
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
+from pathlib import Path
 from typing import Optional
 
 from fx_fp8.config import DOWNSTREAMS, LOWERINGS, FP8Config
@@ -31,8 +34,11 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--quantization", choices=["fp8", "int8", "none"], default=None,
                    help="W8A8 linears (default when no FP8 flag and no --config is given: fp8 linears and fp8 attention)")
     g.add_argument("--ignored-layers", metavar="PATTERNS", default=None,
-                   help="comma-separated module-name patterns kept native ('' = quantize every eligible linear; "
-                        "'@defaults' keeps the built-in list)")
+                   help="comma-separated module-name patterns kept native, on top of the known-sensitive layers "
+                        "(embedders, adaLN modulation, final projection), which stay native unless "
+                        "--quantize-sensitive is given")
+    g.add_argument("--quantize-sensitive", action="store_true", default=None,
+                   help="also quantize the known-sensitive layers (everything eligible except --ignored-layers)")
     g.add_argument("--diffusion-kv-cache-dtype", choices=["fp8", "auto", "none"], default=None,
                    help="fp8 = FP8 attention (Q/K/V quantized); auto/none = native attention")
     g.add_argument("--diffusion-kv-cache-skip-steps", metavar="SEL", default=None,
@@ -57,6 +63,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         if dest in ("quantization", "diffusion_kv_cache_dtype") and value == "none":
             value = None
         out[key] = value
+    if getattr(args, "quantize_sensitive", None):
+        out["quantization_config"] = {"quantize_sensitive": True}
     return out
 
 
@@ -83,8 +91,74 @@ def add_generation_flags(parser: argparse.ArgumentParser, *, default_model: Opti
     g.add_argument("--device", default="auto", help="auto (cuda, then npu, then cpu), cpu, cuda, npu, ...")
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                    help="auto = bfloat16 on accelerators, float32 on CPU")
-    g.add_argument("--output", default=None, help="where to write the result")
+    g.add_argument("--output", default=None,
+                   help="where to write the result: a file name, or a folder (an existing one, or a name ending "
+                        "with '/') that gets the default file name")
     return parser
+
+
+# -- output paths: checked before the work starts, named in the message ----------------------------
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not os.path.exists(path) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_output_dir(flag: str, path, *, named=None) -> None:
+    """ValueError (one line naming the path) unless `path` is a folder we can write into or create.
+    Creates nothing; `named` is the path the message names (a file, for the file's folder)."""
+    named = str(path if named is None else named)
+    base = _nearest_existing(Path(path).expanduser())
+    if not base.is_dir():
+        raise ValueError(f"cannot write {flag} {named!r}: {str(base)!r} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=base):   # a real probe: permissions, read-only file systems, root
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write {flag} {named!r}: {str(base)!r} is not writable "
+                         f"({e.strerror or type(e).__name__})") from None
+
+
+def check_output_file(flag: str, path, suffixes=None, kind: str = "file") -> None:
+    """ValueError (one line naming the path) unless `path` names a file we can write, with one of
+    `suffixes` (lower case, with the dot) when given; its folder may still have to be created."""
+    p = Path(path).expanduser()
+    if p.is_dir() or str(path).endswith(("/", os.sep)):
+        raise ValueError(f"{flag} {str(path)!r} is a folder: expected a {kind} file name")
+    if suffixes is not None and p.suffix.lower() not in suffixes:
+        shown = ", ".join(s for s in (".png", ".jpg", ".pdf", ".svg", ".gif", ".webp") if s in suffixes)
+        problem = f"unsupported {kind} type {p.suffix!r}" if p.suffix else "no file extension"
+        raise ValueError(f"{flag} {str(path)!r}: {problem} (expected e.g. {shown})")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ValueError(f"cannot write {flag} {str(path)!r}: permission denied")
+    check_output_dir(flag, p.parent, named=path)
+
+
+def image_suffixes() -> set:
+    """File extensions PIL can write."""
+    from PIL import Image
+
+    Image.init()
+    return {ext.lower() for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE}
+
+
+def chart_suffixes() -> set:
+    """File extensions matplotlib's savefig writes."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return {"." + ext for ext in FigureCanvasBase.get_supported_filetypes()}
+
+
+def resolve_output(output: Optional[str], default_name: str, default_dir: str = "outputs") -> str:
+    """--output as a file path: a folder (an existing one, or a name ending with a slash) gets
+    `default_name` inside it; no --output -> default_dir/default_name."""
+    if not output:
+        return os.path.join(default_dir, default_name)
+    expanded = os.path.expanduser(output)
+    if output.endswith(("/", os.sep)) or (os.altsep and output.endswith(os.altsep)) or os.path.isdir(expanded):
+        return os.path.join(expanded, default_name)
+    return expanded
 
 
 def resolve_device(name: str) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -63,14 +65,22 @@ class ModelSource:
 
     # -- transformer -------------------------------------------------------
     def load_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        """The transformer; a folder that cannot be loaded raises ModelSourceError (one line)."""
         with warnings.catch_warnings():  # diffusers warns about unused config keys and low_cpu_mem_usage
             warnings.simplefilter("ignore")
             if self.kind == "family":
                 from fx_fp8.tools.families import build_tiny_transformer
 
                 return build_tiny_transformer(self.family, dtype=dtype)
+            self.check_transformer(example_inputs=False)
             cls = _diffusers_class(self.class_name, self.path)
-            return cls.from_pretrained(str(self.path), torch_dtype=dtype, local_files_only=True).eval()
+            try:
+                with _quiet_loading():
+                    model = cls.from_pretrained(str(self.path), torch_dtype=dtype, local_files_only=True)
+            except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
+                raise ModelSourceError(f"cannot load the {self.class_name} in {str(self.path)!r}: {_first_line(e)}"
+                                       ) from None
+            return model.eval()
 
     def example_inputs(self, model: torch.nn.Module, *, batch: int = 1, seed: int = 0) -> dict:
         """Keyword arguments for one forward call of `model`, shaped from its config."""
@@ -81,19 +91,61 @@ class ModelSource:
             return example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
         build = _INPUT_BUILDERS.get(self.class_name)
         if build is None:
-            raise ModelSourceError(
-                f"no example-input builder for transformer class {self.class_name!r} "
-                f"(known: {', '.join(sorted(_INPUT_BUILDERS))})")
+            raise ModelSourceError(_no_builder_message(self.class_name, self.path))
         gen = torch.Generator().manual_seed(seed)
         return build(model.config, batch, gen, dtype, self.kind == "tiny")
 
-    # -- pipeline ----------------------------------------------------------
-    def load_pipeline(self, *, prompts: int = 2, height: int = 32, width: int = 32, seed: int = 0) -> "PipelineRun":
-        """A pipeline plus the calls that make `prompts` samples (same seeds every run)."""
+    # -- checks before any work --------------------------------------------
+    def check_transformer(self, *, example_inputs: bool = True) -> None:
+        """Raise ModelSourceError unless load_transformer (and, with example_inputs, example_inputs)
+        can work: a diffusers model class, weight files, an example-input builder."""
+        if self.kind == "family":
+            return
+        _diffusers_class(self.class_name, self.path)
+        _check_weights(self.path)
+        if example_inputs and self.class_name not in _INPUT_BUILDERS:
+            raise ModelSourceError(_no_builder_message(self.class_name, self.path))
+
+    def check_pipeline(self) -> None:
+        """Raise ModelSourceError unless load_pipeline can work (a pipeline, not a lone transformer)."""
         if self.kind == "transformer_dir":
             raise ModelSourceError(
                 f"{str(self.path)!r} is a transformer folder: compare/sensitivity need a pipeline folder "
                 "(with model_index.json), 'tiny' or a family name")
+        if self.kind == "pipeline_dir":
+            self.check_transformer(example_inputs=False)
+
+    def size_rule(self) -> "SizeRule":
+        """The heights and widths the pipeline can make (see SizeRule), from the configs alone."""
+        if self.kind == "tiny":
+            return SizeRule(multiple=4, minimum=16)   # TinyShapesPipeline: Flux-packed 2x2 patches in pixel space
+        if self.kind == "family":
+            return FAMILY_SIZE_RULES[self.family]
+        if self.kind != "pipeline_dir":
+            return SizeRule()
+        try:
+            vae = _read_json(self.pipeline_path / "vae" / "config.json")
+            transformer = _read_json(self.path / "config.json")
+        except ModelSourceError:
+            return SizeRule()  # the pipeline itself will say what is wrong
+        return size_rule(self.class_name, transformer, vae)
+
+    def check_size(self, height: int, width: int) -> None:
+        """Raise ModelSourceError naming --height/--width if the pipeline cannot make that size."""
+        rule = self.size_rule()
+        for name, v, top in (("height", height, rule.max_height), ("width", width, rule.max_width)):
+            if v % rule.multiple or v < rule.minimum or (top is not None and v > top):
+                what = f"a multiple of {rule.multiple}"
+                if rule.minimum > rule.multiple:
+                    what += f", at least {rule.minimum}"
+                if top is not None:
+                    what += f", at most {top}"
+                raise ModelSourceError(f"invalid --{name} {v} for {self.spec} ({self.class_name}): expected {what}")
+
+    # -- pipeline ----------------------------------------------------------
+    def load_pipeline(self, *, prompts: int = 2, height: int = 32, width: int = 32, seed: int = 0) -> "PipelineRun":
+        """A pipeline plus the calls that make `prompts` samples (same seeds every run)."""
+        self.check_pipeline()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.kind == "tiny":
@@ -117,11 +169,12 @@ class ModelSource:
             from diffusers import DiffusionPipeline
 
             try:
-                pipe = DiffusionPipeline.from_pretrained(str(self.pipeline_path), torch_dtype=torch.float32,
-                                                         local_files_only=True)
+                with _quiet_loading():
+                    pipe = DiffusionPipeline.from_pretrained(str(self.pipeline_path), torch_dtype=torch.float32,
+                                                             local_files_only=True)
             except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
                 raise ModelSourceError(f"cannot load the pipeline in {str(self.pipeline_path)!r}: "
-                                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                                       f"{_first_line(e)}") from None
             pipe.set_progress_bar_config(disable=True)
             texts = ["a photo of a cat", "a red car in the rain", "a mountain lake at dawn", "a bowl of fruit"]
             texts = (texts * prompts)[:prompts]
@@ -213,6 +266,113 @@ def _diffusers_class(name: str, where: Optional[Path]):
     if not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
         raise ModelSourceError(f"transformer class {name!r} in {str(where)!r} is not a diffusers model class")
     return cls
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """diffusers / transformers log their own error before raising; the caller reports a failed
+    load itself, in one line."""
+    import importlib
+
+    saved = []
+    for lib in ("diffusers", "transformers"):
+        try:
+            log = importlib.import_module(f"{lib}.utils.logging")
+        except ImportError:
+            continue
+        saved.append((log, log.get_verbosity()))
+        log.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in saved:
+            log.set_verbosity(level)
+
+
+def _first_line(e: BaseException) -> str:
+    """One line for an exception from diffusers / safetensors, with the fix where we know it."""
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else type(e).__name__
+    if "keep_in_fp32_modules" in text and "low_cpu_mem_usage" in text:
+        line += " (diffusers needs the 'accelerate' package to load this model: pip install accelerate)"
+    return line
+
+
+#: file names diffusers' from_pretrained loads weights from (single file, shards, variants, index)
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def _check_weights(folder: Optional[Path]) -> None:
+    if folder is None:
+        return
+    if not any(any(folder.glob(p)) for p in _WEIGHT_PATTERNS):
+        raise ModelSourceError(f"folder {str(folder)!r} has config.json but no weights "
+                               "(no *.safetensors or *.bin file)")
+
+
+def _no_builder_message(name: str, where: Optional[Path]) -> str:
+    return (f"no example-input builder for transformer class {name!r} in {str(where)!r} "
+            f"(inspect/dump know: {', '.join(sorted(_INPUT_BUILDERS))})")
+
+
+def _spatial_patch(class_name: str, transformer: dict) -> int:
+    """Latent pixels per token side: Flux / Qwen-Image pack 2x2 latent patches."""
+    if class_name in ("FluxTransformer2DModel", "QwenImageTransformer2DModel"):
+        return 2
+    if class_name == "ZImageTransformer2DModel":
+        return int((transformer.get("all_patch_size") or [2])[0])
+    p = transformer.get("patch_size", 1)
+    return int(p[-1] if isinstance(p, (list, tuple)) else p or 1)
+
+
+def _vae_factor(vae: dict) -> int:
+    """Image pixels per latent pixel, as the pipelines compute their vae_scale_factor."""
+    if vae.get("_class_name") == "AutoencoderKLWan" or "scale_factor_spatial" in vae:
+        return int(vae.get("scale_factor_spatial") or 8)      # WanPipeline: vae.config.scale_factor_spatial
+    if vae.get("_class_name") == "AutoencoderKLQwenImage":    # QwenImagePipeline: 2 ** len(temperal_downsample)
+        return 2 ** len(vae.get("temperal_downsample") or [False, True, True])
+    return 2 ** (len(vae.get("block_out_channels") or [0, 0, 0, 0]) - 1)
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """Heights and widths a pipeline can make: multiples of `multiple`, at least `minimum`, at most
+    max_height / max_width (None: no limit) where the transformer's position tables end."""
+
+    multiple: int = 1
+    minimum: int = 1
+    max_height: Optional[int] = None
+    max_width: Optional[int] = None
+
+
+def size_rule(class_name: str, transformer: dict, vae: dict) -> SizeRule:
+    """The SizeRule of a pipeline, from its transformer's and its VAE's configs."""
+    per_token = _vae_factor(vae) * _spatial_patch(class_name, transformer)
+    multiple = per_token
+    max_tokens = (None, None)
+    if class_name == "WanTransformer3DModel":
+        multiple = math.lcm(per_token, 16)    # WanPipeline.check_inputs: "have to be divisible by 16"
+        rope = transformer.get("rope_max_seq_len", 1024)
+        max_tokens = (rope, rope)             # rotary tables of rope_max_seq_len positions per axis
+    elif class_name == "SD3Transformer2DModel" and transformer.get("pos_embed_max_size"):
+        n = transformer["pos_embed_max_size"]
+        max_tokens = (n, n)                   # cropped positional embedding
+    elif class_name == "ZImageTransformer2DModel" and transformer.get("axes_lens"):
+        lens = transformer["axes_lens"]
+        max_tokens = (lens[1], lens[2])       # rotary tables per axis (frame, height, width)
+    top = [None if n is None else (n * per_token) // multiple * multiple for n in max_tokens]
+    return SizeRule(multiple=multiple, minimum=multiple, max_height=top[0], max_width=top[1])
+
+
+#: size_rule of the family pipelines of fx_fp8.tools.tiny_pipelines, known without building them
+#: (tests check it against the built pipelines' configs)
+FAMILY_SIZE_RULES = {
+    "flux": SizeRule(4, 4),
+    "qwen-image": SizeRule(4, 4),
+    "wan": SizeRule(16, 16, 128, 128),
+    "z-image": SizeRule(4, 4, 128, 128),
+    "sd3": SizeRule(4, 4, 128, 128),
+}
 
 
 def resolve_model(spec: str) -> ModelSource:

@@ -399,8 +399,7 @@ def _config(base: FP8Config, native: set, items: list[Item], layer_lists) -> FP8
             patterns += [f"re:{re.escape(n)}" for n in other.modules]  # type: ignore[attr-defined]
     overrides = dict(diffusion_kv_cache_skip_layers=sorted(skip_layers), diffusion_kv_cache_skip_steps=sorted(skip_steps))
     if patterns:
-        given = base.quantization_config.ignored_layers
-        overrides["ignored_layers"] = (["@defaults"] if given is None else list(given)) + patterns
+        overrides["ignored_layers"] = list(base.quantization_config.ignored_layers) + patterns
     return base.replace(**overrides)
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.passes.linear import linear_native_reason
+from fx_fp8.rules import attention_call_reason, linear_native_reason, short_keys_reason
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -75,9 +75,8 @@ def fake_fp8_attention(q, k, v, attn_mask, softmax_scale: float, acfg) -> torch.
 def quantized_linear_names(model: torch.nn.Module, config: FP8Config) -> list[str]:
     """Names of the nn.Linear modules the FP8 linear pass quantizes under `config`."""
     qcfg = config.quantization_config
-    patterns, _ = qcfg.effective_ignored_layers()
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-            and linear_native_reason(name, m.in_features, m.out_features, m.weight.dtype, qcfg, patterns) is None]
+            and linear_native_reason(name, m.in_features, m.out_features, m.weight.dtype, qcfg) is None]
 
 
 def _fake_linear_forward(module: torch.nn.Linear, qcfg):
@@ -105,10 +104,10 @@ def fake_fp8(model: torch.nn.Module, config: FP8Config | None = None):
     acfg = config.attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        # the same eligibility rules as FP8AttentionPass for what the tiny model calls
-        eligible = (dropout_p == 0.0 and not is_causal and not enable_gqa and query.dim() == 4
-                    and (query.shape[2] == key.shape[2] or acfg.cross_attention))
-        if not eligible:
+        # the attention pass's own rules (fx_fp8.rules)
+        reason = attention_call_reason(query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                       enable_gqa=enable_gqa) or short_keys_reason(query, key, acfg)
+        if reason is not None:
             return original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                  scale=scale, enable_gqa=enable_gqa)
         softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1])
