@@ -25,6 +25,7 @@ from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_na
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
 from fx_fp8.passes.names import LayerMap, module_name, resolve_graph
+from fx_fp8.passes.sensitive import find_sensitive_linears
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.steps import variant_for_step
 
@@ -93,12 +94,14 @@ def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mod
     raise ValueError(f"unknown downstream compiler {name!r}")
 
 
-def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A GraphModule sharing gm's submodules and constants, with its own copy of the graph."""
+def _copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
+    """A GraphModule sharing gm's submodules and constants, with its own copy of the graph;
+    and the map from gm's nodes to the copy's."""
     new = torch.fx.Graph()
-    out = new.graph_copy(gm.graph, {})
+    node_map: dict = {}
+    out = new.graph_copy(gm.graph, node_map)
     new.output(out)
-    return torch.fx.GraphModule(gm, new)
+    return torch.fx.GraphModule(gm, new), node_map
 
 
 def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
@@ -146,14 +149,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     if static_scales is not None and model is not None:
         check_scales_match(static_scales, [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)])
     layer_map = _layer_map(gm, model)
+    # graph analyses, once per Dynamo graph (node keys are mapped onto each variant's copy)
+    sensitive = find_sensitive_linears(gm) if config.linear_enabled else {}
     variants = ("fp8", "native") if config.has_step_skips else (None,)
     compiled = {}
     for variant in variants:
-        graph_copy = _copy_graph(gm)
+        graph_copy, node_map = _copy_graph(gm)
         report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
         ctx = CompileContext(gm=graph_copy, example_inputs=example_inputs, config=config,
                              lowering=get_lowering(lowering), report=report, layer_map=layer_map, warn=record.warn,
                              step_variant=variant, static_scales=static_scales,
+                             analysis={"sensitive": {node_map[n]: why for n, why in sensitive.items()}},
                              dumps=[] if backend_opts.get("dump_graphs") else None)
         PassManager().run(ctx)
         report.layer_map = layer_map.as_dict()
