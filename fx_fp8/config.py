@@ -89,7 +89,8 @@ class AttentionQuantConfig:
     """How Q, K, V (and the softmax probabilities P) are quantized.
 
     granularity: "tensor" (one scale per tensor), "head" (per batch x head),
-      "block" (per batch x head x block of rows; Q rows in q_block, K/V rows in kv_block).
+      "block" (per batch x head x block of rows; Q rows in q_block, K/V rows in kv_block),
+      "mx" (MXFP8: power-of-two e8m0 scales per 32 elements; q_block / kv_block are ignored).
     hadamard: rotate Q and K over the head dim by an orthonormal Hadamard matrix
       (QK^T is unchanged, outlier channels are spread out).
     smooth_k: subtract K's mean over tokens before quantizing (softmax is invariant).
@@ -213,6 +214,9 @@ _TOP_KEYS = (
     "diffusion_kv_cache_dtype", "diffusion_kv_cache_skip_steps", "diffusion_kv_cache_skip_layers",
     "quantization", "quantization_config", "ignored_layers", "attention", "lowering", "downstream",
 )
+#: pipeline-level keys a config may carry next to the FP8 keys (issue 12: context parallelism, cache
+#: hooks). They belong to fx_fp8.parallel.PipelineOptions, not to FP8Config: from_mapping drops them.
+PIPELINE_KEYS = ("parallel_config", "cache_backend", "cache_config")
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,9 @@ class FP8Config:
         """
         data = _fold_legacy_keys(dict(kwargs))
         for key in data:
+            if key in PIPELINE_KEYS:  # issue 12: a pipeline option, read by fx_fp8.parallel.PipelineOptions
+                raise ValueError(f"{key!r} is a pipeline option, not an FP8 option: pass it to "
+                                 "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
         qc_given = data.get("quantization_config") is not None or data.get("ignored_layers") is not None
@@ -343,6 +350,8 @@ class FP8Config:
             raise ValueError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
         if "stage_args" in data:
             data = _diffusion_engine_args(data, where)
+        # issue 12: parallel_config / cache_backend / cache_config are read by fx_fp8.parallel.PipelineOptions
+        data = {k: v for k, v in data.items() if k not in PIPELINE_KEYS}
         return cls.from_kwargs(**data)
 
     @classmethod
@@ -444,7 +453,7 @@ def _diffusion_engine_args(data: Mapping, where: str) -> dict:
     engine_args = diffusion[0].get("engine_args") or {}
     if not isinstance(engine_args, Mapping):
         raise ValueError(f"{where}: engine_args of stage {diffusion[0].get('stage_id')} must be a mapping")
-    known = set(_TOP_KEYS) | set(LEGACY_KEYS)
+    known = set(_TOP_KEYS) | set(LEGACY_KEYS) | set(PIPELINE_KEYS)  # pipeline keys: see from_mapping
     ours = {k: v for k, v in engine_args.items() if k in known}
     others = sorted(k for k in engine_args if k not in known)
     if others:

@@ -162,9 +162,13 @@ class FP8AttentionPass(FXPass):
                 self.record(node, op="attention", module=module, action="native", reason=reason, shapes=shapes,
                             form=form.name)
                 continue
-            new = self._rewrite(gm, node, form, args, users)
-            self.record(new, op="attention", module=module, action="fp8", reason=self._describe(), shapes=shapes,
-                        form=form.name)
+            q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
+            mask = meta_val(args[form.mask_param]) if form.mask_param else None
+            kernel, how = self.ctx.lowering.attention_kernel(q, k, v, self.cfg, mask,
+                                                             need_lse=bool(users and 1 in users))
+            new = self._rewrite(gm, node, form, args, users, kernel)
+            self.record(new, op="attention", module=module, action="fp8",
+                        reason=self._describe() + (f", {how}" if how else ""), shapes=shapes, form=form.name)
             changed += 1
         if self.unknown_layer_nodes:
             self.ctx.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
@@ -172,7 +176,7 @@ class FP8AttentionPass(FXPass):
                           f"{', '.join(self.unknown_layer_nodes[:8])}")
         return changed
 
-    def _rewrite(self, gm, node, form: AttentionForm, args: dict, users) -> torch.fx.Node:
+    def _rewrite(self, gm, node, form: AttentionForm, args: dict, users, kernel: str) -> torch.fx.Node:
         q = meta_val(args["query"])
         scale = scalar_value(args.get("scale"))
         softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -184,7 +188,7 @@ class FP8AttentionPass(FXPass):
             new = gm.graph.call_function(
                 op, (args["query"], args["key"], args["value"], mask, softmax_scale),
                 dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
-                     smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=c.kernel,
+                     smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=kernel,
                      lowering=self.ctx.lowering.name),
             )
             new.meta.update(node.meta)

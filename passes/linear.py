@@ -17,6 +17,7 @@ quantized matrix units get fx_fp8::weight_only_linear.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from typing import Optional
@@ -148,7 +149,7 @@ class FP8LinearPass(FXPass):
         weights["original_copy_kept"] = True
         return Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=q.method,
                       weight_granularity=q.weight_granularity, weight_block=q.weight_block_size, act=q.act_granularity,
-                      weight_only=self._weight_only(w), prepared=False, shapes=shapes)
+                      weight_only=self._weight_only(w, q.method), prepared=False, shapes=shapes)
 
     def _reason(self, node, args, module, x, w) -> Optional[str]:
         if not self.on:
@@ -168,10 +169,11 @@ class FP8LinearPass(FXPass):
             return "no static activation scale for this layer (recalibrate)"
         return self.ctx.lowering.linear_reason(x, w, self.qcfg)
 
-    def _weight_only(self, w) -> bool:
-        msg = self.ctx.lowering.weight_only(w, self.qcfg)
+    def _weight_only(self, w, method: str) -> bool:
+        qcfg = self.qcfg if method == self.qcfg.method else dataclasses.replace(self.qcfg, method=method)
+        msg = self.ctx.lowering.weight_only(w, qcfg)
         if msg:
-            self.ctx.warn(f"fx_fp8: {msg}: {self.qcfg.method} linears use weight-only quantization "
+            self.ctx.warn(f"fx_fp8: {msg}: {method} linears use weight-only quantization "
                           "(quantized storage, native matmul)")
         return bool(msg)
 
@@ -188,7 +190,7 @@ class FP8LinearPass(FXPass):
             disagreeing.append(module)
         return Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"], args["input_scale"],
                       method=method, weight_granularity=wg, weight_block=wb, act=act,
-                      weight_only=self._weight_only(w), prepared=True, shapes=shapes)
+                      weight_only=self._weight_only(w, method), prepared=True, shapes=shapes)
 
     # -- rewriting ---------------------------------------------------------------------------
     def _rewrite_group(self, gm, members: list[Linear], group: str, replaced: dict) -> None:

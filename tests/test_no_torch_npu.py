@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(r'''
     class Broken(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Like a torch_npu wheel on a machine without CANN: importing it raises."""
         def find_spec(self, name, path=None, target=None):
-            if name == "torch_npu" or name.startswith("torch_npu."):
+            if name.split(".")[0] in ("torch_npu", "mindiesd"):
                 attempts.append(name)
                 return importlib.util.spec_from_loader(name, self)
             return None
@@ -32,6 +32,7 @@ SCRIPT = textwrap.dedent(r'''
         sys.meta_path.insert(0, Broken())
     else:  # "absent": the import system answers ImportError
         sys.modules["torch_npu"] = None
+        sys.modules["mindiesd"] = None
 
     import torch
     import torch.nn as nn
@@ -39,7 +40,9 @@ SCRIPT = textwrap.dedent(r'''
     import fx_fp8, fx_fp8.backend, fx_fp8.ops.npu, fx_fp8.ops.lowering
     from fx_fp8.ops.lowering import get_lowering, npu_available
     get_lowering("npu")
+    import fx_fp8.ops.mindiesd, fx_fp8.ops.mx
     out = {"attempts_at_import": list(attempts), "npu_available": npu_available(),
+           "mindiesd_problem": fx_fp8.ops.mindiesd.import_problem(),
            "in_sys_modules": sys.modules.get("torch_npu", "missing") is not None and "torch_npu" in sys.modules}
 
     class M(nn.Module):
@@ -96,8 +99,9 @@ def results() -> dict:
 def test_fx_fp8_works_without_a_working_torch_npu(mode, error, results):
     out = results[mode]
     assert isinstance(out, dict), f"subprocess failed:\n{out}"
-    # nothing imported torch_npu while fx_fp8 (and its npu lowering module) were imported
+    # nothing imported torch_npu or mindiesd while fx_fp8 (and its npu / MindIE-SD modules) were imported
     assert out["attempts_at_import"] == []
+    assert out["mindiesd_problem"].startswith("mindiesd not importable (")
     assert out["npu_available"] is False
     # fp8_npu falls back to the CPU reference, with a warning, and computes what fp8 does
     assert out["fallback_warning"] and out["fallback_lowering"] == "reference" and out["fallback_equal"]

@@ -53,6 +53,12 @@ class Lowering:
     def attention_reason(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> Optional[str]:
         return None
 
+    def attention_kernel(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> tuple[str, str]:
+        """(kernel, description) for an attention node attention_reason accepted: the kernel name
+        is baked into the op call (so the choice is made once, at compile time) and the
+        description goes into the report row ("" when there is nothing to add)."""
+        return cfg.kernel, ""
+
     def linear_reason(self, x, weight, qcfg) -> Optional[str]:
         return None
 

@@ -927,8 +927,20 @@ def _to_dtype(model: torch.nn.Module, dtype) -> torch.nn.Module:
     return model
 
 
+def _reinit_zero_layers(model: torch.nn.Module) -> None:
+    """Diffusers zero-initialises output layers (adaLN-zero modulation, final projections): with
+    random weights elsewhere the model's output then ignores them, or is 0, and hides any error
+    made there. Such layers get their default random initialisation instead."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) \
+                and weight is not None and weight.numel() > 1 and not weight.detach().any():
+            module.reset_parameters()
+
+
 def build(name: str, *, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
-    """The tiny random model `name`, seeded by `seed`, in eval mode.
+    """The tiny random model `name`, seeded by `seed`, in eval mode. Zero-initialised linear and
+    convolution layers are re-initialised at random so that every layer affects the output.
 
     With a `dtype` other than float32 the model is cast like `from_pretrained(torch_dtype=dtype)`
     does: the modules in the class's `_keep_in_fp32_modules` stay float32.
@@ -944,6 +956,7 @@ def build(name: str, *, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = entry.build()
+                _reinit_zero_layers(model)
             if dtype != torch.float32:
                 model = _to_dtype(model, dtype)
     finally:
