@@ -14,6 +14,7 @@ Per graph Dynamo hands over:
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable, Optional
 
 import torch
@@ -24,7 +25,8 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
-from fx_fp8.passes.names import LayerMap, module_name, resolve_graph
+from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, module_name, module_names_of, rename_instance,
+                                 resolve_graph, runtime_instance)
 from fx_fp8.passes.sensitive import find_sensitive_linears
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.steps import variant_for_step
@@ -94,14 +96,17 @@ def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mod
     raise ValueError(f"unknown downstream compiler {name!r}")
 
 
-def _copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict]:
-    """A GraphModule sharing gm's submodules and constants, with its own copy of the graph;
-    and the map from gm's nodes to the copy's."""
+def _copy_graph(gm: torch.fx.GraphModule, with_meta: bool = False) -> tuple[torch.fx.GraphModule, dict]:
+    """A GraphModule sharing gm's submodules and constants, with its own copy of the graph
+    (node meta copied); and the map from gm's nodes to the copy's."""
     new = torch.fx.Graph()
     node_map: dict = {}
     out = new.graph_copy(gm.graph, node_map)
     new.output(out)
-    return torch.fx.GraphModule(gm, new), node_map
+    copy = torch.fx.GraphModule(gm, new)
+    if with_meta:
+        copy.meta.update(gm.meta)
+    return copy, node_map
 
 
 def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
@@ -132,6 +137,38 @@ class StepDispatch:
         return self.variants[variant](*args)
 
 
+class InstanceDispatch:
+    """Dynamo runs one graph for every instance of a module class (each transformer block, when
+    blocks are compiled on their own after a graph break or under a hook), but fx_fp8's
+    decisions depend on the instance: its layer index (diffusion_kv_cache_skip_layers), its
+    name (ignored_layers), its weights (static scales). This callable finds, per call, the
+    instance running the graph (the innermost module of the model on the Python stack) and
+    runs the variant compiled for it, compiling it on first use; instances whose decisions
+    are the same share one compiled variant."""
+
+    def __init__(self, gm, instance: str, first, build, names: dict):
+        self.gm, self.instance, self.build, self.names = gm, instance, build, names
+        self.by_instance = {instance: first[1]}
+        self.by_decisions = {first[0]: first[1]}
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        path = runtime_instance(self.names)
+        fn = self.by_instance.get(path) if path is not None else self.by_instance[self.instance]
+        if fn is None:
+            with self.lock:
+                fn = self.by_instance.get(path) or self._build_for(path, list(args))
+        return fn(*args)
+
+    def _build_for(self, path: str, inputs: list):
+        graph_copy, _ = _copy_graph(self.gm, with_meta=True)
+        rename_instance(graph_copy, self.instance, path)
+        decisions, fn = self.build(graph_copy, inputs)
+        fn = self.by_decisions.setdefault(decisions, fn)
+        self.by_instance[path] = fn
+        return fn
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict] = None,
                   mode: Optional[str] = None, model=None, owner=None):
     """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python
@@ -152,27 +189,45 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     # graph analyses, once per Dynamo graph (node keys are mapped onto each variant's copy)
     sensitive = find_sensitive_linears(gm) if config.linear_enabled else {}
     variants = ("fp8", "native") if config.has_step_skips else (None,)
-    compiled = {}
-    for variant in variants:
-        graph_copy, node_map = _copy_graph(gm)
-        report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
-        ctx = CompileContext(gm=graph_copy, example_inputs=example_inputs, config=config,
-                             lowering=get_lowering(lowering), report=report, layer_map=layer_map, warn=record.warn,
-                             step_variant=variant, static_scales=static_scales,
-                             analysis={"sensitive": {node_map[n]: why for n, why in sensitive.items()}},
-                             dumps=[] if backend_opts.get("dump_graphs") else None)
-        PassManager().run(ctx)
-        report.layer_map = layer_map.as_dict()
-        _warn_about_selectors(ctx, config, record)
-        if ctx.dumps is not None:
-            report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
-            report.graphs = dict(ctx.dumps)
-        record.add(report)
-        RECENT.add(report)
-        compiled[variant] = _downstream_compile(downstream, graph_copy, example_inputs, mode)
-    if not config.has_step_skips:
-        return compiled[None]
-    return StepDispatch(compiled, config.diffusion_kv_cache_skip_steps, record)
+
+    def build(graph: torch.fx.GraphModule, inputs: list):
+        """Passes + downstream for every step variant of `graph` -> (decisions, callable)."""
+        compiled, decisions = {}, []
+        for variant in variants:
+            graph_copy, node_map = _copy_graph(graph)
+            report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
+            ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=config,
+                                 lowering=get_lowering(lowering), report=report, layer_map=layer_map,
+                                 warn=record.warn, step_variant=variant, static_scales=static_scales,
+                                 analysis={"sensitive": {node_map[n]: why for n, why in sensitive.items()
+                                                         if n in node_map}},
+                                 dumps=[] if backend_opts.get("dump_graphs") else None)
+            PassManager().run(ctx)
+            report.layer_map = layer_map.as_dict()
+            _warn_about_selectors(ctx, config, record)
+            if ctx.dumps is not None:
+                report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
+                report.graphs = dict(ctx.dumps)
+            record.add(report)
+            RECENT.add(report)
+            decisions.append(tuple((e.node, e.action, e.reason) for e in report.entries))
+            compiled[variant] = _downstream_compile(downstream, graph_copy, inputs, mode)
+        fn = compiled[None] if not config.has_step_skips else StepDispatch(
+            compiled, config.diffusion_kv_cache_skip_steps, record)
+        return tuple(decisions), fn
+
+    first = build(gm, example_inputs)
+    instance = gm.meta.get(INSTANCE_KEY)
+    if model is None or not instance or not _has_siblings(model, instance):
+        return first[1]
+    return InstanceDispatch(gm, instance, first, build, module_names_of(model))
+
+
+def _has_siblings(model: torch.nn.Module, instance: str) -> bool:
+    """Does the model hold another module of the same class as `instance` (so Dynamo may run
+    this graph for it too)?"""
+    target = model.get_submodule(instance)
+    return any(type(m) is type(target) and m is not target for m in model.modules())
 
 
 def _warn_about_selectors(ctx: CompileContext, config: FP8Config, record: ModelRecord) -> None:

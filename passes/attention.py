@@ -1,11 +1,6 @@
-"""FP8 attention: every attention form -> fx_fp8::fp8_attention (or fp8_attention_lse).
+"""FP8 attention: every attention form (passes/attention_forms.py) -> fx_fp8::fp8_attention
+(or fp8_attention_lse). Each attention node gets a report row, rewritten or not.
 
-Forms (each attention node gets a report row, rewritten or not):
-  sdpa            F.scaled_dot_product_attention / aten.scaled_dot_product_attention
-  flash           aten._scaled_dot_product_flash_attention          -> (out, lse [B,H,Sq], ...)
-  flash_cpu       aten._scaled_dot_product_flash_attention_for_cpu  -> (out, lse [B,H,Sq])
-  efficient       aten._scaled_dot_product_efficient_attention      -> (out, lse [B,H,pad32(Sq)], seed, offset)
-  cudnn           aten._scaled_dot_product_cudnn_attention          -> (out, lse [B,H,Sq,1], ...)
 The aten forms return tuples read through getitem: a node is rewritten when
 only the output (index 0) is read, or the output and the log-sum-exp (index
 1) in a layout fp8_attention_lse can produce; anything else stays native with
@@ -15,72 +10,17 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 
+from fx_fp8.passes.attention_forms import AttentionForm, attention_form, is_attention  # noqa: F401 (re-exported)
 from fx_fp8.passes.base import FXPass
 from fx_fp8.passes.fx_utils import call_args, meta_val
 from fx_fp8.passes.names import is_resolved, module_name
 from fx_fp8.rules import attention_call_reason, short_keys_reason
 from fx_fp8.shapes import scalar_value, shape_str
-
-aten = torch.ops.aten
-
-
-@dataclass(frozen=True)
-class AttentionForm:
-    name: str
-    params: tuple[str, ...]          # positional parameter names of the call
-    defaults: dict
-    mask_param: Optional[str]        # the argument holding the mask / bias
-    lse_layout: Optional[str]        # how index 1 (lse) is laid out: "bhs", "bhs1", or None (not producible)
-    returns_tuple: bool
-
-
-def _overloads(packet) -> set:
-    return {packet, packet.default}
-
-
-SDPA = AttentionForm("sdpa", ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
-                     {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False},
-                     "attn_mask", None, False)
-FLASH = AttentionForm("flash", ("query", "key", "value", "dropout_p", "is_causal", "return_debug_mask"),
-                      {"dropout_p": 0.0, "is_causal": False, "return_debug_mask": False, "scale": None},
-                      None, "bhs", True)
-FLASH_CPU = AttentionForm("flash_cpu", ("query", "key", "value", "dropout_p", "is_causal"),
-                          {"dropout_p": 0.0, "is_causal": False, "attn_mask": None, "scale": None},
-                          "attn_mask", "bhs", True)
-EFFICIENT = AttentionForm("efficient", ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
-                                        "is_causal"),
-                          {"attn_bias": None, "compute_log_sumexp": False, "dropout_p": 0.0, "is_causal": False,
-                           "scale": None}, "attn_bias", None, True)
-CUDNN = AttentionForm("cudnn", ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal",
-                                "return_debug_mask"),
-                      {"attn_bias": None, "compute_log_sumexp": False, "dropout_p": 0.0, "is_causal": False,
-                       "return_debug_mask": False, "scale": None}, "attn_bias", "bhs1", True)
-
-FORMS: dict = {}
-for _t in (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention,
-           *_overloads(aten.scaled_dot_product_attention)):
-    FORMS[_t] = SDPA
-for _packet, _form in ((aten._scaled_dot_product_flash_attention, FLASH),
-                       (aten._scaled_dot_product_flash_attention_for_cpu, FLASH_CPU),
-                       (aten._scaled_dot_product_efficient_attention, EFFICIENT),
-                       (aten._scaled_dot_product_cudnn_attention, CUDNN)):
-    for _t in _overloads(_packet):
-        FORMS[_t] = _form
-
-
-def attention_form(node: torch.fx.Node) -> Optional[AttentionForm]:
-    return FORMS.get(node.target) if node.op == "call_function" else None
-
-
-def is_attention(node: torch.fx.Node) -> bool:
-    return attention_form(node) is not None
 
 
 def _tuple_users(node: torch.fx.Node) -> Optional[dict[int, list[torch.fx.Node]]]:

@@ -14,7 +14,10 @@ is resolved against the model being compiled:
    parameter's owner, found by identity;
 3. any other node (attention) is named by walking its nn_module_stack source
    from the traced frame's real local variables to the module object, then
-   looking that object up in the model by identity.
+   looking that object up in the model by identity;
+4. an attention node still unnamed (hooks that call a module's forward
+   directly leave no nn_module_stack) is named after the module that owns
+   the projections producing its query, key and value (their common parent).
 
 What cannot be resolved keeps Dynamo's spelling and is marked unresolved; the
 passes report it and never apply a layer selector to it silently.
@@ -30,6 +33,8 @@ import torch
 import torch.fx
 import torch.nn as nn
 
+from fx_fp8.passes.attention_forms import is_attention
+
 _ROOT = re.compile(r"^([LG])\[['\"]([^'\"]*)['\"]\]")
 _DICT_MODULES = re.compile(r"\.__dict__\[['\"]_modules['\"]\]\[['\"]([^'\"]+)['\"]\]")
 _MODULES = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]")
@@ -43,6 +48,8 @@ NAME_KEY = "fx_fp8_module"
 RESOLVED_KEY = "fx_fp8_module_resolved"
 #: gm.meta key: a weak reference to the model the names were resolved against
 MODEL_KEY = "fx_fp8_model"
+#: gm.meta key: the model's name of the module instance whose frame was traced ("" = the model itself)
+INSTANCE_KEY = "fx_fp8_instance"
 
 
 def split_source(source: str) -> tuple[Optional[str], str]:
@@ -103,26 +110,29 @@ def block_key(name: str) -> Optional[tuple[str, int]]:
 
 
 # -- finding the model ------------------------------------------------------------------------
-def find_compiled_model(param_ids: set[int]) -> tuple[Optional[nn.Module], Optional[Any]]:
-    """(model, owner) for the graph being compiled now, from the Python stack.
+def find_compiled_model(param_ids: set[int]) -> tuple[Optional[nn.Module], Optional[Any], Optional[nn.Module]]:
+    """(model, owner, caller) for the graph being compiled now, from the Python stack.
 
     model: the nn.Module whose names the passes use. owner: the object that
     owns this compile's reports and warnings (the OptimizedModule of
-    `torch.compile(model)`, else the model itself); None, None when no module
-    is on the stack (a compiled function).
+    `torch.compile(model)`, else the model itself). caller: the innermost module
+    whose call led to the traced frame (a hook's forward is called by the module
+    it replaced). None where there is none (a compiled function).
     """
     from torch._dynamo.eval_frame import OptimizedModule
 
     frame = sys._getframe(1)
-    outermost = None
+    outermost = caller = None
     while frame is not None:
         obj = frame.f_locals.get("self")
         if isinstance(obj, OptimizedModule):
-            return obj._orig_mod, obj
+            return obj._orig_mod, obj, caller
         if isinstance(obj, nn.Module) and (not param_ids or _owns_any(obj, param_ids)):
             outermost = obj
+        if caller is None and isinstance(obj, nn.Module):
+            caller = obj
         frame = frame.f_back
-    return outermost, outermost
+    return outermost, outermost, caller
 
 
 def _owns_any(module: nn.Module, param_ids: set[int]) -> bool:
@@ -163,9 +173,10 @@ def _walk(obj, path: str):
 class ModelNames:
     """Resolves graph nodes to the compiled model's `named_modules()` names."""
 
-    def __init__(self, model: Optional[nn.Module], frame_vars: dict):
+    def __init__(self, model: Optional[nn.Module], frame_vars: dict, caller: Optional[nn.Module] = None):
         self.model = model
         self.frame_vars = frame_vars
+        self.caller = caller
         self.param_owner: dict[int, str] = {}
         self.module_name_of: dict[int, str] = {}
         if model is not None:
@@ -177,6 +188,15 @@ class ModelNames:
                     if b is not None:
                         self.param_owner.setdefault(id(b), name)
 
+    def instance(self) -> Optional[str]:
+        """The model's name of the module instance the traced frame belongs to: the frame's
+        `self`, else the module whose call led to the frame; None if neither is in the model."""
+        for root in (self.frame_vars.get("L:self"), self.caller):
+            name = self.module_name_of.get(id(root)) if root is not None else None
+            if name is not None:
+                return name
+        return None
+
     def of_tensor(self, t) -> Optional[str]:
         """Name of the module owning parameter/buffer `t`, or None."""
         return self.param_owner.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -185,10 +205,10 @@ class ModelNames:
         """(name, resolved) of the innermost module in a node's nn_module_stack."""
         path = stack_module_path(node)
         if path is None:
-            # top level of the traced frame: the frame's `self`, if it is a module of the model
-            root = self.frame_vars.get("L:self")
-            name = self.module_name_of.get(id(root)) if root is not None else None
-            return (name, True) if name is not None else ("", self.model is not None and root is self.model)
+            # top level of the traced frame: the frame's `self` if it is a module of the model,
+            # else the module whose call led here (a hook's forward, installed on that module)
+            name = self.instance()
+            return (name, True) if name is not None else ("", False)
         local, rel = split_source(path)
         if self.model is not None and local is not None and local in self.frame_vars:
             obj = _walk(self.frame_vars[local], rel)
@@ -198,11 +218,13 @@ class ModelNames:
         return rel, False
 
 
-def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.Module], frame_vars: dict) -> None:
+def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.Module], frame_vars: dict,
+                  caller: Optional[nn.Module] = None) -> None:
     """Write each call node's module name (and whether it is the model's real name) into its
     meta, and the model into gm.meta (weakly), so a stored graph keeps both."""
-    names = ModelNames(model, frame_vars)
+    names = ModelNames(model, frame_vars, caller)
     gm.meta[MODEL_KEY] = weakref.ref(model) if model is not None else None
+    gm.meta[INSTANCE_KEY] = names.instance()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     for node in gm.graph.nodes:
@@ -215,6 +237,45 @@ def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.M
             node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = owner, True
         else:
             node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = names.of_stack(node)
+    for node in gm.graph.nodes:
+        if is_attention(node) and not node.meta[RESOLVED_KEY]:
+            owner = _owner_of_producers(node)
+            if owner is not None:
+                node.meta[NAME_KEY], node.meta[RESOLVED_KEY] = owner, True
+
+
+def _owner_of_producers(node: torch.fx.Node, depth: int = 24) -> Optional[str]:
+    """The common parent module of the resolved parameter-reading calls (q/k/v projections)
+    found walking back from an attention node's query, key and value, or None."""
+    owners, seen = [], set()
+    frontier = list(node.all_input_nodes[:3])
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            if n in seen or n.op != "call_function":
+                continue
+            seen.add(n)
+            if n.meta.get(RESOLVED_KEY) and n.meta.get(NAME_KEY) and _reads_parameter(n):
+                owners.append(n.meta[NAME_KEY])
+            else:
+                nxt.extend(n.all_input_nodes)
+        frontier = nxt
+    if not owners:
+        return None
+    parts = [o.split(".") for o in owners]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    if len(common) == len(parts[0]) and len(set(owners)) == 1:  # one fused projection (to_qkv): its parent
+        common = common[:-1]
+    return ".".join(common) or None
+
+
+def _reads_parameter(node: torch.fx.Node) -> bool:
+    weight = node.kwargs.get("weight", node.args[1] if len(node.args) > 1 else None)
+    return isinstance(weight, torch.fx.Node) and weight.op == "placeholder"
 
 
 def resolve_graph(gm: torch.fx.GraphModule, example_inputs, *, model=None, owner=None):
@@ -223,12 +284,44 @@ def resolve_graph(gm: torch.fx.GraphModule, example_inputs, *, model=None, owner
     if MODEL_KEY in gm.meta:
         ref = gm.meta[MODEL_KEY]
         return (ref() if ref is not None else None), owner
-    if model is None:
-        param_ids = {id(t) for t in example_inputs if isinstance(t, nn.Parameter)}
-        model, found = find_compiled_model(param_ids)
-        owner = owner if owner is not None else found
-    resolve_names(gm, example_inputs, model, traced_frame_variables())
+    param_ids = {id(t) for t in example_inputs if isinstance(t, nn.Parameter)}
+    found_model, found_owner, caller = find_compiled_model(param_ids)
+    model = model if model is not None else found_model
+    owner = owner if owner is not None else found_owner
+    resolve_names(gm, example_inputs, model, traced_frame_variables(), caller)
     return model, owner
+
+
+def rename_instance(gm: torch.fx.GraphModule, old: str, new: str) -> None:
+    """Move the resolved names of gm's nodes from module instance `old` to `new` (another
+    instance of the same class, which Dynamo may run the same graph for)."""
+    for node in gm.graph.nodes:
+        name = node.meta.get(NAME_KEY)
+        if name is None or not node.meta.get(RESOLVED_KEY):
+            continue
+        if old == "":
+            node.meta[NAME_KEY] = f"{new}.{name}" if name else new
+        elif name == old or name.startswith(old + "."):
+            node.meta[NAME_KEY] = new + name[len(old):]
+    gm.meta[INSTANCE_KEY] = new
+
+
+def runtime_instance(module_name_of: dict[int, str]) -> Optional[str]:
+    """At run time: the model's name of the innermost module on the Python stack (the instance
+    whose forward is running the compiled graph), or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, nn.Module):
+            name = module_name_of.get(id(obj))
+            if name is not None:
+                return name
+        frame = frame.f_back
+    return None
+
+
+def module_names_of(model: nn.Module) -> dict[int, str]:
+    return {id(m): n for n, m in reversed(list(model.named_modules(remove_duplicate=False)))}
 
 
 # -- layer indices ------------------------------------------------------------------------------
