@@ -1,22 +1,32 @@
-"""The CUDA lowering: its decisions on CPU (fake CUDA tensors), its kernels on a GPU (marked cuda)."""
+"""The CUDA lowering: its decisions and argument building on CPU (fake CUDA tensors), its kernels on a GPU
+(marked cuda, skipped without one). The Triton kernels' numerics run on CPU in test_triton_interpret.py."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.ops.cuda import CudaLowering, is_key_padding_mask
+from fx_fp8.ops.cuda import (CudaLowering, blockwise_scale_args, is_key_padding_mask, resolve_kernel, scaled_mm)
 from fx_fp8.ops.lowering import get_lowering
 
 CUDA = torch.cuda.is_available()
-cuda = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
 ATT = FP8Config().attention
 QCFG = FP8Config().quantization_config
+
+
+def att(**kw):
+    return FP8Config.load(None, attention=kw).attention
+
+
+def qcfg(**kw):
+    return FP8Config.load(None, quantization_config=kw).quantization_config
 
 
 def rel(a, b) -> float:
@@ -33,10 +43,16 @@ def hopper(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
 
 
+@pytest.fixture
+def ada(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+
+
 # -- CPU: decisions --------------------------------------------------------------
 def test_registry_returns_cuda_lowering():
     low = get_lowering("cuda")
     assert isinstance(low, CudaLowering) and low.name == "cuda"
+    assert low.fused_activation_quant is False  # the linear pass writes the quantization as torch ops
 
 
 def test_cpu_tensors_are_refused_with_reason():
@@ -51,11 +67,57 @@ def test_attention_reasons_on_hopper(hopper):
     low = get_lowering("cuda")
     q, q80 = fake_cuda((1, 2, 64, 128), (1, 2, 64, 80))
     assert low.attention_reason(q, q, q, ATT) is None
+    assert low.attention_reason(q, q, q, ATT, need_lse=True) is None  # the kernel writes the LSE
     assert "head dim 80" in low.attention_reason(q80, q80, q80, ATT)
-    assert "kv_block=96" in low.attention_reason(q, q, q, FP8Config.load(None, attention={"kv_block": 96}).attention)
+    assert "kv_block=96" in low.attention_reason(q, q, q, att(kv_block=96))
+    assert "'mx'" in low.attention_reason(q, q, q, att(granularity="mx"))
     key_mask, full_mask = fake_cuda((1, 1, 1, 64), (1, 1, 64, 64), dtype=torch.bool)
+    (float_key_mask,) = fake_cuda((1, 2, 1, 64), dtype=torch.float32)  # one key row per head
+    (int_mask,) = fake_cuda((1, 1, 1, 64), dtype=torch.int32)
     assert low.attention_reason(q, q, q, ATT, key_mask) is None
+    assert low.attention_reason(q, q, q, ATT, float_key_mask) is None
     assert "mask not supported" in low.attention_reason(q, q, q, ATT, full_mask)
+    assert "dtype torch.int32" in low.attention_reason(q, q, q, ATT, int_mask)
+
+
+def test_attention_reason_never_guards_on_symbolic_lengths(hopper):
+    """A key-padding mask of symbolic length is recognised without specialising the length."""
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env) as mode:
+        s = shape_env.create_unbacked_symint()  # no value to guard on: any guard would raise
+        torch._check(s > 0)
+        q = torch.empty(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
+        k = q.new_empty(1, 2, s, 128)
+        mask = torch.empty(1, 1, 1, s, device="cuda", dtype=torch.bool)
+        wrong = torch.empty(1, 1, 64, s, device="cuda", dtype=torch.bool)
+        low = get_lowering("cuda")
+        assert low.attention_reason(q, k, k, ATT, mask) is None
+        assert "mask not supported" in low.attention_reason(q, k, k, ATT, wrong)
+    assert mode is not None
+
+
+def test_kernel_choice(hopper):
+    low = get_lowering("cuda")
+    (q,) = fake_cuda((1, 2, 64, 128))
+    assert low.attention_kernel(q, q, q, ATT) == ("triton", "Triton FP8 kernel (attention.kernel: auto)")
+    assert low.attention_kernel(q, q, q, att(kernel="triton"), need_lse=True) == ("triton", "Triton FP8 kernel, LSE")
+    assert low.attention_kernel(q, q, q, att(kernel="cudnn", granularity="tensor"))[0] == "cudnn"
+    assert resolve_kernel("auto") == "triton"  # see cudnn_attention's SQNR table (test_cuda_cudnn.py)
+    assert resolve_kernel("cudnn") == "cudnn" and resolve_kernel("triton") == "triton"
+    with pytest.raises(ValueError, match="unknown attention kernel"):
+        resolve_kernel("flash")
+
+
+def test_cudnn_kernel_says_why_not(hopper, monkeypatch):
+    from fx_fp8.ops import cudnn_attention
+
+    def missing():
+        raise ImportError("No module named 'cudnn'")
+
+    monkeypatch.setattr(cudnn_attention, "import_cudnn", missing)
+    (q,) = fake_cuda((1, 2, 64, 128))
+    reason = get_lowering("cuda").attention_reason(q, q, q, att(kernel="cudnn", granularity="tensor"))
+    assert reason.startswith("attention.kernel=cudnn: nvidia-cudnn-frontend not importable")
 
 
 def test_pre_ada_gpu_has_no_fp8_tensor_cores(monkeypatch):
@@ -63,19 +125,29 @@ def test_pre_ada_gpu_has_no_fp8_tensor_cores(monkeypatch):
     low = get_lowering("cuda")
     q, w = fake_cuda((1, 2, 64, 128), (64, 64))
     assert "sm80 has no FP8 tensor cores" in low.attention_reason(q, q, q, ATT)
-    assert low.weight_only(w) == "GPU sm80 has no FP8 tensor cores"
+    assert "sm80 has no FP8 tensor cores" in low.weight_only(w, QCFG)
+    assert low.weight_only(w, qcfg(method="int8")) is None  # INT8 tensor cores since sm80
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert "sm75 has no INT8 tensor cores" in low.weight_only(w, qcfg(method="int8"))
 
 
 def test_linear_reasons(hopper):
     low = get_lowering("cuda")
-    x, w, w_odd = fake_cuda((8, 64), (64, 64), (40, 64))
-    assert low.weight_only(w) is None
+    x, w, w_odd, w_24 = fake_cuda((8, 64), (64, 64), (40, 64), (24, 64))
+    assert low.weight_only(w, QCFG) is None
     assert low.linear_reason(x, w, QCFG) is None
-    assert "not multiples of 16" in low.linear_reason(x, w_odd, QCFG)
+    assert "not multiples of 16 (torch._scaled_mm)" in low.linear_reason(x, w_odd, QCFG)
+    int8 = qcfg(method="int8")
+    assert low.linear_reason(x, w_24, int8) is None  # _int_mm: multiples of 8
+    (w_12,) = fake_cuda((12, 64))
+    assert "not multiples of 8 (torch._int_mm)" in low.linear_reason(x, w_12, int8)
+    (x_int,) = fake_cuda((8, 64), dtype=torch.int32)
+    assert "input dtype" in low.linear_reason(x_int, w, QCFG)
 
 
 @pytest.mark.parametrize("shape,ok", [((2, 1, 1, 77), True), ((77,), True), ((2, 77), False), ((1, 3, 1, 77), True),
-                                      ((1, 1, 50, 77), False), ((3, 1, 1, 77), False), ((1, 1, 1, 76), False)])
+                                      ((1, 1, 50, 77), False), ((3, 1, 1, 77), False), ((1, 1, 1, 76), False),
+                                      ((1, 1, 1, 1), True), ((1, 1, 1, 1, 77), False)])
 def test_key_padding_mask_shapes(shape, ok):
     assert is_key_padding_mask(shape, b=2, h=3, s_k=77) is ok
 
@@ -100,31 +172,175 @@ def test_cuda_attention_on_cpu_tensors_raises_clearly():
     import triton  # noqa: F401  a test dependency (pyproject [test]); must not skip silently
     q = torch.randn(1, 1, 16, 64)
     with pytest.raises(RuntimeError, match="lowering='reference'"):
-        torch.ops.fx_fp8.fp8_attention(q, q, q, None, 0.125, "block", 128, 256, True, True, True, 448.0, "cuda")
+        get_lowering("cuda").attention(q, q, q, attn_mask=None, softmax_scale=0.125, granularity="block", q_block=128,
+                                       kv_block=256, hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0,
+                                       kernel="auto", return_lse=False)
+
+
+def test_autotune_configs_divide_the_key_tile():
+    from fx_fp8.ops import cuda
+    from fx_fp8.ops.triton_fp8_attention import CONFIGS, POINTER_CONFIGS, TMA_CONFIGS
+
+    assert all(set(table) == set(cuda.HEAD_DIMS) for table in (TMA_CONFIGS, POINTER_CONFIGS))
+    for table in (TMA_CONFIGS, POINTER_CONFIGS):  # any kv_block the lowering accepts keeps a config of each list
+        assert all(any(cuda.KEY_TILE % bn == 0 for _, bn, _, _ in configs) for configs in table.values())
+    assert set(CONFIGS) == {c for t in (TMA_CONFIGS, POINTER_CONFIGS) for cs in t.values() for c in cs}
+    # the configs that spilled at D = 128 on the pointer path stay out of it
+    assert (128, 128, 8, 3) not in POINTER_CONFIGS[128] and (128, 64, 4, 3) not in POINTER_CONFIGS[128]
+
+
+# -- CPU: GEMM argument building ------------------------------------------------------
+def _cpp_blockwise_1x128(t, scale) -> bool:
+    """is_blockwise_1x128_scaling of aten/src/ATen/native/cuda/ScaledBlas.cpp, transcribed."""
+    def size_stride(dim, size, stride):
+        return scale.size(dim) == size and (size <= 1 or scale.stride(dim) == stride)
+    return scale.dim() == 2 and size_stride(0, t.size(0), 1) and size_stride(1, -(-t.size(1) // 128), t.size(0))
+
+
+def _cpp_blockwise_128x128(t, scale) -> bool:
+    """is_blockwise_128x128_scaling of ScaledBlas.cpp, transcribed."""
+    def size_stride(dim, size, stride):
+        return scale.size(dim) == size and (size <= 1 or scale.stride(dim) == stride)
+    kb = -(-t.size(1) // 128)
+    return scale.dim() == 2 and size_stride(0, -(-t.size(0) // 128), kb) and size_stride(1, kb, 1)
+
+
+@pytest.mark.parametrize("m,k,n", [(100, 3072, 1024), (4608, 3072, 12288), (17, 12288, 3072), (1, 512, 128)])
+def test_blockwise_scale_layout_is_what_scaled_mm_accepts(m, k, n):
+    xq = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+    wq = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    xs = torch.rand(m, -(-k // 128))                  # quant.quantize_per_group's layout
+    ws = torch.rand(-(-n // 128), -(-k // 128))       # quant.quantize_weight("block", (128, 128))
+    sa, sb = blockwise_scale_args(xs, ws)
+    assert torch.equal(sa, xs) and torch.equal(sb.t(), ws)
+    # ScaledBlas.cpp: (a, scale_a) is 1x128 and (b^T, scale_b^T) is 128x128, with these strides
+    assert _cpp_blockwise_1x128(xq, sa)
+    assert _cpp_blockwise_128x128(wq.t().t(), sb.t())
+    with FakeTensorMode() as mode:  # and torch's meta function takes the shapes
+        out = torch._scaled_mm(mode.from_tensor(xq), mode.from_tensor(wq).t(), scale_a=mode.from_tensor(sa),
+                               scale_b=mode.from_tensor(sb), out_dtype=torch.bfloat16, use_fast_accum=True)
+        assert out.shape == (m, n)
+
+
+def test_blockwise_reasons(hopper):
+    low = CudaLowering()
+    dev = torch.device("cuda", 0)
+    assert low.blockwise_reason(dev, (128, 128), 3072) is None
+    assert "weight_block_size [64, 64]" in low.blockwise_reason(dev, (64, 64), 3072)
+    assert "ceil(K / 128) = 30" in low.blockwise_reason(dev, (128, 128), 3840)  # Z-Image's 3840: not 16-byte rows
+
+
+def test_blockwise_reason_on_ada(ada):
+    assert "sm89" in CudaLowering().blockwise_reason(torch.device("cuda", 0), (128, 128), 3072)
+
+
+def test_block_fallback_warns_once_and_matches_reference(ada):
+    torch.manual_seed(0)
+    x, w, bias = torch.randn(40, 256), torch.randn(192, 256) / 16, torch.randn(192)
+    xq, xs = quant.quantize_per_group(x, 128)
+    wq, ws = quant.quantize_weight(w, "block", (128, 128))
+    low = CudaLowering()
+    kw = dict(method="fp8", weight_granularity="block", weight_block=(128, 128), out_dtype=torch.float32,
+              fast_accum=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = low.scaled_mm(xq, xs, wq, ws, bias, **kw)
+        low.scaled_mm(xq, xs, wq, ws, bias, **kw)
+    fallback = [w for w in caught if "bf16 dequant fallback" in str(w.message)]
+    assert len(fallback) == 1 and "sm89" in str(fallback[0].message)
+    ref = get_lowering("reference").scaled_mm(xq, xs, wq, ws, bias, **kw)
+    assert rel(out, ref) < 5e-3  # bf16 rounding of the dequantized operands
+
+
+@pytest.mark.parametrize("xg,wg", [("token", "channel"), ("tensor", "tensor"), ("tensor", "channel"),
+                                   ("token", "tensor")])
+def test_scaled_mm_scale_layouts_on_cpu(xg, wg):
+    """The row-wise / tensor-wise _scaled_mm calls (CPU has both) against the reference."""
+    torch.manual_seed(0)
+    x, w, bias = torch.randn(64, 256), torch.randn(128, 256) / 16, torch.randn(128).bfloat16()
+    xq, xs = quant.quantize_activation(x, xg)
+    wq, ws = quant.quantize_weight(w, wg)
+    out = scaled_mm(xq, xs, wq, ws, bias, torch.bfloat16, fast_accum=True)
+    ref = get_lowering("reference").scaled_mm(xq, xs, wq, ws, bias, method="fp8", weight_granularity=wg,
+                                              weight_block=None, out_dtype=torch.bfloat16)
+    assert out.shape == (64, 128) and out.dtype == torch.bfloat16
+    assert rel(out, ref) < 5e-3  # bias fused before the bf16 rounding here, added after it in the reference
+
+
+def test_weight_only_linear_on_cpu():
+    torch.manual_seed(0)
+    x, w, bias = torch.randn(10, 64), torch.randn(32, 64), torch.randn(32)
+    wq, ws = quant.quantize_weight(w, "channel")
+    out = get_lowering("cuda").weight_only_linear(x, wq, ws, bias, method="fp8", weight_granularity="channel",
+                                                  weight_block=None)
+    ref = get_lowering("reference").weight_only_linear(x, wq, ws, bias, method="fp8", weight_granularity="channel",
+                                                       weight_block=None)
+    assert torch.allclose(out, ref, atol=1e-5)
 
 
 # -- GPU: numerics ---------------------------------------------------------------
+def _qkv(b, h, s, d, seed=0):
+    torch.manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    return q, k, v + 0.5  # zero-mean V averages to ~0 under flat attention, inflating any relative error
+
+
+def _attn_kw(d, mask=None, **over):
+    kw = dict(attn_mask=mask, softmax_scale=1 / math.sqrt(d), granularity="block", q_block=128, kv_block=256,
+              hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0, kernel="auto", return_lse=False)
+    kw.update(over)
+    return kw
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_attention_matches_sdpa_and_reference(d, masked):
-    torch.manual_seed(0)
     b, h, s = 2, 3, 1000
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    v = v + 0.5  # zero-mean V averages to ~0 under flat attention, inflating any relative error to ~5%
+    q, k, v = _qkv(b, h, s, d)
     mask = None
     if masked:
         mask = torch.ones(b, 1, 1, s, dtype=torch.bool, device="cuda")
         mask[1, ..., 700:] = False
-    kw = dict(attn_mask=mask, softmax_scale=1 / math.sqrt(d), granularity="block", q_block=128, kv_block=256,
-              hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0)
-    out = get_lowering("cuda").attention(q, k, v, **kw)
-    ref = get_lowering("reference").attention(q, k, v, **kw)
+    kw = _attn_kw(d, mask, return_lse=True)
+    out, lse = get_lowering("cuda").attention(q, k, v, **kw)
+    ref, ref_lse = get_lowering("reference").attention(q, k, v, **kw)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert out.shape == sdpa.shape and out.dtype == torch.bfloat16
     assert rel(out, sdpa) < 3e-2
     assert rel(out, ref) < 3e-2
+    assert lse.shape == (b, h, s) and lse.dtype == torch.float32
+    assert (lse - ref_lse).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("use_tma", [True, False])
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_both_load_paths_agree(use_tma):
+    from fx_fp8.ops import triton_quant
+    from fx_fp8.ops.triton_fp8_attention import fp8_flash_attention, tma_available
+
+    if use_tma and not tma_available(torch.device("cuda")):
+        pytest.skip("no TMA on this GPU / Triton")
+    q, k, v = _qkv(1, 4, 3000, 128)
+    pre = triton_quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True,
+                                   smooth_k=True)
+    out = fp8_flash_attention(*pre[:6], s_q=3000, s_k=3000, softmax_scale=128 ** -0.5, q_block=128, kv_block=256,
+                              use_tma=use_tma)
+    ref = get_lowering("reference").attention(q, k, v, **_attn_kw(128))
+    assert rel(out, ref) < 3e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_fully_masked_rows_on_gpu():
+    q, k, v = _qkv(2, 2, 300, 64)
+    mask = torch.ones(2, 1, 1, 300, dtype=torch.bool, device="cuda")
+    mask[1] = False
+    out, lse = get_lowering("cuda").attention(q, k, v, **_attn_kw(64, mask, return_lse=True))
+    assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
+    assert torch.isfinite(out).all() and torch.isfinite(lse[0]).all()
 
 
 @pytest.mark.cuda
@@ -132,38 +348,45 @@ def test_attention_matches_sdpa_and_reference(d, masked):
 def test_gpu_quantization_kernels_match_reference():
     from fx_fp8.ops import triton_quant as tq
 
-    torch.manual_seed(0)
-    x = torch.randn(512, 3072, device="cuda", dtype=torch.bfloat16) * 3
-    xq, xs = tq.quantize_rows_fp8(x)
-    rq, rs = quant.quantize_per_row(x)
-    assert torch.equal(xs, rs) and torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
-    q, k, v = (torch.randn(1, 4, 700, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    ours = tq.prepare_qkv_blocks(q, k, v, q_block=128, kv_block=256, hadamard=True, smooth_k=True)
-    ref = quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True)
-    codes = (ours[0][:, :, :700], ours[2][:, :, :700], ours[4][..., :700].transpose(-1, -2))
-    for a, r in zip(codes, ref[0::2]):  # fp32 summation order may move a rare value across a rounding boundary
-        assert (a.float() != r.float()).float().mean().item() < 1e-4
-    for a, r in zip(ours[1::2], ref[1::2]):
-        assert torch.allclose(a, r, rtol=1e-5, atol=0)
+    q, k, v = _qkv(1, 4, 700, 128)
+    for gran in ("block", "head", "tensor"):
+        ours = tq.prepare_qkv(q, k, v, granularity=gran, q_block=128, kv_block=256, hadamard=True, smooth_k=True)
+        ref = quant.prepare_qkv(q, k, v, granularity=gran, q_block=128, kv_block=256, hadamard=True, smooth_k=True)
+        codes = (ours[0][:, :, :700], ours[2][:, :, :700], ours[4][..., :700].transpose(-1, -2))
+        for a, r in zip(codes, ref[0::2]):  # fp32 summation order may move a rare value across a rounding boundary
+            assert (a.float() != r.float()).float().mean().item() < 1e-4
+        for a, r in zip(ours[1:6:2], ref[1::2]):
+            assert torch.allclose(a, r, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("granularity,block,act", [("channel", None, "token"), ("tensor", None, "tensor"),
-                                                   ("channel", None, "tensor"), ("block", (128, 128), "token")])
+@pytest.mark.parametrize("method,granularity,block", [("fp8", "channel", None), ("fp8", "tensor", None),
+                                                      ("fp8", "block", (128, 128)), ("int8", "channel", None),
+                                                      ("int8", "tensor", None)])
+@pytest.mark.parametrize("m", [8, 300])
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-def test_linear_matches_reference(granularity, block, act):
+def test_scaled_mm_matches_reference(method, granularity, block, m):
     torch.manual_seed(0)
-    x = torch.randn(3, 100, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(768, 512, device="cuda", dtype=torch.bfloat16) / 20
     bias = torch.randn(768, device="cuda", dtype=torch.bfloat16)
-    wq, ws = quant.quantize_weight(w, granularity, block)
-    kw = dict(weight_granularity=granularity, weight_block=block, act_granularity=act, weight_only=False)
-    out = get_lowering("cuda").linear(x, wq, ws, bias, None, **kw)
-    ref = get_lowering("reference").linear(x, wq, ws, bias, None, **kw)
-    assert out.shape == (3, 100, 768) and out.dtype == torch.bfloat16
-    assert rel(out, ref) < 1e-2
-    assert rel(out, F.linear(x, w, bias)) < 6e-2
-    wo = get_lowering("cuda").linear(x, wq, ws, bias, None, **{**kw, "weight_only": True})
+    wq, ws = quant.quantize_weight(w, granularity, block, method=method)
+    act = "group" if block else "token"
+    xq, xs = quant.quantize_activation(x, act, method, block[1] if block else None)
+    low, ref_low = CudaLowering(), get_lowering("reference")
+    for fast in (True, False):
+        kw = dict(method=method, weight_granularity=granularity, weight_block=block, out_dtype=torch.bfloat16,
+                  fast_accum=fast)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # sm90: the blockwise GEMM runs, no fallback warning
+            if torch.cuda.get_device_capability()[0] != 9:
+                warnings.simplefilter("ignore")
+            out = low.scaled_mm(xq, xs, wq, ws, bias, **kw)
+        ref = ref_low.scaled_mm(xq.cpu(), xs.cpu(), wq.cpu(), ws.cpu(), bias.cpu(), **kw)
+        assert out.shape == (m, 768) and out.dtype == torch.bfloat16
+        assert rel(out.cpu(), ref) < 1e-2
+        assert rel(out, F.linear(x, w, bias)) < 6e-2
+    wo = low.weight_only_linear(x, wq, ws, bias, method=method, weight_granularity=granularity, weight_block=block)
     assert rel(wo, F.linear(x, quant.dequantize_weight(wq, ws, granularity, block).to(x.dtype), bias)) < 1e-2
 
 

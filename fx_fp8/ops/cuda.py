@@ -1,22 +1,39 @@
-"""CUDA lowering (sm89 / sm90): torch._scaled_mm linears and a Triton FP8 flash attention.
+"""CUDA lowering (sm89 / sm90): torch._scaled_mm / torch._int_mm linears, Triton or cuDNN FP8 attention.
 
-Linear (W8A8): activations quantized per row by a fused Triton kernel (amax,
-scale and cast in one pass; per-tensor / static scales use plain torch ops),
-then `torch._scaled_mm` with row-wise scales (per-row activation x per-channel
-weight scales, bf16 output, bias fused) or per-tensor scales. Block weight
-scales have no `_scaled_mm` path here: they dequantize both operands to bf16
-and run a bf16 matmul (a numerics-correct slow path, not a speed path).
-GPUs before sm89 have no FP8 tensor cores: weight-only FP8 (FP8 storage,
-dequantize + native matmul).
+Linears (W8A8). The linear pass writes the activation quantization into the
+graph as plain torch ops (`fused_activation_quant = False`), so Inductor fuses
+it into the producer (norm, modulation, GELU); this lowering runs the GEMM:
+* FP8, tensor / channel weight scales: `torch._scaled_mm` with tensor-wise or
+  row-wise scales (bf16 output for row-wise, bias fused), `use_fast_accum`
+  from quantization_config.fast_accum.
+* FP8, 128 x 128 block weight scales (activations per token and per 128
+  columns) on sm90: `torch._scaled_mm`'s blockwise scaling (1x128 activation
+  x 128x128 weight blocks, cuBLASLt >= 12.9): scale_a [M, K/128]
+  outer-dim-major, scale_b = w_scale^T [K/128, N/128]; ceil(K/128) must be a
+  multiple of 4 (16-byte aligned scale rows). Anything else with block scales
+  (other blocks, sm89, an older cuBLASLt) dequantizes both operands to bf16
+  for a bf16 matmul, and says so once per lowering object with a warning.
+* INT8: `torch._int_mm` (exact int32 accumulation; M <= 16 is zero-padded to
+  17 rows, K and N must be multiples of 8), then one fused Triton rescale
+  (activation scale x weight scale + bias, one rounding). Block weights: the
+  bf16 dequant fallback.
+GPUs without FP8 tensor cores (before sm89) run FP8 linears weight-only (FP8
+storage, dequantize + native matmul); before sm80, INT8 linears too.
 
-Attention: Q/K/V quantized exactly as `quant.prepare_qkv` (fused Triton
-kernels for block scales, torch ops for per-head / per-tensor scales), then
-the kernel of `triton_fp8_attention` (head dims 64 and 128, key-padding masks).
-Imports Triton lazily: the module loads on machines without it, and every
-reason method reports a missing Triton instead of failing.
+Attention (attention.kernel):
+* "auto" / "triton": Q/K/V smoothed, rotated and quantized as
+  `quant.prepare_qkv` by the kernels of `triton_quant`, then the Triton FP8
+  flash kernel of `triton_fp8_attention` (head dims 64 and 128, key-padding
+  masks, optional LSE).
+* "cudnn": cuDNN's FP8 SDPA through nvidia-cudnn-frontend (`cudnn_attention`),
+  per-tensor scales only, an explicit opt-in: "auto" never picks it (its
+  measured SQNR is below the block recipe's bar, see cudnn_attention).
+Imports Triton and cuDNN lazily: the module loads on machines without them,
+and every reason method reports what is missing instead of failing.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -24,9 +41,17 @@ import torch.nn.functional as F
 
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import Lowering
+from fx_fp8.shapes import broadcasts_to, concrete, size_str
 
 HEAD_DIMS = (64, 128)
-KEY_TILE = 64  # smallest BLOCK_N of the attention kernel: kv_block must be a multiple of it
+KEY_TILE = 64  # kv_block must be a multiple of it: every autotune config list has a key tile (BLOCK_N) dividing 64
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: attention.kernel "auto" resolves to this kernel (see cudnn_attention for the measurement behind it)
+AUTO_KERNEL = "triton"
+#: torch._int_mm on CUDA needs more than 16 rows
+INT_MM_MIN_ROWS = 17
+#: the blockwise torch._scaled_mm recipe: 1 x 128 activation groups, 128 x 128 weight blocks
+SCALED_MM_BLOCK = (128, 128)
 
 
 def triton_reason() -> Optional[str]:
@@ -37,153 +62,279 @@ def triton_reason() -> Optional[str]:
     return None
 
 
-def device_reason(t) -> Optional[str]:
-    """None when `t` lives on a CUDA GPU with FP8 tensor cores (sm89+)."""
+def capability(device) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
+def device_reason(t, need: tuple[int, int] = (8, 9), what: str = "FP8 tensor cores") -> Optional[str]:
+    """None when `t` lives on a CUDA GPU of compute capability `need` or newer."""
     if t.device.type != "cuda":
         return f"the CUDA lowering needs CUDA tensors (got device {t.device.type!r})"
-    major, minor = torch.cuda.get_device_capability(t.device)
-    if (major, minor) < (8, 9):
-        return f"GPU sm{major}{minor} has no FP8 tensor cores (needs sm89 or newer)"
+    major, minor = capability(t.device)
+    if (major, minor) < need:
+        return f"GPU sm{major}{minor} has no {what} (needs sm{need[0]}{need[1]} or newer)"
     return None
 
 
-def is_key_padding_mask(shape, b: int, h: int, s_k: int) -> bool:
-    """True for masks broadcastable to (B, H, 1, Sk) with a real key dimension: one row for all queries."""
-    shape = (1,) * (4 - len(shape)) + tuple(int(x) for x in shape)
-    return len(shape) == 4 and shape[0] in (1, b) and shape[1] in (1, h) and shape[2] == 1 and shape[3] in (1, s_k)
+def is_key_padding_mask(shape, b, h, s_k) -> bool:
+    """True for masks broadcastable to (B, H, 1, Sk) for every value of the symbols: one row of
+    keys for all queries. Never guards on symbolic sizes."""
+    return len(shape) <= 4 and broadcasts_to(tuple(shape), (b, h, 1, s_k))
+
+
+def resolve_kernel(kernel: str) -> str:
+    """attention.kernel -> the kernel that runs ("triton" or "cudnn")."""
+    if kernel == "auto":
+        return AUTO_KERNEL
+    if kernel not in ("triton", "cudnn"):
+        raise ValueError(f"unknown attention kernel {kernel!r}: expected 'auto', 'triton' or 'cudnn'")
+    return kernel
 
 
 class CudaLowering(Lowering):
     name = "cuda"
-    description = "CUDA sm89+/sm90: torch._scaled_mm W8A8 linears, Triton FP8 flash attention"
+    description = "CUDA sm89+/sm90: torch._scaled_mm / _int_mm linears, Triton (or cuDNN) FP8 flash attention"
+    fused_activation_quant = False
 
-    # -- decisions (FakeTensor metadata at compile time) ---------------------------
-    def attention_reason(self, q, k, v, cfg, attn_mask=None) -> Optional[str]:
-        reason = device_reason(q) or triton_reason()
+    def __init__(self):
+        self._warned: set[str] = set()
+        self._blockwise_failed: dict[tuple, str] = {}  # (device, fast_accum) -> why blockwise _scaled_mm failed
+        self._cudnn = None  # cudnn_attention.CudnnFP8Attention, made on first use (owns the cuDNN graphs)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- compile time (FakeTensor metadata; never specialises symbolic sizes) ------------------
+    def attention_reason(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> Optional[str]:
+        reason = device_reason(q)
         if reason:
             return reason
-        d = q.shape[-1]
-        if d not in HEAD_DIMS or v.shape[-1] != d:
-            return f"head dim {d} (value {v.shape[-1]}) not supported by the CUDA FP8 kernel (needs {HEAD_DIMS})"
+        if resolve_kernel(cfg.kernel) == "cudnn":
+            from fx_fp8.ops import cudnn_attention
+
+            reason = cudnn_attention.attention_reason(q, k, v, cfg, attn_mask, need_lse=need_lse)
+            return f"attention.kernel=cudnn: {reason}" if reason else None
+        reason = triton_reason()
+        if reason:
+            return reason
+        d, dv = concrete(q.shape[-1]), concrete(v.shape[-1])
+        if d not in HEAD_DIMS or dv != d:
+            return (f"head dim {size_str(q.shape[-1])} (value {size_str(v.shape[-1])}) not supported by the "
+                    f"Triton FP8 kernel (needs {' or '.join(map(str, HEAD_DIMS))})")
+        if q.dtype not in FLOAT_DTYPES:
+            return f"dtype {q.dtype} not supported by the Triton FP8 kernel"
+        if cfg.granularity not in ("tensor", "head", "block"):
+            return (f"attention.granularity {cfg.granularity!r} has no CUDA kernel (the Triton kernel takes "
+                    "tensor, head or block scales)")
         if cfg.granularity == "block" and cfg.kv_block % KEY_TILE:
-            return f"kv_block={cfg.kv_block} is not a multiple of {KEY_TILE} (the CUDA kernel's key tile)"
-        if attn_mask is not None and not is_key_padding_mask(attn_mask.shape, q.shape[0], q.shape[1], k.shape[2]):
-            return (f"mask not supported by the CUDA FP8 kernel (shape {tuple(attn_mask.shape)}; "
-                    "only key-padding masks broadcastable to (B, H, 1, Sk))")
-        return None
+            return f"kv_block={cfg.kv_block} is not a multiple of {KEY_TILE} (the Triton kernel's key tile)"
+        if attn_mask is not None:
+            if attn_mask.dtype != torch.bool and attn_mask.dtype not in FLOAT_DTYPES:
+                return f"attention mask dtype {attn_mask.dtype} not supported"
+            if not is_key_padding_mask(attn_mask.shape, q.shape[0], q.shape[1], k.shape[2]):
+                shape = ", ".join(size_str(s) for s in attn_mask.shape)
+                return (f"mask not supported by the Triton FP8 kernel (shape ({shape}); "
+                        "only key-padding masks broadcastable to (B, H, 1, Sk))")
+        return None  # need_lse: the kernel writes the LSE when asked
+
+    def attention_kernel(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> tuple[str, str]:
+        """(kernel baked into the op, report text) for a node attention_reason accepted: "auto"
+        resolves here, at compile time, to AUTO_KERNEL."""
+        kernel = resolve_kernel(cfg.kernel)
+        how = "cuDNN FP8 SDPA, per-tensor scales, FP8 output" if kernel == "cudnn" else "Triton FP8 kernel"
+        if cfg.kernel == "auto":
+            how += " (attention.kernel: auto)"
+        return kernel, how + (", LSE" if need_lse else "")
 
     def linear_reason(self, x, weight, qcfg) -> Optional[str]:
         if x.device.type != "cuda":
             return f"the CUDA lowering needs CUDA tensors (got device {x.device.type!r})"
-        n, k = weight.shape
+        if self.weight_only(weight, qcfg) is not None:
+            return None  # weight-only runs a native matmul: no GEMM constraint applies
+        n, k = (concrete(s) for s in weight.shape)
+        if n is None or k is None:
+            return f"symbolic weight shape {size_str(weight.shape[0])}x{size_str(weight.shape[1])}"
+        if x.dtype not in FLOAT_DTYPES:
+            return f"input dtype {x.dtype} not supported"
+        if qcfg.method == "int8":
+            if k % 8 or n % 8:
+                return f"features {k}->{n} not multiples of 8 (torch._int_mm)"
+            return triton_reason()  # the fused INT8 rescale is a Triton kernel
         if k % 16 or n % 16:
             return f"features {k}->{n} not multiples of 16 (torch._scaled_mm)"
-        if self.weight_only(weight) is None and qcfg.activation_granularity == "token" and triton_reason():
-            return triton_reason()
         return None
 
-    def weight_only(self, weight) -> Optional[str]:
+    def weight_only(self, weight, qcfg) -> Optional[str]:
         if weight.device.type != "cuda":
             return None  # linear_reason keeps it native
-        major, minor = torch.cuda.get_device_capability(weight.device)
-        if (major, minor) < (8, 9):
-            return f"GPU sm{major}{minor} has no FP8 tensor cores"
-        return None
+        if qcfg.method == "int8":
+            return device_reason(weight, (8, 0), "INT8 tensor cores for torch._int_mm")
+        return device_reason(weight, (8, 9), "FP8 tensor cores")
 
-    # -- kernels -----------------------------------------------------------------
+    # -- run time: attention -------------------------------------------------------------
     def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                  quantize_p, p_scale):
+                  quantize_p, p_scale, kernel, return_lse):
+        if resolve_kernel(kernel) == "cudnn":
+            return self.cudnn_attention().attention(q, k, v, attn_mask=attn_mask, softmax_scale=softmax_scale,
+                                                    granularity=granularity, hadamard=hadamard, smooth_k=smooth_k,
+                                                    quantize_p=quantize_p, p_scale=p_scale, return_lse=return_lse)
+        from fx_fp8.ops import triton_quant
         from fx_fp8.ops.triton_fp8_attention import fp8_flash_attention, key_bias
-        from fx_fp8.ops.triton_quant import interpreting
 
-        if q.device.type != "cuda" and not interpreting():
+        if q.device.type != "cuda" and not triton_quant.interpreting():
             raise RuntimeError(f"fx_fp8 CUDA lowering got tensors on {q.device}; use lowering='reference' off-GPU")
-        qq, sq, kq, sk, vt, sv = prepare_qkv_cuda(q, k, v, granularity=granularity, q_block=q_block,
-                                                  kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k)
+        qq, sq, kq, sk, vt, sv, shift = triton_quant.prepare_qkv(
+            q, k, v, granularity=granularity, q_block=q_block, kv_block=kv_block, hadamard=hadamard,
+            smooth_k=smooth_k, lse_shift=return_lse)
         b, h, s_q, _ = q.shape
         bias = key_bias(attn_mask, b, h, k.shape[2])
-        return fp8_flash_attention(qq, sq, kq, sk, vt, sv, s_q=s_q, s_k=k.shape[2], softmax_scale=softmax_scale,
-                                   q_block=q_block, kv_block=kv_block, quantize_p=quantize_p, p_scale=p_scale,
-                                   out_dtype=q.dtype, bias=bias)
+        res = fp8_flash_attention(qq, sq, kq, sk, vt, sv, s_q=s_q, s_k=k.shape[2], softmax_scale=softmax_scale,
+                                  q_block=q_block, kv_block=kv_block, quantize_p=quantize_p, p_scale=p_scale,
+                                  out_dtype=q.dtype, bias=bias, return_lse=return_lse)
+        return add_smoothing_shift(res, shift, softmax_scale) if return_lse else res
 
-    def linear(self, x, weight, weight_scale, bias, input_scale, *, weight_granularity, weight_block, act_granularity,
-               weight_only):
-        x2d = x.reshape(-1, x.shape[-1])
-        if weight_only:
-            w = quant.dequantize_weight(weight, weight_scale, weight_granularity, weight_block).to(x.dtype)
-            out = F.linear(x2d, w, bias.to(x.dtype) if bias is not None else None)
-        else:
-            xq, xs = quantize_activation_cuda(x2d, input_scale, act_granularity)
+    def cudnn_attention(self):
+        if self._cudnn is None:
+            from fx_fp8.ops.cudnn_attention import CudnnFP8Attention
+
+            self._cudnn = CudnnFP8Attention()
+        return self._cudnn
+
+    # -- run time: linears ---------------------------------------------------------------
+    def scaled_mm(self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype,
+                  fast_accum=False):
+        if method == "int8":
             if weight_granularity == "block":
-                out = block_fallback_matmul(xq, xs, weight, weight_scale, weight_block, bias, x.dtype)
-            else:
-                out = scaled_mm(xq, xs, weight, weight_scale, bias, x.dtype)
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+                self._warn_once("int8-block", "fx_fp8 CUDA: INT8 linears with block weight scales have no "
+                                "torch._int_mm path; they dequantize to bf16 and run a bf16 matmul (slow)")
+                return block_fallback_matmul(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype)
+            return int8_matmul(xq, x_scale, wq, w_scale, bias, out_dtype)
+        if weight_granularity == "block":
+            return self._block_scaled_mm(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype, fast_accum)
+        return scaled_mm(xq, x_scale, wq, w_scale, bias, out_dtype, fast_accum=fast_accum)
+
+    def blockwise_reason(self, device, weight_block, k: int, fast_accum: bool = True) -> Optional[str]:
+        """None when torch._scaled_mm's blockwise scaling (1x128 x 128x128) can run this GEMM, else why not."""
+        if tuple(weight_block) != SCALED_MM_BLOCK:
+            return (f"weight_block_size {list(weight_block)} (blockwise torch._scaled_mm takes "
+                    f"{SCALED_MM_BLOCK[0]}x{SCALED_MM_BLOCK[1]} weight blocks)")
+        major, minor = capability(device)
+        if major != 9:
+            return f"GPU sm{major}{minor} (blockwise torch._scaled_mm runs on sm90 only)"
+        k_blocks = -(-k // 128)
+        if k_blocks % 4:
+            return f"in_features {k}: ceil(K / 128) = {k_blocks} is not a multiple of 4 (16-byte aligned scale rows)"
+        return self._blockwise_failed.get((str(device), fast_accum))
+
+    def _block_scaled_mm(self, xq, xs, wq, ws, weight_block, bias, out_dtype, fast_accum):
+        reason = self.blockwise_reason(xq.device, weight_block, xq.shape[1], fast_accum)
+        if reason is None:
+            try:
+                return blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype, fast_accum=fast_accum)
+            except (RuntimeError, NotImplementedError) as e:  # e.g. cuBLASLt < 12.9: remember, fall back
+                if torch.cuda.is_current_stream_capturing():
+                    raise  # never change paths inside a CUDA graph capture (eager warm-up runs first)
+                reason = f"torch._scaled_mm blockwise failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+                self._blockwise_failed[(str(xq.device), fast_accum)] = reason
+        if reason is not None:
+            self._warn_once(f"block-fallback:{reason}",
+                            f"fx_fp8 CUDA: FP8 linears with block weight scales run a bf16 dequant fallback "
+                            f"(slow, numerically exact) because of {reason}")
+        return block_fallback_matmul(xq, xs, wq, ws, weight_block, bias, out_dtype)
+
+    def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
+        w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
+        return F.linear(x2d, w, bias.to(x2d.dtype) if bias is not None else None)
 
 
-def quantize_activation_cuda(x2d: torch.Tensor, input_scale, act_granularity: str):
-    """(x_fp8 row-major, scale [M,1] or []) with the numerics of reference.quantize_activation."""
-    if input_scale is not None:
-        scale = input_scale.float().reshape(())
-        return quant.cast_fp8(x2d, scale).contiguous(), scale
-    if act_granularity == "tensor":
-        xq, xs = quant.quantize_per_tensor(x2d)
-        return xq.contiguous(), xs
-    if act_granularity != "token":
-        raise ValueError(f"unknown activation granularity {act_granularity!r}")
-    from fx_fp8.ops.triton_quant import quantize_rows_fp8
-
-    return quantize_rows_fp8(x2d)
+def add_smoothing_shift(res, shift, softmax_scale: float):
+    """(out, lse) with what K smoothing took from the scores added back to the lse (as the reference's
+    quant.smoothing_lse_shift): the lse of the unsmoothed scores, what ring attention merges."""
+    out, lse = res
+    if shift is not None:
+        lse = lse + shift * softmax_scale
+    return out, lse
 
 
-def scaled_mm(xq, xs, wq, ws, bias, out_dtype):
-    """torch._scaled_mm for tensor / channel weight scales. Row-wise scaling (any per-row or
-    per-channel scale) needs bf16 output: other dtypes are cast afterwards."""
+# -- GEMMs ---------------------------------------------------------------------------------
+def scaled_mm(xq, xs, wq, ws, bias, out_dtype, *, fast_accum: bool = True):
+    """torch._scaled_mm for tensor / channel weight scales with per-token ([M, 1]) or scalar ([])
+    activation scales. Row-wise scaling (any per-row or per-channel scale) runs with bf16 output
+    (other dtypes are cast afterwards); tensor-wise with the output dtype itself."""
     m, n = xq.shape[0], wq.shape[0]
     if xs.numel() > 1 or ws.numel() > 1:
-        sa = xs.reshape(-1, 1).expand(m, 1).contiguous()
-        sb = ws.reshape(1, -1).expand(1, n).contiguous()
+        sa = xs.float().reshape(-1, 1).expand(m, 1).contiguous()
+        sb = ws.float().reshape(1, -1).expand(1, n).contiguous()
         out = torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                               bias=bias.to(torch.bfloat16) if bias is not None else None)
+                               bias=bias.to(torch.bfloat16) if bias is not None else None,
+                               use_fast_accum=fast_accum)
         return out.to(out_dtype)
-    sa, sb = xs.reshape(1, 1).float(), ws.reshape(1, 1).float()
+    sa, sb = xs.float().reshape(1, 1), ws.float().reshape(1, 1)
     fused_bias = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
     out = torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype,
-                           bias=bias.to(out_dtype) if fused_bias else None)
+                           bias=bias.to(out_dtype) if fused_bias else None, use_fast_accum=fast_accum)
     if bias is not None and not fused_bias:  # cuBLASLt takes no bias with fp32 output
         out = out + bias.to(out_dtype)
     return out
 
 
+def blockwise_scale_args(xs: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale_a, scale_b) of torch._scaled_mm's (BlockWise1x128, BlockWise128x128) recipe from
+    per-group activation scales xs [M, ceil(K/128)] and block weight scales ws [ceil(N/128), ceil(K/128)]:
+    scale_a outer-dim-major (strides (1, M)), scale_b = ws^T (so that scale_b^T is ws, row-major)."""
+    scale_a = xs.float().t().contiguous().t()
+    scale_b = ws.float().contiguous().t()
+    return scale_a, scale_b
+
+
+def blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype, *, fast_accum: bool = True):
+    """FP8 x FP8 with 1x128 activation and 128x128 weight block scales in one cuBLASLt call (sm90).
+    Output in bf16 (or fp16) from the GEMM, bias added after (not fused: not every cuBLASLt
+    block-scaling kernel has a bias epilogue). Rows are zero-padded to a multiple of 4 so the
+    activation scales' leading dimension is 16-byte aligned (zero rows are exact)."""
+    m = xq.shape[0]
+    pad = (-m) % 4
+    if pad:
+        xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(xq.dtype)
+        xs = F.pad(xs, (0, 0, 0, pad), value=1.0)
+    scale_a, scale_b = blockwise_scale_args(xs, ws)
+    mm_dtype = out_dtype if out_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    out = torch._scaled_mm(xq, wq.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=mm_dtype,
+                           use_fast_accum=fast_accum)
+    if pad:
+        out = out[:m]
+    out = out.to(out_dtype)
+    return out + bias.to(out_dtype) if bias is not None else out
+
+
+def int8_matmul(xq, xs, wq, ws, bias, out_dtype):
+    """int8 x int8 -> int32 on tensor cores (torch._int_mm, exact), then one fused rescale:
+    (acc * x_scale) * w_scale + bias, rounded once to out_dtype. _int_mm needs more than 16 rows:
+    fewer are zero-padded (exact)."""
+    from fx_fp8.ops.triton_quant import int8_rescale
+
+    m = xq.shape[0]
+    a = xq.contiguous()
+    if m < INT_MM_MIN_ROWS:
+        a = F.pad(a, (0, 0, 0, INT_MM_MIN_ROWS - m))
+    acc = torch._int_mm(a, wq.t())  # wq [N, K] row-major: its transpose is the column-major operand cuBLASLt wants
+    if m < INT_MM_MIN_ROWS:
+        acc = acc[:m]
+    return int8_rescale(acc, xs, ws, bias, out_dtype)
+
+
 def block_fallback_matmul(xq, xs, wq, ws, weight_block, bias, out_dtype):
-    """Block weight scales: dequantize both operands to bf16 and use a bf16 matmul (fp32 accumulation).
-    torch._scaled_mm has no arbitrary-block scaling; this matches the reference up to bf16 rounding
-    of the dequantized values (2^-9), far below the FP8 error."""
-    x = (xq.float() * xs).to(torch.bfloat16)
+    """Block weight scales without a blockwise GEMM: both operands dequantized to bf16 (activations
+    per token and per group of weight_block[1] columns), a bf16 matmul with fp32 accumulation.
+    Matches the reference up to bf16 rounding of the dequantized values (2^-9), far below the
+    quantization error; a numerics-correct slow path, not a speed path."""
+    x = quant.dequantize_activation(xq, xs, group=weight_block[1]).to(torch.bfloat16)
     w = quant.dequantize_weight(wq, ws, "block", weight_block).to(torch.bfloat16)
     out = F.linear(x, w, bias.to(torch.bfloat16) if bias is not None else None)
     return out.to(out_dtype)
-
-
-def prepare_qkv_cuda(q, k, v, *, granularity, q_block, kv_block, hadamard, smooth_k):
-    """quant.prepare_qkv in the attention kernel's layouts: (qq (B,H,Sq_pad,D), sq (B,H,n),
-    kq (B,H,Sk_pad,D), sk, vt (B,H,D,Sk_pad), sv). Fused Triton kernels for block scales;
-    per-head / per-tensor scales need a whole-head amax first, so they use the reference ops."""
-    from fx_fp8.ops.triton_quant import padded_len, prepare_qkv_blocks
-
-    if granularity == "block":
-        return prepare_qkv_blocks(q, k, v, q_block=q_block, kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k)
-    qq, sq, kq, sk, vq, sv = quant.prepare_qkv(q, k, v, granularity=granularity, q_block=q_block, kv_block=kv_block,
-                                               hadamard=hadamard, smooth_k=smooth_k)
-
-    def pad_rows(t):
-        b, h, s, d = t.shape
-        out = torch.zeros((b, h, padded_len(s), d), dtype=t.dtype, device=t.device)
-        out[:, :, :s] = t
-        return out
-
-    vt = pad_rows(vq).transpose(-1, -2).contiguous()
-    return pad_rows(qq), sq, pad_rows(kq), sk, vt, sv
 
 
 LOWERING = CudaLowering()

@@ -1,16 +1,20 @@
 """FP8 flash-attention forward in Triton (written for sm90 / Hopper; runs on sm89 too).
 
-Inputs are what `triton_quant.prepare_qkv_blocks` writes: Q and K as
-(B, H, S_pad, D) e4m3, V transposed to (B, H, D, S_pad) e4m3 (Hopper's FP8
-wgmma wants the second operand K-major), fp32 scales (B, H, n) per block of
-`q_block` / `kv_block` rows (n = 1 for per-head or per-tensor scales).
+Inputs are what `triton_quant.prepare_qkv` writes: Q and K as (B, H, S_pad, D)
+e4m3, V transposed to (B, H, D, S_pad) e4m3 (Hopper's FP8 wgmma wants the
+second operand K-major), fp32 scales (B, H, n) per block of `q_block` /
+`kv_block` rows (n = 1 for per-head or per-tensor scales).
 
-Per (query tile, key tile):
-  S  = (Qq @ Kq^T) * sq[row] * sk[col] * softmax_scale      FP8 dot, fp32 accumulation
+Per (query tile, key tile), with BLOCK_N dividing kv_block so that the tile's
+keys share one K scale sk and one V scale sv (scalars, no per-column gather):
+  S  = (Qq @ Kq^T) * (sq[row] * softmax_scale * log2(e) * sk)   FP8 dot, fp32 accumulation
   online softmax in fp32 (base 2), row sum l from the unquantized P
-  Pq = e4m3(P * p_scale)                                     P in [0, 1] against the running max
-  acc += (Pq @ Vq) * sv[key block]                           FP8 dot (BLOCK_N divides kv_block)
-  O  = acc / p_scale / l
+  Pq = e4m3(P * p_scale)                                         P in [0, 1] against the running max
+  acc = tl.dot(Pq, Vq, acc)                                      FP8 dot accumulating in place
+The accumulator is kept in units of the current tile's V scale: when a tile
+with another sv starts, the online-softmax rescale of acc (alpha) also
+carries sv_prev / sv. At the end O = acc * (sv_last / p_scale / l): p_scale
+and the V scale are one multiply, per tile and at the end.
 
 Difference from `quant.attention_from_fp8` (the reference): the reference
 quantizes P = exp(S - final row max); this kernel quantizes P against the
@@ -19,7 +23,11 @@ when the max grows, as every online-softmax kernel must. Both put the row's
 largest probability at p_scale, so the relative rounding is the same; values
 computed against a smaller running max sit higher in the e4m3 range, so fewer
 of them flush to zero. Exponentials use exp2 (softmax_scale * log2(e) folded
-into the score scale). Fully masked rows give NaN, as in the reference.
+into the score scale). A query row whose keys are all masked gives O = 0 and
+LSE = -inf, as the reference.
+
+LSE (RETURN_LSE): the natural-log log-sum-exp of the scaled scores,
+(m + log2(l)) * ln(2), fp32 (B, H, S_q).
 
 Masks: an additive fp32 bias per key (B, Hm, S_pad), Hm in {1, H}, already in
 log2 units, -inf on padding keys (a key-padding mask); other masks are
@@ -33,25 +41,71 @@ import torch
 import triton
 import triton.language as tl
 
-from fx_fp8.ops.triton_quant import SEQ_PAD, interpreting, round_e4m3
+from fx_fp8.ops.triton_quant import SEQ_PAD, interpreting, round_bf16, round_e4m3
+
+try:  # host-side TMA descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # an older Triton: pointer loads only
+    TensorDescriptor = None
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+_LN2 = tl.constexpr(LN2)  # read inside the kernel
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner on GPUs; BLOCK_N must divide kv_block.
-CONFIGS = [(128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 4), (64, 64, 4, 3)]
+# -- autotune configs -------------------------------------------------------------------------
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N must divide kv_block. None of them may spill.
+#
+# Register math (sm90: at most 255 32-bit registers a thread, 64K a block). With T = 32 * num_warps
+# threads, a thread of the loop holds
+#   acc     BLOCK_M * D / T            fp32 output accumulator
+#   S, P    BLOCK_M * BLOCK_N / T      fp32 scores, exponentiated in place
+#   Pq      BLOCK_M * BLOCK_N / (4 T)  e4m3 probabilities, 4 a register (the A operand of P @ V)
+#   ~80     row max / sum / scale vectors, exp2 and conversion temporaries, loop state
+# so (128, 128, 8 warps) at D = 128 needs 64 + 64 + 16 + ~80 = ~224, inside the budget, while a
+# 4-warp config with BLOCK_M = 128 holds a 128-register accumulator: (128, 128, 4 warps) needs
+# 128 + 128 + 32 + ~80 and spills; (128, 64, 4 warps) needs 128 + 64 + 16 + ~80 = ~288 and sits at 255.
+# Loading K and V through pointer tensors adds a 64-bit address (2 registers) for every 16-byte
+# vector a thread loads, for each of the num_stages - 1 tiles in flight: 2 * BLOCK_N * D / (16 T)
+# vectors, i.e. 8 vectors -> 32 registers (plus the arithmetic that computes them) for
+# (128, 128, 8 warps, 3 stages) at D = 128, which pushes it past 255: it spilled (1012 bytes of
+# spill stores). Hopper's TMA (host tensor descriptors) loads a tile from one descriptor and two
+# coordinates, so the TMA path only pays the data terms above.
+# Measured (Triton 3.9, ptxas 13.4, `ptxas -v`, QUANT_P with and without LSE / key bias / fp16 P):
+#   TMA, sm_90a, D=128:  (128,128,8,2|3|4) 219-255 regs, 0 spill; (128,64,8,3|4) 206-227, 0;
+#                        (64,64,4,3|4) 141-234, 0; (64,128,4,3) up to 8 B spill; (128,64,4,3) 255 regs,
+#                        up to 4 B; (128,128,4,3) 2112-2616 B spill.
+#   pointers, sm_90a, D=128: (128,128,8,3) 1012 B spill; (128,64,4,3) 1612 B; (64,64,4,3|4) 252-308 B;
+#                        (64,128,8,3) 448 B; (128,64,8,2|3|4) 0-44 B depending on the flags;
+#                        (128,32,8,3|4) 0 with every flag set.
+#   pointers, sm_89, D=128: (128,32,8,3) 0 B; (128,64,8,3|4) 0-12 B; (128,128,8,3) 1144-1616 B;
+#                        (128,64,4,3) 2496-2604 B.  D=64: (128,64,8,3|4), (128,32,8,3), (64,64,4,3|4) 0 B.
+# The lists keep only configs that measured 0 spill stores with every flag combination;
+# tests/test_cuda_kernel_spills.py recompiles them for sm_90a and checks that they still do not spill.
+TMA_CONFIGS = {
+    128: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4)],
+    64: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4)],
+}
+POINTER_CONFIGS = {  # sm89 (no TMA), or a Triton without host tensor descriptors
+    128: [(128, 32, 8, 3)],
+    64: [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)],
+}
+#: every (BLOCK_M, BLOCK_N, num_warps, num_stages) either autotuner may pick
+CONFIGS = sorted({c for table in (TMA_CONFIGS, POINTER_CONFIGS) for cs in table.values() for c in cs}, reverse=True)
 
 
 @triton.jit
-def _attn_tiles(acc, l_i, m_i, q, sq_row, k_base, vt_base, sk_ptr, sv_ptr, bias_ptr, offs_n, offs_d,
-                lo, hi, S_K, S_PAD, n_k, kv_block, qk_scale, p_scale,
+def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n, offs_d,
+                lo, hi, S_K, S_PAD, n_k, kv_block, p_scale,
                 BLOCK_N: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, D: tl.constexpr):
+                QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k = tl.load(k_base + cols[None, :] * D + offs_d[:, None])          # (D, BLOCK_N), D contiguous
-        qk = tl.dot(q, k)
-        sk = tl.load(sk_ptr + tl.minimum(cols // kv_block, n_k - 1))
-        s = qk * (sq_row * qk_scale)[:, None] * sk[None, :]
+        blk = tl.minimum(start_n // kv_block, n_k - 1)   # BLOCK_N divides kv_block: one K/V scale per tile
+        if USE_TMA:  # K viewed as (B*H*S_pad, D), V^T as (B*H*D, S_pad): TMA tiles, no per-element addresses
+            k = K.load([krow0 + start_n, 0]).T                                # (D, BLOCK_N), D contiguous
+        else:
+            k = tl.load(K + (krow0 + cols)[None, :] * D + offs_d[:, None])
+        s = tl.dot(q, k) * (row_scale * tl.load(sk_ptr + blk))[:, None]
         if HAS_BIAS:
             s = s + tl.load(bias_ptr + cols)[None, :]
         if CHECK:
@@ -63,28 +117,32 @@ def _attn_tiles(acc, l_i, m_i, q, sq_row, k_base, vt_base, sk_ptr, sv_ptr, bias_
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        v = tl.load(vt_base + cols[:, None] + offs_d[None, :] * S_PAD)     # (BLOCK_N, D), keys contiguous
-        sv = tl.load(sv_ptr + tl.minimum(start_n // kv_block, n_k - 1))
+        sv = tl.load(sv_ptr + blk)
+        acc = acc * (alpha * (sv_cur / sv))[:, None]  # acc in units of this tile's V scale
+        if USE_TMA:
+            v = VT.load([vrow0, start_n]).T                                     # (BLOCK_N, D), keys contiguous
+        else:
+            v = tl.load(VT + vrow0 * S_PAD + cols[:, None] + offs_d[None, :] * S_PAD)
         if QUANT_P:
             y = p * p_scale
             if EXACT_CAST:
                 y = round_e4m3(y)
-            pv = tl.dot(y.to(tl.float8e4nv), v)
+            acc = tl.dot(y.to(tl.float8e4nv), v, acc)
         else:
-            pv = tl.dot(p.to(tl.float16), v.to(tl.float16))
-        acc = acc + pv * sv
+            acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)
+        sv_cur = sv
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, l_i, m_i, sv_cur
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT,
+def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
                      H, S_Q, S_K, SQ_PAD, SK_PAD, n_q, n_k, q_block, kv_block,
                      bias_stride_b, bias_stride_h, o_stride_b, o_stride_h, o_stride_s,
                      qk_scale, p_scale, out_scale,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr):
+                     QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, RETURN_LSE: tl.constexpr,
+                     USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -93,40 +151,77 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q = tl.load(Q + bh * SQ_PAD * D + offs_m[:, None] * D + offs_d[None, :])
-    sq_row = tl.load(SQ + bh * n_q + tl.minimum(offs_m // q_block, n_q - 1))
-    k_base = K + bh * SK_PAD * D
-    vt_base = VT + bh * D * SK_PAD
+    row_scale = tl.load(SQ + bh * n_q + tl.minimum(offs_m // q_block, n_q - 1)) * qk_scale
+    if USE_TMA:  # TMA coordinates are 32-bit
+        krow0 = (bh * SK_PAD).to(tl.int32)
+        vrow0 = (bh * D).to(tl.int32)
+    else:
+        krow0 = bh * SK_PAD
+        vrow0 = bh * D
     sk_ptr = SK + bh * n_k
     sv_ptr = SV + bh * n_k
     bias_ptr = BIAS + b * bias_stride_b + h * bias_stride_h
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    sv_cur = tl.load(sv_ptr)
     full = (S_K // BLOCK_N) * BLOCK_N
     last = tl.cdiv(S_K, BLOCK_N) * BLOCK_N
     # full key tiles need no bounds check; the partial last one does
-    acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, sq_row, k_base, vt_base, sk_ptr, sv_ptr, bias_ptr, offs_n, offs_d,
-                                0, full, S_K, SK_PAD, n_k, kv_block, qk_scale, p_scale,
-                                BLOCK_N, False, HAS_BIAS, QUANT_P, EXACT_CAST, D)
-    acc, l_i, m_i = _attn_tiles(acc, l_i, m_i, q, sq_row, k_base, vt_base, sk_ptr, sv_ptr, bias_ptr, offs_n, offs_d,
-                                full, last, S_K, SK_PAD, n_k, kv_block, qk_scale, p_scale,
-                                BLOCK_N, True, HAS_BIAS, QUANT_P, EXACT_CAST, D)
-    out = acc * (out_scale / l_i)[:, None]
+    acc, l_i, m_i, sv_cur = _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr,
+                                        bias_ptr, offs_n, offs_d, 0, full, S_K, SK_PAD, n_k, kv_block, p_scale,
+                                        BLOCK_N, False, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA)
+    acc, l_i, m_i, sv_cur = _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr,
+                                        bias_ptr, offs_n, offs_d, full, last, S_K, SK_PAD, n_k, kv_block, p_scale,
+                                        BLOCK_N, True, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA)
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a fully masked row: acc is 0, O = 0
+    out = acc * (sv_cur * out_scale / l_safe)[:, None]
+    if ROUND_BF16:  # the interpreter's bf16 cast truncates
+        out = round_bf16(out)
+    row_ok = offs_m < S_Q
     o_ptrs = OUT + b * o_stride_b + h * o_stride_h + offs_m[:, None] * o_stride_s + offs_d[None, :]
-    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(offs_m < S_Q)[:, None])
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    if RETURN_LSE:  # log2(0) = -inf: a fully masked row gets -inf
+        tl.store(LSE + bh * S_Q + offs_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=row_ok)
 
 
-def _prune(configs, named_args, **kwargs):
-    kv_block = named_args["kv_block"]
-    kept = [c for c in configs if kv_block % c.kwargs["BLOCK_N"] == 0]
-    return kept or configs[-1:]
+def _make_prune(table):
+    def prune(configs, named_args, **kwargs):
+        d = kwargs.get("D", named_args.get("D"))
+        kv_block = named_args["kv_block"]
+        allowed = set(table.get(d, ()))
+        kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in allowed
+                and kv_block % c.kwargs["BLOCK_N"] == 0]
+        return kept or [c for c in configs if kv_block % c.kwargs["BLOCK_N"] == 0][-1:] or configs[-1:]
+    return prune
 
 
-_attn_fwd_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in CONFIGS],
-    key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block"],
-    prune_configs_by={"early_config_prune": _prune},
-)(_attn_fwd_kernel)
+def _set_tile_shapes(nargs):
+    """Autotune pre-hook: the TMA descriptors' tile shapes follow the config's BLOCK_N."""
+    bn, d = nargs["BLOCK_N"], nargs["D"]
+    nargs["K"].block_shape = [bn, d]
+    nargs["VT"].block_shape = [d, bn]
+
+
+def _autotuned(table, pre_hook=None):
+    configs = sorted({c for cs in table.values() for c in cs}, reverse=True)
+    return triton.autotune(
+        configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+                 for m, n, w, s in configs],
+        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE"],
+        prune_configs_by={"early_config_prune": _make_prune(table)},
+    )(_attn_fwd_kernel)
+
+
+_attn_fwd_tma_tuned = _autotuned(TMA_CONFIGS, _set_tile_shapes)
+_attn_fwd_pointer_tuned = _autotuned(POINTER_CONFIGS)
+
+
+def tma_available(device: torch.device) -> bool:
+    """Host tensor descriptors exist in this Triton and the GPU has TMA (sm90+)."""
+    if TensorDescriptor is None or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.Tensor | None:
@@ -137,7 +232,8 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
     m = attn_mask
     while m.dim() < 4:
         m = m.unsqueeze(0)
-    if m.dim() != 4 or m.shape[2] != 1 or m.shape[0] not in (1, b) or m.shape[1] not in (1, h) or m.shape[3] not in (1, s_k):
+    if (m.dim() != 4 or m.shape[2] != 1 or m.shape[0] not in (1, b) or m.shape[1] not in (1, h)
+            or m.shape[3] not in (1, s_k)):
         raise ValueError(f"FP8 attention kernel takes key-padding masks broadcastable to (B, H, 1, Sk) = "
                          f"({b}, {h}, 1, {s_k}), got shape {tuple(attn_mask.shape)}")
     if m.dtype == torch.bool:
@@ -152,13 +248,15 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
 
 def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_scale: float, q_block: int,
                         kv_block: int, quantize_p: bool = True, p_scale: float = 448.0, out_dtype=torch.bfloat16,
-                        bias: torch.Tensor | None = None, config: tuple | None = None,
-                        exact_cast: bool | None = None) -> torch.Tensor:
-    """The attention kernel alone on prepared inputs; returns (B, H, s_q, D) in out_dtype.
+                        bias: torch.Tensor | None = None, return_lse: bool = False, config: tuple | None = None,
+                        use_tma: bool | None = None, exact_cast: bool | None = None):
+    """The attention kernel alone on prepared inputs; returns (B, H, s_q, D) in out_dtype, and
+    with return_lse also the fp32 (B, H, s_q) natural-log LSE.
 
-    sq / sk / sv: (B, H, n) fp32 (n = 1 for per-head scales; expand per-tensor scales).
+    sq / sk / sv: (B, H, n) fp32 (n = 1 for per-head scales; per-tensor scales are expanded).
     config = (BLOCK_M, BLOCK_N, num_warps, num_stages) bypasses the autotuner (the
-    interpreter always uses a fixed config)."""
+    interpreter uses a fixed config unless given one). use_tma: load K and V through TMA
+    descriptors (default: where `tma_available`; the interpreter runs both paths)."""
     b, h, sq_pad, d = qq.shape
     sk_pad = kq.shape[2]
     if d not in (64, 128):
@@ -170,32 +268,44 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     n_q, n_k = sq.shape[-1], sk.shape[-1]
     if sv.shape[-1] != n_k:
         raise ValueError("K and V scales must share the kv blocks")
+    if use_tma is None:
+        use_tma = tma_available(qq.device) and not interpreting()
+    if use_tma and TensorDescriptor is None:
+        raise RuntimeError("use_tma=True needs triton.tools.tensor_descriptor (Triton >= 3.4)")
     # one scale for the whole sequence: any block length works, make it span everything
     qb = q_block if n_q > 1 else sq_pad
     kb = kv_block if n_k > 1 else sk_pad
-    sq, sk, sv = (t.expand(b, h, t.shape[-1]).contiguous().float() for t in (sq, sk, sv))
+    sq, sk, sv = (t.float().expand(b, h, t.shape[-1]).contiguous() for t in (sq, sk, sv))
     out = torch.empty((b, h, s_q, d), dtype=out_dtype, device=qq.device)
+    lse = torch.empty((b, h, s_q), dtype=torch.float32, device=qq.device) if return_lse else sq
     has_bias = bias is not None
     bias_t = bias if has_bias else sq
     bsb, bsh = (bias.stride(0), bias.stride(1) if bias.shape[1] > 1 else 0) if has_bias else (0, 0)
     qk_scale = softmax_scale * LOG2E
     out_scale = 1.0 / p_scale if quantize_p else 1.0
-    args = (qq, kq, vt, sq, sk, sv, bias_t, out, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
-            out.stride(0), out.stride(1), out.stride(2), qk_scale, p_scale, out_scale)
-    flags = dict(D=d, HAS_BIAS=has_bias, QUANT_P=quantize_p,
-                 EXACT_CAST=interpreting() if exact_cast is None else exact_cast)
     if config is None and interpreting():
         config = (64, 64, 4, 1)
-    if config is not None:
-        bm, bn, warps, stages = config
-        if kb % bn:
-            raise ValueError(f"BLOCK_N={bn} must divide kv_block={kb}")
-        grid = (triton.cdiv(s_q, bm), b * h)
-        _attn_fwd_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
-    else:
-        grid = lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]), b * h)  # noqa: E731
-        _attn_fwd_tuned[grid](*args, **flags)
-    return out
+    k_arg, v_arg = kq, vt
+    if use_tma:  # 2-D views: K (B*H*Sk_pad, D), V^T (B*H*D, Sk_pad); tile shapes set per config
+        bn0 = (config[1] if config is not None else 64)
+        k_arg = TensorDescriptor.from_tensor(kq.reshape(b * h * sk_pad, d), [bn0, d])
+        v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, bn0])
+    args = (qq, k_arg, v_arg, sq, sk, sv, bias_t, out, lse, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
+            out.stride(0), out.stride(1), out.stride(2), qk_scale, p_scale, out_scale)
+    exact = interpreting() if exact_cast is None else exact_cast
+    flags = dict(D=d, HAS_BIAS=has_bias, QUANT_P=quantize_p, RETURN_LSE=return_lse, USE_TMA=use_tma,
+                 EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16)
+    if b * h and s_q:
+        if config is not None:
+            bm, bn, warps, stages = config
+            if kb % bn:
+                raise ValueError(f"BLOCK_N={bn} must divide kv_block={kb}")
+            grid = (triton.cdiv(s_q, bm), b * h)
+            _attn_fwd_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
+        else:
+            grid = lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]), b * h)  # noqa: E731
+            (_attn_fwd_tma_tuned if use_tma else _attn_fwd_pointer_tuned)[grid](*args, **flags)
+    return (out, lse) if return_lse else out
 
 
 def default_softmax_scale(d: int) -> float:

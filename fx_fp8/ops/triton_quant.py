@@ -1,12 +1,30 @@
-"""Fused Triton quantization kernels for the CUDA lowering (one pass over the data each).
+"""Fused Triton kernels of the CUDA lowering: the attention pre-pass and the INT8 GEMM epilogue.
 
-- `quantize_rows_fp8(x2d)`: per-row (per-token) activation quantization: amax,
-  scale and e4m3 cast in one kernel, numerics of `quant.quantize_per_row`.
-- `prepare_qkv_blocks(q, k, v, ...)`: the block-granularity half of
-  `quant.prepare_qkv` (smooth K, Hadamard rotation of Q and K, one scale per
-  block of rows), writing the layouts the FP8 attention kernel reads: Q and K
-  as (B, H, S_pad, D), V transposed to (B, H, D, S_pad) because FP8 `tl.dot`
-  on Hopper wants its second operand K-major. Padding rows are zero.
+Attention pre-pass (`prepare_qkv`): the device half of `quant.prepare_qkv`
+(smooth K, Hadamard rotation of Q and K, FP8 e4m3 quantization with one scale
+per block of rows, per head or per tensor), writing the layouts the kernels
+read: Q and K as (B, H, S_out, D), V either so or transposed to (B, H, D, S_out)
+(FP8 `tl.dot` on Hopper wants its second operand K-major). S_out is S padded
+to a multiple of SEQ_PAD for the Triton attention kernel (padding rows are
+zero), or S itself for cuDNN.
+
+Memory traffic:
+* block scales: one program per block of rows reads it from memory once.
+  Blocks that fit in registers without spilling (measured on sm_90a at 8
+  warps: 128 x 128 values, the default Q block at head dim 128, or 256 x 64)
+  are loaded, reduced to their amax, scaled, cast and stored in one pass.
+  Larger ones (the default 256-row K and V blocks at head dim 128: 28-836
+  bytes of spills at 8 or 16 warps) are walked twice in 32-row steps, the
+  second walk re-reading the 64 KiB the same program has just read, from
+  L2: HBM traffic stays one read of each block.
+* per-head / per-tensor scales need the whole head's amax before the first
+  cast: an amax-only pass, a tiny torch reduction, then the cast pass.
+* the K mean of smooth_k is one torch reduction `mean(dtype=float32)`, which
+  reads bf16/fp16 K and accumulates in fp32 without materialising an fp32
+  copy of K (CUDA reductions cast on load).
+* with an LSE and smooth_k, the Q pass also writes q . mean(K) per row (what
+  the smoothing took from the scores, added back to the LSE as the reference
+  does): Q is read once either way.
 
 Numerics match `fx_fp8.ops.quant` up to fp32 summation order: the scale is
 `amax / 448` and the quotient `x / scale` are correctly rounded (`div_rn`),
@@ -18,9 +36,14 @@ far below the e4m3 step of 2^-4. (fp16, not bf16: the interpreter's bf16 dot
 is broken in Triton 3.9, and fp16 halves are more precise anyway.)
 
 Triton's CPU interpreter (TRITON_INTERPRET=1, Triton 3.9) rounds fp32 -> fp8
-casts wrongly (no carry into the exponent, ties not to even), so under the
-interpreter the kernels round to the e4m3 grid in fp32 first (EXACT_CAST),
-which makes the cast itself exact; on GPUs the native cvt.rn.satfinite is used.
+casts wrongly (no carry into the exponent, ties not to even) and truncates
+fp32 -> bf16 casts, so under the interpreter the kernels round to the e4m3 /
+bf16 grid in fp32 first (EXACT_CAST), which makes the cast itself exact; on
+GPUs the native round-to-nearest-even conversions are used.
+
+INT8 epilogue (`int8_rescale`): the int32 product of torch._int_mm times the
+activation scale (per row or scalar) times the weight scale (per column or
+scalar), plus bias, in one pass: fp32 math, one rounding to the output dtype.
 """
 from __future__ import annotations
 
@@ -36,6 +59,14 @@ from fx_fp8.ops import quant
 
 FP8_MAX = quant.FP8_MAX
 SEQ_PAD = 128  # sequence padding of the attention layouts: a multiple of every BLOCK_M / BLOCK_N the kernel uses
+#: largest block (rows x head dim) a program holds in registers at 8 warps without spilling, measured with
+#: `ptxas -v` for sm_90a: 128 x 128 (or 256 x 64) values, rotated or not; 256 x 128 spills (28-812 bytes)
+#: at 8 or 16 warps even for a plain cast
+ONE_PASS_ELEMS = 128 * 128
+#: rows a program handles in the amax-only / cast-only passes of per-head and per-tensor scales
+CHUNK_ROWS = 128
+
+MODE_BLOCK, MODE_AMAX, MODE_CAST = 0, 1, 2
 
 
 def interpreting() -> bool:
@@ -62,6 +93,14 @@ def round_e4m3(x):
 
 
 @triton.jit
+def round_bf16(x):
+    """Round fp32 to the nearest-even bf16 value, in fp32 bits (the interpreter's bf16 cast truncates)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _to_e4m3(y, EXACT_CAST: tl.constexpr):
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     if EXACT_CAST:
@@ -69,49 +108,15 @@ def _to_e4m3(y, EXACT_CAST: tl.constexpr):
     return y.to(tl.float8e4nv)
 
 
-# -- per-row activation quantization (linear) -------------------------------------
+# -- attention Q/K/V quantization -------------------------------------------------
 @triton.jit
-def _quant_rows_kernel(x_ptr, out_ptr, scale_ptr, K, stride_xm, stride_om,
-                       BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_K)
-    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), 448.0)
-    tl.store(scale_ptr + row, scale)
-    for k0 in range(0, K, BLOCK_K):  # second read comes from L2: rows are at most a few 10 KiB
-        m = k0 + offs < K
-        x = tl.load(x_ptr + row * stride_xm + k0 + offs, mask=m, other=0.0).to(tl.float32)
-        y = _to_e4m3(tl.math.div_rn(x, scale), EXACT_CAST)
-        tl.store(out_ptr + row * stride_om + k0 + offs, y, mask=m)
-
-
-def quantize_rows_fp8(x2d: torch.Tensor, exact_cast: bool | None = None):
-    """(x_fp8 [M, K] row-major, scale [M, 1] fp32) as quant.quantize_per_row."""
-    if x2d.dim() != 2:
-        raise ValueError(f"quantize_rows_fp8 expects a 2-D tensor, got shape {tuple(x2d.shape)}")
-    if x2d.stride(-1) != 1:
-        x2d = x2d.contiguous()
-    m, k = x2d.shape
-    out = torch.empty((m, k), dtype=quant.FP8_DTYPE, device=x2d.device)
-    scale = torch.empty((m, 1), dtype=torch.float32, device=x2d.device)
-    if m == 0:
-        return out, scale
-    block_k = min(2048, triton.next_power_of_2(k))
-    _quant_rows_kernel[(m,)](x2d, out, scale, k, x2d.stride(0), out.stride(0), BLOCK_K=block_k,
-                             EXACT_CAST=interpreting() if exact_cast is None else exact_cast,
-                             num_warps=4 if block_k <= 1024 else 8)
-    return out, scale
-
-
-# -- attention Q/K/V block quantization -------------------------------------------
-@triton.jit
-def _load_rotated(x_base, rows, row_ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d,
-                  SMOOTH: tl.constexpr, HADAMARD: tl.constexpr):
+def _load_rows(x_base, rows, row_ok, offs_d, stride_s, stride_d):
     x = tl.load(x_base + rows[:, None] * stride_s + offs_d[None, :] * stride_d, mask=row_ok[:, None], other=0.0)
-    x = x.to(tl.float32)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _transform(x, row_ok, mean, hm, inv_sqrt_d, SMOOTH: tl.constexpr, HADAMARD: tl.constexpr):
     if SMOOTH:
         x = x - mean[None, :]
     if HADAMARD:
@@ -129,42 +134,102 @@ def _load_rotated(x_base, rows, row_ok, offs_d, stride_s, stride_d, mean, hm, in
 
 
 @triton.jit
-def _quant_blocks_kernel(x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr,
-                         H, S, S_PAD, n_blocks, block,
-                         stride_b, stride_h, stride_s, stride_d,
-                         out_stride_bh, out_stride_s, out_stride_d, inv_sqrt_d,
-                         D: tl.constexpr, ROWS: tl.constexpr, SMOOTH: tl.constexpr, HADAMARD: tl.constexpr,
-                         EXACT_CAST: tl.constexpr):
+def _load_transformed(x_base, rows, row_ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, dot_vec, dot_ptr, S,
+                      SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr):
+    """Rows of x, smoothed / rotated; with DOT, also stores x_row . dot_vec (on the raw rows) to dot_ptr."""
+    if SMOOTH or HADAMARD or DOT:
+        x = _load_rows(x_base, rows, row_ok, offs_d, stride_s, stride_d)
+        if DOT:
+            tl.store(dot_ptr + rows, tl.sum(x * dot_vec[None, :], 1), mask=row_ok & (rows < S))
+        x = _transform(x, row_ok, mean, hm, inv_sqrt_d, SMOOTH, HADAMARD)
+    else:  # a plain cast: keep the input dtype (half the registers of fp32 for bf16 / fp16 inputs)
+        x = tl.load(x_base + rows[:, None] * stride_s + offs_d[None, :] * stride_d, mask=row_ok[:, None], other=0.0)
+    return x
+
+
+@triton.jit
+def _store_e4m3(out_base, rows, store_ok, offs_d, S_OUT, x, scale, D: tl.constexpr, TRANSPOSE: tl.constexpr,
+                EXACT_CAST: tl.constexpr):
+    y = _to_e4m3(tl.math.div_rn(x.to(tl.float32), scale), EXACT_CAST)
+    if TRANSPOSE:  # (D, S_OUT): rows contiguous
+        tl.store(out_base + offs_d[:, None] * S_OUT + rows[None, :], tl.trans(y), mask=store_ok[None, :])
+    else:  # (S_OUT, D)
+        tl.store(out_base + rows[:, None] * D + offs_d[None, :], y, mask=store_ok[:, None])
+
+
+@triton.jit
+def _quant_kernel(x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_ptr, dvec_ptr, dot_ptr,
+                  H, S, S_OUT, n_blocks, block,
+                  stride_b, stride_h, stride_s, stride_d, inv_sqrt_d,
+                  D: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, ONE_PASS: tl.constexpr,
+                  SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE: tl.constexpr,
+                  EXACT_CAST: tl.constexpr):
+    """One program per (block of `block` rows, batch x head).
+
+    MODE_BLOCK: amax of the block, its scale, the cast (one read when ONE_PASS: ROWS >= block).
+    MODE_AMAX:  the block's amax only, to amax_ptr (per-head / per-tensor scales).
+    MODE_CAST:  the cast with the (batch, head)'s scale from scale_ptr.
+    DOT (with MODE_BLOCK / MODE_CAST): also x_row . dvec[b, h] of every raw row, to dot_ptr (B, H, S)."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
     x_base = x_ptr + b * stride_b + h * stride_h
+    out_base = out_ptr + bh * S_OUT * D
     offs_d = tl.arange(0, D)
     offs_r = tl.arange(0, ROWS)
     row0 = blk * block
     mean = tl.zeros([D], dtype=tl.float32)
     if SMOOTH:
         mean = tl.load(mean_ptr + bh * D + offs_d)
+    dot_vec = tl.zeros([D], dtype=tl.float32)
+    if DOT:
+        dot_vec = tl.load(dvec_ptr + bh * D + offs_d)
+    dot_base = dot_ptr + bh * S
     hm = tl.zeros([D, D], dtype=tl.float16)
     if HADAMARD:
         hm = tl.load(had_ptr + offs_d[:, None] * D + offs_d[None, :])
-    amax = tl.zeros([ROWS], dtype=tl.float32)
-    for r0 in range(0, block, ROWS):
-        rows = row0 + r0 + offs_r
-        ok = (r0 + offs_r < block) & (rows < S)
-        x = _load_rotated(x_base, rows, ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, SMOOTH, HADAMARD)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), 1))
-    scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), 448.0)
-    tl.store(scale_ptr + bh * n_blocks + blk, scale)
-    out_base = out_ptr + bh * out_stride_bh
-    for r0 in range(0, block, ROWS):  # recompute instead of holding a 256-row block in registers
-        rows = row0 + r0 + offs_r
-        ok = (r0 + offs_r < block) & (rows < S)
-        x = _load_rotated(x_base, rows, ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, SMOOTH, HADAMARD)
-        y = _to_e4m3(tl.math.div_rn(x, scale), EXACT_CAST)
-        store_ok = (r0 + offs_r < block) & (rows < S_PAD)  # padding rows get zeros
-        tl.store(out_base + rows[:, None] * out_stride_s + offs_d[None, :] * out_stride_d, y, mask=store_ok[:, None])
+    if ONE_PASS:
+        rows = row0 + offs_r
+        in_block = offs_r < block
+        x = _load_transformed(x_base, rows, in_block & (rows < S), offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d,
+                              dot_vec, dot_base, S, SMOOTH, HADAMARD, DOT and MODE != 1)
+        if MODE == 2:
+            scale = tl.load(scale_ptr + bh)
+        else:
+            amax = tl.max(tl.max(tl.abs(x), 1), 0).to(tl.float32)
+            if MODE == 1:
+                tl.store(amax_ptr + bh * n_blocks + blk, amax)
+            scale = tl.math.div_rn(tl.maximum(amax, 1e-12), 448.0)
+            if MODE == 0:
+                tl.store(scale_ptr + bh * n_blocks + blk, scale)
+        if MODE != 1:  # padding rows (S <= row < S_OUT) get zeros
+            _store_e4m3(out_base, rows, in_block & (rows < S_OUT), offs_d, S_OUT, x, scale, D, TRANSPOSE, EXACT_CAST)
+    else:
+        if MODE == 2:
+            scale = tl.load(scale_ptr + bh)
+        else:
+            amax_r = tl.zeros([ROWS], dtype=tl.float32)
+            for r0 in range(0, block, ROWS):
+                rows = row0 + r0 + offs_r
+                ok = (r0 + offs_r < block) & (rows < S)
+                x = _load_transformed(x_base, rows, ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, dot_vec,
+                                      dot_base, S, SMOOTH, HADAMARD, False)
+                amax_r = tl.maximum(amax_r, tl.max(tl.abs(x), 1).to(tl.float32))
+            amax = tl.max(amax_r, 0)
+            if MODE == 1:
+                tl.store(amax_ptr + bh * n_blocks + blk, amax)
+            scale = tl.math.div_rn(tl.maximum(amax, 1e-12), 448.0)
+            if MODE == 0:
+                tl.store(scale_ptr + bh * n_blocks + blk, scale)
+        if MODE != 1:
+            for r0 in range(0, block, ROWS):  # a block too large for registers: the second read comes from L2
+                rows = row0 + r0 + offs_r
+                ok = (r0 + offs_r < block) & (rows < S)
+                x = _load_transformed(x_base, rows, ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, dot_vec,
+                                      dot_base, S, SMOOTH, HADAMARD, DOT)
+                _store_e4m3(out_base, rows, (r0 + offs_r < block) & (rows < S_OUT), offs_d, S_OUT, x, scale, D,
+                            TRANSPOSE, EXACT_CAST)
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,40 +238,138 @@ def _hadamard_pm1(n: int, device: str) -> torch.Tensor:
     return torch.sign(quant._hadamard_cpu(n)).to(device=device, dtype=torch.float16).contiguous()
 
 
-def quantize_blocks(x: torch.Tensor, block: int, *, smooth: bool = False, hadamard: bool = False,
-                    transpose: bool = False, exact_cast: bool | None = None):
-    """Quantize (B, H, S, D) in blocks of `block` rows, as quant.quantize_rows_in_blocks on the
-    smoothed / rotated input. Returns (fp8 (B, H, S_pad, D) or (B, H, D, S_pad) if transpose,
-    fp32 scales (B, H, ceil(S / block)))."""
+def _launch_config(block: int, d: int) -> tuple[int, bool, int]:
+    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d."""
+    rows = triton.next_power_of_2(block)
+    if rows * d <= ONE_PASS_ELEMS:  # the whole block in registers
+        return rows, True, 8 if rows * d >= 8192 else 4
+    return max(1, 4096 // d), False, 4  # 32 rows at d=128 per step of the two-pass loop
+
+
+def token_mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of (B, H, S, D), fp32 (B, H, D) contiguous: K's smoothing vector. On CUDA it
+    reads x in its own dtype and accumulates in fp32 (no fp32 copy of K); elsewhere it is the
+    reference's op (the mean of the fp32 values), bit for bit."""
+    if x.device.type == "cuda":
+        return torch.mean(x, dim=2, dtype=torch.float32).contiguous()
+    return x.float().mean(dim=2).contiguous()
+
+
+def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch.Tensor | None = None,
+                   hadamard: bool = False, transpose: bool = False, pad: bool = True,
+                   row_dot: torch.Tensor | None = None, exact_cast: bool | None = None):
+    """Quantize (B, H, S, D) as quant.quantize_rows_in_blocks(granularity, block) does on the input
+    minus `mean` ((B, H, D) fp32, smoothing), rotated when `hadamard`. Returns (fp8 (B, H, S_out, D),
+    or (B, H, D, S_out) if transpose; fp32 scales: block (B, H, ceil(S / block)), head (B, H, 1),
+    tensor (1, 1, 1); and with row_dot ((B, H, D) fp32) the fp32 (B, H, S) dot products of the
+    raw rows with it, else None). S_out = padded_len(S) when pad, else S."""
     b, h, s, d = x.shape
     if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"quantize_blocks: head dim {d} not supported (need a power of two in 16..256)")
+        raise ValueError(f"quantize_heads: head dim {d} not supported (need a power of two in 16..256)")
+    if granularity not in ("tensor", "head", "block"):
+        raise ValueError(f"quantize_heads: unknown granularity {granularity!r}")
     if block < 1:
-        raise ValueError(f"quantize_blocks: block must be positive, got {block}")
-    s_pad = padded_len(s)
-    n_blocks = -(-s // block)
-    make = torch.empty if n_blocks * block >= s_pad else torch.zeros
-    shape = (b, h, d, s_pad) if transpose else (b, h, s_pad, d)
-    out = make(shape, dtype=quant.FP8_DTYPE, device=x.device)
-    scale = torch.empty((b, h, n_blocks), dtype=torch.float32, device=x.device)
-    mean = x.float().mean(dim=2).contiguous() if smooth else scale  # same op as the reference; dummy pointer when unused
-    had = _hadamard_pm1(d, str(x.device)) if hadamard else scale
-    out_s, out_d = (1, s_pad) if transpose else (d, 1)
-    rows = 32 if d > 64 else 64
-    if b * h and n_blocks:
-        _quant_blocks_kernel[(n_blocks, b * h)](
-            x, mean, had, out, scale, h, s, s_pad, n_blocks, block, *x.stride(), d * s_pad, out_s, out_d,
-            1.0 / math.sqrt(d), D=d, ROWS=rows, SMOOTH=smooth, HADAMARD=hadamard,
-            EXACT_CAST=interpreting() if exact_cast is None else exact_cast, num_warps=4,
+        raise ValueError(f"quantize_heads: block must be positive, got {block}")
+    s_out = padded_len(s) if pad else s
+    shape = (b, h, d, s_out) if transpose else (b, h, s_out, d)
+    dev = x.device
+    had = _hadamard_pm1(d, str(dev)) if hadamard else None
+    dots = torch.empty((b, h, s), dtype=torch.float32, device=dev) if row_dot is not None else None
+    exact = interpreting() if exact_cast is None else exact_cast
+
+    def launch(mode, blk_rows, n_blocks, out, scale, amax):
+        rows, one_pass, warps = _launch_config(blk_rows, d)
+        some = next(t for t in (scale, amax) if t is not None)  # dummy pointer for unused arguments
+        _quant_kernel[(n_blocks, b * h)](
+            x, mean if mean is not None else some, had if had is not None else some,
+            out if out is not None else some, scale if scale is not None else some,
+            amax if amax is not None else some, row_dot if row_dot is not None else some,
+            dots if dots is not None else some,
+            h, s, s_out, n_blocks, blk_rows, *x.stride(), 1.0 / math.sqrt(d),
+            D=d, ROWS=rows, MODE=mode, ONE_PASS=one_pass, SMOOTH=mean is not None, HADAMARD=hadamard,
+            DOT=row_dot is not None, TRANSPOSE=transpose, EXACT_CAST=exact, num_warps=warps,
         )
-    return out, scale
+
+    if granularity == "block":
+        n_blocks = -(-s // block)
+        make = torch.empty if n_blocks * block >= s_out else torch.zeros  # rows past the last block: zeros
+        out = make(shape, dtype=quant.FP8_DTYPE, device=dev)
+        scale = torch.empty((b, h, n_blocks), dtype=torch.float32, device=dev)
+        if b * h and n_blocks:
+            launch(MODE_BLOCK, block, n_blocks, out, scale, None)
+        return out, scale, dots
+    n_chunks = max(1, -(-s_out // CHUNK_ROWS))
+    amax = torch.zeros((b * h, n_chunks), dtype=torch.float32, device=dev)
+    if b * h and s:
+        launch(MODE_AMAX, CHUNK_ROWS, n_chunks, None, None, amax)
+    if granularity == "head":
+        scale = quant.scale_from_amax(amax.amax(dim=1)).reshape(b, h, 1)
+    else:
+        scale = quant.scale_from_amax(amax.amax()).reshape(1, 1, 1)
+    out = torch.empty(shape, dtype=quant.FP8_DTYPE, device=dev)
+    if b * h:
+        launch(MODE_CAST, CHUNK_ROWS, n_chunks, out, scale.expand(b, h, 1).reshape(b * h).contiguous(), None)
+    return out, scale, dots
 
 
-def prepare_qkv_blocks(q, k, v, *, q_block: int, kv_block: int, hadamard: bool, smooth_k: bool,
-                       exact_cast: bool | None = None):
-    """quant.prepare_qkv(granularity="block") in three fused kernels, in the attention kernel's layouts:
-    (qq (B,H,Sq_pad,D), sq, kq (B,H,Sk_pad,D), sk, vt (B,H,D,Sk_pad), sv)."""
-    qq, sq = quantize_blocks(q, q_block, hadamard=hadamard, exact_cast=exact_cast)
-    kq, sk = quantize_blocks(k, kv_block, smooth=smooth_k, hadamard=hadamard, exact_cast=exact_cast)
-    vt, sv = quantize_blocks(v, kv_block, transpose=True, exact_cast=exact_cast)
-    return qq, sq, kq, sk, vt, sv
+def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadamard: bool, smooth_k: bool,
+                pad: bool = True, transpose_v: bool = True, lse_shift: bool = False, exact_cast: bool | None = None):
+    """quant.prepare_qkv on the GPU, in the kernels' layouts: (qq (B,H,Sq_out,D), sq, kq (B,H,Sk_out,D), sk,
+    v (B,H,D,Sk_out) if transpose_v else (B,H,Sk_out,D), sv, shift); scales as quant.quantize_rows_in_blocks.
+    shift: with lse_shift and smooth_k, q . mean(K) per query row, fp32 (B, H, Sq) (what the smoothing
+    removed from the scores, before softmax_scale: quant.smoothing_lse_shift / softmax_scale), else None."""
+    kw = dict(granularity=granularity, pad=pad, exact_cast=exact_cast)
+    k_mean = token_mean(k) if smooth_k else None
+    qq, sq, shift = quantize_heads(q, block=q_block, hadamard=hadamard,
+                                   row_dot=k_mean if lse_shift and smooth_k else None, **kw)
+    kq, sk, _ = quantize_heads(k, block=kv_block, mean=k_mean, hadamard=hadamard, **kw)
+    vq, sv, _ = quantize_heads(v, block=kv_block, transpose=transpose_v, **kw)
+    return qq, sq, kq, sk, vq, sv, shift
+
+
+# -- INT8 GEMM epilogue -------------------------------------------------------------
+@triton.jit
+def _int8_rescale_kernel(acc_ptr, xs_ptr, ws_ptr, bias_ptr, out_ptr, M, N,
+                         stride_am, stride_om,
+                         XS_ROWS: tl.constexpr, WS_COLS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         ROUND_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mm = rm < M
+    mn = rn < N
+    acc = tl.load(acc_ptr + rm[:, None] * stride_am + rn[None, :], mask=mm[:, None] & mn[None, :], other=0)
+    if XS_ROWS:
+        xs = tl.load(xs_ptr + rm, mask=mm, other=0.0)[:, None]
+    else:
+        xs = tl.load(xs_ptr)
+    if WS_COLS:
+        ws = tl.load(ws_ptr + rn, mask=mn, other=0.0)[None, :]
+    else:
+        ws = tl.load(ws_ptr)
+    y = (acc.to(tl.float32) * xs) * ws  # the reference's order: (acc * x_scale) * w_scale
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + rn, mask=mn, other=0.0).to(tl.float32)[None, :]
+    if ROUND_BF16:
+        y = round_bf16(y)
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=mm[:, None] & mn[None, :])
+
+
+def int8_rescale(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias, out_dtype,
+                 exact_cast: bool | None = None) -> torch.Tensor:
+    """(acc int32 [M, N] * x_scale ([M, 1] or []) * w_scale ([N, 1] or [])) + bias -> out_dtype, one pass."""
+    m, n = acc.shape
+    out = torch.empty((m, n), dtype=out_dtype, device=acc.device)
+    if m == 0 or n == 0:
+        return out
+    xs = x_scale.float().reshape(-1).contiguous()
+    ws = w_scale.float().reshape(-1).contiguous()
+    grid = (triton.cdiv(m, 64), triton.cdiv(n, 128))
+    _int8_rescale_kernel[grid](acc, xs, ws, bias if bias is not None else xs, out, m, n, acc.stride(0), out.stride(0),
+                               XS_ROWS=xs.numel() > 1, WS_COLS=ws.numel() > 1, HAS_BIAS=bias is not None,
+                               ROUND_BF16=(interpreting() if exact_cast is None else exact_cast)
+                               and out_dtype == torch.bfloat16,
+                               BLOCK_M=64, BLOCK_N=128, num_warps=4)
+    return out
