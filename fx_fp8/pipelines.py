@@ -79,6 +79,7 @@ class PipelineFP8State:
     scheduler_had_own_step: bool = False
     scheduler_own_step: Any = None
     hook_handles: list = field(default_factory=list)
+    extras: dict = field(default_factory=dict)   # attr -> fx_fp8.parallel.TransformerExtras (issue 12)
     scheduler_steps: int = 0            # scheduler.step calls of the last finished run
     calls: list = field(default_factory=list)  # TransformerCall per transformer call of the last finished run
     running: int = 0                    # runs in progress (in any thread)
@@ -235,6 +236,10 @@ def _run(pipe, state: PipelineFP8State):
         # the user swapped schedulers, or another pipeline sharing this scheduler was restored
         _remove_scheduler_hook(state)
         _install_scheduler_hook(state, _check_scheduler(pipe))
+    if state.extras:  # issue 12: compile cache hooks enabled after compile_pipeline like the others
+        from fx_fp8 import parallel as _parallel
+
+        _parallel.on_pipeline_run(state)
     run = _Run(state)
     run_token = _RUN.set(run)
     state.running += 1
@@ -253,7 +258,8 @@ def _run(pipe, state: PipelineFP8State):
 
 
 def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
-                     compile_kwargs: Optional[Mapping[str, Any]] = None, **overrides):
+                     compile_kwargs: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
+                     cache_config=None, **overrides):
     """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
 
     config: an FP8Config, a mapping, a YAML path (flat or vLLM-Omni stage config) or None
@@ -265,6 +271,10 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
       keep_weights=True, which keeps the original nn.Linear modules on the CPU to put back
       (the original weights stay in host memory).
     compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
+    parallel_config / cache_backend / cache_config: vLLM-Omni's context-parallel degrees
+      ({ulysses_degree, ring_degree}) and cache backend (first_block_cache, taylorseer, mag_cache)
+      with its JSON-like config, mapped onto diffusers by fx_fp8.parallel; they override the same
+      keys of a config YAML / mapping. Under torchrun with ulysses_degree x ring_degree processes.
     Returns `pipe`; fx_fp8.pipelines.pipeline_state(pipe).calls records each transformer
     call of the last run (step, transformer, step variant).
     """
@@ -274,6 +284,11 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
                          "call fx_fp8.restore_pipeline(pipe) first")
     cfg = FP8Config.load(config, **overrides)
+    # issue 12: pipeline options (context parallelism, cache hooks) read from the same config; fx_fp8/parallel.py
+    from fx_fp8 import parallel as _parallel
+
+    popts = _parallel.PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
+                                           cache_config=cache_config)
     transformers = _find_transformers(pipe)
     if not callable(pipe):
         raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
@@ -281,6 +296,9 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     scheduler = _check_scheduler(pipe)
     options = {"config": cfg}
     compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
+    # issue 12: refuse what would fail or lose hooks (and join the torchrun job), before any change
+    _parallel.check_pipeline_options(popts, list(transformers.values()), cfg, prepare=prepare,
+                                     compile_kwargs=compile_kwargs)
 
     # everything is checked: only now change the transformers
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
@@ -291,7 +309,10 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
             state.prepared[attr] = prepare_model(module, cfg)
             if keep_weights:
                 state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
+        # issue 12: cache hooks, then context parallelism, on the prepared module (fx_fp8/parallel.py)
+        state.extras[attr] = _parallel.apply_pipeline_options(module, popts)
         compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
+        _parallel.compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
         state.hook_handles.append(compiled.register_forward_pre_hook(_pre_hook(state, attr)))
         state.compiled[attr] = compiled
     _install_scheduler_hook(state, scheduler)
@@ -300,6 +321,25 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         setattr(pipe, attr, compiled)
     pipe.__class__ = _wrapped_class(state.base_class)
     return pipe
+
+
+@contextlib.contextmanager
+def publish_steps(pipe):
+    """Publish the denoising step during pipeline calls made inside the block, for a pipeline
+    whose transformer was compiled without compile_pipeline: step 0 when a call starts, +1
+    after each scheduler.step, exactly as compile_pipeline does (the same mechanism)."""
+    state = getattr(pipe, _STATE_ATTR, None)
+    if state is not None:  # compile_pipeline already publishes for this pipeline
+        yield state
+        return
+    state = PipelineFP8State(config=FP8Config(), backend="", originals={}, compiled={}, prepared={},
+                             kept_linears={}, base_class=type(pipe))
+    _install_scheduler_hook(state, _check_scheduler(pipe))
+    try:
+        with _run(pipe, state):
+            yield state
+    finally:
+        _remove_scheduler_hook(state)
 
 
 def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
@@ -332,6 +372,8 @@ def restore_pipeline(pipe):
     for handle in state.hook_handles:
         handle.remove()
     for attr, original in state.originals.items():
+        _undo_extras(original, state.extras.get(attr))  # issue 12
+    for attr, original in state.originals.items():
         for name, linear in state.kept_linears.get(attr, {}).items():
             current = original.get_submodule(name)
             parent, _, child = name.rpartition(".")
@@ -342,3 +384,10 @@ def restore_pipeline(pipe):
     pipe.__class__ = state.base_class
     object.__delattr__(pipe, _STATE_ATTR)
     return pipe
+
+
+def _undo_extras(module, extras) -> None:
+    if extras is not None:
+        from fx_fp8 import parallel as _parallel
+
+        _parallel.undo_pipeline_options(module, extras)

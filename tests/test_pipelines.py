@@ -296,3 +296,56 @@ def test_config_sources_agree(tmp_path):
                                                             "diffusion_kv_cache_skip_steps": "0"})).config
     assert from_yaml == from_mapping
     assert not from_yaml.linear_enabled and from_yaml.diffusion_kv_cache_skip_steps == {0}
+
+
+class SlowScheduler(ToyScheduler):
+    """Yields the CPU between steps so two pipelines in two threads really interleave."""
+
+    def __init__(self, barrier=None):
+        self.barrier = barrier
+
+    def step(self, out, t, x):
+        if self.barrier is not None:
+            self.barrier.wait(timeout=30)
+        return super().step(out, t, x)
+
+
+def test_two_pipelines_in_two_threads_each_run_their_own_steps():
+    """The published step is per thread: pipeline A (skip steps 1,3) and pipeline B (skip 0,1) run
+    at once, step for step in lockstep, and each runs exactly its own variant sequence and output."""
+    import threading
+
+    def make(skip, barrier=None):
+        torch.manual_seed(0)
+        return compile_pipeline(ToyPipeline(scheduler=SlowScheduler(barrier)), diffusion_kv_cache_skip_steps=skip)
+
+    solo = {}
+    for name, skip in (("a", "1,3"), ("b", "0,1")):
+        pipe = make(skip)
+        solo[name] = (pipe(), [(c.step, c.variant) for c in pipeline_state(pipe).calls])
+    torch._dynamo.reset()
+
+    barrier = threading.Barrier(2)
+    pipes = {"a": make("1,3", barrier), "b": make("0,1", barrier)}
+    results, errors = {}, []
+
+    def run(name):
+        try:
+            out = pipes[name]()
+            results[name] = (out, [(c.step, c.variant) for c in pipeline_state(pipes[name]).calls])
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in pipes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and set(results) == {"a", "b"}
+    for name in ("a", "b"):
+        out, sequence = results[name]
+        assert sequence == solo[name][1], (name, sequence)
+        assert torch.equal(out, solo[name][0]), name
+    assert results["a"][1][:2] == [(0, "fp8"), (0, "fp8")] and results["b"][1][:2] == [(0, "native"), (0, "native")]
+    assert fx_fp8.current_step() is None  # nothing leaked into this thread

@@ -11,11 +11,18 @@ from typing import Callable
 import torch
 
 FAMILIES = ("flux", "qwen-image", "wan", "z-image", "sd3")
+#: the one alias table for family names (the tiny pipelines, the CLI and the zoo use it too);
+#: Wan2.1 and Wan2.2 share the transformer class: the family is "wan", the pipeline version
+#: is a separate choice of fx_fp8.tools.tiny_pipelines
 ALIASES = {"qwen": "qwen-image", "qwenimage": "qwen-image", "zimage": "z-image", "wan2.1": "wan", "wan2.2": "wan"}
 
 
+def normalize_name(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
 def canonical_family(name: str) -> str:
-    key = name.strip().lower().replace("_", "-")
+    key = normalize_name(name)
     key = ALIASES.get(key, key)
     if key not in FAMILIES:
         raise ValueError(f"unknown model family {name!r}: expected one of {', '.join(FAMILIES)}")

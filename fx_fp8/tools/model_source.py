@@ -25,6 +25,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from fx_fp8.pipelines import publish_steps
+
 
 class ModelSourceError(ValueError):
     """`--model` names nothing we can load."""
@@ -216,7 +218,7 @@ class PipelineRun:
                 box["latents"] = kw["latents"]
                 return {}
 
-            with (publish_steps(self.pipe) if publish else contextlib.nullcontext()):
+            with (publish_steps(self.pipe) if publish else contextlib.nullcontext()):  # fx_fp8.pipelines
                 out = self.pipe(**call, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
                                 output_type=output_type, callback_on_step_end=grab)
             result = out.frames if hasattr(out, "frames") else out.images
@@ -226,37 +228,6 @@ class PipelineRun:
                 latents.append(box["latents"].float())
                 images.append(torch.as_tensor(result).float())
         return torch.cat(latents), (torch.cat(images) if images else None)
-
-
-class publish_steps:
-    """Publish the denoising step to fx_fp8 for one pipeline call: step 0 on entry, +1 after each
-    `scheduler.step` (the pipeline calls it once per step, whatever number of transformer calls)."""
-
-    def __init__(self, pipe):
-        self.scheduler = pipe.scheduler
-
-    def __enter__(self):
-        from fx_fp8.steps import set_step
-
-        self.step = 0
-        original = type(self.scheduler).step
-
-        def step(*args, **kwargs):
-            out = original(self.scheduler, *args, **kwargs)
-            self.step += 1
-            set_step(self.step)
-            return out
-
-        self.scheduler.step = step  # instance attribute shadows the class method
-        set_step(0)
-        return self
-
-    def __exit__(self, *exc):
-        from fx_fp8.steps import set_step
-
-        del self.scheduler.step
-        set_step(None)
-        return False
 
 
 def _diffusers_class(name: str, where: Optional[Path]):

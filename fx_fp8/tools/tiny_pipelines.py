@@ -18,11 +18,12 @@ from typing import Callable
 
 import torch
 
-from fx_fp8.tools.families import build_tiny_transformer
+from fx_fp8.tools.families import build_tiny_transformer, canonical_family, normalize_name
 
 #: pipelines this module can build, by name
 TINY_PIPELINES = ("flux", "qwen-image", "wan2.1", "wan2.2", "z-image", "sd3")
-_ALIASES = {"qwen": "qwen-image", "wan": "wan2.1", "zimage": "z-image"}
+#: the pipeline a family name means (family aliases: fx_fp8.tools.families.ALIASES); only Wan has versions
+_FAMILY_PIPELINE = {"wan": "wan2.1"}
 
 
 def _transformer(family: str, layers: int, seed: int):
@@ -163,9 +164,15 @@ _BUILDERS: dict[str, Callable] = {
 
 
 def build_tiny_pipeline(name: str, **kwargs):
-    """``(pipe, call_kwargs)`` for one of :data:`TINY_PIPELINES` (aliases: qwen, wan, zimage)."""
-    key = name.strip().lower().replace("_", "-")
-    key = _ALIASES.get(key, key)
+    """``(pipe, call_kwargs)`` for one of :data:`TINY_PIPELINES`, or a family name or alias
+    (``wan`` is Wan2.1; ``wan2.2`` the two-expert pipeline)."""
+    key = normalize_name(name)
+    if key not in _BUILDERS:
+        try:
+            family = canonical_family(key)
+        except ValueError:
+            family = None
+        key = _FAMILY_PIPELINE.get(family, family) if family else key
     if key not in _BUILDERS:
         raise ValueError(f"unknown tiny pipeline {name!r}: expected one of {', '.join(TINY_PIPELINES)}")
     pipe, call_kwargs = _BUILDERS[key](**kwargs)

@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from fx_fp8.tools.families import output_tensor
+from fx_fp8.tools.families import ALIASES, normalize_name, output_tensor
 
 __all__ = ["ZooEntry", "ZOO", "VARIANTS", "build", "make_inputs", "output_tensor", "names"]
 
@@ -911,8 +911,10 @@ def names(kind: str | None = None) -> list[str]:
 
 
 def _entry(name: str) -> ZooEntry:
+    key = normalize_name(name)
+    key = ALIASES.get(key, key)  # the families' alias table: one set of names
     try:
-        return ZOO[name]
+        return ZOO[key]
     except KeyError:
         raise ValueError(f"unknown zoo model {name!r}: expected one of {', '.join(ZOO)}") from None
 
