@@ -9,7 +9,8 @@ from fx_fp8.config import AttentionQuantConfig, FP8Config, QuantizationConfig
 from fx_fp8.report import CompileReport, ReportEntry, clear_reports, get_reports
 from fx_fp8.selectors import parse_selector
 from fx_fp8.steps import current_step, denoising_step, set_step
-from fx_fp8.weights import prepare_model, reachable_tensor_bytes
+from fx_fp8.prepare import prepare_model
+from fx_fp8.weights import reachable_tensor_bytes
 
 __version__ = "0.1.0"
 

@@ -297,7 +297,9 @@ class FP8Config:
           vLLM-Omni where each is a separate opt-in. `quantization_config` (a
           mapping, or a method name such as "fp8") or `ignored_layers` given
           without `quantization` switch linears on with that method;
-        * one feature switched off (None / "auto"): the other stays on.
+        * one feature switched off (None / "auto"): the other stays on;
+        * a linear opt-in next to attention selectors (skip steps / layers) but no
+          `diffusion_kv_cache_dtype`: both are on (the selectors say attention is wanted).
         A key whose value is None next to a legacy key with a value counts as
         not given (argparse-built dicts carry None for every flag).
         """
@@ -319,6 +321,10 @@ class FP8Config:
             data["quantization"] = _check_choice("quantization_config.method", method, QUANTIZATION_METHODS[1:])
         mentions_attention = "diffusion_kv_cache_dtype" in data
         mentions_linear = "quantization" in data
+        if mentions_linear and not mentions_attention and not _is_off(data["quantization"]) and (
+                data.get("diffusion_kv_cache_skip_steps") or data.get("diffusion_kv_cache_skip_layers")):
+            data["diffusion_kv_cache_dtype"] = "fp8"  # attention selectors next to a linear opt-in: both on
+            mentions_attention = True
         given = data.get("diffusion_kv_cache_dtype") if mentions_attention else data.get("quantization")
         # Only an opt-in (a feature switched on) turns the unnamed feature off;
         # switching one feature off (None / "auto") keeps the other at its default.

@@ -38,7 +38,7 @@ from fx_fp8 import steps as _steps
 from fx_fp8.backend import MODES
 from fx_fp8.config import FP8Config
 from fx_fp8.report import get_reports
-from fx_fp8.weights import prepare_model
+from fx_fp8.prepare import prepare_model
 
 #: pipeline attributes holding a denoising transformer, in the order they run
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")

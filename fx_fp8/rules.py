@@ -23,6 +23,10 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: projection). They stay native unless quantization_config.quantize_sensitive
 #: is true; `re:` keeps them anchored (the final `proj_out`, not
 #: `single_transformer_blocks.3.proj_out`). Pattern syntax: fx_fp8/patterns.py.
+#: They are the fallback: the graph's structure (passes/sensitive.py) finds the
+#: timestep conditioning, adaLN modulation and final projection of any model, and
+#: its reason is the one reported where both apply. prepare_model, which sees no
+#: graph, uses these names only.
 SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
     # timestep / text / image input embedders
     "time_text_embed", "timestep_embedder", "text_embedder", "context_embedder", "x_embedder",

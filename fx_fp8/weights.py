@@ -1,7 +1,7 @@
 """Quantized weights are model state: quantize once, share between graphs, free the originals.
 
 Two ways a quantized weight comes to exist, both owned by the model:
-* `prepare_model(model, config)` (recommended; `compile_pipeline` calls it)
+* `fx_fp8.prepare_model(model, config)` (fx_fp8/prepare.py; recommended, `compile_pipeline` calls it)
   replaces eligible nn.Linear modules by QuantizedLinear modules that hold
   only the FP8/INT8 weight and its fp32 scales, as a parameter and buffers the
   graph reads like any other. The original weights are freed.
@@ -19,11 +19,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.calibration import check_scales_match, load_activation_scales
-from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import resolve_lowering_name
-from fx_fp8.rules import linear_native_reason
 
 #: attribute of a weight tensor holding its quantized copies: {(method, granularity, block): (version, wq, ws)}
 _COPIES_ATTR = "_fx_fp8_quantized"
@@ -123,55 +120,6 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"{self.method} {self.weight_granularity} scales")
-
-
-def prepare_model(model: nn.Module, config=None, **overrides) -> dict:
-    """Quantize eligible nn.Linear weights of `model` in place, freeing the originals.
-
-    Uses the same rules as the linear pass (fx_fp8.rules: ignored_layers,
-    sensitive layers, sizes). Everything is checked and every weight quantized
-    before the model is touched: an error leaves the model exactly as it was.
-    Returns {"quantized": [names], "native": {name: reason}, "bytes_before", "bytes_after", "method"}.
-    Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
-    """
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
-    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
-    cfg = FP8Config.load(config, **overrides)
-    qcfg = cfg.quantization_config
-    result = {"quantized": [], "native": {}, "bytes_before": 0, "bytes_after": 0, "method": qcfg.method}
-    if not cfg.linear_enabled:
-        return result
-    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
-    scales = None
-    if qcfg.activation_scheme == "static":
-        scales = load_activation_scales(qcfg.activation_scales)
-        check_scales_match(scales, [n for n, _ in linears])
-    plan = []
-    for name, module in linears:
-        reason = linear_native_reason(name, module.in_features, module.out_features, module.weight.dtype, qcfg)
-        if reason is None and scales is not None and name not in scales:
-            reason = "no static activation scale for this layer (recalibrate)"
-        if reason is not None:
-            result["native"][name] = reason
-            continue
-        with torch.no_grad():
-            wq, ws = quant.quantize_weight(module.weight.detach(), qcfg.weight_granularity, qcfg.weight_block_size,
-                                           qcfg.method)
-        input_scale = (torch.tensor(scales[name], dtype=torch.float32, device=module.weight.device)
-                       if scales is not None else None)
-        plan.append((name, module, QuantizedLinear(
-            wq, ws, module.bias, method=qcfg.method, weight_granularity=qcfg.weight_granularity,
-            weight_block=qcfg.weight_block_size, act_granularity=qcfg.activation_granularity,
-            input_scale=input_scale, orig_dtype=module.weight.dtype)))
-    # every check passed and every weight is quantized: only now change the model
-    for name, module, new in plan:
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-        result["bytes_before"] += module.weight.numel() * module.weight.element_size()
-        result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
-        result["quantized"].append(name)
-    return result
 
 
 def reachable_tensor_bytes(obj) -> int:

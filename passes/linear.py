@@ -188,6 +188,13 @@ class FP8LinearPass(FXPass):
         q = self.qcfg
         if (method, wg, act) != (q.method, q.weight_granularity, q.act_granularity) or not self.on:
             disagreeing.append(module)
+        why = self.sensitive.get(node)  # prepare_model decides by name only; the graph may know better
+        if why is not None and not q.quantize_sensitive and not getattr(self, "_warned_sensitive_prepared", False):
+            self._warned_sensitive_prepared = True
+            self.ctx.warn(f"fx_fp8: prepare_model quantized {module} ({why}), which the default rules keep native "
+                          "(prepare_model sees module names, not the graph; other such linears may follow); prepared "
+                          "linears run as prepared. To keep them native, list them in "
+                          "quantization_config.ignored_layers when calling prepare_model")
         return Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"], args["input_scale"],
                       method=method, weight_granularity=wg, weight_block=wb, act=act,
                       weight_only=self._weight_only(w, method), prepared=True, shapes=shapes)

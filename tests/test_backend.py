@@ -14,19 +14,21 @@ from fx_fp8.config import FP8Config
 
 
 class Block(nn.Module):
-    """One attention block: qkv linear, SDPA, output linear."""
+    """One attention block: qkv linear, SDPA, output linear; then the model's final projection
+    (kept native by the sensitive-layer defaults)."""
 
     def __init__(self, dim=64, heads=2):
         super().__init__()
         self.heads = heads
         self.to_qkv = nn.Linear(dim, 3 * dim)
         self.to_out = nn.Linear(dim, dim)
+        self.proj_out = nn.Linear(dim, dim)
 
     def forward(self, x):
         b, s, d = x.shape
         q, k, v = self.to_qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(q, k, v)
-        return self.to_out(o.transpose(1, 2).reshape(b, s, d))
+        return self.proj_out(torch.relu(self.to_out(o.transpose(1, 2).reshape(b, s, d))))
 
 
 def rel_err(a, b):
@@ -47,9 +49,11 @@ ENTRY_POINT_SCRIPT = textwrap.dedent("""
             super().__init__()
             self.to_qkv = nn.Linear(64, 192)
             self.to_out = nn.Linear(64, 64)
+            self.proj_out = nn.Linear(64, 64)
         def forward(self, x):
             q, k, v = self.to_qkv(x).view(2, 64, 3, 2, 32).permute(2, 0, 3, 1, 4)
-            return self.to_out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 64, 64))
+            o = self.to_out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 64, 64))
+            return self.proj_out(torch.relu(o))
     torch.manual_seed(0)
     x = torch.randn(2, 64, 64)
     result = {"imported_before": "fx_fp8" in sys.modules}
@@ -79,7 +83,7 @@ def test_entry_points_without_importing_fx_fp8():
     assert len(res["npu_warnings"]) == 2 and all("'reference'" in w for w in res["npu_warnings"])
     assert [r[:2] for r in res["reports"]] == [["fp8", "reference"], ["fp8_npu", "reference"], ["fp8_npu", "reference"]]
     for _, _, summary in res["reports"]:
-        assert summary == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0}}
+        assert summary == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 1}}
 
 
 def summary_for(block, **compile_kw):
@@ -96,7 +100,7 @@ def summary_for(block, **compile_kw):
 
 def test_no_options_applies_both(block):
     report, out = summary_for(block)
-    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0}}
+    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 1}}
     assert (report.backend, report.lowering, report.downstream) == ("fp8", "reference", "eager")
     assert 1e-4 < rel_err(out, block[0](block[1]).detach()) < 0.05
 
@@ -113,7 +117,7 @@ def test_no_options_applies_both(block):
 def test_feature_switches_through_options(block, options, attention, linear):
     report, out = summary_for(block, options=options)
     assert report.count("attention", "fp8") == attention and report.count("linear", "fp8") == linear
-    assert report.count("attention") == 1 and report.count("linear") == 2
+    assert report.count("attention") == 1 and report.count("linear") == 3
     if attention == linear == 0:
         torch.testing.assert_close(out, block[0](block[1]).detach())  # nothing quantized: exact
 
@@ -153,7 +157,8 @@ def test_dump_graphs_option(block):
 def test_report_serialises(block):
     report, _ = summary_for(block)
     d = json.loads(report.to_json())
-    assert d["summary"]["linear"]["fp8"] == 2 and len(d["entries"]) == 3
+    assert d["summary"]["linear"]["fp8"] == 2 and len(d["entries"]) == 4
+    assert any(e["reason"].startswith("final projection") for e in d["entries"])
     assert "to_qkv" in report.table() and "action" in report.table()
 
 
@@ -161,7 +166,7 @@ def test_report_serialises(block):
 def test_downstream_compilers(block, downstream):
     report, out = summary_for(block, options={"downstream": downstream})
     assert report.downstream == downstream
-    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0}}
+    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 1}}
     if downstream == "inductor":
         _, eager_out = summary_for(block, options={"downstream": "eager"})
         # same custom ops, opaque to Inductor: the numerics match the eager downstream

@@ -155,6 +155,13 @@ def test_quantization_config_as_a_method_string_and_alone():
     assert FP8Config.load(FP8Config(), quantization="int8").quantization_config.method == "int8"
 
 
+def test_linear_opt_in_with_attention_selectors_keeps_attention_on():
+    cfg = FP8Config.from_kwargs(ignored_layers=["img_mlp"], diffusion_kv_cache_skip_steps="0,1")
+    assert cfg.attention_enabled and cfg.linear_enabled and cfg.has_step_skips
+    assert not FP8Config.from_kwargs(quantization="fp8").attention_enabled
+    assert not FP8Config.from_kwargs(quantization=None, diffusion_kv_cache_skip_layers="1").linear_enabled
+
+
 def test_attention_granularity_case_is_normalised():
     cfg = FP8Config.from_kwargs(attention={"granularity": "HEAD", "kernel": "Triton"})
     assert cfg.attention.granularity == "head" and cfg.attention.kernel == "triton"
