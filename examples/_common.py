@@ -93,21 +93,96 @@ def print_table(rows) -> None:
     print(tabulate(table, headers=["run", "first call (s)", "steady call (s)", "PSNR vs native (dB)", "SSIM vs native"]))
 
 
-def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bool, metrics):
+def apply_pipeline_options(pipe, options) -> str:
+    """Context parallelism and the cache backend on the pipeline's transformers, before the native
+    run, so that --compare measures FP8 against the same cache / parallel setup (cache-only
+    native); compile_pipeline then compiles them as they are. Returns the rows' label suffix."""
+    if options is None or not options.enabled:
+        return ""
+    from fx_fp8.parallel import apply_pipeline_options as apply
+
+    for attr in ("transformer", "transformer_2"):
+        module = getattr(pipe, attr, None)
+        if isinstance(module, torch.nn.Module):
+            try:
+                apply(module, options)
+            except (ValueError, RuntimeError) as e:   # one line, naming the value diffusers / fx_fp8 refused
+                raise SystemExit(str(e)) from None
+    parts = []
+    if options.parallel.enabled:
+        parts.append(f"ulysses {options.parallel.ulysses_degree} x ring {options.parallel.ring_degree}")
+    if options.cache_backend:
+        parts.append(options.cache_backend)
+    return " + " + " + ".join(parts)
+
+
+def setup_distributed(options, device: str) -> str:
+    """Under torchrun (a degree > 1): join the job, keep only rank 0's output on stdout, and give
+    each rank its own accelerator (cuda:LOCAL_RANK). Returns the device to use."""
+    if options is None or not options.parallel.enabled:
+        return device
+    import sys
+
+    from fx_fp8.parallel import init_distributed, is_main_process
+
+    try:
+        init_distributed(options.parallel)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if not is_main_process():
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    if device in ("cuda", "npu", "xpu"):
+        device = f"{device}:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def settle_pipeline_options(args, pipe, call: dict, options):
+    """The pipeline options once the step count is known (mag_cache needs it): --num-inference-steps,
+    else the pipeline's own default."""
+    if options is None or options.cache_backend != "mag_cache" or args.num_inference_steps is not None:
+        return options
+    import inspect
+
+    from fx_fp8.tools.cli_flags import pipeline_options_from_args
+
+    steps = call.get("num_inference_steps")
+    if steps is None:
+        steps = inspect.signature(type(pipe).__call__).parameters.get("num_inference_steps")
+        steps = steps.default if steps is not None and isinstance(steps.default, int) else None
+    try:
+        return pipeline_options_from_args(args, num_inference_steps=steps)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+def options_kwargs(options) -> dict:
+    """run_native_and_fp8's `options` argument, only when there is something to apply."""
+    return {"options": options} if options is not None and options.enabled else {}
+
+
+def is_main_process() -> bool:
+    from fx_fp8.parallel import is_main_process as main
+
+    return main()
+
+
+def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bool, metrics, options=None):
     """Time `run()` natively (when comparing), compile the pipeline with fx_fp8, time it again.
 
-    Returns (native_output or None, fp8_output, table rows); `metrics(native, fp8)` gives the
-    quality columns of the FP8 row.
+    `options` (fx_fp8.parallel.PipelineOptions): context parallelism and a cache backend, applied
+    to both runs. Returns (native_output or None, fp8_output, table rows); `metrics(native, fp8)`
+    gives the quality columns of the FP8 row.
     """
     rows, native = [], None
+    suffix = apply_pipeline_options(pipe, options)
     if compare:
         native, first = timed(run, device)
         _, steady = timed(run, device)
-        rows.append(dict(run="native", first=first, steady=steady))
+        rows.append(dict(run="native" + suffix, first=first, steady=steady))
     fx_fp8.clear_reports()
     fx_fp8.compile_pipeline(pipe, cfg, backend=backend)
     out, first = timed(run, device)  # includes compilation
-    row = dict(run=f"fp8 ({backend})", first=first)
+    row = dict(run=f"fp8 ({backend})" + suffix, first=first)
     if compare:
         out, row["steady"] = timed(run, device)
         row.update(metrics(native, out))

@@ -11,6 +11,10 @@
 
     # a vLLM-Omni stage config, one key overridden on the command line
     python examples/text_to_image.py --config examples/configs/vllm_omni_stage.yaml --diffusion-kv-cache-skip-steps 0-2
+
+    # two GPUs / NPUs, Ulysses sequence parallelism, first-block cache (vLLM-Omni's flags)
+    torchrun --nproc-per-node 2 examples/text_to_image.py --model /models/FLUX.1-dev --ulysses-degree 2 \\
+        --cache-backend first_block_cache --cache-config '{"threshold": 0.08}' --compare
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
+from fx_fp8.tools.cli_flags import (add_fp8_flags, add_generation_flags, add_pipeline_flags, config_from_args,  # noqa: E402
+                                     describe_pipeline_options, pipeline_options_from_args, resolve_device,
+                                     resolve_dtype)
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side  # noqa: E402
 from fx_fp8.tools.tiny_model import TINY_MODEL_DIR  # noqa: E402
 
@@ -65,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", action="store_true",
                         help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
     add_fp8_flags(parser)
+    add_pipeline_flags(parser)
     return parser
 
 
@@ -74,9 +81,11 @@ def main(argv=None) -> int:
     _common.quiet_diffusers()
     try:
         cfg = config_from_args(args)  # bad flags or YAML fail here, before any model loads
+        # context parallelism / cache: checked now (mag_cache's step count is settled once the pipeline is known)
+        options = pipeline_options_from_args(args, num_inference_steps=args.num_inference_steps or 1)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    device = resolve_device(args.device)
+    device = _common.setup_distributed(options, resolve_device(args.device))
     dtype = resolve_dtype(args.dtype, device)
     tiny = is_tiny_model(args.model)
     prompt = args.prompt or (TINY_PROMPT if tiny else "a photo of a lighthouse at dawn")
@@ -93,18 +102,25 @@ def main(argv=None) -> int:
     if args.guidance_scale is not None:
         call["guidance_scale"] = args.guidance_scale
 
+    options = _common.settle_pipeline_options(args, pipe, call, options)
+    if options.enabled:
+        print(f"pipeline: {describe_pipeline_options(options)}")
+
     def run():
-        gen = torch.Generator("cpu").manual_seed(args.seed)  # same noise on every device
+        gen = torch.Generator("cpu").manual_seed(args.seed)  # same noise on every device (and every rank)
         return pipe(**call, generator=gen).images[0]
 
     native, image, rows = _common.run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
-                                                    compare=args.compare, metrics=compare_images)
+                                                    compare=args.compare, metrics=compare_images,
+                                                    **_common.options_kwargs(options))
 
     print("fp8 backend:")
     _common.print_fp8_summary(pipe)
     print()
     _common.print_table(rows)
 
+    if not _common.is_main_process():  # under torchrun every rank holds the same image: rank 0 writes it
+        return 0
     os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
     image.save(output)
     print(f"\nsaved {output}")

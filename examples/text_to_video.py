@@ -10,6 +10,10 @@
     python examples/text_to_video.py --model /models/Wan2.2-T2V-A14B-Diffusers --prompt "a cat surfing" \\
         --height 480 --width 832 --num-frames 81 --num-inference-steps 40 \\
         --quantization fp8 --diffusion-kv-cache-dtype fp8 --diffusion-kv-cache-skip-steps 0-3 --output cat.gif
+
+    # four GPUs / NPUs: Ulysses 4, as vLLM-Omni's Wan2.2 example (--ulysses-degree 4)
+    torchrun --nproc-per-node 4 examples/text_to_video.py --model /models/Wan2.2-T2V-A14B-Diffusers \\
+        --ulysses-degree 4 --quantization fp8 --diffusion-kv-cache-dtype fp8 --output cat.gif
 """
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import add_fp8_flags, add_generation_flags, config_from_args, resolve_device, resolve_dtype  # noqa: E402
+from fx_fp8.tools.cli_flags import (add_fp8_flags, add_generation_flags, add_pipeline_flags, config_from_args,  # noqa: E402
+                                     describe_pipeline_options, pipeline_options_from_args, resolve_device,
+                                     resolve_dtype)
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side, to_pil  # noqa: E402
 
 
@@ -39,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", action="store_true",
                         help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
     add_fp8_flags(parser)
+    add_pipeline_flags(parser)
     return parser
 
 
@@ -103,9 +110,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"--num-frames must be >= 1, got {args.num_frames}")
     try:
         cfg = config_from_args(args)  # bad flags or YAML fail here, before any model loads
+        # context parallelism / cache: checked now (mag_cache's step count is settled once the pipeline is known)
+        options = pipeline_options_from_args(args, num_inference_steps=args.num_inference_steps or 1)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    device = resolve_device(args.device)
+    device = _common.setup_distributed(options, resolve_device(args.device))
     dtype = resolve_dtype(args.dtype, device)
     output = _common.output_path(args.output, "text_to_video.gif")  # a file or a folder, checked before loading
     pipe, call, what = load(args, device, dtype)
@@ -113,17 +122,24 @@ def main(argv=None) -> int:
     print(f"device {device}, {str(dtype).replace('torch.', '')}; {args.num_frames} frames {args.height}x{args.width}, seed {args.seed}")
     print(f"fp8: {_common.describe_config(cfg)}")
 
+    options = _common.settle_pipeline_options(args, pipe, call, options)
+    if options.enabled:
+        print(f"pipeline: {describe_pipeline_options(options)}")
+
     def run():
         gen = torch.Generator("cpu").manual_seed(args.seed)
         return pipe(**call, generator=gen, output_type="np").frames[0]
 
     native, frames, rows = _common.run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
-                                                    compare=args.compare, metrics=video_metrics)
+                                                    compare=args.compare, metrics=video_metrics,
+                                                    **_common.options_kwargs(options))
 
     print("fp8 backend:")
     _common.print_fp8_summary(pipe)
     print()
     _common.print_table(rows)
+    if not _common.is_main_process():  # under torchrun every rank holds the same frames: rank 0 writes them
+        return 0
     save_frames(output, frames)
     print(f"\nsaved {output} ({len(frames)} frames)")
     if args.compare:

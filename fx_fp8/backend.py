@@ -187,7 +187,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         check_scales_match(static_scales, [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)])
     layer_map = _layer_map(gm, model)
     # graph analyses, once per Dynamo graph (node keys are mapped onto each variant's copy)
-    sensitive = find_sensitive_linears(gm) if config.linear_enabled else {}
+    # (the last linear of a block compiled on its own is no final projection: only the model's graph has one)
+    sensitive = (find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None))
+                 if config.linear_enabled else {})
     variants = ("fp8", "native") if config.has_step_skips else (None,)
 
     def build(graph: torch.fx.GraphModule, inputs: list):

@@ -151,6 +151,13 @@ class QuantizationConfig:
       use_fast_accum, torchao's default); false for the exact one.
     With block weight scales, dynamic activations are quantized per token and per
     group of weight_block_size[1] columns (what blockwise FP8 GEMMs take).
+    smoothing_alpha: SmoothQuant-style migration of activation outliers into the
+      weights, a number in [0, 1] (None: off). Needs `activation_scales` from
+      fx_fp8.calibrate with per-channel statistics ("channel_amax"): per input
+      channel s = amax_x^alpha / max|W[:, j]|^(1 - alpha) over the linears sharing
+      one activation quantization; the weights are quantized as W * s and the
+      activation is multiplied by 1/s before it is quantized. Works with dynamic
+      and static activation scales, FP8 and INT8.
     """
 
     method: str = "fp8"
@@ -163,6 +170,7 @@ class QuantizationConfig:
     activation_scales: Any = None
     min_features: int = 32
     fast_accum: bool = True
+    smoothing_alpha: float | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -186,6 +194,15 @@ class QuantizationConfig:
             raise ValueError(f"invalid activation_scales {self.activation_scales!r}: expected a JSON path or a mapping")
         _check_int("quantization_config.min_features", self.min_features, minimum=0)
         _check_bool("quantization_config.fast_accum", self.fast_accum)
+        if self.smoothing_alpha is not None:
+            if not _is_number(self.smoothing_alpha) or not 0 <= self.smoothing_alpha <= 1:
+                raise ValueError(f"invalid quantization_config.smoothing_alpha {self.smoothing_alpha!r}: "
+                                 "expected a number in [0, 1] (or None: no smoothing)")
+            set_("smoothing_alpha", float(self.smoothing_alpha))
+            if self.activation_scales is None:
+                raise ValueError("quantization_config.smoothing_alpha needs quantization_config.activation_scales: "
+                                 "a calibration with per-channel statistics written by fx_fp8.calibrate "
+                                 "(fx_fp8.save_activation_scales), or the object it returns")
 
     @property
     def act_granularity(self) -> str:

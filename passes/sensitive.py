@@ -43,7 +43,7 @@ import torch
 import torch.fx
 
 from fx_fp8.passes.attention_forms import is_attention
-from fx_fp8.passes.names import is_resolved, module_name, resolve_graph
+from fx_fp8.passes.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
 from fx_fp8.shapes import concrete, known_equal, known_one
 
 TIMESTEP = "timestep conditioning"
@@ -157,7 +157,8 @@ def _node_args(node) -> list:
 
 
 class _Analysis:
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, model_output: bool = True):
+        self.model_output = model_output
         self.nodes = list(gm.graph.nodes)
         self.linears, self.prepared = _linear_targets()
         self.label: dict[torch.fx.Node, int] = {}
@@ -240,7 +241,10 @@ class _Analysis:
 
     def _relabel(self, node, flags: int, val) -> None:
         if flags & _TOKEN:
-            self.label[node] = _TOKEN if self.val_has_seq(val) else _COND  # pooled / a selected token
+            # pooled to (B, C) / (B, 1, C) or a selected token: conditioning. A flat (<= 1-D) value
+            # of token data is a flattened buffer (the all_to_all of context parallelism), not a pool.
+            flat = all(t.dim() <= 1 for t in _tensors(val))
+            self.label[node] = _TOKEN if flat or self.val_has_seq(val) else _COND
         elif flags & _COND:
             self.label[node] = _COND
 
@@ -365,18 +369,20 @@ class _Analysis:
             if self.is_linear(node) and self.label.get(self.linear_input(node)) == _COND:
                 modulation = modulates.get(node, False) and not feeds_linear.get(node, False)
                 out[node] = MODULATION if modulation else TIMESTEP
-        for node in self.final_projections():
+        for node in self.final_projections() if self.model_output else ():
             out.setdefault(node, FINAL)
         return out
 
 
-def find_sensitive_linears(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+def find_sensitive_linears(gm: torch.fx.GraphModule, *, model_output: bool = True) -> dict[torch.fx.Node, str]:
     """{linear node: why it is sensitive} from the graph's data flow: "timestep conditioning",
     "adaLN modulation" or "final projection" (see the module docstring). Linears are the
     call_function nodes of passes.linear.LINEAR_TARGETS and prepared fx_fp8::quantized_linear
-    calls. Never raises: on anything unexpected it returns {} (the name patterns still apply)."""
+    calls. model_output=False for a graph of one block or attention module (a region compiled
+    on its own): its output is not the model's, so its last linear is no final projection.
+    Never raises: on anything unexpected it returns {} (the name patterns still apply)."""
     try:
-        return _Analysis(gm).run()
+        return _Analysis(gm, model_output).run()
     except Exception:  # an analysis must never break a compile
         return {}
 
@@ -389,7 +395,7 @@ def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict
 
     def capture(gm, example_inputs):
         resolve_graph(gm, example_inputs, model=model)
-        for node, why in find_sensitive_linears(gm).items():
+        for node, why in find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None)).items():
             if is_resolved(node):
                 found.setdefault(module_name(node), why)
         return gm.forward

@@ -3,6 +3,7 @@
     fx-fp8 inspect     [--model tiny] [--format table|json]   one row per attention / linear node
     fx-fp8 dump        --out DIR                              graphs before/after each pass + report.json
     fx-fp8 compare     [--out compare.png]                    native vs FP8: latency, PSNR, SSIM, max abs error
+                       [--ulysses-degree N --ring-degree N --cache-backend NAME --cache-config JSON]
     fx-fp8 sensitivity [--target-psnr 30]                     per-block/step sensitivity -> recommended YAML
 
 `--model`: `tiny` (the shipped trained model, default), a family name (flux,
@@ -292,6 +293,7 @@ def cmd_compare(args) -> int:
     source, config = _source(args), _config(args)
     _check_sizes(args)
     _check_source(source, pipeline=True, args=args)
+    options = _pipeline_options(args)   # --ulysses-degree / --ring-degree / --cache-backend / --cache-config
     if args.out:
         _check_file("--out", args.out, cli_flags.image_suffixes(), kind="image")
     from fx_fp8.tools.model_source import ModelSourceError
@@ -300,6 +302,7 @@ def cmd_compare(args) -> int:
         run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
+    _apply_pipeline_options(run, options)   # on both runs: FP8 is compared with the same cache / parallel setup
     torch._dynamo.reset()
     try:
         run.run(args.steps, output_type="np")       # warm-up (lazy init), untimed; the pipeline checks its inputs
@@ -325,7 +328,12 @@ def cmd_compare(args) -> int:
         "latents_max_abs_error": float((lat - ref_lat).abs().max()),
         "latents_psnr_db": _latent_psnr(ref_lat, lat),
         "config": config.to_dict(),
+        "pipeline_options": options.to_dict(),
     }
+    from fx_fp8.parallel import is_main_process
+
+    if not is_main_process():   # under torchrun every rank computed the same result: rank 0 reports it
+        return 0
     if args.out:
         Path(args.out).expanduser().parent.mkdir(parents=True, exist_ok=True)
         _save_side_by_side(Path(args.out).expanduser(), ref_img, img)
@@ -342,10 +350,39 @@ def cmd_compare(args) -> int:
                 ("PSNR final latents (dB)", f"{result['latents_psnr_db']:.2f}")]
         print(f"model: {source.spec}, {len(run.labels)} sample(s), {args.steps} steps, {args.height}x{args.width}, "
               f"seed {args.seed}")
+        if options.enabled:
+            print(f"pipeline (both runs): {cli_flags.describe_pipeline_options(options)}")
         print(tabulate(rows, headers=["metric", "value"]))
         if args.out:
             print(f"side by side (native | FP8 | |difference| x4): {args.out}")
     return 0
+
+
+def _pipeline_options(args):
+    """--ulysses-degree / --ring-degree / --cache-backend / --cache-config (and the YAML's keys);
+    with a degree > 1, joins the torchrun job (an error naming the torchrun command otherwise)."""
+    from fx_fp8.parallel import init_distributed
+    from fx_fp8.tools import cli_flags
+
+    try:
+        options = cli_flags.pipeline_options_from_args(args, num_inference_steps=args.steps)
+        if options.parallel.enabled:
+            init_distributed(options.parallel)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return options
+
+
+def _apply_pipeline_options(run, options) -> None:
+    from fx_fp8.parallel import apply_pipeline_options
+
+    if not options.enabled:
+        return
+    try:
+        for _, module in run.transformers():
+            apply_pipeline_options(module, options)
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(_one_line(e)) from None
 
 
 def _mean(values) -> float:
@@ -503,6 +540,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "print latency, image PSNR/SSIM and the final latents' max abs error.")
     common(p)
     run_flags(p, steps=8, prompts=2)
+    from fx_fp8.tools import cli_flags as _flags
+
+    _flags.add_pipeline_flags(p)
     p.add_argument("--out", default=None, help="side-by-side PNG (native | FP8 | difference)")
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)

@@ -75,6 +75,77 @@ def config_from_args(args: argparse.Namespace) -> FP8Config:
     return FP8Config.load(getattr(args, "config", None), **overrides_from_args(args))
 
 
+# -- context parallelism and cache acceleration (vLLM-Omni's flags; fx_fp8/parallel.py) -------------
+def add_pipeline_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--ulysses-degree, --ring-degree, --cache-backend, --cache-config (unset: the --config YAML's
+    parallel_config / cache_backend / cache_config, if any)."""
+    g = parser.add_argument_group(
+        "multiple devices and cache acceleration (vLLM-Omni names; with a degree > 1, launch with "
+        "`torchrun --nproc-per-node ULYSSES*RING ...`)")
+    g.add_argument("--ulysses-degree", type=_positive_int, default=None, metavar="N",
+                   help="Ulysses sequence parallelism over N processes (diffusers' ContextParallelConfig)")
+    g.add_argument("--ring-degree", type=_positive_int, default=None, metavar="N",
+                   help="ring attention over N processes; each partial attention is FP8 with its log-sum-exp")
+    g.add_argument("--cache-backend", default=None, metavar="NAME",
+                   help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks); none to disable. "
+                        "vLLM-Omni's tea_cache and cache_dit are not available through diffusers")
+    g.add_argument("--cache-config", default=None, metavar="JSON",
+                   help='the cache backend\'s settings as a JSON object, e.g. \'{"threshold": 0.1}\' '
+                        "(first_block_cache), '{\"cache_interval\": 3}' (taylorseer), "
+                        "'{\"mag_ratios\": \"flux\"}' (mag_cache)")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid degree {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid degree {text!r}: expected an integer >= 1")
+    return value
+
+
+def pipeline_options_from_args(args: argparse.Namespace, *, num_inference_steps: Optional[int] = None):
+    """fx_fp8.parallel.PipelineOptions from --config and the pipeline flags (flags win). mag_cache's
+    num_inference_steps defaults to the run's step count when the config does not give it."""
+    from fx_fp8.parallel import PipelineOptions, canonical_cache_backend
+
+    parallel = None
+    if getattr(args, "ulysses_degree", None) is not None or getattr(args, "ring_degree", None) is not None:
+        base = PipelineOptions.load(getattr(args, "config", None)).parallel
+        parallel = {"ulysses_degree": args.ulysses_degree if args.ulysses_degree is not None else base.ulysses_degree,
+                    "ring_degree": args.ring_degree if args.ring_degree is not None else base.ring_degree}
+    backend = getattr(args, "cache_backend", None)
+    cache_config = getattr(args, "cache_config", None)
+    if cache_config is not None:
+        import json
+
+        try:
+            cache_config = json.loads(cache_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"invalid --cache-config {cache_config!r}: not JSON ({e.msg} at character {e.pos})") from None
+        if not isinstance(cache_config, dict):
+            raise ValueError(f"invalid --cache-config {args.cache_config!r}: expected a JSON object")
+    if backend is not None and canonical_cache_backend(backend) is None:
+        backend, cache_config = "none", {}
+    defaults = {"num_inference_steps": num_inference_steps} if num_inference_steps else None
+    return PipelineOptions.load(getattr(args, "config", None), parallel_config=parallel, cache_backend=backend,
+                                cache_config=cache_config, cache_defaults=defaults)
+
+
+def describe_pipeline_options(opts) -> str:
+    """One line: what the pipeline options turn on."""
+    parts = []
+    p = opts.parallel
+    if p.enabled:
+        parts.append(f"context parallel: ulysses {p.ulysses_degree} x ring {p.ring_degree} ({p.world_size} processes)")
+    if opts.cache_backend:
+        cfg = ", ".join(f"{k}: {v}" for k, v in opts.cache_config.items() if k != "mag_ratios")
+        parts.append(f"cache: {opts.cache_backend}" + (f" ({cfg})" if cfg else ""))
+    return "; ".join(parts) if parts else "no context parallelism, no cache"
+
+
 def add_generation_flags(parser: argparse.ArgumentParser, *, default_model: Optional[str] = None, video: bool = False,
                          default_size: int = 32, default_steps: Optional[int] = None) -> argparse.ArgumentParser:
     """--model, --prompt, --height, --width, [--num-frames], --num-inference-steps, --seed, --device, --dtype, --output."""
