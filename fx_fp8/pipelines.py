@@ -27,6 +27,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -80,6 +81,7 @@ class PipelineFP8State:
     scheduler_own_step: Any = None
     hook_handles: list = field(default_factory=list)
     extras: dict = field(default_factory=dict)   # attr -> fx_fp8.parallel.TransformerExtras (issue 12)
+    pending_setup: dict = field(default_factory=dict)  # attr -> setup() still to run at the first call
     scheduler_steps: int = 0            # scheduler.step calls of the last finished run
     calls: list = field(default_factory=list)  # TransformerCall per transformer call of the last finished run
     running: int = 0                    # runs in progress (in any thread)
@@ -236,6 +238,9 @@ def _run(pipe, state: PipelineFP8State):
         # the user swapped schedulers, or another pipeline sharing this scheduler was restored
         _remove_scheduler_hook(state)
         _install_scheduler_hook(state, _check_scheduler(pipe))
+    for attr, setup in list(state.pending_setup.items()):
+        if _has_hooks(state.originals[attr]):  # a cache enabled since compile_pipeline: set up now, by names
+            setup(None)
     if state.extras:  # issue 12: compile cache hooks enabled after compile_pipeline like the others
         from fx_fp8 import parallel as _parallel
 
@@ -265,7 +270,10 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     config: an FP8Config, a mapping, a YAML path (flat or vLLM-Omni stage config) or None
       (both FP8 attention and FP8 linears); `overrides` are config keys applied on top.
     backend: "fp8" (lowering from the tensors' device) or "fp8_npu".
-    prepare: first call fx_fp8.prepare_model on each transformer, so the FP8 weights
+    prepare: fx_fp8.prepare_model each transformer on its first call, with that call's inputs
+      (so the sensitive layers are found by the graph's structure, as the backend finds them;
+      by name, up front, where the model carries diffusers hooks or gets a cache or context
+      parallelism from compile_pipeline: tracing it would move the hooks' state), so the quantized weights
       replace the original ones in memory. This is destructive: restore_pipeline then gives
       back a transformer whose eligible linears are QuantizedLinear modules, unless
       keep_weights=True, which keeps the original nn.Linear modules on the CPU to put back
@@ -304,15 +312,29 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
                              kept_linears={}, base_class=type(pipe))
     for attr, module in transformers.items():
-        if prepare:
-            linears = {n: m for n, m in module.named_modules() if type(m) is nn.Linear} if keep_weights else {}
-            state.prepared[attr] = prepare_model(module, cfg)
-            if keep_weights:
-                state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
-        # issue 12: cache hooks, then context parallelism, on the prepared module (fx_fp8/parallel.py)
-        state.extras[attr] = _parallel.apply_pipeline_options(module, popts)
         compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
-        _parallel.compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
+
+        def setup(example_inputs, attr=attr, module=module):
+            """prepare, then cache hooks, then context parallelism, then regions (fx_fp8/parallel.py):
+            preparing after the parallel hooks would drop diffusers' gather hook on proj_out."""
+            if attr in state.extras:
+                return  # already set up
+            state.pending_setup.pop(attr, None)
+            if prepare:
+                linears = {n: m for n, m in module.named_modules() if type(m) is nn.Linear} if keep_weights else {}
+                state.prepared[attr] = prepare_model(module, cfg, example_inputs=example_inputs)
+                if keep_weights:
+                    state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
+            state.extras[attr] = _parallel.apply_pipeline_options(module, popts)
+            _parallel.compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
+
+        if prepare and cfg.linear_enabled and not _has_hooks(module) and not popts.enabled:
+            # on the first call: prepare_model traces the model on that call's inputs, so it finds the
+            # sensitive layers by structure as the backend does (by name otherwise)
+            state.pending_setup[attr] = setup
+            state.hook_handles.append(compiled.register_forward_pre_hook(_once(setup), with_kwargs=True))
+        else:
+            setup(None)
         state.hook_handles.append(compiled.register_forward_pre_hook(_pre_hook(state, attr)))
         state.compiled[attr] = compiled
     _install_scheduler_hook(state, scheduler)
@@ -340,6 +362,25 @@ def publish_steps(pipe):
             yield state
     finally:
         _remove_scheduler_hook(state)
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    """Does the model carry diffusers hooks already (a cache the user enabled)? Then tracing it
+    once more on real inputs would move the hooks' state; it is prepared by names, up front."""
+    return any(getattr(m, "_diffusers_hook", None) is not None for m in module.modules())
+
+
+def _once(setup):
+    """A forward pre-hook that runs setup((args, kwargs)) before the first call (setup itself
+    returns at once when it has run)."""
+    lock = threading.Lock()
+
+    def hook(compiled, args, kwargs):
+        with lock:
+            setup((args, kwargs))
+        return None
+
+    return hook
 
 
 def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:

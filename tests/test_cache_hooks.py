@@ -47,20 +47,22 @@ SELF_ATTENTION = {"flux": ("transformer_blocks.0.attn", "transformer_blocks.1.at
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _count_call(module, args) -> None:
-    module._fx_count.add_(1)
-
-
 def _counters(transformer) -> list:
-    """A run counter on each block's self-attention query projection (called iff the block computes)."""
+    """A run counter on each block's self-attention query projection (called iff the block computes).
+    The counter lives in the hook, not on the module: prepare_model may replace the module (its
+    hooks move to the replacement)."""
     model = getattr(transformer, "_orig_mod", transformer)
-    mods = []
+    counts = []
     for name, m in model.named_modules():
         if name.endswith((".attn.to_q", ".attn1.to_q")):
-            m._fx_count = torch.zeros((), dtype=torch.long)
-            m.register_forward_pre_hook(_count_call)
-            mods.append(m)
-    return mods
+            count = torch.zeros((), dtype=torch.long)
+
+            def hook(module, args, count=count):
+                count.add_(1)  # (a pre-hook's return value would replace the arguments)
+
+            m.register_forward_pre_hook(hook)
+            counts.append(count)
+    return counts
 
 
 def _pipeline(name: str):
@@ -69,12 +71,12 @@ def _pipeline(name: str):
         return build_tiny_pipeline(name)
 
 
-def _run(pipe, kwargs, mods):
-    for m in mods:
-        m._fx_count.zero_()
+def _run(pipe, kwargs, counts):
+    for c in counts:
+        c.zero_()
     out = pipe(**kwargs, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(0), output_type="latent")
     out = out.images if hasattr(out, "images") else out.frames
-    return out.float(), [int(m._fx_count) for m in mods]
+    return out.float(), [int(c) for c in counts]
 
 
 def _rel(a, b) -> float:

@@ -78,9 +78,10 @@ def test_pipeline_publishes_steps(name):
     # the user's callback still runs, with diffusers' indices; the published step is already the next one
     assert seen == [(i, i + 1) for i in range(STEPS)]
     assert fx_fp8.current_step() is None
-    # one Dynamo graph, two step variants (Wan2.2's experts share it: same class, and after
-    # prepare_model their FP8 weights are graph inputs)
-    assert (g1 - g0, u1 - u0) == (2, 1)
+    # two step variants of the transformer's graph (Wan2.2's experts share it: same class, and
+    # after prepare_model their FP8 weights are graph inputs); Dynamo also traced the model once
+    # for prepare_model's structural analysis (a capturing backend, nothing compiled)
+    assert g1 - g0 == 2 and u1 > u0
     assert _rel(out, ref) < MAX_REL_ERROR
 
     if name == "wan2.2":
@@ -270,8 +271,9 @@ def test_restore_with_kept_weights_is_exact():
     ref = pipe()
     original = pipe.transformer
     compile_pipeline(pipe, keep_weights=True)
-    assert isinstance(original.to_qkv, QuantizedLinear)  # prepared in place
+    assert type(original.to_qkv) is nn.Linear  # prepared on the first call, with its inputs
     assert not torch.equal(pipe(), ref)
+    assert isinstance(original.to_qkv, QuantizedLinear)  # prepared in place
     restore_pipeline(pipe)
     assert pipe.transformer is original and type(pipe) is ToyPipeline
     assert type(original.to_qkv) is nn.Linear
@@ -281,8 +283,10 @@ def test_restore_with_kept_weights_is_exact():
 def test_restore_without_kept_weights_leaves_fp8_linears():
     pipe = _toy()
     compile_pipeline(pipe)
+    pipe(num_inference_steps=1)
     restore_pipeline(pipe)
     assert isinstance(pipe.transformer.to_qkv, QuantizedLinear)
+    assert type(pipe.transformer.to_out) is nn.Linear  # the final projection: found by structure, kept native
     pipe()  # still runs, eagerly
     with pytest.raises(ValueError, match="not compiled"):
         restore_pipeline(pipe)

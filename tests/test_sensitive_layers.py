@@ -222,6 +222,42 @@ def test_analysis_never_raises_and_claims_nothing_it_cannot_see():
     assert find_sensitive_linears(None) == {}
 
 
+def test_prepare_model_with_example_inputs_finds_them_by_structure():
+    model, kw = toy(), toy_inputs()
+    result = fx_fp8.prepare_model(model, quantization="fp8", example_inputs=kw)
+    assert "blocks.0.ada" not in result["quantized"]
+    assert result["native"]["blocks.0.ada"].startswith("adaLN modulation")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compile_run(model, kw)
+    assert not [w for w in caught if "prepare_model quantized" in str(w.message)]
+
+
+def test_compile_pipeline_prepares_by_structure_on_the_first_call():
+    from fx_fp8.pipelines import compile_pipeline, pipeline_state
+
+    class Scheduler:
+        def step(self, out, t, x):
+            return x - 0.1 * out
+
+    class Pipe:
+        def __init__(self):
+            self.transformer, self.scheduler = toy(), Scheduler()
+
+        def __call__(self, steps=2):
+            kw = toy_inputs()
+            for i in range(steps):
+                kw["x"] = self.scheduler.step(self.transformer(**kw), i, kw["x"])
+            return kw["x"]
+
+    pipe = compile_pipeline(Pipe(), quantization="fp8")
+    assert pipeline_state(pipe).prepared == {}  # nothing yet: prepared with the first call's inputs
+    with torch.no_grad():
+        pipe()
+    prepared = pipeline_state(pipe).prepared["transformer"]
+    assert prepared["native"]["blocks.0.ada"].startswith("adaLN modulation")
+
+
 def test_prepared_model_with_structurally_sensitive_linears_warns():
     model, kw = toy(), toy_inputs()
     result = fx_fp8.prepare_model(model, quantization="fp8")
