@@ -7,7 +7,7 @@ after `fx_fp8.prepare_model` + `torch.compile(backend="fp8")` + one call,
 prints a table per layer kind, and appends a dated section to
 benchmarks/RESULTS.md.
 
-    python benchmarks/linear_memory.py [--double 2] [--single 2] [--no-results]
+    python benchmarks/linear_memory.py [--double 2] [--single 2] [--quantization int8] [--no-results]
 """
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--double", type=int, default=2, help="double-stream blocks")
     ap.add_argument("--single", type=int, default=2, help="single-stream blocks")
+    ap.add_argument("--quantization", choices=["fp8", "int8"], default="fp8", help="W8A8 method (default fp8)")
     ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
@@ -109,9 +110,11 @@ def main(argv=None):
     kw = inputs()
     before_kinds = per_kind(model)
     total_before = fx_fp8.reachable_tensor_bytes(model)
-    result = fx_fp8.prepare_model(model)
+    method = args.quantization
+    result = fx_fp8.prepare_model(model, quantization=method)
     t_prep = time.time()
-    compiled = torch.compile(model, backend="fp8")
+    options = {"quantization": method, "diffusion_kv_cache_dtype": "fp8"} if method != "fp8" else None
+    compiled = torch.compile(model, backend="fp8", options=options)
     with torch.no_grad():
         out = output_tensor(compiled(**kw))
     assert torch.isfinite(out.float()).all(), "non-finite output"
@@ -131,13 +134,15 @@ def main(argv=None):
     rows.append(("quantized linears", f"{len(result['quantized'])}", mib(result["bytes_before"]), mib(result["bytes_after"]),
                  f"{result['bytes_after'] / result['bytes_before']:.3f}"))
     rows.append(("whole model (reachable tensors)", "", mib(total_before), mib(total_after), f"{total_after / total_before:.3f}"))
-    headers = ["layer kind", "FP8 / linears", "MiB before", "MiB after", "ratio"]
+    headers = ["layer kind", f"{method.upper()} / linears", "MiB before", "MiB after", "ratio"]
 
     from tabulate import tabulate
 
     params = sum(p.numel() for p in model.parameters())
     title = (f"Flux width 3072, {args.double} double + {args.single} single blocks, bf16, {params / 1e6:,.0f}M parameters "
              f"after prepare_model; prepare {t_prep - t0:.1f} s (incl. build), compile + 1 call {t_run - t_prep:.1f} s")
+    if method != "fp8":
+        title = f"{method.upper()} W8A8 (quantization: {method}): " + title
     print(title)
     print(tabulate(rows, headers=headers))
     print(f"report: {report.summary()}, original copy kept: {report.weights.get('original_copy_kept')}")
@@ -147,10 +152,14 @@ def main(argv=None):
         with open(RESULTS, "a") as f:
             if new:
                 f.write(HEADER)
-            f.write(f"\n## {datetime.date.today().isoformat()} linear_memory.py\n\n")
+            f.write(f"\n## {datetime.date.today().isoformat()} linear_memory.py"
+                    + (f" --quantization {method}" if method != "fp8" else "") + "\n\n")
             cpu = " ".join(x for x in (platform.machine(), platform.processor()) if x)
+            import diffusers
+
             f.write(f"Machine: {cpu} ({os.cpu_count()} CPUs), "
-                    f"{platform.system()}; torch {torch.__version__}; lowering {report.lowering}.\n\n")
+                    f"{platform.system()}; torch {torch.__version__}; diffusers {diffusers.__version__}; "
+                    f"lowering {report.lowering}.\n\n")
             f.write(title + ".\n\n")
             f.write(tabulate(rows, headers=headers, tablefmt="github") + "\n")
         print(f"appended to {RESULTS}")

@@ -4,6 +4,8 @@
     python benchmarks/tiny_quality.py                      # default FP8 config (attention + linears)
     python benchmarks/tiny_quality.py --ablation           # also attention-only, linears-only, ... rows
     python benchmarks/tiny_quality.py --diffusion-kv-cache-skip-steps 0,1 --no-append
+    python benchmarks/tiny_quality.py --int8                # also INT8 W8A8 rows next to the FP8 ones
+    python benchmarks/tiny_quality.py --quantization int8   # the given config: INT8 linears only
 
 Prompt i is drawn from the tiny model's grammar with seed i and generated with noise seed i,
 so every run compares the same 16 images. Results are printed as a table and appended
@@ -45,6 +47,14 @@ ABLATIONS = {
 }
 
 
+# --int8 rows: INT8 W8A8 linears next to FP8 ones (issue 15)
+INT8_ROWS = {
+    "linears only, FP8": dict(diffusion_kv_cache_dtype=None, quantization="fp8"),
+    "linears only, INT8": dict(diffusion_kv_cache_dtype=None, quantization="int8"),
+    "FP8 attention + INT8 linears": dict(diffusion_kv_cache_dtype="fp8", quantization="int8"),
+}
+
+
 def prompts_and_seeds(n: int) -> list[tuple[str, int]]:
     return [(random_prompt(np.random.default_rng(i)), i) for i in range(n)]
 
@@ -57,13 +67,14 @@ def generate(pipe, cases, steps) -> list[np.ndarray]:
     return out
 
 
-def evaluate(config, cases, steps, native, backend) -> dict:
-    """Compile a fresh pipeline with `config`, generate, compare with the native images."""
+def evaluate(config, cases, steps, native, backend, *, pipe=None, prepare: bool = True) -> dict:
+    """Compile a fresh pipeline (or `pipe`) with `config`, generate, compare with the native images."""
     torch._dynamo.reset()
     fx_fp8.clear_reports()
-    pipe = load_tiny_pipeline()
+    if pipe is None:
+        pipe = load_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
-    fx_fp8.compile_pipeline(pipe, config, backend=backend)
+    fx_fp8.compile_pipeline(pipe, config, backend=backend, prepare=prepare)
     t0 = time.perf_counter()
     images = generate(pipe, cases, steps)
     seconds = time.perf_counter() - t0
@@ -72,10 +83,15 @@ def evaluate(config, cases, steps, native, backend) -> dict:
     ssims = np.array([s["ssim"] for s in scores])
     # the graph that quantizes (with step skips there is also a "native" variant)
     summary = [r for r in fx_fp8.get_reports() if r.step_variant in (None, "fp8")][-1].summary()
+    # quantized linears of any method ("34/48"; the method is named unless it is fp8: "34/48 int8")
+    linear_q = {a: n for a, n in summary["linear"].items() if a != "native" and n}
+    linear = f"{sum(linear_q.values())}/{sum(summary['linear'].values())}"
+    if set(linear_q) - {"fp8"}:
+        linear += " " + "+".join(sorted(linear_q))
     return {"psnr": float(np.mean(np.minimum(psnrs, 99.0))), "psnr_min": float(psnrs.min()),
             "ssim": float(ssims.mean()), "ssim_min": float(ssims.min()), "seconds": seconds,
             "attn": f"{summary['attention']['fp8']}/{sum(summary['attention'].values())}",
-            "linear": f"{summary['linear']['fp8']}/{sum(summary['linear'].values())}"}
+            "linear": linear}
 
 
 def machine() -> str:
@@ -130,6 +146,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--num-inference-steps", type=int, default=DEFAULT_NUM_INFERENCE_STEPS)
     parser.add_argument("--ablation", action="store_true", help="also measure the parts of the recipe separately")
+    parser.add_argument("--int8", action="store_true",
+                        help="also INT8 W8A8 rows: FP8 vs INT8 linears alone, and FP8 attention + INT8 linears")
     parser.add_argument("--no-append", action="store_true", help=f"do not append to {RESULTS}")
     add_fp8_flags(parser)
     args = parser.parse_args(argv)
@@ -146,9 +164,14 @@ def main(argv=None) -> int:
     native = generate(pipe, cases, steps)
     native_s = time.perf_counter() - t0
 
-    rows = [("FP8 (given config)", config)]
+    given = "FP8 (given config)"
+    if config.linear_enabled and config.quantization != "fp8":
+        given = f"{config.quantization.upper()} linears (given config)"
+    rows = [(given, config)]
     if args.ablation:
         rows += [(name, config.replace(**over)) for name, over in ABLATIONS.items()]
+    if args.int8:
+        rows += [(name, config.replace(**over)) for name, over in INT8_ROWS.items()]
     from tabulate import tabulate
 
     table_rows = []

@@ -30,6 +30,7 @@ from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, module_name, module_nam
 from fx_fp8.passes.sensitive import find_sensitive_linears
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.steps import variant_for_step
+from fx_fp8.weights import QuantizedLinear
 
 #: torch.compile options that configure the backend rather than the FP8 config
 BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode")
@@ -184,7 +185,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     static_scales = (load_activation_scales(qcfg.activation_scales)
                      if config.linear_enabled and qcfg.activation_scheme == "static" else None)
     if static_scales is not None and model is not None:
-        check_scales_match(static_scales, [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)])
+        check_scales_match(static_scales, [n for n, m in model.named_modules()
+                                           if isinstance(m, (torch.nn.Linear, QuantizedLinear))])
     layer_map = _layer_map(gm, model)
     # graph analyses, once per Dynamo graph (node keys are mapped onto each variant's copy)
     # (the last linear of a block compiled on its own is no final projection: only the model's graph has one)

@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.calibration import check_scales_match, load_activation_scales
+from fx_fp8.calibration import (channel_stats, check_channel_amax, check_scales_match, load_activation_scales,
+                                method_scale, smoothed_static_scale)
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.passes.sensitive import sensitive_linear_names
@@ -32,6 +33,10 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     ({module name: reason}) passes such a result directly.
     Everything is checked and every weight quantized before the model is
     touched: an error leaves the model exactly as it was.
+    With quantization_config.smoothing_alpha, each layer is smoothed on its own (prepare_model
+    sees no graph, so no activation-quantization groups): s from the calibrated channel
+    maxima and the layer's weight columns, the weight stored as quantized W * s and 1/s as
+    the layer's `input_smoothing` buffer (bytes_after counts it).
     Returns {"quantized": [names], "native": {name: reason}, "bytes_before", "bytes_after", "method"}.
     Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
     """
@@ -48,37 +53,61 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         args, kwargs = _split_inputs(example_inputs)
         sensitive = sensitive_linear_names(model, args, kwargs)
     sensitive = sensitive or {}
-    scales = None
+    scales = channel = None
     if qcfg.activation_scheme == "static":
         scales = load_activation_scales(qcfg.activation_scales)
         check_scales_match(scales, [n for n, _ in linears])
+    if qcfg.smoothing_alpha is not None:
+        channel = channel_stats(qcfg.activation_scales)
+        check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
     plan = []
     for name, module in linears:
         reason = linear_native_reason(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
                                       sensitive.get(name))
         if reason is None and scales is not None and name not in scales:
             reason = "no static activation scale for this layer (recalibrate)"
+        if reason is None and channel is not None and name not in channel:
+            reason = "no channel statistics for smoothing_alpha in the calibration (recalibrate with fx_fp8.calibrate)"
         if reason is not None:
             result["native"][name] = reason
             continue
+        device = module.weight.device
         with torch.no_grad():
-            wq, ws = quant.quantize_weight(module.weight.detach(), qcfg.weight_granularity, qcfg.weight_block_size,
-                                           qcfg.method)
-        input_scale = (torch.tensor(scales[name], dtype=torch.float32, device=module.weight.device)
-                       if scales is not None else None)
+            w, inverse, static = module.weight.detach(), None, None
+            if channel is not None:
+                check_channel_amax(name, channel[name], module.in_features)
+                s = quant.smoothing_factors(channel[name], w.abs().amax(dim=0).float(), qcfg.smoothing_alpha)
+                w, inverse = w.float() * s.to(device), (1.0 / s).to(device)
+                if scales is not None:
+                    static = smoothed_static_scale(channel[name], inverse, qcfg.method)
+            elif scales is not None:
+                static = method_scale(scales[name], qcfg.method)
+            wq, ws = quant.quantize_weight(w, qcfg.weight_granularity, qcfg.weight_block_size, qcfg.method)
+        input_scale = torch.tensor(static, dtype=torch.float32, device=device) if static is not None else None
         plan.append((name, module, QuantizedLinear(
             wq, ws, module.bias, method=qcfg.method, weight_granularity=qcfg.weight_granularity,
             weight_block=qcfg.weight_block_size,
             act_granularity=qcfg.act_granularity if qcfg.act_granularity != "static" else qcfg.activation_granularity,
-            input_scale=input_scale, orig_dtype=module.weight.dtype)))
+            input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse)))
     # every check passed and every weight is quantized: only now change the model
     for name, module, new in plan:
         parent_name, _, child = name.rpartition(".")
+        _carry_hooks(module, new)
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         result["bytes_before"] += module.weight.numel() * module.weight.element_size()
         result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
+        if new.input_smoothing is not None:
+            result["bytes_after"] += new.input_smoothing.numel() * 4
         result["quantized"].append(name)
     return result
+
+
+def _carry_hooks(old: nn.Module, new: nn.Module) -> None:
+    """The replaced linear's forward (pre-)hooks keep running on its quantized replacement
+    (copied: removing an old handle no longer removes them)."""
+    for attr in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+        getattr(new, attr).update(getattr(old, attr))
 
 
 def _split_inputs(example_inputs) -> tuple[tuple, dict]:

@@ -56,7 +56,7 @@ def linear_native_reason(name: str, in_features: int, out_features: int, dtype, 
         if sensitive is None and hit is not None:
             sensitive = f"known sensitive layer (pattern {hit!r})"
         if sensitive is not None:
-            return f"{sensitive}; kept native (quantization_config.quantize_sensitive: true quantizes it)"
+            return f"{sensitive}; kept native (quantize_sensitive: true quantizes it)"
     if dtype not in FLOAT_DTYPES:
         return f"weight dtype {dtype} not supported"
     if in_features % 16 or out_features % 16:

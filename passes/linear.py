@@ -14,6 +14,17 @@ opaque fx_fp8::quantize_activation call is written per group.
 Prepared QuantizedLinear modules (prepare_model) reach the graph as
 fx_fp8::quantized_linear calls and are rewritten the same way; devices without
 quantized matrix units get fx_fp8::weight_only_linear.
+
+SmoothQuant-style smoothing (quantization_config.smoothing_alpha): after the
+groups are formed, each group gets one vector s from the calibrated per-channel
+activation maxima and the group's weight columns; every member's weight is
+quantized as W * s (its own cached copy) and the group's activation is
+multiplied by 1/s before its one quantization:
+    inv = fx_fp8::input_smoothing(W_first, alpha)   # 1/s kept on the weight, read per call
+    xq, xs = quantize(x * inv)
+1/s is looked up at run time, never a graph constant (Dynamo shares a graph
+between model instances). Prepared layers carry their own 1/s buffer (per layer:
+they do not share a quantization then).
 """
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from fx_fp8.calibration import channel_stats, check_channel_amax, method_scale, smoothed_static_scale
 from fx_fp8.ops import quant
 from fx_fp8.passes.base import FXPass
 from fx_fp8.passes.fx_utils import call_args, insert_function, meta_val, real_tensor
@@ -33,11 +45,11 @@ from fx_fp8.passes.names import module_name
 from fx_fp8.patterns import first_match
 from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason
 from fx_fp8.shapes import shape_str
-from fx_fp8.weights import attach_static_input_scale, quantized_weight
+from fx_fp8.weights import Smoothing, attach_smoothing, attach_static_input_scale, quantized_weight
 
 LINEAR_TARGETS = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
 PREPARED_TARGETS = {torch.ops.fx_fp8.quantized_linear, torch.ops.fx_fp8.quantized_linear.default}
-PREPARED_PARAMS = ["x", "weight", "weight_scale", "bias", "input_scale"]
+PREPARED_PARAMS = ["x", "weight", "weight_scale", "bias", "input_scale", "input_smoothing"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +67,11 @@ def static_quant_fn(method: str):
     return quantize
 
 
+def smooth_input(x, inverse):
+    """x * (1/s) before the group's quantization (plain torch ops: fused into the producer)."""
+    return quant.smooth_activation(x, inverse)
+
+
 def restore_leading_dims(y, x):
     """[M, N] -> x.shape[:-1] + (N,)."""
     return y.unflatten(0, x.shape[:-1])
@@ -64,18 +81,29 @@ class Linear:
     """One linear the pass will rewrite, and how."""
 
     def __init__(self, node, module, x, weight, weight_scale, bias, input_scale, *, method, weight_granularity,
-                 weight_block, act, weight_only, prepared, shapes):
+                 weight_block, act, weight_only, prepared, shapes, input_smoothing=None, real_weight=None,
+                 channel_amax=None):
         self.node, self.module = node, module
         self.x, self.weight, self.weight_scale, self.bias, self.input_scale = x, weight, weight_scale, bias, input_scale
         self.method, self.weight_granularity, self.weight_block = method, weight_granularity, list(weight_block or [])
         self.act, self.weight_only, self.prepared, self.shapes = act, weight_only, prepared, shapes
+        # smoothing: a prepared layer's 1/s buffer (graph node); for an unprepared one its weight and
+        # calibrated channel maxima, then the group's Smoothing (set by FP8LinearPass._smooth)
+        self.input_smoothing, self.real_weight, self.channel_amax = input_smoothing, real_weight, channel_amax
+        self.smoothing: Optional[Smoothing] = None
+
+    @property
+    def smoothed(self) -> bool:
+        return self.input_smoothing is not None or self.channel_amax is not None
 
     def group_key(self):
         """Linears with equal keys share one activation quantization."""
         if self.act == "static":  # a calibrated scale per layer: never shared
             return (self.x, "static", self.node)
+        if self.input_smoothing is not None:  # a prepared layer's own 1/s: never shared
+            return (self.x, "smoothed", self.node)
         group = self.weight_block[1] if self.act == "group" else 0
-        return (self.x, self.method, self.act, group)
+        return (self.x, self.method, self.act, group) + (("smoothed",) if self.smoothed else ())
 
 
 class FP8LinearPass(FXPass):
@@ -96,6 +124,9 @@ class FP8LinearPass(FXPass):
         self.on = ctx.config.linear_enabled
         self.scales = ctx.static_scales
         self.sensitive = ctx.analysis.get("sensitive", {})
+        self.alpha = self.qcfg.smoothing_alpha if self.on else None
+        # {linear name: max |x| per input channel} (raises, naming the key, when the calibration has none)
+        self.channel = channel_stats(self.qcfg.activation_scales) if self.alpha is not None else None
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         weights = self.ctx.report.weights
@@ -114,9 +145,12 @@ class FP8LinearPass(FXPass):
                 item = self._decide(gm, node, matched)
                 if item is not None:
                     plan.append(item)
+        self._check_channel_names(plan)
         groups: dict = {}
         for item in plan:
             groups.setdefault(item.group_key(), []).append(item)
+        for members in groups.values():
+            self._smooth(members)
         replaced: dict = {}  # a linear whose output feeds another linear is replaced first
         for n, members in enumerate(groups.values()):
             for m in members:
@@ -140,16 +174,22 @@ class FP8LinearPass(FXPass):
             return None
         real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
         q = self.qcfg
-        wq, ws = quantized_weight(real_w, q.method, q.weight_granularity, q.weight_block_size)  # once, now
-        if q.activation_scheme == "static":
-            attach_static_input_scale(real_w, self.scales[module])
+        weight_only = self._weight_only(w, q.method)
         weights = self.ctx.report.weights
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
-        weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
         weights["original_copy_kept"] = True
+        amax = None
+        if self.channel is not None and not weight_only:  # smoothed: quantized per group, in _smooth
+            amax = self.channel[module]
+            check_channel_amax(module, amax, real_w.shape[1])
+        else:
+            wq, ws = quantized_weight(real_w, q.method, q.weight_granularity, q.weight_block_size)  # once, now
+            weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
+            if q.activation_scheme == "static":
+                attach_static_input_scale(real_w, method_scale(self.scales[module], q.method))
         return Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=q.method,
                       weight_granularity=q.weight_granularity, weight_block=q.weight_block_size, act=q.act_granularity,
-                      weight_only=self._weight_only(w, q.method), prepared=False, shapes=shapes)
+                      weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
 
     def _reason(self, node, args, module, x, w) -> Optional[str]:
         if not self.on:
@@ -167,6 +207,8 @@ class FP8LinearPass(FXPass):
             return "weight is computed inside the graph (not a parameter), cannot pre-quantize"
         if self.scales is not None and module not in self.scales:
             return "no static activation scale for this layer (recalibrate)"
+        if self.channel is not None and module not in self.channel:
+            return "no channel statistics for smoothing_alpha in the calibration (recalibrate with fx_fp8.calibrate)"
         return self.ctx.lowering.linear_reason(x, w, self.qcfg)
 
     def _weight_only(self, w, method: str) -> bool:
@@ -179,14 +221,16 @@ class FP8LinearPass(FXPass):
 
     def _prepared(self, node, disagreeing: list) -> Linear:
         """A QuantizedLinear made by prepare_model: it reports and runs as it was prepared."""
-        args = call_args(node, PREPARED_PARAMS, {"bias": None, "input_scale": None})
+        args = call_args(node, PREPARED_PARAMS, {"bias": None, "input_scale": None, "input_smoothing": None})
         module = module_name(node)
         x, w = meta_val(args["x"]), meta_val(args["weight"])
         shapes = f"{shape_str(x)} -> {shape_str(w)}"
         method, wg, wb = args["method"], args["weight_granularity"], args["weight_block"]
         act = "static" if args["input_scale"] is not None else args["act_granularity"]
         q = self.qcfg
-        if (method, wg, act) != (q.method, q.weight_granularity, q.act_granularity) or not self.on:
+        smoothed = args["input_smoothing"] is not None
+        if ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity, self.alpha is not None)
+                or not self.on):
             disagreeing.append(module)
         why = self.sensitive.get(node)  # prepare_model decides by name only; the graph may know better
         if why is not None and not q.quantize_sensitive and not getattr(self, "_warned_sensitive_prepared", False):
@@ -197,7 +241,47 @@ class FP8LinearPass(FXPass):
                           "quantization_config.ignored_layers when calling prepare_model")
         return Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"], args["input_scale"],
                       method=method, weight_granularity=wg, weight_block=wb, act=act,
-                      weight_only=self._weight_only(w, method), prepared=True, shapes=shapes)
+                      weight_only=self._weight_only(w, method), prepared=True, shapes=shapes,
+                      input_smoothing=args["input_smoothing"])
+
+    def _check_channel_names(self, plan: list[Linear]) -> None:
+        """Smoothing statistics that name none of this graph's linears come from another model: an
+        error, not a silently all-native graph (as check_scales_match does for static scales)."""
+        if self.channel is None or any(m.channel_amax is not None for m in plan):
+            return
+        missing = [e.module for e in self.ctx.report.entries
+                   if e.op == "linear" and e.reason.startswith("no channel statistics")]
+        if missing:
+            raise ValueError(f"quantization_config.smoothing_alpha: none of the {len(missing)} eligible linears of "
+                             f"this graph has channel_amax statistics in the calibration (first: {missing[:3]}; the "
+                             f"calibration names look like {sorted(self.channel)[:3]}): calibrate this model with "
+                             "fx_fp8.calibrate")
+
+    # -- smoothing ---------------------------------------------------------------------------
+    def _smooth(self, members: list[Linear]) -> None:
+        """One smoothing vector per activation-quantization group of unprepared linears:
+        s = amax_x^alpha / max_over_members(|W[:, j]|)^(1 - alpha); each member's W * s is
+        quantized once, now, and the Smoothing attached to its weight for run time. With
+        static scales (one layer per group) the scale of the smoothed activation is
+        max_j(amax_j / s_j) / qmax."""
+        todo = [m for m in members if m.channel_amax is not None and not m.prepared]
+        if not todo:
+            return
+        q = self.qcfg
+        with torch.no_grad():
+            amax = functools.reduce(torch.maximum, [m.channel_amax for m in todo])
+            wmax = functools.reduce(torch.maximum, [m.real_weight.detach().abs().amax(dim=0).float().cpu()
+                                                    for m in todo])
+            sm = Smoothing.make(quant.smoothing_factors(amax, wmax, self.alpha), self.alpha,
+                                device=todo[0].real_weight.device)
+        weights = self.ctx.report.weights
+        for m in todo:
+            attach_smoothing(m.real_weight, sm)
+            wq, ws = quantized_weight(m.real_weight, q.method, q.weight_granularity, q.weight_block_size, sm)
+            weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
+            if m.act == "static":
+                attach_static_input_scale(m.real_weight, smoothed_static_scale(m.channel_amax, sm.inverse, q.method))
+            m.smoothing = sm
 
     # -- rewriting ---------------------------------------------------------------------------
     def _rewrite_group(self, gm, members: list[Linear], group: str, replaced: dict) -> None:
@@ -215,13 +299,17 @@ class FP8LinearPass(FXPass):
                               lowering=lowering.name)
                 base_meta = {k: v for k, v in m.node.meta.items() if k not in ("val", "example_value")}
                 if m.weight_only:
+                    x = m.x  # a prepared layer's weight is W * s: its input still needs the 1/s
+                    if m.input_smoothing is not None:
+                        x = insert_function(graph, smooth_input, (m.x, m.input_smoothing), m.node.meta)
                     new = out = graph.call_function(torch.ops.fx_fp8.weight_only_linear.default,
-                                                    (m.x, m.weight, m.weight_scale, m.bias), common)
+                                                    (x, m.weight, m.weight_scale, m.bias), common)
                 else:
+                    extra = {"smoothing_alpha": m.smoothing.alpha} if m.smoothing is not None else {}
                     new = graph.call_function(torch.ops.fx_fp8.scaled_mm.default,
                                               (xq, xs, m.weight, m.weight_scale, m.bias),
                                               dict(common, out_dtype=meta_val(m.x).dtype,
-                                                   fast_accum=self.qcfg.fast_accum))
+                                                   fast_accum=self.qcfg.fast_accum, **extra))
                     new.meta.update(base_meta)
                     out = insert_function(graph, restore_leading_dims, (new, m.x), m.node.meta)
                 out.meta.update(m.node.meta)  # same value as the linear it replaces
@@ -235,20 +323,27 @@ class FP8LinearPass(FXPass):
     def _quantize(self, graph, m: Linear):
         """(xq, xs) nodes for a group's activation, at the graph's insert point."""
         lowering = self.ctx.lowering
+        x = m.x
+        inverse = m.input_smoothing  # a prepared layer's 1/s buffer
+        if inverse is None and m.smoothing is not None:  # unprepared: the 1/s attached to the weight, read per call
+            inverse = graph.call_function(torch.ops.fx_fp8.input_smoothing.default, (m.weight,),
+                                          {"alpha": m.smoothing.alpha})
+        if inverse is not None:  # plain torch ops before the quantization (a fused one too, on NPU)
+            x = insert_function(graph, smooth_input, (m.x, inverse), m.node.meta)
         scale = m.input_scale
         if m.act == "static" and scale is None:  # unprepared: the scale attached to the weight
             scale = graph.call_function(torch.ops.fx_fp8.static_input_scale.default, (m.weight,))
         group = m.weight_block[1] if m.act == "group" else 0
         if lowering.fused_activation_quant:
             node = graph.call_function(
-                torch.ops.fx_fp8.quantize_activation.default, (m.x, scale),
+                torch.ops.fx_fp8.quantize_activation.default, (x, scale),
                 dict(method=m.method, granularity="tensor" if m.act == "static" else m.act, group=group,
                      lowering=lowering.name))
             node.meta["nn_module_stack"] = m.node.meta.get("nn_module_stack", {})
             return (graph.call_function(operator.getitem, (node, 0)), graph.call_function(operator.getitem, (node, 1)))
         if m.act == "static":
-            return insert_function(graph, static_quant_fn(m.method), (m.x, scale), m.node.meta)
-        return insert_function(graph, dynamic_quant_fn(m.method, m.act, group), (m.x,), m.node.meta)
+            return insert_function(graph, static_quant_fn(m.method), (x, scale), m.node.meta)
+        return insert_function(graph, dynamic_quant_fn(m.method, m.act, group), (x,), m.node.meta)
 
     def _describe(self, m: Linear) -> str:
         w = m.weight_granularity + (f" {m.weight_block}" if m.weight_granularity == "block" else "")
@@ -257,6 +352,10 @@ class FP8LinearPass(FXPass):
         if m.weight_only:
             return f"{name}: weight-only {m.method.upper()} ({w} scales), {src}"
         act = "static activations" if m.act == "static" else f"dynamic per-{m.act} activations"
+        if m.smoothing is not None:
+            act += f", smoothed (alpha {m.smoothing.alpha:g})"
+        elif m.input_smoothing is not None:
+            act += ", smoothed"
         return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}"
 
     def _notes(self, plan: list[Linear], matched: set, disagreeing: list) -> None:

@@ -124,3 +124,61 @@ def test_bad_scale_files(tmp_path):
     other.write_text(json.dumps({"a": 1.0}))
     with pytest.raises(ValueError, match="is not an fx_fp8 activation-scales file"):
         fx_fp8.load_activation_scales(other)
+
+
+# -- issue 15: per-channel statistics ("channel_amax") and INT8 static scales ----------------------
+def test_calibrate_records_channel_maxima_and_saves_them_compatibly(tmp_path):
+    lin = nn.Sequential(nn.Linear(32, 32))
+    xs = [torch.randn(3, 4, 32) * s for s in (1.0, 3.0, 2.0)]
+    scales = fx_fp8.calibrate(lin, [(x,) for x in xs])
+    want = torch.stack([x.abs().reshape(-1, 32).amax(0) for x in xs]).amax(0)
+    assert torch.equal(scales.channel_amax["0"], want)
+    assert scales["0"] == pytest.approx(float(want.max()) / 448.0)  # the per-tensor scale is unchanged
+    path = tmp_path / "cal.json"
+    fx_fp8.save_activation_scales(scales, path)
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT and set(data) == {"format", "scales", "channel_amax"}  # same format name
+    loaded = fx_fp8.load_activation_scales(path)
+    assert loaded == pytest.approx(scales) and torch.equal(loaded.channel_amax["0"], want)
+    # a file written before channel_amax existed still loads (no statistics)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": FORMAT, "scales": {"0": 0.5}}))
+    assert fx_fp8.load_activation_scales(old) == {"0": 0.5} and fx_fp8.load_activation_scales(old).channel_amax is None
+    # a plain {name: scale} mapping still saves and loads
+    fx_fp8.save_activation_scales({"0": 0.25}, old)
+    assert fx_fp8.load_activation_scales(old) == {"0": 0.25}
+    # the calibration object rides in a config, through replace() too
+    cfg = fx_fp8.FP8Config.from_kwargs(quantization="int8", quantization_config={
+        "activation_scales": scales, "smoothing_alpha": 0.5})
+    assert cfg.replace(diffusion_kv_cache_dtype=None).quantization_config.activation_scales is scales
+
+
+@pytest.mark.parametrize("values", [[1.0, float("nan")], [1.0, float("inf")], [1.0, -1.0], ["a", 1.0], [], [[1.0]],
+                                    3.0])
+def test_channel_maxima_are_validated_when_loaded(values, tmp_path):
+    data = {"format": FORMAT, "scales": {"blocks.0.to_q": 0.1}, "channel_amax": {"blocks.0.to_q": values}}
+    with pytest.raises(ValueError, match=r"invalid channel_amax for 'blocks\.0\.to_q' in activation_scales"):
+        fx_fp8.load_activation_scales(data)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data, allow_nan=True))
+    with pytest.raises(ValueError, match=r"invalid channel_amax for 'blocks\.0\.to_q' in '.*c\.json'"):
+        fx_fp8.load_activation_scales(path)
+
+
+def test_int8_static_scales_use_the_int8_range():
+    """Calibrated scales are max|x| / 448; INT8 quantizes with max|x| / 127 (it clipped before)."""
+    torch.manual_seed(0)
+    m, x = nn.Sequential(nn.Linear(64, 64)).eval(), torch.randn(8, 64)
+    scales = fx_fp8.calibrate(m, [(x,)])
+    errors = {}
+    with torch.no_grad():
+        ref = m(x)
+    for method in ("fp8", "int8"):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out = torch.compile(m, backend="fp8", options={"quantization": method, "quantization_config": {
+                "activation_scheme": "static", "activation_scales": scales}})(x)
+        errors[method] = float((out - ref).norm() / ref.norm())
+    assert fx_fp8.get_reports()[-1].entries[0].action == "int8"
+    assert errors["int8"] < 0.02 and errors["fp8"] < 0.05, errors
+    assert float(m[0].weight._fx_fp8_input_scale) == pytest.approx(float(x.abs().max()) / 127.0)

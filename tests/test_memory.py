@@ -167,3 +167,35 @@ def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
     assert len(calls) == first  # 20 steady calls: no re-quantization
     w = model.get_submodule("transformer_blocks.0.attn.to_q").weight
     assert len(quantized_copies(w)) == 2
+
+
+@pytest.mark.parametrize("smoothing", [False, True])
+def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
+    """Issue 15: INT8 weights + fp32 scales (+ the 1/s vector with smoothing) <= 0.52x the bf16 bytes."""
+    model, kw = bf16_flux()
+    with torch.no_grad():
+        ref = output_tensor(model(**kw)).float()
+    total_before = fx_fp8.reachable_tensor_bytes(model)
+    qc = {}
+    if smoothing:
+        qc = {"activation_scales": fx_fp8.calibrate(model, [kw]), "smoothing_alpha": 0.5}
+    bf16_bytes = linear_weight_bytes(model, [n for n, m in model.named_modules() if type(m) is nn.Linear])
+    result = fx_fp8.prepare_model(model, quantization="int8", quantization_config=qc)
+    quantized = result["quantized"]
+    assert len(quantized) >= 15 and result["method"] == "int8"
+    layers = [model.get_submodule(n) for n in quantized]
+    assert all(m.weight.dtype == torch.int8 and (m.input_smoothing is not None) == smoothing for m in layers)
+    q_before = sum(bf16_bytes[n] for n in quantized)
+    q_after = sum(m.weight.numel() + m.weight_scale.numel() * 4
+                  + (m.input_smoothing.numel() * 4 if smoothing else 0) for m in layers)
+    assert result["bytes_before"] == q_before and result["bytes_after"] == q_after
+    assert q_after <= 0.52 * q_before, q_after / q_before
+    assert fx_fp8.reachable_tensor_bytes(model) == total_before - q_before + q_after
+    print(f"\nbf16 Flux (width 256), int8{' + smoothing' if smoothing else ''}: quantized linears {q_before} -> "
+          f"{q_after} bytes ({q_after / q_before:.3f}x)")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = output_tensor(torch.compile(model, backend="fp8", options={"quantization": "int8"})(**kw))
+    (report,) = fx_fp8.get_reports()
+    assert report.count("linear", "int8") == len(quantized) and report.count("linear", "fp8") == 0
+    assert 1e-4 < float((out.float() - ref).norm() / ref.norm()) < 0.05

@@ -13,6 +13,7 @@ called `kernel`: Inductor's fallback kernels take that name themselves.)
     quantized_linear     the eager composite a prepared QuantizedLinear calls; the linear pass
                          rewrites it into the compiled form
     static_input_scale   the calibrated activation scale kept on a weight (unprepared static scales)
+    input_smoothing      the SmoothQuant 1/s vector kept on a weight (unprepared weights with smoothing_alpha)
 
 The ops are inference-only: their autograd formula lets a graph that
 requires grad compile, and raises only if a backward actually runs through them.
@@ -91,20 +92,26 @@ def _(x, static_scale, *, method, granularity, group, lowering):
     return (x.new_empty((m, k), dtype=quant.METHODS[method][0]), x.new_empty(scale_shape, dtype=torch.float32))
 
 
-def _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block):
+def _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block, smoothing_alpha=None):
     """A prepared (quantized) weight with its scale, or the model's own weight: then its
-    quantized copy, made at compile time and kept on the weight (fx_fp8.weights)."""
+    quantized copy (of W * s with smoothing), made at compile time and kept on the weight
+    (fx_fp8.weights)."""
     if weight_scale is not None:
         return weight, weight_scale
-    return weights.quantized_weight(weight, method, weight_granularity, tuple(weight_block) or None)
+    block = tuple(weight_block) or None
+    if smoothing_alpha is not None:
+        return weights.smoothed_quantized_weight(weight, smoothing_alpha, method, weight_granularity, block)
+    return weights.quantized_weight(weight, method, weight_granularity, block)
 
 
 @torch.library.custom_op("fx_fp8::scaled_mm", mutates_args=())
 def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
               bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
-              out_dtype: torch.dtype, fast_accum: bool, lowering: str) -> torch.Tensor:
-    """xq [M, K] (quantized) x weight [N, K] -> [M, N] in out_dtype."""
-    wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block)
+              out_dtype: torch.dtype, fast_accum: bool, lowering: str,
+              smoothing_alpha: Optional[float] = None) -> torch.Tensor:
+    """xq [M, K] (quantized) x weight [N, K] -> [M, N] in out_dtype. With `smoothing_alpha`
+    (an unprepared weight of a smoothed group) the weight's quantized W * s is used."""
+    wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block, smoothing_alpha)
     out = get_lowering(lowering).scaled_mm(xq, x_scale, wq, ws, bias, method=method,
                                            weight_granularity=weight_granularity,
                                            weight_block=tuple(weight_block) or None, out_dtype=out_dtype,
@@ -137,12 +144,16 @@ def _(x, weight, weight_scale, bias, **_):
 
 @torch.library.custom_op("fx_fp8::quantized_linear", mutates_args=())
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
-                     input_scale: Optional[torch.Tensor], *, method: str, weight_granularity: str,
-                     weight_block: list[int], act_granularity: str, lowering: str) -> torch.Tensor:
-    """y = x @ W^T + b for a prepared QuantizedLinear, eagerly: quantize x (dynamic per token /
-    per tensor, or with the static `input_scale`), then the lowering's scaled_mm."""
+                     input_scale: Optional[torch.Tensor], input_smoothing: Optional[torch.Tensor] = None, *,
+                     method: str, weight_granularity: str, weight_block: list[int], act_granularity: str,
+                     lowering: str) -> torch.Tensor:
+    """y = x @ W^T + b for a prepared QuantizedLinear, eagerly: smooth x (x * 1/s, when the
+    weight holds W * s), quantize it (dynamic per token / per tensor, or with the static
+    `input_scale`), then the lowering's scaled_mm."""
     impl = get_lowering(lowering)
     x2d = x.reshape(-1, x.shape[-1])
+    if input_smoothing is not None:
+        x2d = quant.smooth_activation(x2d, input_smoothing)
     block = tuple(weight_block) or None
     if input_scale is not None:
         xq, xs = quant.quantize_activation_static(x2d, input_scale, method)
@@ -154,7 +165,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
 
 
 @quantized_linear.register_fake
-def _(x, weight, weight_scale, bias, input_scale, **_):
+def _(x, weight, weight_scale, bias, input_scale, input_smoothing=None, **_):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
@@ -167,6 +178,19 @@ def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
 @static_input_scale.register_fake
 def _(weight):
     return weight.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("fx_fp8::input_smoothing", mutates_args=())
+def input_smoothing(weight: torch.Tensor, *, alpha: float) -> torch.Tensor:
+    """1/s, the SmoothQuant factors (fp32 [in_features]) attached to `weight` at compile time for
+    `alpha`: looked up per call, never a graph constant, so a graph Dynamo shares between model
+    instances multiplies each instance's activations by that instance's own 1/s."""
+    return weights.smoothing_of(weight, alpha).inverse.clone()
+
+
+@input_smoothing.register_fake
+def _(weight, *, alpha):
+    return weight.new_empty((weight.shape[1],), dtype=torch.float32)
 
 
 # -- inference only ---------------------------------------------------------------------------

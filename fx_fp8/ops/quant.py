@@ -91,6 +91,29 @@ def quantize_activation_static(x2d: torch.Tensor, scale: torch.Tensor, method: s
     return cast(x2d, scale, method), scale
 
 
+#: SmoothQuant factors are clamped to this range (a channel never scaled by more than 1e4 either way)
+SMOOTHING_RANGE = (1e-4, 1e4)
+
+
+def smoothing_factors(channel_amax: torch.Tensor, weight_amax: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant migration factors per input channel, fp32 [K]:
+    s_j = amax_x_j^alpha / amax_w_j^(1 - alpha), clamped to SMOOTHING_RANGE; 1 where the
+    channel or the weight column was never non-zero (nothing to migrate).
+    The linear then computes (x / s) @ (W * s)^T = x @ W^T: activations are multiplied by 1/s
+    before quantization, weight columns by s before theirs."""
+    a = channel_amax.detach().double().cpu()
+    w = weight_amax.detach().double().cpu()
+    s = a.pow(alpha) / w.pow(1.0 - alpha)
+    ok = (a > 0) & (w > 0) & torch.isfinite(s)
+    return torch.where(ok, s, torch.ones_like(s)).clamp(*SMOOTHING_RANGE).float()
+
+
+def smooth_activation(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """x * (1/s) over the last dim, computed in fp32 and returned in x's dtype (the dtype the
+    quantizer, or a fused device quantization kernel, reads)."""
+    return (x.float() * inverse.float()).to(x.dtype)
+
+
 def _pad_to(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     r, c = x.shape
     return torch.nn.functional.pad(x, (0, (-c) % cols, 0, (-r) % rows))

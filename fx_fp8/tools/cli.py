@@ -184,8 +184,8 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
     totals = {op: {"fp8": 0, "native": 0} for op in ("attention", "linear")}
     for r in primary:
         for op, counts in r.summary().items():
-            for action, n in counts.items():
-                totals[op][action] += n
+            for action, n in counts.items():  # fp8, int8, native
+                totals[op][action] = totals[op].get(action, 0) + n
     data = {
         "model": source.spec,
         "class": source.class_name,
@@ -223,8 +223,9 @@ def format_inspect(data: dict) -> str:
                    if g["entries"] else "(no attention or linear nodes)")
     s = data["summary"]
     out.append("\nsummary")
-    out.append(tabulate([(op, c["fp8"], c["native"]) for op, c in s["nodes"].items()],
-                        headers=["op", "fp8", "native"]))
+    actions = sorted({a for c in s["nodes"].values() for a in c}, key=lambda a: (a == "native", a))
+    out.append(tabulate([(op, *(c.get(a, 0) for a in actions)) for op, c in s["nodes"].items()],
+                        headers=["op", *actions]))
     w = s["weights"]
     out.append(f"weights: model {_mib(w['model_bytes_before'])} -> {_mib(w['model_bytes_after'])} with prepare_model "
                f"(quantized linears {_mib(w['quantized_linear_bytes_before'])} -> "
@@ -233,8 +234,9 @@ def format_inspect(data: dict) -> str:
     for g in graphs:
         if g not in shown:
             c = g["summary"]
-            line += (f"; variant {g['step_variant']} (skipped steps): attention {c['attention']['fp8']} fp8 / "
-                     f"{c['attention']['native']} native, linear {c['linear']['fp8']} fp8 / {c['linear']['native']} native")
+            parts = [f"{op} " + " / ".join(f"{n} {a}" for a, n in c[op].items() if n or a in ("fp8", "native"))
+                     for op in ("attention", "linear")]
+            line += f"; variant {g['step_variant']} (skipped steps): {', '.join(parts)}"
     out.append(line)
     for note in sorted({n for g in shown for n in g["notes"]}):
         out.append(f"note: {note}")
