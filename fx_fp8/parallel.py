@@ -53,6 +53,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.rules import linear_native_reason
 from fx_fp8.config import PIPELINE_KEYS  # noqa: E402,F401  keys a YAML may carry for the pipeline (FP8Config drops them)
 
 # -- cache backends -------------------------------------------------------------------------------
@@ -684,7 +685,6 @@ def check_before_prepare(model: nn.Module, prepare: bool, cfg) -> None:
     gather on proj_out, TaylorSeer's lite mode) would be lost silently. Refuse instead."""
     if not prepare or not cfg.linear_enabled:
         return
-    from fx_fp8.rules import linear_native_reason
 
     qcfg = cfg.quantization_config
     for name, m in getattr(model, "_orig_mod", model).named_modules():

@@ -35,6 +35,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8 import parallel as _parallel
 from fx_fp8 import steps as _steps
 from fx_fp8.backend import MODES
 from fx_fp8.config import FP8Config
@@ -242,8 +243,6 @@ def _run(pipe, state: PipelineFP8State):
         if _has_hooks(state.originals[attr]):  # a cache enabled since compile_pipeline: set up now, by names
             setup(None)
     if state.extras:  # issue 12: compile cache hooks enabled after compile_pipeline like the others
-        from fx_fp8 import parallel as _parallel
-
         _parallel.on_pipeline_run(state)
     run = _Run(state)
     run_token = _RUN.set(run)
@@ -293,8 +292,6 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
                          "call fx_fp8.restore_pipeline(pipe) first")
     cfg = FP8Config.load(config, **overrides)
     # issue 12: pipeline options (context parallelism, cache hooks) read from the same config; fx_fp8/parallel.py
-    from fx_fp8 import parallel as _parallel
-
     popts = _parallel.PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
                                            cache_config=cache_config)
     transformers = _find_transformers(pipe)
@@ -429,6 +426,4 @@ def restore_pipeline(pipe):
 
 def _undo_extras(module, extras) -> None:
     if extras is not None:
-        from fx_fp8 import parallel as _parallel
-
         _parallel.undo_pipeline_options(module, extras)

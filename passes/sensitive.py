@@ -43,6 +43,7 @@ import torch
 import torch.fx
 
 from fx_fp8.passes.attention_forms import is_attention
+from fx_fp8.passes.linear import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.passes.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
 from fx_fp8.shapes import concrete, known_equal, known_one
 
@@ -110,8 +111,6 @@ _OUTPUT_ARITH = {"mul", "add", "sub", "div", "truediv", "where", "masked_fill", 
 
 
 def _linear_targets() -> tuple[set, set]:
-    from fx_fp8.passes.linear import LINEAR_TARGETS, PREPARED_TARGETS
-
     return set(LINEAR_TARGETS), set(PREPARED_TARGETS)
 
 

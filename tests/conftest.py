@@ -22,8 +22,9 @@ def _fresh_compile_state():
     fx_fp8.set_step(None)
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=[pytest.param(f, marks=() if f == "flux" else pytest.mark.slow) for f in FAMILIES])
 def family(request) -> str:
+    """Each of the five families; the fast run (-m "not slow") covers Flux, the full suite all five."""
     return request.param
 
 

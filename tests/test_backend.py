@@ -72,6 +72,7 @@ ENTRY_POINT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_entry_points_without_importing_fx_fp8():
     proc = subprocess.run([sys.executable, "-c", ENTRY_POINT_SCRIPT], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -162,7 +163,7 @@ def test_report_serialises(block):
     assert "to_qkv" in report.table() and "action" in report.table()
 
 
-@pytest.mark.parametrize("downstream", ["eager", "inductor"])
+@pytest.mark.parametrize("downstream", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_downstream_compilers(block, downstream):
     report, out = summary_for(block, options={"downstream": downstream})
     assert report.downstream == downstream

@@ -34,6 +34,7 @@ def sd3():
         return build_tiny_transformer("sd3")
 
 
+@pytest.mark.slow
 def test_static_scales_round_trip_in_fresh_process(tmp_path):
     model = sd3()
     batches = [example_inputs("sd3", model, seed=s) for s in range(3)]

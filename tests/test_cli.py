@@ -153,6 +153,7 @@ def torch_logs():
     _init_logs()
 
 
+@pytest.mark.slow
 def test_dump_writes_graphs_and_torch_logs_shows_them(tmp_path, capsys, torch_logs):
     out = tmp_path / "dump"
     torch_logs("+fx_fp8")
@@ -225,6 +226,7 @@ def test_compare_json_writes_infinite_psnr_as_a_string(capsys, monkeypatch):
 
 
 # -- bad input: one line on stderr, exit status 2 ----------------------------------------------------
+@pytest.mark.slow
 def test_entry_point_runs_and_bad_input_exits_2_with_one_line(tmp_path):
     """The installed `fx-fp8` script (a subprocess: the entry point is the point)."""
     script = Path(sys.executable).with_name("fx-fp8")
@@ -333,6 +335,7 @@ def saved_wan(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_saved_wan_transformer_folder_loads_and_inspects(saved_wan, capsys):
     """WanTransformer3DModel keeps modules in float32: diffusers loads it only with accelerate."""
     code, out, err = cli(capsys, "inspect", "--model", saved_wan, "--format", "json")

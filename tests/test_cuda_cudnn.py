@@ -270,6 +270,7 @@ print("RESULT" + json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_runtime_path_end_to_end_on_cpu():
     """CudnnFP8Attention with the Triton pre-pass in the interpreter and the stand-in frontend: the
     graph's inputs carry the scales the emulation assumes, and the output / LSE come back right."""

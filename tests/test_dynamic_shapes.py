@@ -23,8 +23,7 @@ def graphs_over_resolutions(name, backend, dynamic):
     return counters["stats"]["unique_graphs"], compiled
 
 
-CASES = [pytest.param(name, dynamic, marks=() if (name, dynamic) == ("wan", True) else pytest.mark.slow)
-         for name in FAMILIES for dynamic in (None, True)]
+CASES = [pytest.param(name, dynamic, marks=pytest.mark.slow) for name in FAMILIES for dynamic in (None, True)]
 
 
 @pytest.mark.parametrize("name, dynamic", CASES)

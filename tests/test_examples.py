@@ -88,6 +88,7 @@ def test_text_to_image_compare_on_the_tiny_model(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "img.png").is_file() and (tmp_path / "img_compare.png").is_file()
 
 
+@pytest.mark.slow
 def test_text_to_video_on_a_tiny_random_wan(tmp_path, monkeypatch, capsys):
     out = _run_example("text_to_video.py", "--num-frames", "3", "--num-inference-steps", "2", "--output", "v.gif",
                        tmp_path=tmp_path, monkeypatch=monkeypatch, capsys=capsys)

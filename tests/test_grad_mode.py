@@ -21,7 +21,7 @@ class Block(nn.Module):
         return self.ff(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, -1, 64))
 
 
-@pytest.mark.parametrize("downstream", ["eager", "inductor"])
+@pytest.mark.parametrize("downstream", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiles_and_runs_with_grad_enabled(downstream):
     m, x = Block(), torch.randn(1, 64, 64)
     assert all(p.requires_grad for p in m.parameters()) and torch.is_grad_enabled()

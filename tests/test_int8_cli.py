@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from fx_fp8.tools.cli import main
 
 
+@pytest.mark.slow
 def test_inspect_flux_int8_reports_int8_rows(capsys):
     code = main(["inspect", "--model", "flux", "--quantization", "int8"])
     out = capsys.readouterr().out

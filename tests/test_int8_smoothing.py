@@ -184,6 +184,7 @@ def test_calibrated_smoothed_flux_int8_end_to_end(scheme, scaled_mm_methods):
             smoothing_of(ws[0], ALPHA)
 
 
+@pytest.mark.slow
 def test_graph_looks_up_smoothing_per_call_and_fuses_into_one_quantization_per_group():
     """1/s reaches the graph through fx_fp8::input_smoothing(weight), once per group, never as a
     constant; the graph still holds one quantization (one amax) per group."""
@@ -224,6 +225,7 @@ def test_inductor_fuses_the_smoothing_multiply_into_the_quantization():
         assert rel_err(a, b) < 0.05
 
 
+@pytest.mark.slow
 def test_a_graph_shared_by_two_instances_uses_each_ones_smoothing():
     """Dynamo shares one graph between model instances (Wan2.2's two experts): run the graph
     compiled for expert 0 on expert 1's weights and it must use expert 1's 1/s and W * s."""
@@ -277,6 +279,7 @@ def test_cache_key_includes_the_smoothing():
 
 
 # -- prepare_model ----------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["dynamic", "static"])
 def test_prepare_model_smooths_each_layer(scheme):
     model = tiny_flux()
@@ -309,6 +312,7 @@ def test_prepare_model_smooths_each_layer(scheme):
 
 
 # -- the NPU lowering -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_npu_multiplies_before_its_fused_quantization(torch_npu_sim):
     model = tiny_flux(torch.bfloat16)
     calibration = fx_fp8.calibrate(model, [example_inputs("flux", model, seed=1, dtype=torch.bfloat16)])

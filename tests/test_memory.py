@@ -37,6 +37,7 @@ def run_steps(compiled, kw, steps):
     return out
 
 
+@pytest.mark.slow
 def test_prepare_model_frees_bf16_weights():
     model, kw = bf16_flux()
     with torch.no_grad():
@@ -75,6 +76,7 @@ def test_prepare_model_frees_bf16_weights():
         assert all("prepared weights" in e.reason for e in r.entries if e.op == "linear" and e.action == "fp8")
 
 
+@pytest.mark.slow
 def test_without_prepare_model_the_original_is_kept():
     model, kw = bf16_flux()
     total_before = fx_fp8.reachable_tensor_bytes(model)
@@ -90,6 +92,7 @@ def test_without_prepare_model_the_original_is_kept():
     assert fx_fp8.reachable_tensor_bytes(compiled) == total_before + w["quantized_linear_bytes_after"]
 
 
+@pytest.mark.slow
 def test_prepare_model_same_numerics_as_compile_time_quantization():
     model, kw = bf16_flux()
     with torch.no_grad():
@@ -134,6 +137,7 @@ def test_prepare_model_error_leaves_the_model_unchanged(bad):
     assert _state(model) == before
 
 
+@pytest.mark.slow
 def test_prepared_model_survives_dtype_and_device_moves():
     model, kw = bf16_flux()
     fx_fp8.prepare_model(model)
@@ -150,6 +154,7 @@ def test_prepared_model_survives_dtype_and_device_moves():
             assert out.dtype == dtype and float((out.float() - ref).norm() / ref.norm()) < 0.05
 
 
+@pytest.mark.slow
 def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
     """One model compiled with two configs keeps both quantized copies on its weights."""
     model, kw = bf16_flux()
@@ -169,6 +174,7 @@ def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
     assert len(quantized_copies(w)) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("smoothing", [False, True])
 def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
     """Issue 15: INT8 weights + fp32 scales (+ the 1/s vector with smoothing) <= 0.52x the bf16 bytes."""
@@ -199,3 +205,19 @@ def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
     (report,) = fx_fp8.get_reports()
     assert report.count("linear", "int8") == len(quantized) and report.count("linear", "fp8") == 0
     assert 1e-4 < float((out.float() - ref).norm() / ref.norm()) < 0.05
+
+
+@pytest.mark.slow
+def test_prepared_layers_report_how_they_were_prepared_and_disagreement_warns():
+    model, kw = bf16_flux()
+    fx_fp8.prepare_model(model, quantization_config={"weight_granularity": "tensor"})
+    compiled = torch.compile(model, backend="fp8")  # the default config says channel scales
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            compiled(**kw)
+    (report,) = fx_fp8.get_reports(compiled)
+    rows = [e for e in report.entries if e.op == "linear" and e.action == "fp8"]
+    assert rows and all("tensor weight scales" in e.reason and "prepared weights" in e.reason for e in rows)
+    msgs = [str(i.message) for i in w if "were prepared by prepare_model with another" in str(i.message)]
+    assert len(msgs) == 1 and "transformer_blocks.0.attn.to_q" in msgs[0]

@@ -12,6 +12,7 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("static", [False, True])
 def test_second_instance_uses_its_own_fp8_weights(static):
     with warnings.catch_warnings():

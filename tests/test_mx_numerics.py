@@ -13,6 +13,8 @@ import fx_fp8  # noqa: F401  registers torch.ops.fx_fp8.*
 from fx_fp8.config import AttentionQuantConfig
 from fx_fp8.ops import mx, quant
 
+pytestmark = pytest.mark.slow  # SQNR over B1 H8 S1024 D128 tensors: the full suite (CI) runs it
+
 B, H, S, D = 1, 8, 1024, 128
 OUTLIER_CHANNELS = [3, 17, 64, 100]
 

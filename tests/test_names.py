@@ -71,6 +71,7 @@ def test_split_source_spellings():
     assert normalize_module_path("getattr(L['self'].blocks, '3').attn") == "blocks.3.attn"
 
 
+@pytest.mark.slow
 def test_graph_break_inside_a_block_keeps_layer_numbers(fp8_attention_calls):
     model, kw = flux()
     block = model.transformer_blocks[1]
@@ -89,6 +90,7 @@ def test_graph_break_inside_a_block_keeps_layer_numbers(fp8_attention_calls):
     assert len(fp8_attention_calls) == 2  # what ran: layers 0 and 2 in FP8, 1 and 3 native
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["first_block_cache", "taylorseer"])
 def test_cache_hooks_keep_model_names(hook, fp8_attention_calls):
     from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig

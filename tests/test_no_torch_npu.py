@@ -95,6 +95,7 @@ def results() -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, error", [("absent", "ModuleNotFoundError"), ("runtime-error", "RuntimeError")])
 def test_fx_fp8_works_without_a_working_torch_npu(mode, error, results):
     out = results[mode]

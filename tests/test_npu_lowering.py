@@ -355,6 +355,7 @@ def check_linears(report, calls):
     assert calls["npu_dynamic_quant"] == len(groups - {""})  # one per activation-quantization group
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["flux", "wan"])
 def test_family_through_mindiesd(family, mindiesd_sim, torch_npu_sim):
     out, report, ref = compile_pair(family)
@@ -371,6 +372,7 @@ def test_family_through_mindiesd(family, mindiesd_sim, torch_npu_sim):
 
 @pytest.mark.parametrize("family, granularity, cann", [("flux", "block", OLD_CANN), ("wan", "block", OLD_CANN),
                                                        ("flux", "mx", "9.1.0"), ("wan", "mx", "9.1.0")])
+@pytest.mark.slow
 def test_family_through_torch_npu_without_mindiesd(family, granularity, cann, torch_npu_sim):
     torch_npu_sim.cann_version = cann
     attention = {"attention": {"granularity": granularity}}
@@ -382,6 +384,7 @@ def test_family_through_torch_npu_without_mindiesd(family, granularity, cann, to
     assert rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.slow
 def test_family_native_with_the_reason_where_no_path_fits(torch_npu_sim):
     out, report, ref = compile_pair("flux")  # current CANN refuses mode 7, MindIE-SD absent, granularity block
     attn = [e for e in report.entries if e.op == "attention"]
@@ -391,6 +394,7 @@ def test_family_native_with_the_reason_where_no_path_fits(torch_npu_sim):
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.slow
 def test_fp8_rows_name_the_attention_path(mindiesd_sim):
     """Needs the attention pass to ask `lowering.attention_kernel` (see its docstring) for FP8 nodes."""
     _, report, _ = compile_pair("flux")
@@ -398,6 +402,7 @@ def test_fp8_rows_name_the_attention_path(mindiesd_sim):
     assert rows and all("MindIE-SD" in e.reason for e in rows), [e.reason for e in rows]
 
 
+@pytest.mark.slow
 def test_atlas_a2_fp8_keeps_attention_native_and_runs_linears_weight_only(torch_npu_sim, mindiesd_sim):
     torch_npu_sim.chip = "Ascend910B3"
     with warnings.catch_warnings():
@@ -417,6 +422,7 @@ def test_atlas_a2_fp8_keeps_attention_native_and_runs_linears_weight_only(torch_
     assert rel_err(out, native) < 5e-2  # only the FP8 weight rounding remains
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chip", ["Ascend910B3", "Ascend950PR"])
 def test_int8_w8a8_on_atlas_a2_and_950(chip, torch_npu_sim):
     torch_npu_sim.chip = chip

@@ -50,6 +50,7 @@ def _graph_counters(pipe):
     return graphs, counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CALLS_PER_STEP))
 def test_pipeline_publishes_steps(name):
     with warnings.catch_warnings():
@@ -353,3 +354,23 @@ def test_two_pipelines_in_two_threads_each_run_their_own_steps():
         assert torch.equal(out, solo[name][0]), name
     assert results["a"][1][:2] == [(0, "fp8"), (0, "fp8")] and results["b"][1][:2] == [(0, "native"), (0, "native")]
     assert fx_fp8.current_step() is None  # nothing leaked into this thread
+
+
+def test_compile_kwargs_are_checked_before_anything_changes():
+    pipe = _toy()
+    linear = pipe.transformer.to_qkv
+    with pytest.raises(ValueError, match="unknown torch.compile keyword 'fullgrap'"):
+        compile_pipeline(pipe, compile_kwargs={"fullgrap": True})
+    with pytest.raises(ValueError, match="invalid mode 'fastest'"):
+        compile_pipeline(pipe, compile_kwargs={"mode": "fastest"})
+    assert pipe.transformer.to_qkv is linear and not hasattr(pipe, "_fx_fp8")
+
+
+@pytest.mark.slow
+def test_mode_with_a_non_default_config_works():
+    """torch.compile refuses mode= together with options=: compile_pipeline passes the mode
+    through the backend options (Inductor downstream)."""
+    pipe = compile_pipeline(_toy(), diffusion_kv_cache_skip_steps="1", compile_kwargs={"mode": "default"})
+    pipe(num_inference_steps=2)
+    reports = pipeline_state(pipe).reports()["transformer"]
+    assert reports and all(r.downstream == "inductor" for r in reports)

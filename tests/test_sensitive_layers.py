@@ -198,6 +198,7 @@ def test_no_timestep_input_flags_no_conditioning_linear():
     assert entries["blocks.0.ada"].action == entries["final_ada"].action == "fp8"
 
 
+@pytest.mark.slow
 def test_dynamic_shapes_give_the_same_decisions():
     model = toy()
     static, _ = compile_run(model, toy_inputs())

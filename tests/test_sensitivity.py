@@ -100,6 +100,7 @@ def _check_result(r, res, tmp_path, target):
     return cfg
 
 
+@pytest.mark.slow
 def test_sensitivity_tiny_model_meets_target(tmp_path):
     # 16x16, 4 steps: all-FP8 is about 36 dB here, so a 45 dB target makes the search work
     r, res = _sensitivity(tmp_path, "--steps", "4", "--prompts", "2", "--height", "16", "--width", "16",
@@ -112,6 +113,7 @@ def test_sensitivity_tiny_model_meets_target(tmp_path):
     _check_result(r, res, tmp_path, 45.0)
 
 
+@pytest.mark.slow
 def test_sensitivity_tiny_wan_meets_target(tmp_path):
     # random-weight Wan2.1 with classifier-free guidance (two transformer calls per step);
     # all-FP8 is about 57 dB, so ask for 65 dB

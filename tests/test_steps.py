@@ -35,6 +35,7 @@ def loop(compiled, kw, n=6):
     return outs
 
 
+@pytest.mark.slow
 def test_skip_steps_two_variants_one_dynamo_graph(sd3, variants):
     model, kw = sd3
     counters.clear()
@@ -81,6 +82,7 @@ def test_no_skips_one_graph(sd3, variants):
     assert torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.slow
 def test_unpublished_step_warns_once_per_compiled_model_and_runs_native(sd3, variants):
     model, kw = sd3
     compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "3"})

@@ -189,6 +189,7 @@ def test_denoising_loop_contract(pipe, monkeypatch):
 # --------------------------------------------------------------------------- quality
 
 
+@pytest.mark.slow
 def test_prompt_colour_quality(pipe):
     shape_rate, bg_rate = _color_match_rates(pipe, _quality_prompts())
     print(f"\ntrained tiny model: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%} "
@@ -197,6 +198,7 @@ def test_prompt_colour_quality(pipe):
     assert bg_rate >= 0.9
 
 
+@pytest.mark.slow
 def test_random_transformer_fails_quality(pipe):
     """The quality check is not trivial: an untrained transformer of the same config fails it."""
     torch.manual_seed(0)

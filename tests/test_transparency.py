@@ -48,6 +48,7 @@ def check_zoo_model(name):
     assert all(e.node for r in reports for e in r.entries)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST)
 def test_zoo_passthrough_exact_and_fp8_close(name):
     check_zoo_model(name)

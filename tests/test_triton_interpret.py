@@ -14,6 +14,8 @@ import pytest
 
 import triton  # noqa: F401,E402  a test dependency (pyproject [test]): fail, never skip, if missing
 
+pytestmark = pytest.mark.slow  # Triton's CPU interpreter is slow: the whole file runs in the full suite (CI)
+
 SCRIPT = r"""
 import json, math
 import torch
@@ -113,6 +115,7 @@ attn("float_key_mask", 1, 2, 90, 200, 64, "block", True, mask=fmask, lse=True)
 
 # through the custom ops, as the attention pass emits them (lowering "cuda")
 import fx_fp8  # noqa: F401  registers torch.ops.fx_fp8
+
 q, k, v = (torch.randn(1, 2, 150, 64).bfloat16() for _ in range(3))
 opkw = dict(granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True, quantize_p=True,
             p_scale=448.0, attention_kernel="triton")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fx_fp8.ops import quant
+from fx_fp8.ops.formats import FP8_DTYPE, FP8_MAX
 
 MX_BLOCK = 32
 E4M3_EMAX = 8           # exponent of float8_e4m3fn's largest normal (448 = 1.75 * 2**8)
@@ -64,7 +64,7 @@ def quantize_mx(x: torch.Tensor, dim: int, block: int = MX_BLOCK) -> tuple[torch
     nblk = -(-n // block)
     blocks = F.pad(xf, (0, nblk * block - n)).reshape(*xf.shape[:-1], nblk, block)
     scale = exp2(shared_exponent(blocks.abs().amax(dim=-1)))
-    q = (blocks / scale[..., None]).clamp(-quant.FP8_MAX, quant.FP8_MAX).to(quant.FP8_DTYPE)
+    q = (blocks / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     q = q.reshape(*xf.shape[:-1], nblk * block)[..., :n]
     return q.movedim(-1, dim).contiguous(), scale.movedim(-1, dim).contiguous()
 

@@ -11,11 +11,8 @@ import math
 
 import torch
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
-INT8_MAX = 127.0
-#: storage dtype and largest magnitude of each linear quantization method
-METHODS = {"fp8": (FP8_DTYPE, FP8_MAX), "int8": (torch.int8, INT8_MAX)}
+from fx_fp8.ops.formats import FP8_DTYPE, FP8_MAX, INT8_MAX, METHODS  # noqa: F401 (re-exported)
+from fx_fp8.ops import mx
 _TINY = 1e-12
 
 
@@ -214,7 +211,6 @@ def prepare_qkv(q, k, v, *, granularity, q_block, kv_block, hadamard, smooth_k):
     if hadamard:
         qf, kf = hadamard_rotate(qf), hadamard_rotate(kf)
     if granularity == "mx":  # MXFP8 (fx_fp8.ops.mx): dequantized values, unit scales
-        from fx_fp8.ops import mx
         return mx.reference_qkv(qf, kf, v)
     qq, sq = quantize_rows_in_blocks(qf, granularity, q_block)
     kq, sk = quantize_rows_in_blocks(kf, granularity, kv_block)

@@ -281,7 +281,7 @@ def cmd_dump(args) -> int:
 
 # -- compare -------------------------------------------------------------------------------------
 def _latent_psnr(ref, x) -> float:
-    from fx_fp8.tools.sensitivity import psnr_db
+    from fx_fp8.tools.image_metrics import psnr_db
 
     return psnr_db(float(((x - ref) ** 2).mean()), float(ref.max() - ref.min()) or 1.0)
 

@@ -51,11 +51,15 @@ def _pair(a, b) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def psnr_db(mse: float, peak: float = 1.0) -> float:
+    """Peak signal-to-noise ratio in dB of a mean squared error against a peak; inf for mse 0."""
+    return math.inf if mse <= 0 else 10.0 * math.log10(peak * peak / mse)
+
+
 def psnr(a, b) -> float:
-    """Peak signal-to-noise ratio in dB (peak 1.0); inf for identical images."""
+    """Peak signal-to-noise ratio in dB of two images (peak 1.0); inf for identical images."""
     x, y = _pair(a, b)
-    mse = float(np.mean((x - y) ** 2))
-    return math.inf if mse == 0 else 10.0 * math.log10(1.0 / mse)
+    return psnr_db(float(np.mean((x - y) ** 2)))
 
 
 def _gaussian(size: int, sigma: float) -> np.ndarray:

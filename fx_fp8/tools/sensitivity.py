@@ -35,6 +35,7 @@ from typing import Callable, Optional
 import torch
 
 from fx_fp8.config import FP8Config
+from fx_fp8.tools.image_metrics import psnr_db  # the one PSNR
 
 ITEM_KINDS = ("attention_layer", "attention_step", "linears_block", "linears_other")
 
@@ -96,10 +97,6 @@ def _finite(obj):
     if isinstance(obj, list):
         return [_finite(v) for v in obj]
     return obj
-
-
-def psnr_db(mse: float, peak: float) -> float:
-    return float("inf") if mse <= 0 else 10.0 * math.log10(peak * peak / mse)
 
 
 # -- running configs without re-tracing ------------------------------------------------------
