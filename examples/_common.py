@@ -1,6 +1,7 @@
 """What text_to_image.py and text_to_video.py share: timing, the native-vs-FP8 table, the run summary."""
 from __future__ import annotations
 
+import inspect
 import os
 import time
 
@@ -8,6 +9,7 @@ import torch
 
 import fx_fp8
 from fx_fp8.pipelines import pipeline_state
+from fx_fp8.tools.cli_flags import config_from_args, pipeline_options_from_args
 
 
 def quiet_diffusers() -> None:
@@ -22,6 +24,17 @@ def quiet_diffusers() -> None:
         transformers_logging.set_verbosity_error()
     except ImportError:
         pass
+
+
+def configs_from_args(args):
+    """(FP8Config, pipeline options) from the flags and --config, checked before any model loads:
+    bad flags or YAML exit with their one-line message."""
+    try:
+        cfg = config_from_args(args)
+        # context parallelism / cache: checked now (mag_cache's step count is settled once the pipeline is known)
+        return cfg, pipeline_options_from_args(args, num_inference_steps=args.num_inference_steps or 1)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def output_path(output, default_name: str) -> str:
@@ -141,10 +154,6 @@ def settle_pipeline_options(args, pipe, call: dict, options):
     else the pipeline's own default."""
     if options is None or options.cache_backend != "mag_cache" or args.num_inference_steps is not None:
         return options
-    import inspect
-
-    from fx_fp8.tools.cli_flags import pipeline_options_from_args
-
     steps = call.get("num_inference_steps")
     if steps is None:
         steps = inspect.signature(type(pipe).__call__).parameters.get("num_inference_steps")

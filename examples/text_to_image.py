@@ -30,8 +30,8 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import (add_fp8_flags, add_generation_flags, add_pipeline_flags, config_from_args,  # noqa: E402
-                                     describe_pipeline_options, pipeline_options_from_args, resolve_device,
+from fx_fp8.tools.cli_flags import (add_fp8_flags, add_generation_flags, add_pipeline_flags,  # noqa: E402
+                                     describe_pipeline_options, resolve_device,
                                      resolve_dtype)
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side  # noqa: E402
 from fx_fp8.tools.tiny_model import TINY_MODEL_DIR  # noqa: E402
@@ -79,12 +79,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     _common.quiet_diffusers()
-    try:
-        cfg = config_from_args(args)  # bad flags or YAML fail here, before any model loads
-        # context parallelism / cache: checked now (mag_cache's step count is settled once the pipeline is known)
-        options = pipeline_options_from_args(args, num_inference_steps=args.num_inference_steps or 1)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    cfg, options = _common.configs_from_args(args)  # bad flags or YAML fail here, before any model loads
     device = _common.setup_distributed(options, resolve_device(args.device))
     dtype = resolve_dtype(args.dtype, device)
     tiny = is_tiny_model(args.model)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import json
 import os
 import types
 import warnings
@@ -182,12 +183,11 @@ def canonical_cache_backend(name) -> Optional[str]:
                      f"{supported} (or none)")
 
 
-def _cache_config_mapping(value) -> dict:
+def cache_config_mapping(value) -> dict:
+    """cache_config as a dict: a mapping, or its JSON text (--cache-config '{\"threshold\": 0.1}')."""
     if value is None:
         return {}
     if isinstance(value, str):  # --cache-config '{"threshold": 0.1}'
-        import json
-
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
@@ -251,7 +251,7 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
     """The diffusers cache config object for a (canonical or vLLM-Omni) backend name and its
     cache_config mapping; None for no cache. Unset keys take diffusers' defaults."""
     backend = canonical_cache_backend(backend)
-    mapping = _cache_config_mapping(cache_config)
+    mapping = cache_config_mapping(cache_config)
     if backend is None:
         if mapping:
             raise ValueError(f"cache_config {mapping!r} given without a cache_backend: set cache_backend to one of "
@@ -298,7 +298,7 @@ class PipelineOptions:
     def __post_init__(self):
         object.__setattr__(self, "parallel", ParallelOptions.from_value(self.parallel))
         object.__setattr__(self, "cache_backend", canonical_cache_backend(self.cache_backend))
-        object.__setattr__(self, "cache_config", _cache_config_mapping(self.cache_config))
+        object.__setattr__(self, "cache_config", cache_config_mapping(self.cache_config))
         # validate now (a ValueError naming the value), before anything is changed
         diffusers_cache_config(self.cache_backend, self.cache_config)
 
@@ -352,7 +352,7 @@ class PipelineOptions:
             cache_cfg = cache_config
         canonical = canonical_cache_backend(backend)
         if cache_defaults and canonical is not None:
-            cache_cfg = _cache_config_mapping(cache_cfg)
+            cache_cfg = cache_config_mapping(cache_cfg)
             known = CACHE_KEYS[canonical]
             for key, value in cache_defaults.items():
                 if key in known and all(known.get(k) != known[key] for k in cache_cfg):

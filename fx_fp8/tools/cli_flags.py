@@ -109,7 +109,7 @@ def _positive_int(text: str) -> int:
 def pipeline_options_from_args(args: argparse.Namespace, *, num_inference_steps: Optional[int] = None):
     """fx_fp8.parallel.PipelineOptions from --config and the pipeline flags (flags win). mag_cache's
     num_inference_steps defaults to the run's step count when the config does not give it."""
-    from fx_fp8.parallel import PipelineOptions, canonical_cache_backend
+    from fx_fp8.parallel import PipelineOptions, cache_config_mapping, canonical_cache_backend
 
     parallel = None
     if getattr(args, "ulysses_degree", None) is not None or getattr(args, "ring_degree", None) is not None:
@@ -119,14 +119,10 @@ def pipeline_options_from_args(args: argparse.Namespace, *, num_inference_steps:
     backend = getattr(args, "cache_backend", None)
     cache_config = getattr(args, "cache_config", None)
     if cache_config is not None:
-        import json
-
         try:
-            cache_config = json.loads(cache_config)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"invalid --cache-config {cache_config!r}: not JSON ({e.msg} at character {e.pos})") from None
-        if not isinstance(cache_config, dict):
-            raise ValueError(f"invalid --cache-config {args.cache_config!r}: expected a JSON object")
+            cache_config = cache_config_mapping(cache_config)  # the JSON text, parsed where the YAML's is
+        except ValueError as e:
+            raise ValueError(f"invalid --cache-config: {e}") from None
     if backend is not None and canonical_cache_backend(backend) is None:
         backend, cache_config = "none", {}
     defaults = {"num_inference_steps": num_inference_steps} if num_inference_steps else None
