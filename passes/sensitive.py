@@ -128,7 +128,7 @@ def _tensors(val) -> list:
     return []
 
 
-def _hint(d) -> int:
+def _example_size(d) -> int:
     """A size's example value, without a guard (only to pick the largest input)."""
     c = concrete(d)
     if c is not None:
@@ -145,7 +145,7 @@ def _hint(d) -> int:
 def _numel_hint(t: torch.Tensor) -> int:
     n = 1
     for d in t.shape:
-        n *= _hint(d)
+        n *= _example_size(d)
     return n
 
 
