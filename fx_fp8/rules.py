@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from fx_fp8.patterns import first_match
-from fx_fp8.shapes import broadcasts_to, concrete, known_equal, size_str, statically_known_true
+from fx_fp8.shapes import broadcasts_to, concrete, known_equal, known_true, size_str
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -111,7 +111,7 @@ def short_keys_reason(q, k, cfg) -> Optional[str]:
         return None
     # s_k >= ratio * s_q, in integers (ratio as a fraction of 1000) so sympy can decide it symbolically
     num = round(cfg.min_kv_ratio * 1000)
-    if statically_known_true(s_k * 1000 >= s_q * num):
+    if known_true(s_k * 1000 >= s_q * num):
         return None
     return (f"cross-attention (key length {size_str(s_k)} < {cfg.min_kv_ratio:g} x query length {size_str(s_q)}); "
             "set attention.cross_attention: true to quantize it")

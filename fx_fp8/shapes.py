@@ -34,6 +34,11 @@ def known_equal(a: Size, b: Size) -> bool:
     return bool(statically_known_true(a == b))
 
 
+def known_true(condition) -> bool:
+    """True only when a (possibly symbolic) condition holds for every value of the symbols (no guard)."""
+    return condition if isinstance(condition, bool) else bool(statically_known_true(condition))
+
+
 def known_one(a: Size) -> bool:
     return known_equal(a, 1)
 

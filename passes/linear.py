@@ -124,6 +124,7 @@ class FP8LinearPass(FXPass):
         self.on = ctx.config.linear_enabled
         self.scales = ctx.static_scales
         self.sensitive = ctx.analysis.get("sensitive", {})
+        self.sensitive_prepared: list[str] = []  # prepared linears the graph finds sensitive (warned about once)
         self.alpha = self.qcfg.smoothing_alpha if self.on else None
         # {linear name: max |x| per input channel} (raises, naming the key, when the calibration has none)
         self.channel = channel_stats(self.qcfg.activation_scales) if self.alpha is not None else None
@@ -156,7 +157,7 @@ class FP8LinearPass(FXPass):
             for m in members:
                 m.x = replaced.get(m.x, m.x)
             self._rewrite_group(gm, members, f"g{n}:{members[0].x.name}", replaced)
-        self._notes(plan, matched, disagreeing)
+        self._notes(matched, disagreeing)
         return len(plan)
 
     # -- decisions ---------------------------------------------------------------------------
@@ -232,13 +233,9 @@ class FP8LinearPass(FXPass):
         if ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity, self.alpha is not None)
                 or not self.on):
             disagreeing.append(module)
-        why = self.sensitive.get(node)  # prepare_model decides by name only; the graph may know better
-        if why is not None and not q.quantize_sensitive and not getattr(self, "_warned_sensitive_prepared", False):
-            self._warned_sensitive_prepared = True
-            self.ctx.warn(f"fx_fp8: prepare_model quantized {module} ({why}), which the default rules keep native "
-                          "(prepare_model sees module names, not the graph; other such linears may follow); prepared "
-                          "linears run as prepared. To keep them native, list them in "
-                          "quantization_config.ignored_layers when calling prepare_model")
+        why = self.sensitive.get(node)  # prepare_model without example inputs decides by name; the graph knows better
+        if why is not None and not q.quantize_sensitive:
+            self.sensitive_prepared.append(f"{module} ({why})")
         return Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"], args["input_scale"],
                       method=method, weight_granularity=wg, weight_block=wb, act=act,
                       weight_only=self._weight_only(w, method), prepared=True, shapes=shapes,
@@ -358,7 +355,7 @@ class FP8LinearPass(FXPass):
             act += ", smoothed"
         return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}"
 
-    def _notes(self, plan: list[Linear], matched: set, disagreeing: list) -> None:
+    def _notes(self, matched: set, disagreeing: list) -> None:
         report = self.ctx.report
         if report.weights.get("original_copy_kept"):
             report.notes.append("quantized weights were made at compile time; the model still holds its original "
@@ -367,6 +364,11 @@ class FP8LinearPass(FXPass):
             unmatched = [p for p in self.qcfg.ignored_layers if p not in matched]
             if unmatched:
                 self.ctx.unmatched_ignored_layers.extend(unmatched)
+        if self.sensitive_prepared:
+            self.ctx.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) the default rules "
+                          f"keep native: {', '.join(self.sensitive_prepared[:8])}; prepared linears run as prepared. "
+                          "Give prepare_model example_inputs (it then finds them by structure), or list them in "
+                          "quantization_config.ignored_layers when calling prepare_model")
         if disagreeing:
             self.ctx.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
                           f"granularity or activation scheme than this compile's config (or quantization is off); "

@@ -110,10 +110,6 @@ _CHAIN = _PASSTHROUGH - {"cat", "concat", "concatenate", "stack", "einsum"}
 _OUTPUT_ARITH = {"mul", "add", "sub", "div", "truediv", "where", "masked_fill", "multiply"}
 
 
-def _linear_targets() -> tuple[set, set]:
-    return set(LINEAR_TARGETS), set(PREPARED_TARGETS)
-
-
 def _val(node) -> Any:
     if isinstance(node, torch.fx.Node):
         return node.meta.get("val", node.meta.get("example_value"))
@@ -159,7 +155,7 @@ class _Analysis:
     def __init__(self, gm: torch.fx.GraphModule, model_output: bool = True):
         self.model_output = model_output
         self.nodes = list(gm.graph.nodes)
-        self.linears, self.prepared = _linear_targets()
+        self.linears, self.prepared = LINEAR_TARGETS, PREPARED_TARGETS
         self.label: dict[torch.fx.Node, int] = {}
         self.mixed: set = set()        # token-stream values past attention or conditioning
         self.from_linear: set = set()  # values computed from some linear's output

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fx_fp8.ops import mindiesd, npu
+from npu_sim.mutations import apply, drop, set_
 from npu_sim import SimulatedContractError, mindiesd_sim, torch_npu_sim  # noqa: F401  (fixtures)
 
 SD_FIA = "fused_infer_attention_score_v2"
@@ -41,18 +42,6 @@ def corrupt(monkeypatch, edit):
     monkeypatch.setattr(npu, "mindiesd_call_kwargs", wrapped)
 
 
-def _set(key, value):
-    return lambda kw: kw.__setitem__(key, value)
-
-
-def _drop(key):
-    return lambda kw: kw.pop(key)
-
-
-def _apply(key, fn):
-    return lambda kw: kw.__setitem__(key, fn(kw[key]))
-
-
 def _rename(old, new):
     return lambda kw: kw.__setitem__(new, kw.pop(old))
 
@@ -73,26 +62,26 @@ def test_the_lowering_call_satisfies_every_rule(mindiesd_sim, torch_npu_sim):
 
 VIOLATIONS = {
     # the wrapper (mindiesd.layers.flash_attn.fused_infer_attention_score): ParametersInvalid
-    "TND layout": (_set("input_layout", "TND"), "layout"),
-    "layout label disagrees with the tensors": (_set("input_layout", "BSND"), "layout-heads"),
-    "wrong num_query_heads": (_set("num_query_heads", 4), "layout-heads"),
-    "num_query_heads as a tensor": (_set("num_query_heads", torch.tensor(2)), "heads"),
-    "bf16 value beside FP8 query/key": (_apply("value", lambda t: t.to(torch.bfloat16)), "dtype"),
+    "TND layout": (set_("input_layout", "TND"), "layout"),
+    "layout label disagrees with the tensors": (set_("input_layout", "BSND"), "layout-heads"),
+    "wrong num_query_heads": (set_("num_query_heads", 4), "layout-heads"),
+    "num_query_heads as a tensor": (set_("num_query_heads", torch.tensor(2)), "heads"),
+    "bf16 value beside FP8 query/key": (apply("value", lambda t: t.to(torch.bfloat16)), "dtype"),
     # the kernel (torch.ops.mindiesd.fused_infer_attention_score_v2)
     "P scale passed as quant_scale_p (the wrapper drops it)": (_rename("quant_scale1", "quant_scale_p"),
                                                                "quant-scale-p-missing"),
-    "P scale below 1": (_apply("quant_scale1", lambda t: t / 1000), "quant-scale-p"),
+    "P scale below 1": (apply("quant_scale1", lambda t: t / 1000), "quant-scale-p"),
     "MXFP8 quant modes": (lambda kw: kw.update(query_quant_mode=6, key_quant_mode=6, value_quant_mode=8), "quant-mode"),
-    "missing dequant_scale_key": (_drop("dequant_scale_key"), "dequant-scale-missing"),
-    "K scale per 128 rows": (_apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)), "dequant-scale-shape"),
-    "bf16 Q scale": (_apply("dequant_scale_query", lambda t: t.to(torch.bfloat16)), "dequant-scale-dtype"),
-    "mask": (_set("atten_mask", torch.zeros(150, 150, dtype=torch.bool)), "mask-unsupported"),
-    "log-sum-exp asked": (_set("return_softmax_lse", True), "lse-unsupported"),
-    "paged KV": (_set("block_size", 128), "unsupported-argument"),
-    "missing out_dtype": (_drop("out_dtype"), "out-dtype"),
-    "softmax_scale left at the default": (_drop("softmax_scale"), "softmax-scale-default"),
-    "an argument the schema does not have": (_set("d_scale_q", 1.0), "unknown-argument"),
-    "BSND-ordered memory under a BNSD label": (_apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
+    "missing dequant_scale_key": (drop("dequant_scale_key"), "dequant-scale-missing"),
+    "K scale per 128 rows": (apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)), "dequant-scale-shape"),
+    "bf16 Q scale": (apply("dequant_scale_query", lambda t: t.to(torch.bfloat16)), "dequant-scale-dtype"),
+    "mask": (set_("atten_mask", torch.zeros(150, 150, dtype=torch.bool)), "mask-unsupported"),
+    "log-sum-exp asked": (set_("return_softmax_lse", True), "lse-unsupported"),
+    "paged KV": (set_("block_size", 128), "unsupported-argument"),
+    "missing out_dtype": (drop("out_dtype"), "out-dtype"),
+    "softmax_scale left at the default": (drop("softmax_scale"), "softmax-scale-default"),
+    "an argument the schema does not have": (set_("d_scale_q", 1.0), "unknown-argument"),
+    "BSND-ordered memory under a BNSD label": (apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
                                                "contiguous"),
 }
 
@@ -106,7 +95,7 @@ def test_violation_is_caught(case, mindiesd_sim, monkeypatch):
 
 
 def test_wrapper_errors_are_mindiesds_own(mindiesd_sim, monkeypatch):
-    corrupt(monkeypatch, _set("input_layout", "TND"))
+    corrupt(monkeypatch, set_("input_layout", "TND"))
     with pytest.raises(mindiesd_sim.ParametersInvalid):
         attention(*qkv())
 

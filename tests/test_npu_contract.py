@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from fx_fp8.config import AttentionQuantConfig
 from fx_fp8.ops import npu, quant
+from npu_sim.mutations import apply, drop, set_
 from npu_sim import SimulatedContractError, torch_npu_sim  # noqa: F401  (fixture)
 
 FIA = "npu_fused_infer_attention_score_v2"
@@ -42,18 +43,6 @@ def corrupt(monkeypatch, name: str, edit):
     monkeypatch.setattr(npu, name, wrapped)
 
 
-def _set(key, value):
-    return lambda kw: kw.__setitem__(key, value)
-
-
-def _drop(key):
-    return lambda kw: kw.pop(key)
-
-
-def _apply(key, fn):
-    return lambda kw: kw.__setitem__(key, fn(kw[key]))
-
-
 def expect_rule(rule, fn, *args, **kwargs):
     with pytest.raises(SimulatedContractError) as err:
         fn(*args, **kwargs)
@@ -70,32 +59,32 @@ def old_cann(torch_npu_sim):
 
 BLOCK_VIOLATIONS = {
     # name: (edit of the kwargs, rule the simulator must name)
-    "layout label disagrees with the tensors": (_set("input_layout", "BSND"), "layout-heads"),
-    "unsimulated layout": (_set("input_layout", "BSH"), "layout"),
-    "BSND-ordered memory under a BNSD label": (_apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), "contiguous"),
-    "missing dequant_scale_query": (_drop("dequant_scale_query"), "dequant-scale-missing"),
-    "missing dequant_scale_value": (_drop("dequant_scale_value"), "dequant-scale-missing"),
-    "fp32 scale without the trailing 1": (_apply("dequant_scale_key", lambda t: t.squeeze(-1)), "dequant-scale-shape"),
-    "fp32 scale per 128 rows for K": (_apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)), "dequant-scale-shape"),
-    "bf16 scale": (_apply("dequant_scale_value", lambda t: t.to(torch.bfloat16)), "dequant-scale-dtype"),
-    "softmax_scale left at the default": (_drop("softmax_scale"), "softmax-scale-default"),
-    "softmax_scale passed as 1.0": (_set("softmax_scale", 1.0), "softmax-scale-default"),
-    "missing quant_scale_p": (_drop("quant_scale_p"), "quant-scale-p-missing"),
-    "quant_scale_p above the e4m3 range": (_apply("quant_scale_p", lambda t: t * 4), "quant-scale-p"),
-    "quant_scale_p below 1": (_apply("quant_scale_p", lambda t: t / 1000), "quant-scale-p"),
-    "quant_scale_p as a python float": (_set("quant_scale_p", 448.0), "quant-scale-p"),
-    "bf16 query instead of FP8": (_apply("query", lambda t: t.to(torch.bfloat16)), "qkv-dtype"),
-    "int pseudo dtype data (uint8)": (_apply("key", lambda t: t.view(torch.uint8)), "qkv-dtype"),
-    "per-tensor quant modes": (_set("query_quant_mode", 0), "quant-mode"),
-    "missing out_dtype": (_drop("out_dtype"), "out-dtype"),
-    "float32 out_dtype": (_set("out_dtype", torch.float32), "out-dtype"),
-    "wrong num_query_heads": (_set("num_query_heads", 4), "layout-heads"),
+    "layout label disagrees with the tensors": (set_("input_layout", "BSND"), "layout-heads"),
+    "unsimulated layout": (set_("input_layout", "BSH"), "layout"),
+    "BSND-ordered memory under a BNSD label": (apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), "contiguous"),
+    "missing dequant_scale_query": (drop("dequant_scale_query"), "dequant-scale-missing"),
+    "missing dequant_scale_value": (drop("dequant_scale_value"), "dequant-scale-missing"),
+    "fp32 scale without the trailing 1": (apply("dequant_scale_key", lambda t: t.squeeze(-1)), "dequant-scale-shape"),
+    "fp32 scale per 128 rows for K": (apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)), "dequant-scale-shape"),
+    "bf16 scale": (apply("dequant_scale_value", lambda t: t.to(torch.bfloat16)), "dequant-scale-dtype"),
+    "softmax_scale left at the default": (drop("softmax_scale"), "softmax-scale-default"),
+    "softmax_scale passed as 1.0": (set_("softmax_scale", 1.0), "softmax-scale-default"),
+    "missing quant_scale_p": (drop("quant_scale_p"), "quant-scale-p-missing"),
+    "quant_scale_p above the e4m3 range": (apply("quant_scale_p", lambda t: t * 4), "quant-scale-p"),
+    "quant_scale_p below 1": (apply("quant_scale_p", lambda t: t / 1000), "quant-scale-p"),
+    "quant_scale_p as a python float": (set_("quant_scale_p", 448.0), "quant-scale-p"),
+    "bf16 query instead of FP8": (apply("query", lambda t: t.to(torch.bfloat16)), "qkv-dtype"),
+    "int pseudo dtype data (uint8)": (apply("key", lambda t: t.view(torch.uint8)), "qkv-dtype"),
+    "per-tensor quant modes": (set_("query_quant_mode", 0), "quant-mode"),
+    "missing out_dtype": (drop("out_dtype"), "out-dtype"),
+    "float32 out_dtype": (set_("out_dtype", torch.float32), "out-dtype"),
+    "wrong num_query_heads": (set_("num_query_heads", 4), "layout-heads"),
     "head dim above 128": (lambda kw: [kw.__setitem__(n, F.pad(kw[n].view(torch.uint8), (0, 192)).view(torch.float8_e4m3fn))
                                        for n in ("query", "key", "value")], "head-dim"),
-    "SDPA mask": (_set("atten_mask", torch.zeros(150, 150, dtype=torch.bool)), "mask-unsupported"),
-    "log-sum-exp asked": (_set("return_softmax_lse", True), "lse-unsupported"),
-    "paged-KV block_size": (_set("block_size", 128), "unsupported-argument"),
-    "inner_precise row correction": (_set("inner_precise", 2), "inner-precise"),
+    "SDPA mask": (set_("atten_mask", torch.zeros(150, 150, dtype=torch.bool)), "mask-unsupported"),
+    "log-sum-exp asked": (set_("return_softmax_lse", True), "lse-unsupported"),
+    "paged-KV block_size": (set_("block_size", 128), "unsupported-argument"),
+    "inner_precise row correction": (set_("inner_precise", 2), "inner-precise"),
 }
 
 
@@ -144,26 +133,26 @@ def _per_batch_lengths(kw):
 
 
 MX_VIOLATIONS = {
-    "BNSD label on TND tensors": (_set("input_layout", "BNSD"), "layout"),
-    "missing actual_seq_qlen": (_drop("actual_seq_qlen"), "actual-seq"),
+    "BNSD label on TND tensors": (set_("input_layout", "BNSD"), "layout"),
+    "missing actual_seq_qlen": (drop("actual_seq_qlen"), "actual-seq"),
     "per-batch instead of cumulative lengths": (_per_batch_lengths, "actual-seq"),
-    "lengths as a device tensor": (_apply("actual_seq_kvlen", lambda v: torch.tensor(v)), "actual-seq"),
-    "missing e8m0 dtype tag": (_drop("dequant_scale_key_dtype"), "dequant-scale-dtype"),
-    "e8m0 tag as torch.float8_e8m0fnu": (_set("dequant_scale_query_dtype", torch.float8_e8m0fnu), "dequant-scale-dtype"),
-    "fp32 scales": (_apply("dequant_scale_query", lambda t: t.float()), "dequant-scale-dtype"),
-    "scale pairs flattened": (_apply("dequant_scale_key", lambda t: t.reshape(*t.shape[:-2], -1)), "dequant-scale-shape"),
+    "lengths as a device tensor": (apply("actual_seq_kvlen", lambda v: torch.tensor(v)), "actual-seq"),
+    "missing e8m0 dtype tag": (drop("dequant_scale_key_dtype"), "dequant-scale-dtype"),
+    "e8m0 tag as torch.float8_e8m0fnu": (set_("dequant_scale_query_dtype", torch.float8_e8m0fnu), "dequant-scale-dtype"),
+    "fp32 scales": (apply("dequant_scale_query", lambda t: t.float()), "dequant-scale-dtype"),
+    "scale pairs flattened": (apply("dequant_scale_key", lambda t: t.reshape(*t.shape[:-2], -1)), "dequant-scale-shape"),
     "value scale blocked along D": (lambda kw: kw.__setitem__("dequant_scale_value", kw["dequant_scale_key"]),
                                     "dequant-scale-shape"),
-    "value quant mode 6": (_set("value_quant_mode", 6), "quant-mode"),
-    "missing quant_scale_p": (_drop("quant_scale_p"), "quant-scale-p-missing"),
-    "quant_scale_p below 1": (_apply("quant_scale_p", lambda t: t / 1000), "quant-scale-p"),
-    "mask with sparse_mode 0": (_set("atten_mask", torch.zeros(1, 160, 160, dtype=torch.bool)), "mask-unsupported"),
-    "missing out_dtype": (_drop("out_dtype"), "out-dtype"),
-    "softmax_scale left at the default": (_drop("softmax_scale"), "softmax-scale-default"),
-    "wrong num_query_heads": (_set("num_query_heads", 4), "layout-heads"),
+    "value quant mode 6": (set_("value_quant_mode", 6), "quant-mode"),
+    "missing quant_scale_p": (drop("quant_scale_p"), "quant-scale-p-missing"),
+    "quant_scale_p below 1": (apply("quant_scale_p", lambda t: t / 1000), "quant-scale-p"),
+    "mask with sparse_mode 0": (set_("atten_mask", torch.zeros(1, 160, 160, dtype=torch.bool)), "mask-unsupported"),
+    "missing out_dtype": (drop("out_dtype"), "out-dtype"),
+    "softmax_scale left at the default": (drop("softmax_scale"), "softmax-scale-default"),
+    "wrong num_query_heads": (set_("num_query_heads", 4), "layout-heads"),
     "head dim not padded to the kernel's": (
         lambda kw: [kw.__setitem__(n, kw[n][..., :32].contiguous()) for n in ("query", "key", "value")], "head-dim"),
-    "HiFloat8 query dtype tag": (_set("query_dtype", 290), "not-simulated"),
+    "HiFloat8 query dtype tag": (set_("query_dtype", 290), "not-simulated"),
 }
 
 
@@ -233,23 +222,23 @@ def linear(x, wq, ws, b, method="fp8"):
 
 
 LINEAR_VIOLATIONS = {
-    "weight passed as (N, K)": (_apply("x2", lambda t: t.t()), "k-mismatch"),
-    "weight in a strided (non-dense) layout": (_apply("x2", lambda t: torch.cat([t, t], 1)[:, ::2]), "x2-layout"),
-    "channel scale of shape (N, 1)": (_apply("scale", lambda t: t.reshape(-1, 1)), "scale-shape"),
-    "bf16 weight scale with FP8": (_apply("scale", lambda t: t.to(torch.bfloat16)), "scale-dtype"),
-    "per-token scale of shape (m, 1)": (_apply("pertoken_scale", lambda t: t.reshape(-1, 1)), "pertoken-scale-shape"),
-    "missing output_dtype": (_drop("output_dtype"), "output-dtype"),
-    "float32 output": (_set("output_dtype", torch.float32), "output-dtype"),
-    "bias of the wrong length": (_apply("bias", lambda t: t[:-1]), "bias"),
-    "bf16 activations": (_apply("x1", lambda t: t.to(torch.bfloat16)), "x-dtype"),
+    "weight passed as (N, K)": (apply("x2", lambda t: t.t()), "k-mismatch"),
+    "weight in a strided (non-dense) layout": (apply("x2", lambda t: torch.cat([t, t], 1)[:, ::2]), "x2-layout"),
+    "channel scale of shape (N, 1)": (apply("scale", lambda t: t.reshape(-1, 1)), "scale-shape"),
+    "bf16 weight scale with FP8": (apply("scale", lambda t: t.to(torch.bfloat16)), "scale-dtype"),
+    "per-token scale of shape (m, 1)": (apply("pertoken_scale", lambda t: t.reshape(-1, 1)), "pertoken-scale-shape"),
+    "missing output_dtype": (drop("output_dtype"), "output-dtype"),
+    "float32 output": (set_("output_dtype", torch.float32), "output-dtype"),
+    "bias of the wrong length": (apply("bias", lambda t: t[:-1]), "bias"),
+    "bf16 activations": (apply("x1", lambda t: t.to(torch.bfloat16)), "x-dtype"),
 }
 
 INT8_VIOLATIONS = {
-    "fp16 bias (not in the int8 table)": (_apply("bias", lambda t: t.half()), "bias"),
-    "fp16 output without the per-token scale": (_drop("pertoken_scale"), "pertoken-scale-missing"),
-    "bf16 weight scale with fp16 output": (_apply("scale", lambda t: t.to(torch.bfloat16)), "scale-dtype"),
-    "FP8 weight with int8 activations": (_apply("x2", lambda t: t.to(torch.float8_e4m3fn)), "x-dtype"),
-    "offset (asymmetric) argument": (_set("offset", torch.zeros(96)), "unsupported-argument"),
+    "fp16 bias (not in the int8 table)": (apply("bias", lambda t: t.half()), "bias"),
+    "fp16 output without the per-token scale": (drop("pertoken_scale"), "pertoken-scale-missing"),
+    "bf16 weight scale with fp16 output": (apply("scale", lambda t: t.to(torch.bfloat16)), "scale-dtype"),
+    "FP8 weight with int8 activations": (apply("x2", lambda t: t.to(torch.float8_e4m3fn)), "x-dtype"),
+    "offset (asymmetric) argument": (set_("offset", torch.zeros(96)), "unsupported-argument"),
 }
 
 
@@ -303,7 +292,7 @@ class OneAttention(nn.Module):
 
 
 def test_a_violation_surfaces_through_torch_compile(torch_npu_sim, monkeypatch):
-    corrupt(monkeypatch, "mx_call_kwargs", _set("input_layout", "BNSD"))
+    corrupt(monkeypatch, "mx_call_kwargs", set_("input_layout", "BNSD"))
     model = OneAttention().to(torch.bfloat16).eval()
     options = {"lowering": "npu", "downstream": "eager", "attention": {"granularity": "mx"}}
     compiled = torch.compile(model, backend="fp8_npu", options=options, fullgraph=True)

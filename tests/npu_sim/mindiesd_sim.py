@@ -38,6 +38,7 @@ from collections import Counter
 
 import torch
 
+from npu_sim.torch_npu_sim import modules_installed
 from npu_sim.torch_npu_sim import (FLOAT8_E8M0FNU, FLOAT4_E2M1FN_X2, HIFLOAT8, FP8, KV_BLOCK, OUT_DTYPES, Q_BLOCK,
                                    SimulatedContractError, _Checker, _cdiv, _check_block_scale, _p_scale, _rows,
                                    _softmax_pv, _is_int, INT_MAX)
@@ -261,25 +262,14 @@ def make_mindiesd() -> dict:
     return modules
 
 
-_MISSING = object()
-
-
 @contextlib.contextmanager
 def installed_mindiesd():
     """The simulated mindiesd package in sys.modules for the duration (torch_npu must be simulated too)."""
     if not isinstance(sys.modules.get("torch_npu"), types.ModuleType):
         raise RuntimeError("install the torch_npu simulator first: mindiesd imports torch_npu")
     modules = make_mindiesd()
-    saved = {n: sys.modules.get(n, _MISSING) for n in modules}
-    sys.modules.update(modules)
-    try:
+    with modules_installed(modules):
         yield modules["mindiesd"]
-    finally:
-        for n, old in saved.items():
-            if old is _MISSING:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = old
 
 
 @contextlib.contextmanager

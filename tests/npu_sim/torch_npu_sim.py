@@ -588,17 +588,23 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def installed(chip: str = "Ascend950PR", cann_version: str = CURRENT_CANN):
-    """sys.modules["torch_npu"] (and "torch_npu.utils") = a simulator for the duration; restored afterwards."""
-    mod = make_torch_npu(chip, cann_version)
-    names = {"torch_npu": mod, "torch_npu.utils": mod.utils}
-    saved = {n: sys.modules.get(n, _MISSING) for n in names}
-    sys.modules.update(names)
+def modules_installed(modules: dict):
+    """sys.modules updated with `modules` for the duration; every name restored (or removed) afterwards."""
+    saved = {n: sys.modules.get(n, _MISSING) for n in modules}
+    sys.modules.update(modules)
     try:
-        yield mod
+        yield
     finally:
         for n, old in saved.items():
             if old is _MISSING:
                 sys.modules.pop(n, None)
             else:
                 sys.modules[n] = old
+
+
+@contextlib.contextmanager
+def installed(chip: str = "Ascend950PR", cann_version: str = CURRENT_CANN):
+    """sys.modules["torch_npu"] (and "torch_npu.utils") = a simulator for the duration; restored afterwards."""
+    mod = make_torch_npu(chip, cann_version)
+    with modules_installed({"torch_npu": mod, "torch_npu.utils": mod.utils}):
+        yield mod
