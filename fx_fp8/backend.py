@@ -15,6 +15,7 @@ Per graph Dynamo hands over:
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -25,12 +26,13 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
-from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, module_name, module_names_of, rename_instance,
-                                 resolve_graph, runtime_instance)
+from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, instance_holding, module_name, module_names_of,
+                                 parameter_owners, rename_instance, resolve_graph, runtime_instance)
 from fx_fp8.passes.sensitive import find_sensitive_linears
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
+from fx_fp8.rules import is_plain_linear
 from fx_fp8.steps import variant_for_step
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.weights import QuantizedLinear, watch_weights
 
 #: torch.compile options that configure the backend rather than the FP8 config
 BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode")
@@ -139,35 +141,67 @@ class StepDispatch:
 
 
 class InstanceDispatch:
-    """Dynamo runs one graph for every instance of a module class (each transformer block, when
-    blocks are compiled on their own after a graph break or under a hook), but fx_fp8's
-    decisions depend on the instance: its layer index (diffusion_kv_cache_skip_layers), its
-    name (ignored_layers), its weights (static scales). This callable finds, per call, the
-    instance running the graph (the innermost module of the model on the Python stack) and
-    runs the variant compiled for it, compiling it on first use; instances whose decisions
-    are the same share one compiled variant."""
+    """One Dynamo graph, run for several module instances: every block of a class (regional
+    compilation, graph breaks, hooks), two transformers of one class (Wan2.2's experts), a
+    second model compiled on its own. fx_fp8's decisions and records depend on the instance:
+    its layer index, its name, its model's record, its weights' static scales and smoothing.
 
-    def __init__(self, gm, instance: str, first, build, names: dict):
-        self.gm, self.instance, self.build, self.names = gm, instance, build, names
-        self.by_instance = {instance: first[1]}
-        self.by_decisions = {first[0]: first[1]}
+    The instance is known from a parameter the graph is called with (the `anchor` slot of the
+    inputs), by identity: one dict lookup per call, no stack walk. A parameter seen for the
+    first time is resolved to (model, instance) once, the passes run for it, and the compiled
+    artifact of an instance that decides the same way is reused (one downstream compile per
+    distinct set of decisions). A graph that reads no parameter falls back to the Python stack
+    (fx_fp8.passes.names.runtime_instance)."""
+
+    def __init__(self, gm, instance: str, anchor_slot: Optional[int], anchor: str, first, plan, models: list):
+        self.gm, self.instance, self.plan = gm, instance, plan
+        self.anchor_slot, self.anchor = anchor_slot, anchor
+        self.models = models                          # [(model, owner)] seen so far
+        self.by_param: dict[int, tuple] = {}          # id(anchor parameter) -> (weakref, callable)
+        self.by_name: dict[str, Callable] = {}        # instance name -> callable (graphs without parameters)
         self.lock = threading.Lock()
+        self.first = first
+        self.names = module_names_of(models[0][0]) if anchor_slot is None else None
+
+    def remember(self, param, fn) -> None:
+        self.by_param[id(param)] = (weakref.ref(param), fn)
 
     def __call__(self, *args):
-        path = runtime_instance(self.names)
-        fn = self.by_instance.get(path) if path is not None else self.by_instance[self.instance]
-        if fn is None:
+        if self.anchor_slot is None:
+            return self._by_stack(args)
+        param = args[self.anchor_slot]
+        entry = self.by_param.get(id(param))
+        if entry is None or entry[0]() is not param:
             with self.lock:
-                fn = self.by_instance.get(path) or self._build_for(path, list(args))
-        return fn(*args)
+                entry = self.by_param.get(id(param))
+                if entry is None or entry[0]() is not param:
+                    self.remember(param, self._build_for_param(param, list(args)))
+                    entry = self.by_param[id(param)]
+        return entry[1](*args)
 
-    def _build_for(self, path: str, inputs: list):
+    def _build_for_param(self, param, inputs: list):
+        found = instance_holding(param, self.anchor, self.models)
+        if found is None:  # not a parameter of any model we can name: the first instance's decisions
+            return self.first
+        model, owner, path = found
+        if all(model is not m for m, _ in self.models):
+            self.models.append((model, owner))
         graph_copy, _ = _copy_graph(self.gm, with_meta=True)
         rename_instance(graph_copy, self.instance, path)
-        decisions, fn = self.build(graph_copy, inputs)
-        fn = self.by_decisions.setdefault(decisions, fn)
-        self.by_instance[path] = fn
-        return fn
+        return self.plan(graph_copy, inputs, model, owner)
+
+    def _by_stack(self, args):
+        path = runtime_instance(self.names)
+        fn = self.by_name.get(path) if path is not None else self.first
+        if fn is None:
+            with self.lock:
+                fn = self.by_name.get(path)
+                if fn is None:
+                    graph_copy, _ = _copy_graph(self.gm, with_meta=True)
+                    rename_instance(graph_copy, self.instance, path)
+                    model, owner = self.models[0]
+                    fn = self.by_name[path] = self.plan(graph_copy, list(args), model, owner)
+        return fn(*args)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict] = None,
@@ -177,34 +211,40 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     config, backend_opts = config_from_options(options)
     mode = mode or backend_opts.get("mode")
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
-    record = ModelRecord.of(owner)
     device = _graph_device(example_inputs)
-    lowering = choose_lowering(backend, config, device, record.warn)
+    first_record = ModelRecord.of(owner)
+    lowering = choose_lowering(backend, config, device, first_record.warn)
     downstream = choose_downstream(config, lowering, mode)
     qcfg = config.quantization_config
     static_scales = (load_activation_scales(qcfg.activation_scales)
                      if config.linear_enabled and qcfg.activation_scheme == "static" else None)
     if static_scales is not None and model is not None:
         check_scales_match(static_scales, [n for n, m in model.named_modules()
-                                           if isinstance(m, (torch.nn.Linear, QuantizedLinear))])
+                                           if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
+    if model is not None and config.linear_enabled:
+        watch_weights(model)  # before Dynamo guards on their type: every instance then shares this graph
     layer_map = _layer_map(gm, model)
-    # graph analyses, once per Dynamo graph (node keys are mapped onto each variant's copy)
+    # graph analyses, once per Dynamo graph, keyed by node name (stable across the graph's copies)
     # (the last linear of a block compiled on its own is no final projection: only the model's graph has one)
-    sensitive = (find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None))
+    sensitive = ({n.name: why for n, why in
+                  find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None)).items()}
                  if config.linear_enabled else {})
     variants = ("fp8", "native") if config.has_step_skips else (None,)
+    artifacts: dict = {}  # decisions -> {variant: compiled callable}: instances that decide alike share them
 
-    def build(graph: torch.fx.GraphModule, inputs: list):
-        """Passes + downstream for every step variant of `graph` -> (decisions, callable)."""
-        compiled, decisions = {}, []
+    def plan(graph: torch.fx.GraphModule, inputs: list, model_, owner_) -> Callable:
+        """Passes for every step variant of `graph` (reports to owner_'s record), then the
+        downstream compile unless an instance with the same decisions already has one."""
+        record = ModelRecord.of(owner_)
+        rewritten, decisions = {}, []
         for variant in variants:
-            graph_copy, node_map = _copy_graph(graph)
+            graph_copy = _copy_graph(graph)[0]
             report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
             ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=config,
                                  lowering=get_lowering(lowering), report=report, layer_map=layer_map,
                                  warn=record.warn, step_variant=variant, static_scales=static_scales,
-                                 analysis={"sensitive": {node_map[n]: why for n, why in sensitive.items()
-                                                         if n in node_map}},
+                                 analysis={"sensitive": {n: sensitive[n.name] for n in graph_copy.graph.nodes
+                                                         if n.name in sensitive}},
                                  dumps=[] if backend_opts.get("dump_graphs") else None)
             PassManager().run(ctx)
             report.layer_map = layer_map.as_dict()
@@ -215,23 +255,44 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             record.add(report)
             RECENT.add(report)
             decisions.append(tuple((e.node, e.action, e.reason) for e in report.entries))
-            compiled[variant] = _downstream_compile(downstream, graph_copy, inputs, mode)
-        fn = compiled[None] if not config.has_step_skips else StepDispatch(
-            compiled, config.diffusion_kv_cache_skip_steps, record)
-        return tuple(decisions), fn
+            rewritten[variant] = graph_copy
+        key = tuple(decisions)
+        if key not in artifacts:
+            artifacts[key] = {v: _downstream_compile(downstream, g, inputs, mode) for v, g in rewritten.items()}
+        compiled = artifacts[key]
+        if not config.has_step_skips:
+            return compiled[None]
+        return StepDispatch(compiled, config.diffusion_kv_cache_skip_steps, record)
 
-    first = build(gm, example_inputs)
-    instance = gm.meta.get(INSTANCE_KEY)
-    if model is None or not instance or not _has_siblings(model, instance):
-        return first[1]
-    return InstanceDispatch(gm, instance, first, build, module_names_of(model))
+    first = plan(gm, list(example_inputs), model, owner)
+    if model is None:
+        return first
+    instance = gm.meta.get(INSTANCE_KEY) or ""
+    anchor_slot, anchor = _anchor(example_inputs, model, instance)
+    dispatch = InstanceDispatch(gm, instance, anchor_slot, anchor, first, plan, [(model, owner)])
+    if anchor_slot is not None:
+        dispatch.remember(example_inputs[anchor_slot], first)
+    elif not instance:
+        return first  # the model's own graph without parameters: nothing tells instances apart
+    dispatch.by_name[instance] = first
+    return dispatch
 
 
-def _has_siblings(model: torch.nn.Module, instance: str) -> bool:
-    """Does the model hold another module of the same class as `instance` (so Dynamo may run
-    this graph for it too)?"""
-    target = model.get_submodule(instance)
-    return any(type(m) is type(target) and m is not target for m in model.modules())
+def _anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:
+    """(input slot, name relative to `instance` of the module holding it) of the first
+    parameter of `model` the graph is called with; (None, "") when it reads none."""
+    owners = parameter_owners(model)
+    for i, t in enumerate(example_inputs):
+        holder = owners.get(id(t)) if isinstance(t, torch.nn.Parameter) else None
+        if holder is None:
+            continue
+        if not instance:
+            return i, holder
+        if holder == instance:
+            return i, ""
+        if holder.startswith(instance + "."):
+            return i, holder[len(instance) + 1:]
+    return None, ""
 
 
 def _warn_about_selectors(ctx: CompileContext, config: FP8Config, record: ModelRecord) -> None:

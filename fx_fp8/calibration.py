@@ -1,6 +1,7 @@
 """Calibration: static activation scales and per-channel activation statistics.
 
-`calibrate` runs the model on real inputs and records, per nn.Linear, the
+`calibrate` runs the model on real inputs and records, per linear that prepare_model and
+the backend quantize (fx_fp8.rules.is_plain_linear), the
 largest |input| (the per-tensor static scale, max|x| / 448) and the largest
 |input| of every input channel ("channel_amax", what SmoothQuant-style
 smoothing needs: quantization_config.smoothing_alpha). The JSON file keeps the
@@ -22,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.ops.quant import FP8_MAX, METHODS
+from fx_fp8.rules import check_not_prepared, is_plain_linear
 
 FORMAT = "fx_fp8.activation_scales/1"
 #: the optional section of per-input-channel |x| maxima (a list of floats per linear)
@@ -94,8 +96,10 @@ def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *
         return hook
 
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: the names of the model it wraps
+    check_not_prepared(model, "it cannot be calibrated (its linears no longer see their original weights)",
+                       "calibrate the original model, then prepare it with that calibration")
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
+        if is_plain_linear(module):
             hooks.append(module.register_forward_pre_hook(hook_for(name)))
     try:
         with torch.no_grad():
@@ -113,7 +117,8 @@ def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *
         for h in hooks:
             h.remove()
     if not amax:
-        raise ValueError("calibration saw no nn.Linear inputs: did `run` call the model?")
+        raise ValueError("calibration saw no nn.Linear inputs (linears as fx_fp8.rules.is_plain_linear "
+                         "defines them): did `run` call the model?")
     return ActivationScales({name: max(v, 1e-12) / FP8_MAX for name, v in amax.items()},
                             {name: t.cpu() for name, t in channel.items()}, where="fx_fp8.calibrate")
 

@@ -54,7 +54,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.rules import linear_native_reason
+from fx_fp8.rules import linear_native_reason, is_plain_linear
 from fx_fp8.config import PIPELINE_KEYS  # noqa: E402,F401  keys a YAML may carry for the pipeline (FP8Config drops them)
 
 # -- cache backends -------------------------------------------------------------------------------
@@ -680,6 +680,10 @@ class TransformerExtras:
     warned_unknown: bool = False
 
 
+#: diffusers hooks compile_pipeline rebuilds after preparing (group offloading re-applied over the new linears)
+_REBUILT_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
+
+
 def check_before_prepare(model: nn.Module, prepare: bool, cfg) -> None:
     """prepare_model replaces nn.Linear modules: a diffusers hook on one of them (a context-parallel
     gather on proj_out, TaylorSeer's lite mode) would be lost silently. Refuse instead."""
@@ -688,9 +692,10 @@ def check_before_prepare(model: nn.Module, prepare: bool, cfg) -> None:
 
     qcfg = cfg.quantization_config
     for name, m in getattr(model, "_orig_mod", model).named_modules():
-        if type(m) is nn.Linear and getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.hooks \
+        hooks = [h for h in getattr(getattr(m, "_diffusers_hook", None), "hooks", {}) if h not in _REBUILT_HOOKS]
+        if is_plain_linear(m) and hooks \
                 and linear_native_reason(name, m.in_features, m.out_features, m.weight.dtype, qcfg) is None:
-            raise ValueError(f"linear {name!r} carries diffusers hooks {list(m._diffusers_hook.hooks)} and prepare_model "
+            raise ValueError(f"linear {name!r} carries diffusers hooks {hooks} and prepare_model "
                              "would replace it, losing them: pass parallel_config / cache_backend to compile_pipeline "
                              "instead of enabling them yourself (fx_fp8 applies them after preparing), or prepare=False")
 

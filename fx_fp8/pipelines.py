@@ -2,7 +2,7 @@
 
     pipe = fx_fp8.compile_pipeline(pipe, "stage.yaml", diffusion_kv_cache_skip_steps="0,1")
     image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
-    fx_fp8.restore_pipeline(pipe)
+    fx_fp8.restore_pipeline(pipe)          # the original weights need keep_weights=True (or prepare=False)
 
 What it does:
   * every denoising transformer (`transformer`, and `transformer_2` of two-expert
@@ -41,6 +41,8 @@ from fx_fp8.backend import MODES
 from fx_fp8.config import FP8Config
 from fx_fp8.report import get_reports
 from fx_fp8.prepare import prepare_model
+from fx_fp8.rules import check_not_prepared
+from fx_fp8.weights import QuantizedLinear, release_quantized_copies, watch_weights
 
 #: pipeline attributes holding a denoising transformer, in the order they run
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")
@@ -273,10 +275,12 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
       (so the sensitive layers are found by the graph's structure, as the backend finds them;
       by name, up front, where the model carries diffusers hooks or gets a cache or context
       parallelism from compile_pipeline: tracing it would move the hooks' state), so the quantized weights
-      replace the original ones in memory. This is destructive: restore_pipeline then gives
-      back a transformer whose eligible linears are QuantizedLinear modules, unless
-      keep_weights=True, which keeps the original nn.Linear modules on the CPU to put back
-      (the original weights stay in host memory).
+      replace the original ones in memory. This is destructive: the original weights are
+      freed, so restore_pipeline(pipe) refuses (ValueError) and restore_pipeline(pipe,
+      linears="quantized") keeps the QuantizedLinear modules, unless keep_weights=True, which
+      keeps the original nn.Linear modules on the CPU to put back (the original weights stay
+      in host memory). A transformer already prepared by prepare_model is refused: pass
+      prepare=False to compile it as it is.
     compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
     parallel_config / cache_backend / cache_config: vLLM-Omni's context-parallel degrees
       ({ulysses_degree, ring_degree}) and cache backend (first_block_cache, taylorseer, mag_cache)
@@ -287,6 +291,9 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     """
     if backend not in BACKENDS:
         raise ValueError(f"invalid backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if keep_weights and not prepare:
+        raise ValueError("keep_weights=True with prepare=False: without prepare the original weights are never "
+                         "freed, so there is nothing to keep; drop keep_weights or use prepare=True")
     if getattr(pipe, _STATE_ATTR, None) is not None:
         raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
                          "call fx_fp8.restore_pipeline(pipe) first")
@@ -295,6 +302,14 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     popts = _parallel.PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
                                            cache_config=cache_config)
     transformers = _find_transformers(pipe)
+    if prepare and cfg.linear_enabled:
+        for attr, module in transformers.items():
+            try:
+                check_not_prepared(module, "compile_pipeline(prepare=True) cannot prepare it again",
+                                   "pass prepare=False to compile it as it is")
+            except ValueError as e:
+                raise ValueError(f"pipe.{attr}: {e}") from None
+            _check_weights_readable(module, attr)
     if not callable(pipe):
         raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
                          "around the pipeline's __call__")
@@ -309,6 +324,8 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
                              kept_linears={}, base_class=type(pipe))
     for attr, module in transformers.items():
+        if cfg.linear_enabled:  # before the first trace: two experts of one class then share one graph
+            watch_weights(module)
         compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
 
         def setup(example_inputs, attr=attr, module=module):
@@ -318,10 +335,13 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
                 return  # already set up
             state.pending_setup.pop(attr, None)
             if prepare:
-                linears = {n: m for n, m in module.named_modules() if type(m) is nn.Linear} if keep_weights else {}
+                _check_weights_readable(module, attr)
+                linears = dict(module.named_modules()) if keep_weights else {}
                 state.prepared[attr] = prepare_model(module, cfg, example_inputs=example_inputs)
                 if keep_weights:
                     state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
+                if state.prepared[attr]["quantized"]:
+                    _reapply_group_offload(module)
             state.extras[attr] = _parallel.apply_pipeline_options(module, popts)
             _parallel.compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
 
@@ -398,30 +418,94 @@ def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
     return kwargs
 
 
-def restore_pipeline(pipe):
+#: restore_pipeline(pipe, linears=...): what the prepared linears become
+RESTORE_LINEARS = ("original", "quantized")
+
+
+def restore_pipeline(pipe, *, linears: str = "original"):
     """Undo compile_pipeline: the original transformer objects, scheduler.step and __call__.
 
-    After prepare=True (the default) without keep_weights=True the transformers' eligible
-    linears stay QuantizedLinear modules (their original weights were freed); they still run eagerly.
+    linears: what the linears that compile_pipeline prepared become.
+      "original" (the default): the original nn.Linear modules, in the transformer's current
+        dtype and device (a pipe.to(...) after compile_pipeline is followed). They exist when
+        compile_pipeline ran with keep_weights=True or prepare=False, or before the first call
+        (nothing was prepared yet). After prepare=True without keep_weights=True their weights
+        were freed: a ValueError says so and changes nothing; pass linears="quantized" then.
+      "quantized": the QuantizedLinear modules stay (they run eagerly, in FP8); kept originals
+        are dropped.
+    The quantized copies the backend made for the transformers' weights (prepare=False) are
+    released: a restored pipeline holds only its own weights. Group offloading enabled on a
+    transformer is re-applied over the linears put back.
     """
+    if linears not in RESTORE_LINEARS:
+        raise ValueError(f"invalid linears {linears!r}: expected one of {', '.join(map(repr, RESTORE_LINEARS))}")
     state = pipeline_state(pipe)
     if state.running:
         raise RuntimeError("restore_pipeline called while the pipeline is running")
+    put_back = {}  # attr -> [(name, kept nn.Linear, QuantizedLinear in the model)]
+    for attr, original in state.originals.items():
+        quantized = (state.prepared.get(attr) or {}).get("quantized", [])
+        kept = state.kept_linears.get(attr)
+        if linears == "original" and quantized and kept is None:
+            raise ValueError(
+                f"restore_pipeline(pipe): the original weights of the {len(quantized)} linears compile_pipeline "
+                f"prepared in pipe.{attr} (first: {quantized[:3]}) were freed (prepare=True without "
+                "keep_weights=True), so they cannot be put back. Pass restore_pipeline(pipe, linears='quantized') "
+                "to keep them as QuantizedLinear modules (FP8, run eagerly), or compile with keep_weights=True "
+                "(or prepare=False) to get the original weights back")
+        if linears == "original" and kept:
+            put_back[attr] = []
+            for name, linear in kept.items():
+                current = original.get_submodule(name)
+                if not isinstance(current, QuantizedLinear):
+                    raise ValueError(f"pipe.{attr}.{name} is a {type(current).__name__}, not the QuantizedLinear "
+                                     "compile_pipeline put there: it was replaced since, so restore_pipeline will "
+                                     "not put the original linear over it")
+                put_back[attr].append((name, linear, current))
+    # everything is checked: only now change the pipeline
     for handle in state.hook_handles:
         handle.remove()
     for attr, original in state.originals.items():
         _undo_extras(original, state.extras.get(attr))  # issue 12
     for attr, original in state.originals.items():
-        for name, linear in state.kept_linears.get(attr, {}).items():
-            current = original.get_submodule(name)
+        for name, linear, current in put_back.get(attr, []):
+            # the transformer may have moved since (pipe.to(dtype / device)): the original follows it
+            linear = linear.to(device=current.weight.device, dtype=current.orig_dtype)
             parent, _, child = name.rpartition(".")
-            setattr(original.get_submodule(parent) if parent else original, child,
-                    linear.to(current.weight.device))
+            setattr(original.get_submodule(parent) if parent else original, child, linear)
+        if put_back.get(attr):
+            _reapply_group_offload(original)
+        release_quantized_copies(original)
         setattr(pipe, attr, original)
     _remove_scheduler_hook(state)
     pipe.__class__ = state.base_class
     object.__delattr__(pipe, _STATE_ATTR)
+    state.kept_linears.clear()
     return pipe
+
+
+# -- offloading: diffusers' group offload and accelerate's hooks --------------------------------
+def _reapply_group_offload(module: nn.Module) -> None:
+    """Group offloading holds the modules and tensors it found when it was enabled: after
+    linears are replaced (prepare, restore) its groups are rebuilt, so the new modules move with
+    their group and the replaced ones are not kept alive by a stale group."""
+    try:
+        from diffusers.hooks.group_offloading import _maybe_remove_and_reapply_group_offloading
+    except ImportError:  # no diffusers: nothing can have enabled it
+        return
+    _maybe_remove_and_reapply_group_offloading(module)
+
+
+def _check_weights_readable(module: nn.Module, attr: str) -> None:
+    """prepare reads every weight: weights offloaded to the meta device (accelerate's sequential
+    CPU offload keeps them in its hooks) would be quantized as garbage, and the hooks would then
+    write the original weights into the quantized slots."""
+    on_meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
+    if on_meta:
+        raise ValueError(f"pipe.{attr} has {len(on_meta)} weights on the meta device (first: {on_meta[:3]}): "
+                         "offloaded by accelerate (pipe.enable_sequential_cpu_offload()) or not loaded, so "
+                         "compile_pipeline(prepare=True) cannot quantize them. Call compile_pipeline and run the "
+                         "pipeline once before enabling sequential offload, or pass prepare=False")
 
 
 def _undo_extras(module, extras) -> None:

@@ -16,8 +16,8 @@ from fx_fp8.calibration import (channel_stats, check_channel_amax, check_scales_
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.passes.sensitive import sensitive_linear_names
-from fx_fp8.rules import linear_native_reason
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_native_reason
+from fx_fp8.weights import QuantizedLinear, accept_prepared_weight, watch_weights
 
 
 def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensitive: Optional[dict] = None,
@@ -48,7 +48,9 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     result = {"quantized": [], "native": {}, "bytes_before": 0, "bytes_after": 0, "method": qcfg.method}
     if not cfg.linear_enabled:
         return result
-    linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    check_not_prepared(model, "it cannot be prepared again", "prepare the original model once; compile a prepared "
+                       "model as it is (torch.compile(model, backend='fp8'), or compile_pipeline(pipe, prepare=False))")
+    linears = [(n, m) for n, m in model.named_modules() if is_plain_linear(m)]
     if example_inputs is not None and sensitive is None:
         args, kwargs = _split_inputs(example_inputs)
         sensitive = sensitive_linear_names(model, args, kwargs)
@@ -94,11 +96,17 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         parent_name, _, child = name.rpartition(".")
         _carry_hooks(module, new)
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        accept_prepared_weight(new.weight, name)
         result["bytes_before"] += module.weight.numel() * module.weight.element_size()
         result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
         if new.input_smoothing is not None:
             result["bytes_after"] += new.input_smoothing.numel() * 4
         result["quantized"].append(name)
+    watch_weights(model)  # the native linears too: a weight written later is seen
+    if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
+        from fx_fp8.checkpoint import guard
+
+        guard(model, result["native"])
     return result
 
 

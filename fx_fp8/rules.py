@@ -12,6 +12,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn as nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+from torch.nn.utils.parametrize import is_parametrized
 
 from fx_fp8.patterns import first_match
 from fx_fp8.shapes import broadcasts_to, concrete, known_equal, known_true, size_str
@@ -40,6 +43,32 @@ SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
 
 
 # -- linears -------------------------------------------------------------------------
+def is_plain_linear(module) -> bool:
+    """Is `module` a linear fx_fp8 may calibrate and replace by a QuantizedLinear?
+
+    The one rule of calibrate, prepare_model and the backend's static-scale names: an
+    nn.Linear, or a subclass that keeps nn.Linear.forward (a subclass with its own forward,
+    like diffusers' LoRACompatibleLinear or its GGUF/BFL quantized linears, computes something
+    else). Excluded: NonDynamicallyQuantizableLinear (nn.MultiheadAttention reads its weight
+    directly, never calls it) and parametrized linears (their weight is computed).
+    PEFT's lora.Linear wraps an nn.Linear without being one: its base_layer is the linear.
+    """
+    if not isinstance(module, nn.Linear) or isinstance(module, NonDynamicallyQuantizableLinear):
+        return False
+    return type(module).forward is nn.Linear.forward and not is_parametrized(module)
+
+
+def check_not_prepared(model, action: str, hint: str) -> None:
+    """A model whose linears are QuantizedLinear modules no longer holds the weights `action`
+    needs (the originals were freed): a ValueError saying so, naming the first ones and `hint`."""
+    from fx_fp8.weights import QuantizedLinear  # weights imports the ops; rules stays light
+
+    names = [n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]
+    if names:
+        raise ValueError(f"this model was already prepared by fx_fp8.prepare_model: {len(names)} linears are "
+                         f"QuantizedLinear modules (first: {names[:3]}), so {action}; {hint}")
+
+
 def linear_native_reason(name: str, in_features: int, out_features: int, dtype, qcfg,
                          sensitive: Optional[str] = None) -> Optional[str]:
     """Why the linear `name` stays native, or None when it can be quantized.

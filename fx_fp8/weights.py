@@ -1,42 +1,85 @@
-"""Quantized weights are model state: quantize once, share between graphs, free the originals.
+"""Quantized weights are model state: quantized once per weight version, owned by that weight.
 
-Two ways a quantized weight comes to exist, both owned by the model:
+Two ways a quantized weight comes to exist:
 * `fx_fp8.prepare_model(model, config)` (fx_fp8/prepare.py; recommended, `compile_pipeline` calls it)
-  replaces eligible nn.Linear modules by QuantizedLinear modules that hold
-  only the FP8/INT8 weight and its fp32 scales, as a parameter and buffers the
-  graph reads like any other. The original weights are freed.
-* `torch.compile(model, backend="fp8")` alone quantizes each weight at
-  compile time and keeps the copy on the weight Parameter itself (one entry
-  per method/granularity, never evicted by another, dropped with the weight),
-  so every graph of the model, both step variants, and another instance of
-  the same class each find their own weight's copy. The model keeps its
-  original weight too (the report says so).
+  replaces eligible linears by QuantizedLinear modules that hold only the
+  FP8/INT8 weight and its fp32 scales, as a parameter and buffers the graph
+  reads like any other. The original weights are freed.
+* `torch.compile(model, backend="fp8")` alone quantizes each weight at compile
+  time and keeps the copy in the weight's WeightState (one entry per
+  method/granularity/smoothing), found at run time from the weight tensor the
+  graph is called with, so every graph of the model, both step variants and
+  another instance of the same class each use their own weight's copy.
+
+Weights change after compiling (LoRA fusion, loaders, EMA swaps), often through
+`.data`, which bumps no version counter. Each weight the backend quantizes (and
+each prepared weight) becomes a WatchedParameter: an nn.Parameter whose `.data`
+accessor counts its uses. A copy is valid for one fingerprint (version counter,
+storage address, `.data` uses, dtype, device) and is remade, once, on the first
+call after the fingerprint moved. A prepared weight has no original to
+re-quantize from: when its fingerprint moves and its bytes changed, the call
+raises naming the layer (a read through `.data` changes no byte and passes).
 
 With SmoothQuant-style smoothing (quantization_config.smoothing_alpha) the
-quantized copy is that of W * s: a separate entry whose key includes the
-smoothing (alpha and a digest of s), and the Smoothing (s and 1/s) is kept on the
-weight too, per alpha, for the fx_fp8::input_smoothing op to read at run time
-(never baked into a graph: Dynamo shares one graph between model instances).
-A prepared QuantizedLinear holds its 1/s as the `input_smoothing` buffer.
+quantized copy is that of W * s (its key includes alpha and a digest of s), and
+the Smoothing (s and 1/s) is kept in the weight's state per alpha, for the
+fx_fp8::input_smoothing op to read at run time (never baked into a graph:
+Dynamo shares one graph between model instances).
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import resolve_lowering_name
 
-#: attribute of a weight tensor holding its quantized copies: {(method, granularity, block): (version, wq, ws)}
-_COPIES_ATTR = "_fx_fp8_quantized"
-#: attribute of a weight tensor holding the calibrated activation scale of its linear
-_STATIC_SCALE_ATTR = "_fx_fp8_input_scale"
-#: attribute of a weight tensor holding its smoothing per alpha: {alpha: Smoothing}
-_SMOOTHING_ATTR = "_fx_fp8_smoothing"
+QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
+
+
+class WatchedParameter(nn.Parameter):
+    """An nn.Parameter that counts uses of its `.data` accessor (reads and writes alike:
+    `w.data.add_(d)`, `w.data.copy_(v)`, `w.data = v` bump no version counter, so a
+    quantized copy of this weight cannot otherwise tell it is stale)."""
+
+    @property
+    def data(self):
+        self.__dict__["_data_uses"] = self.__dict__.get("_data_uses", 0) + 1
+        return nn.Parameter.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        self.__dict__["_data_uses"] = self.__dict__.get("_data_uses", 0) + 1
+        nn.Parameter.data.__set__(self, value)
+
+
+def watch(weight: torch.Tensor) -> bool:
+    """Make `weight` a WatchedParameter in place (same object, same storage); False where it
+    cannot be (a plain tensor or another Parameter subclass): then only in-place writes that
+    bump its version counter are seen."""
+    if type(weight) is WatchedParameter:
+        return True
+    if type(weight) is nn.Parameter:
+        weight.__class__ = WatchedParameter
+        return True
+    return False
+
+
+def watch_weights(model: nn.Module) -> int:
+    """Watch every weight-like (2-D or larger) parameter of `model` (returns how many are
+    watched). Done before Dynamo guards on their type (the backend, prepare_model and
+    compile_pipeline call it), so every instance of a class keeps sharing one graph."""
+    return sum(watch(p) for p in model.parameters() if p.dim() >= 2)
+
+
+def fingerprint(weight: torch.Tensor) -> tuple:
+    """What changes when the weight's values may have changed (cheap: no byte is read)."""
+    return (weight._version, weight.data_ptr(), weight.__dict__.get("_data_uses", 0), weight.dtype, weight.device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,71 +99,165 @@ class Smoothing:
         return cls(float(alpha), s, (1.0 / s).to(device or "cpu"), ("smooth", float(alpha), digest))
 
 
+@dataclass(eq=False)
+class WeightState:
+    """What fx_fp8 keeps for one weight tensor: its quantized copies, its group's smoothing,
+    its calibrated activation scale, and (for a prepared weight) the digest of its bytes."""
+
+    name: str = ""                                   # the owning linear's name, for messages
+    copies: dict = field(default_factory=dict)       # key -> (fingerprint, wq, ws)
+    smoothing: dict = field(default_factory=dict)    # alpha -> Smoothing
+    input_scale: Optional[torch.Tensor] = None
+    prepared: Optional[tuple] = None                 # (fingerprint, digest) of a prepared weight's accepted bytes
+    quantizations: int = 0                           # how often a copy of this weight was (re)made
+
+
+#: weight tensor -> WeightState; an entry lives as long as its weight (or until released)
+_STATES: WeakIdKeyDictionary = WeakIdKeyDictionary()
+#: total (re)quantizations of unprepared weights in this process (tests count re-quantization with it)
+QUANTIZATIONS = {"count": 0}
+
+
+def state_of(weight: torch.Tensor, name: str = "") -> WeightState:
+    st = _STATES.get(weight)
+    if st is None:
+        st = _STATES[weight] = WeightState(name=name)
+        watch(weight)
+    elif name and not st.name:
+        st.name = name
+    return st
+
+
 def quantized_weight(weight: torch.Tensor, method: str, granularity: str, block,
-                     smoothing: Optional[Smoothing] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     smoothing: Optional[Smoothing] = None, name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """(quantized weight, fp32 scale) of `weight` (of W * s with `smoothing`), made once per
-    (method, granularity, block[, smoothing]) and kept on the weight; remade only if the
-    weight was changed in place since."""
+    (method, granularity, block[, smoothing]) and weight fingerprint."""
     key = (method, granularity, tuple(block) if block else None)
     if smoothing is not None:
         key = key + (smoothing.key,)
-    copies = getattr(weight, _COPIES_ATTR, None)
-    if copies is None:
-        copies = {}
-        setattr(weight, _COPIES_ATTR, copies)
-    entry = copies.get(key)
-    if entry is None or entry[0] != weight._version:
+    st = state_of(weight, name)
+    fp = fingerprint(weight)
+    entry = st.copies.get(key)
+    if entry is None or entry[0] != fp:
         with torch.no_grad():
             w = weight.detach()
             if smoothing is not None:
                 w = w.float() * smoothing.factors.to(w.device)
             wq, ws = quant.quantize_weight(w, granularity, key[2], method)
-        entry = copies[key] = (weight._version, wq, ws)
+        entry = st.copies[key] = (fp, wq, ws)
+        st.quantizations += 1
+        QUANTIZATIONS["count"] += 1
     return entry[1], entry[2]
 
 
-def attach_smoothing(weight: torch.Tensor, smoothing: Smoothing) -> None:
-    """Keep the smoothing of the group the linear owning `weight` belongs to on that weight
-    (one per alpha: a later compile with the same alpha replaces it)."""
-    table = getattr(weight, _SMOOTHING_ATTR, None)
-    if table is None:
-        table = {}
-        setattr(weight, _SMOOTHING_ATTR, table)
-    table[smoothing.alpha] = smoothing
+def _digest(weight: torch.Tensor) -> str:
+    data = weight.detach().contiguous().view(torch.uint8).cpu()
+    return hashlib.blake2b(data.numpy().tobytes(), digest_size=16).hexdigest()
+
+
+def accept_prepared_weight(weight: torch.Tensor, name: str = "") -> None:
+    """Record a prepared (FP8/INT8) weight's bytes as valid for its scales: prepare_model and a
+    state-dict load that sets data and scales together call it."""
+    st = state_of(weight, name)
+    st.prepared = (fingerprint(weight), _digest(weight))
+
+
+def check_prepared_weight(weight: torch.Tensor) -> None:
+    """Raise if a prepared weight's bytes changed since they were accepted (a write through
+    `.data` or in place: its scales no longer describe it). Cheap unless its fingerprint moved."""
+    st = _STATES.get(weight)
+    if weight.dtype not in QUANTIZED_DTYPES:
+        raise RuntimeError(
+            f"fx_fp8: prepared layer {st.name if st is not None and st.name else '(unnamed)'} holds a {weight.dtype} "
+            "weight: it was replaced through `.data` after prepare_model. Load full-precision weights with "
+            "model.load_state_dict(...) (prepared layers re-quantize them), or fuse LoRA before prepare_model")
+    if st is None or st.prepared is None:
+        return
+    fp = fingerprint(weight)
+    if st.prepared[0] == fp:
+        return
+    if _digest(weight) == st.prepared[1]:
+        st.prepared = (fp, st.prepared[1])  # read through .data, or moved: same bytes
+        return
+    raise RuntimeError(
+        f"fx_fp8: the quantized weight of prepared layer {st.name or '(unnamed)'} was written after "
+        "prepare_model (its scales describe other bytes). Load full-precision weights with "
+        "model.load_state_dict(...) (prepared layers re-quantize them), fuse LoRA before prepare_model, or "
+        "restore the model and prepare it again")
+
+
+def attach_smoothing(weight: torch.Tensor, smoothing: Smoothing, name: str = "") -> None:
+    """Keep the smoothing of the group the linear owning `weight` belongs to (one per alpha:
+    a later compile with the same alpha replaces it)."""
+    state_of(weight, name).smoothing[smoothing.alpha] = smoothing
 
 
 def smoothing_of(weight: torch.Tensor, alpha: float) -> Smoothing:
-    entry = getattr(weight, _SMOOTHING_ATTR, {}).get(float(alpha))
+    st = _STATES.get(weight)
+    entry = st.smoothing.get(float(alpha)) if st is not None else None
     if entry is None:
         raise RuntimeError(
-            f"fx_fp8: no smoothing (alpha {alpha:g}) attached to this weight (a graph compiled for another model "
+            f"fx_fp8: no smoothing (alpha {alpha:g}) recorded for this weight (a graph compiled for another model "
             "instance?); call fx_fp8.prepare_model(model, config) before torch.compile")
     return entry
 
 
 def smoothed_quantized_weight(weight: torch.Tensor, alpha: float, method: str, granularity: str,
                               block) -> tuple[torch.Tensor, torch.Tensor]:
-    """The quantized W * s of `weight` for its attached smoothing of `alpha` (run time)."""
+    """The quantized W * s of `weight` for its recorded smoothing of `alpha` (run time)."""
     return quantized_weight(weight, method, granularity, block, smoothing_of(weight, alpha))
 
 
 def quantized_copies(weight: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The quantized copies kept on `weight` (for memory accounting; a smoothing's 1/s
+    """The quantized copies kept for `weight` (for memory accounting; a smoothing's 1/s
     vector is counted with its copy)."""
-    copies = [(wq, ws) for _, wq, ws in getattr(weight, _COPIES_ATTR, {}).values()]
-    return copies + [(sm.inverse, sm.factors) for sm in getattr(weight, _SMOOTHING_ATTR, {}).values()]
+    st = _STATES.get(weight)
+    if st is None:
+        return []
+    copies = [(wq, ws) for _, wq, ws in st.copies.values()]
+    return copies + [(sm.inverse, sm.factors) for sm in st.smoothing.values()]
 
 
-def attach_static_input_scale(weight: torch.Tensor, scale: float) -> None:
-    """Keep the calibrated activation scale of the linear that owns `weight` on that weight."""
-    setattr(weight, _STATIC_SCALE_ATTR, torch.tensor(scale, dtype=torch.float32, device=weight.device))
+def release_quantized_copies(module: nn.Module) -> int:
+    """Drop every quantized copy, smoothing and static scale the compile path made for the
+    parameters and buffers of `module` (prepared layers keep their own weights). Returns the
+    bytes released; a graph compiled before re-quantizes on its next call."""
+    released = 0
+    for t in list(module.parameters()) + [b for b in module.buffers() if b is not None]:
+        st = _STATES.get(t)
+        if st is None:
+            continue
+        released += sum(wq.numel() * wq.element_size() + ws.numel() * ws.element_size()
+                        for _, wq, ws in st.copies.values())
+        st.copies.clear()  # smoothing vectors and static scales are tiny: a compiled graph still needs them
+    return released
+
+
+def carry_state(old: torch.Tensor, new: torch.Tensor) -> None:
+    """`new` is `old` moved (same bytes, another device or object): it keeps old's record, and
+    a prepared weight's accepted digest (no byte is read)."""
+    st = _STATES.get(old)
+    if st is None or new is old:
+        return
+    moved = state_of(new, st.name)
+    moved.smoothing, moved.input_scale = dict(st.smoothing), st.input_scale
+    if st.input_scale is not None:
+        moved.input_scale = st.input_scale.to(new.device)
+    if st.prepared is not None:
+        moved.prepared = (fingerprint(new), st.prepared[1])
+
+
+def attach_static_input_scale(weight: torch.Tensor, scale: float, name: str = "") -> None:
+    """Keep the calibrated activation scale of the linear that owns `weight`."""
+    state_of(weight, name).input_scale = torch.tensor(scale, dtype=torch.float32, device=weight.device)
 
 
 def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
-    scale = getattr(weight, _STATIC_SCALE_ATTR, None)
+    st = _STATES.get(weight)
+    scale = st.input_scale if st is not None else None
     if scale is None:
         raise RuntimeError(
-            "fx_fp8: no static activation scale attached to this weight (a graph compiled for another "
+            "fx_fp8: no static activation scale recorded for this weight (a graph compiled for another "
             "model instance?); call fx_fp8.prepare_model(model, config) before torch.compile"
         )
     return scale
@@ -142,7 +279,7 @@ class QuantizedLinear(nn.Module):
         (SmoothQuant): the input is multiplied by it before it is quantized."""
         super().__init__()
         self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
-        self.weight = nn.Parameter(weight_q, requires_grad=False)
+        self.weight = WatchedParameter(weight_q, requires_grad=False)
         self.register_buffer("weight_scale", weight_scale)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.register_buffer("input_scale", input_scale)
@@ -174,7 +311,10 @@ class QuantizedLinear(nn.Module):
                 if t is not None:
                     moved = fn(t)  # only its device is kept: a dtype cast would destroy the quantized data
                     moved = moved if moved.dtype == t.dtype else t.to(moved.device)
-                    t = nn.Parameter(moved, requires_grad=False) if isinstance(t, nn.Parameter) else moved
+                    if isinstance(t, nn.Parameter):
+                        moved = WatchedParameter(moved.detach(), requires_grad=False)
+                    carry_state(t, moved)
+                    t = moved
                 store[name] = t
         if self.bias is not None:
             self.orig_dtype = self.bias.dtype
@@ -187,6 +327,64 @@ class QuantizedLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"{self.method} {self.weight_granularity} scales"
                 + (", smoothed inputs" if self.input_smoothing is not None else ""))
+
+    # -- loading state: a full-precision weight is re-quantized, a quantized one comes with its scale
+    _FULL_PRECISION = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+    def _check_incoming(self, state_dict, prefix: str) -> Optional[str]:
+        """What is wrong with this layer's entries in `state_dict` (None: loadable)."""
+        st = _STATES.get(self.weight)
+        name = prefix[:-1] or (st.name if st is not None and st.name else "(unnamed)")
+        w, s = state_dict.get(prefix + "weight"), state_dict.get(prefix + "weight_scale")
+        if w is None:
+            return None if s is None else (f"{name}: a weight_scale without its weight (the scale of a quantized "
+                                           "weight is only valid with that weight)")
+        if tuple(w.shape) != (self.out_features, self.in_features):
+            return (f"{name}: weight of shape {list(w.shape)}, the layer is "
+                    f"[{self.out_features}, {self.in_features}]")
+        if w.dtype in self._FULL_PRECISION:
+            if s is not None:
+                return (f"{name}: a full-precision ({w.dtype}) weight comes with a weight_scale; give the "
+                        "full-precision weight alone (it is re-quantized) or the quantized weight with its scale")
+            smoothing = state_dict.get(prefix + "input_smoothing")
+            if smoothing is not None and tuple(smoothing.shape) != (self.in_features,):
+                return f"{name}: input_smoothing of shape {list(smoothing.shape)}, expected [{self.in_features}]"
+            return None
+        if w.dtype != self.weight.dtype:
+            return (f"{name}: a {w.dtype} weight, the layer holds {self.weight.dtype} ({self.method}); "
+                    "load a full-precision weight to re-quantize it")
+        if s is None:
+            return (f"{name}: {w.dtype} weight data without its weight_scale (quantized codes alone "
+                    "cannot be dequantized)")
+        if tuple(s.shape) != tuple(self.weight_scale.shape):
+            return (f"{name}: weight_scale of shape {list(s.shape)}, the layer's {self.weight_granularity} "
+                    f"scales are {list(self.weight_scale.shape)}")
+        return None
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        problem = self._check_incoming(state_dict, prefix)
+        if problem:
+            raise ValueError(f"fx_fp8: cannot load into prepared layer {problem}")
+        w = state_dict.get(prefix + "weight")
+        if w is not None and w.dtype in self._FULL_PRECISION:
+            # quantized with this layer's own recipe; smoothed layers store quantize(W * s), s = 1 / input_smoothing
+            state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
+            for key in ("input_scale", "input_smoothing"):
+                if prefix + key not in state_dict and getattr(self, key) is not None:
+                    state_dict[prefix + key] = getattr(self, key)
+            inverse = state_dict.get(prefix + "input_smoothing")
+            with torch.no_grad():
+                wf = w.detach().float()
+                if inverse is not None:
+                    wf = wf * (1.0 / inverse.detach().float().to(wf.device))
+                wq, ws = quant.quantize_weight(wf, self.weight_granularity, self.weight_block or None, self.method)
+            state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = wq, ws
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if w is not None and not self.weight.is_meta:  # new bytes and their scales, set together
+            st = _STATES.get(self.weight)
+            accept_prepared_weight(self.weight, prefix[:-1] or (st.name if st is not None else ""))
 
 
 def reachable_tensor_bytes(obj) -> int:

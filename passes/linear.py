@@ -184,10 +184,10 @@ class FP8LinearPass(FXPass):
             amax = self.channel[module]
             check_channel_amax(module, amax, real_w.shape[1])
         else:
-            wq, ws = quantized_weight(real_w, q.method, q.weight_granularity, q.weight_block_size)  # once, now
+            wq, ws = quantized_weight(real_w, q.method, q.weight_granularity, q.weight_block_size, name=module)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
             if q.activation_scheme == "static":
-                attach_static_input_scale(real_w, method_scale(self.scales[module], q.method))
+                attach_static_input_scale(real_w, method_scale(self.scales[module], q.method), module)
         return Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=q.method,
                       weight_granularity=q.weight_granularity, weight_block=q.weight_block_size, act=q.act_granularity,
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
@@ -273,11 +273,13 @@ class FP8LinearPass(FXPass):
                                 device=todo[0].real_weight.device)
         weights = self.ctx.report.weights
         for m in todo:
-            attach_smoothing(m.real_weight, sm)
-            wq, ws = quantized_weight(m.real_weight, q.method, q.weight_granularity, q.weight_block_size, sm)
+            attach_smoothing(m.real_weight, sm, m.module)
+            wq, ws = quantized_weight(m.real_weight, q.method, q.weight_granularity, q.weight_block_size, sm,
+                                      m.module)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
             if m.act == "static":
-                attach_static_input_scale(m.real_weight, smoothed_static_scale(m.channel_amax, sm.inverse, q.method))
+                attach_static_input_scale(m.real_weight, smoothed_static_scale(m.channel_amax, sm.inverse, q.method),
+                                          m.module)
             m.smoothing = sm
 
     # -- rewriting ---------------------------------------------------------------------------

@@ -295,6 +295,8 @@ def resolve_graph(gm: torch.fx.GraphModule, example_inputs, *, model=None, owner
 def rename_instance(gm: torch.fx.GraphModule, old: str, new: str) -> None:
     """Move the resolved names of gm's nodes from module instance `old` to `new` (another
     instance of the same class, which Dynamo may run the same graph for)."""
+    if old == new:  # the same place in another model of the same class
+        return
     for node in gm.graph.nodes:
         name = node.meta.get(NAME_KEY)
         if name is None or not node.meta.get(RESOLVED_KEY):
@@ -308,7 +310,8 @@ def rename_instance(gm: torch.fx.GraphModule, old: str, new: str) -> None:
 
 def runtime_instance(module_name_of: dict[int, str]) -> Optional[str]:
     """At run time: the model's name of the innermost module on the Python stack (the instance
-    whose forward is running the compiled graph), or None."""
+    whose forward is running the compiled graph), or None. Only for a graph that reads no
+    parameter (InstanceDispatch knows the others by their parameters, without a stack walk)."""
     frame = sys._getframe(2)
     while frame is not None:
         obj = frame.f_locals.get("self")
@@ -322,6 +325,33 @@ def runtime_instance(module_name_of: dict[int, str]) -> Optional[str]:
 
 def module_names_of(model: nn.Module) -> dict[int, str]:
     return {id(m): n for n, m in reversed(list(model.named_modules(remove_duplicate=False)))}
+
+
+def parameter_owners(model: nn.Module) -> dict[int, str]:
+    """{id(parameter or buffer): name of the module holding it} for `model`."""
+    return ModelNames(model, {}).param_owner
+
+
+def instance_holding(param: torch.Tensor, anchor: str, models: list) -> Optional[tuple]:
+    """(model, owner, instance name) for a parameter the compiled graph is called with: the
+    module holding it is `<instance>.<anchor>` in one of `models` ((model, owner) pairs already
+    known), else in the model found on the Python stack (a model of the same class seen for
+    the first time). None when no model holds it. Runs once per new instance, not per call."""
+    candidates = list(models)
+    found_model, found_owner, _ = find_compiled_model({id(param)})
+    if found_model is not None and all(found_model is not m for m, _ in candidates):
+        candidates.append((found_model, found_owner))
+    for model, owner in candidates:
+        holder = parameter_owners(model).get(id(param))
+        if holder is None:
+            continue
+        if holder == anchor:
+            return model, owner, ""
+        if holder.endswith("." + anchor):
+            return model, owner, holder[: -len(anchor) - 1]
+        if not anchor:
+            return model, owner, holder
+    return None
 
 
 # -- layer indices ------------------------------------------------------------------------------

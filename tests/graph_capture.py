@@ -24,4 +24,5 @@ def compile_stored(gm, inputs, config, **overrides):
     downstream unless overridden); returns (callable, report)."""
     cfg = config.replace(**{"lowering": "reference", "downstream": "eager", **overrides})
     fn = compile_graph(gm, inputs, backend="fp8", options={"config": cfg})
-    return fn, fx_fp8.get_reports()[-1]
+    # the callable compiled for the captured instance (an InstanceDispatch wraps it per model instance)
+    return getattr(fn, "first", fn), fx_fp8.get_reports()[-1]

@@ -141,7 +141,7 @@ def test_compile_pipeline_with_cache(name, backend):
     # FP8's error on top of the cache is FP8's usual error
     assert _rel(out, native) < 0.02
 
-    restore_pipeline(pipe)
+    restore_pipeline(pipe, linears="quantized")
     assert original._cache_config is None and not parallel.cache_hooks(original)
     assert "_fx_fp8_default_context" not in vars(original)
 
@@ -160,7 +160,7 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
     _, calls = _run(pipe, kwargs, _counters(pipe.transformer))
     assert calls == [5, 5, 5, 5]
     original = pipeline_state(pipe).originals["transformer"]
-    restore_pipeline(pipe)
+    restore_pipeline(pipe, linears="quantized")
     assert original._cache_config is not None and parallel.cache_hooks(original)
     assert all(not getattr(h, "_fx_fp8_region", False) for _, _, h in parallel.cache_hooks(original))
 

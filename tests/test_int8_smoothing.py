@@ -20,7 +20,7 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weights import QuantizedLinear, quantized_copies, smoothing_of
+from fx_fp8.weights import QuantizedLinear, quantized_copies, smoothing_of, state_of, static_input_scale
 from graph_capture import Capture, compile_stored
 from npu_sim import torch_npu_sim  # noqa: F401  (fixture)
 
@@ -116,7 +116,7 @@ def test_smoothing_with_both_methods_and_schemes(method, scheme):
     sm = smoothing_of(weight, ALPHA)
     if scheme == "static":
         expected = float((calibration.channel_amax["0"] * sm.inverse).max()) / quant.METHODS[method][1]
-        assert float(weight._fx_fp8_input_scale) == pytest.approx(expected, rel=1e-6)
+        assert float(static_input_scale(weight)) == pytest.approx(expected, rel=1e-6)
 
 
 def test_smoothing_factors_formula_and_range():
@@ -266,13 +266,13 @@ def test_cache_key_includes_the_smoothing():
         for alpha in (None, ALPHA, 0.8):
             torch._dynamo.reset()
             torch.compile(m, backend="fp8", options=options("int8", alpha, calibration))(x)
-    keys = list(weight._fx_fp8_quantized)
+    keys = list(state_of(weight).copies)
     assert len(keys) == 3 and keys[0] == ("int8", "channel", None)
     assert keys[1][:3] == keys[2][:3] == keys[0]
     assert keys[1][3][:2] == ("smooth", 0.5) and keys[2][3][:2] == ("smooth", 0.8)
     # the smoothed copy is W * s (not W), and its 1/s is counted with the copies
     sm = smoothing_of(weight, ALPHA)
-    _, wq, ws = weight._fx_fp8_quantized[keys[1]]
+    _, wq, ws = state_of(weight).copies[keys[1]]
     deq = quant.dequantize_weight(wq, ws, "channel")
     assert rel_err(deq, weight * sm.factors) < 0.03 and rel_err(deq, weight) > 0.5
     assert len(quantized_copies(weight)) == 3 + 2  # three copies, two smoothings

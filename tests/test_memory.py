@@ -113,10 +113,13 @@ def test_prepare_model_respects_config():
     assert res["native"]["transformer_blocks.0.ff.net.2"] == "ignored_layers pattern 'ff'"
     assert type(model.get_submodule("x_embedder")) is nn.Linear  # sensitive: kept even with an explicit list
     assert res["native"]["x_embedder"].startswith("known sensitive layer")
-    fx_fp8.prepare_model(model, quantization_config={"quantize_sensitive": True})
-    assert type(model.get_submodule("x_embedder")) is QuantizedLinear
+    with pytest.raises(ValueError, match="already prepared"):  # a prepared model is not prepared twice
+        fx_fp8.prepare_model(model, quantization_config={"quantize_sensitive": True})
+    fresh, _ = bf16_flux()
+    fx_fp8.prepare_model(fresh, quantization_config={"quantize_sensitive": True})
+    assert type(fresh.get_submodule("x_embedder")) is QuantizedLinear
     with pytest.raises(ValueError, match="did you mean"):
-        fx_fp8.prepare_model(model, ignored_layer=["ff"])
+        fx_fp8.prepare_model(bf16_flux()[0], ignored_layer=["ff"])
 
 
 def _state(model):

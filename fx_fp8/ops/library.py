@@ -93,12 +93,13 @@ def _(x, static_scale, *, method, granularity, group, lowering):
 
 
 def _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block, smoothing_alpha=None):
-    """A prepared (quantized) weight with its scale, or the model's own weight: then its
-    quantized copy (of W * s with smoothing), made at compile time and kept on the weight
-    (fx_fp8.weights)."""
-    if weight_scale is not None:
-        return weight, weight_scale
+    """A prepared (quantized) weight with its scale (checked unchanged since it was prepared),
+    or the model's own weight: then its quantized copy (of W * s with smoothing), made at
+    compile time and remade once whenever the weight changed (fx_fp8.weights)."""
     block = tuple(weight_block) or None
+    if weight_scale is not None:
+        weights.check_prepared_weight(weight)
+        return weight, weight_scale
     if smoothing_alpha is not None:
         return weights.smoothed_quantized_weight(weight, smoothing_alpha, method, weight_granularity, block)
     return weights.quantized_weight(weight, method, weight_granularity, block)
@@ -150,6 +151,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     """y = x @ W^T + b for a prepared QuantizedLinear, eagerly: smooth x (x * 1/s, when the
     weight holds W * s), quantize it (dynamic per token / per tensor, or with the static
     `input_scale`), then the lowering's scaled_mm."""
+    weights.check_prepared_weight(weight)
     impl = get_lowering(lowering)
     x2d = x.reshape(-1, x.shape[-1])
     if input_smoothing is not None:

@@ -1,0 +1,84 @@
+"""Regional compilation (each block compiled on its own, as diffusers' compile_repeated_blocks
+does): every block gets the one-graph compile's decisions, instances that decide alike share
+one downstream compile, and the instance is known from its parameters, not from the stack."""
+import pytest
+import torch
+import torch.nn as nn
+from torch._dynamo.utils import counters
+
+import fx_fp8
+from fx_fp8 import backend
+from fx_fp8.passes import names
+from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
+
+BLOCKS = 6
+
+
+def _toy(seed=0):
+    torch.manual_seed(seed)
+    model = ToyDiT().eval()
+    model.blocks = nn.ModuleList([ToyBlock(32) for _ in range(BLOCKS)])
+    return model
+
+
+def _entries(reports):
+    return {e.module: e for r in reports for e in r.entries if e.op == "linear"}
+
+
+@pytest.fixture
+def downstream_compiles(monkeypatch):
+    calls = []
+    real = backend._downstream_compile
+
+    def counting(name, gm, inputs, mode):
+        calls.append(name)
+        return real(name, gm, inputs, mode)
+
+    monkeypatch.setattr(backend, "_downstream_compile", counting)
+    return calls
+
+
+def _regional(model, **options):
+    for block in model.blocks:
+        block.compile(backend="fp8", options={"lowering": "reference", **options})
+    return model
+
+
+def test_every_block_keeps_its_modulation_native_and_blocks_share_one_compile(downstream_compiles):
+    model, kw = _toy(), toy_inputs()
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        native = model(**kw)
+        out = _regional(model)(**kw)
+    reports = fx_fp8.get_reports(model)
+    entries = _entries(reports)
+    # the one-graph compile keeps every block's adaLN modulation native: so must each block alone
+    assert [structural(entries[f"blocks.{i}.ada"]) for i in range(BLOCKS)] == [MOD] * BLOCKS
+    assert all(entries[f"blocks.{i}.{p}"].action == "fp8" for i in range(BLOCKS) for p in ("q", "fc2"))
+    assert len(reports) == BLOCKS  # one report per block instance
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # Dynamo traced the block class once
+    assert len(downstream_compiles) == 1  # and every instance, deciding alike, shares its compile
+    assert 0 < rel_err(out, native) < 0.05
+
+
+def test_a_block_that_decides_differently_gets_its_own_compile(downstream_compiles):
+    model, kw = _toy(), toy_inputs()
+    with torch.no_grad():
+        _regional(model, quantization_config={"ignored_layers": ["blocks.3.fc1"]})(**kw)
+    entries = _entries(fx_fp8.get_reports(model))
+    assert entries["blocks.3.fc1"].action == "native" and entries["blocks.2.fc1"].action == "fp8"
+    assert len(downstream_compiles) == 2
+
+
+def test_no_stack_walk_per_call(monkeypatch):
+    model, kw = _toy(), toy_inputs()
+    with torch.no_grad():
+        _regional(model)(**kw)
+
+        def forbidden(*_):
+            raise AssertionError("the compiled graph walked the Python stack on a call")
+
+        monkeypatch.setattr(names, "find_compiled_model", forbidden)
+        monkeypatch.setattr(backend, "runtime_instance", forbidden)
+        model(**kw)
+        model(**kw)

@@ -1,0 +1,136 @@
+"""Weights written after compiling are honoured: re-quantized once per change, never per call,
+or (a prepared layer, whose original is gone) refused naming the layer."""
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import fx_fp8
+from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.weights import QUANTIZATIONS, WatchedParameter
+
+TARGET = "transformer_blocks.0.ff.net.2"  # a quantized linear of the tiny Flux (a feed-forward output)
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _flux():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_tiny_transformer("flux")
+    return model, example_inputs("flux", model)
+
+
+def _write(model, kind: str, delta_scale: float = 0.5):
+    """Change TARGET's weight (or every weight, for load_state_dict) the way `kind` does."""
+    w = model.get_submodule(TARGET).weight
+    gen = torch.Generator().manual_seed(1)
+    delta = torch.randn(w.shape, generator=gen) * w.detach().std() * delta_scale * 4
+    if kind == "no_grad_inplace":
+        with torch.no_grad():
+            w.add_(delta)
+    elif kind == "data_assign":
+        w.data = w.detach() + delta
+    elif kind == "data_add":
+        w.data.add_(delta)
+    elif kind == "data_copy":
+        w.data.copy_(w.detach() + delta)
+    elif kind == "data_iadd":  # PEFT's merge: base_layer.weight.data += delta_weight
+        w.data += delta
+    elif kind == "load_state_dict":
+        sd = {k: v + torch.randn(v.shape, generator=gen) * v.std() * delta_scale if v.dim() == 2 else v
+              for k, v in model.state_dict().items()}
+        model.load_state_dict(sd)
+    else:
+        raise AssertionError(kind)
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("kind", ["data_add", *(pytest.param(k, marks=SLOW) for k in (
+    "no_grad_inplace", "data_assign", "data_copy", "data_iadd", "load_state_dict"))])
+def test_weight_writes_after_torch_compile_are_seen(kind):
+    model, kw = _flux()
+    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+    with torch.no_grad():
+        before = output_tensor(compiled(**kw))
+        assert isinstance(model.get_submodule(TARGET).weight, WatchedParameter)
+        frames = counters["stats"]["unique_graphs"]
+        fp8_linears = fx_fp8.get_reports(compiled)[0].count("linear", "fp8")
+        _write(model, kind)
+        native = output_tensor(model(**kw))
+        n0 = QUANTIZATIONS["count"]
+        after = output_tensor(compiled(**kw))
+        requantized = QUANTIZATIONS["count"] - n0
+        again = output_tensor(compiled(**kw))
+    assert _rel(native, before) > 0.05, "the write must change the model's output visibly"
+    assert _rel(after, native) < 0.05, f"{kind}: the compiled model did not follow the new weights"
+    assert requantized == (fp8_linears if kind == "load_state_dict" else 1)
+    assert QUANTIZATIONS["count"] - n0 == requantized, "re-quantized again on a call without a change"
+    torch.testing.assert_close(again, after)
+    assert counters["stats"]["unique_graphs"] == frames, "a weight write must not recompile"
+
+
+@SLOW
+def test_reading_data_requantizes_once_and_changes_nothing():
+    model, kw = _flux()
+    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+    with torch.no_grad():
+        before = output_tensor(compiled(**kw))
+        _ = model.get_submodule(TARGET).weight.data.abs().max()  # a read through .data: conservatively a change
+        n0 = QUANTIZATIONS["count"]
+        after = output_tensor(compiled(**kw))
+        compiled(**kw)
+    assert QUANTIZATIONS["count"] - n0 == 1
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("compiled_call", [False, pytest.param(True, marks=SLOW)], ids=["eager", "compiled"])
+@pytest.mark.parametrize("kind", ["data_copy", "no_grad_inplace", "data_assign"])
+def test_prepared_weight_written_after_prepare_is_refused_naming_the_layer(kind, compiled_call):
+    model, kw = _flux()
+    fx_fp8.prepare_model(model, quantization="fp8")
+    run = torch.compile(model, backend="fp8", options={"quantization": "fp8"}) if compiled_call else model
+    with torch.no_grad():
+        run(**kw)
+        layer = model.get_submodule(TARGET)
+        w = layer.weight
+        if kind == "data_copy":
+            w.data.copy_(torch.randn(w.shape).to(w.dtype))
+        elif kind == "no_grad_inplace":
+            w.copy_(torch.randn(w.shape).to(w.dtype))
+        else:
+            w.data = torch.randn(w.shape)  # full precision values into a prepared layer
+        with pytest.raises(RuntimeError, match=TARGET.replace(".", r"\.")):
+            run(**kw)
+
+
+def test_prepared_weight_read_through_data_and_moved_still_runs():
+    model, kw = _flux()
+    fx_fp8.prepare_model(model, quantization="fp8")
+    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+    with torch.no_grad():
+        before = output_tensor(compiled(**kw))
+        _ = model.get_submodule(TARGET).weight.data.float().abs().max()
+        model.to("cpu")  # a move re-wraps the prepared weights: their accepted digest moves with them
+        after = output_tensor(compiled(**kw))
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+@SLOW
+def test_second_model_of_one_class_has_its_own_record_and_copies():
+    """Compiled on its own, a second instance traces once more (its weights were not watched
+    yet) and from then on has its own reports; its weights are its own."""
+    models = [build_tiny_transformer("flux", seed=s) for s in (0, 1)]
+    kw = example_inputs("flux", models[0])
+    compiled = [torch.compile(m, backend="fp8", options={"quantization": "fp8"}) for m in models]
+    with torch.no_grad():
+        outs = [output_tensor(c(**kw)) for c in compiled]
+        natives = [output_tensor(m(**kw)) for m in models]
+    for out, native in zip(outs, natives):
+        assert 1e-5 < _rel(out, native) < 0.05
+    assert len(fx_fp8.get_reports(compiled[0])) == 1 and len(fx_fp8.get_reports(compiled[1])) == 1
