@@ -152,7 +152,7 @@ def setup_distributed(options, device: str) -> str:
 def settle_pipeline_options(args, pipe, call: dict, options):
     """The pipeline options once the step count is known (mag_cache needs it): --num-inference-steps,
     else the pipeline's own default."""
-    if options is None or options.cache_backend != "mag_cache" or args.num_inference_steps is not None:
+    if options is None or options.cache_backend not in ("mag_cache", "cache_dit") or args.num_inference_steps is not None:
         return options
     steps = call.get("num_inference_steps")
     if steps is None:

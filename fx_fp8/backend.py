@@ -59,6 +59,11 @@ def _graph_device(example_inputs) -> Optional[torch.device]:
 
 
 def choose_lowering(backend: str, config: FP8Config, device, warn: Callable[[str], None]) -> str:
+    if config.lowering == "cuda" and (device is None or device.type != "cuda"):
+        # its kernels take CUDA tensors only: every node would stay native, each row saying why
+        warn(f"fx_fp8: lowering 'cuda' was asked for but the graph's tensors are on "
+             f"{device.type if device is not None else 'no device'!r} (CUDA available: {torch.cuda.is_available()}): "
+             "every attention and linear stays native; use lowering 'auto' or 'reference' here")
     if config.lowering != "auto":
         return config.lowering
     if backend == "fp8_npu":

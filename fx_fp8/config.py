@@ -122,8 +122,12 @@ class AttentionQuantConfig:
         _check_int("attention.kv_block", self.kv_block)
         for name in ("hadamard", "smooth_k", "quantize_p", "cross_attention"):
             _check_bool(f"attention.{name}", getattr(self, name))
-        if not _is_number(self.p_scale) or not 0 < self.p_scale <= 448:
-            raise ValueError(f"invalid attention.p_scale {self.p_scale!r}: expected a number in (0, 448]")
+        # P in [0, 1] is multiplied by p_scale before the e4m3 cast: below 1 the small probabilities
+        # round to zero (below 2**-10 all of them, and the attention output is 0)
+        if not _is_number(self.p_scale) or not 1 <= self.p_scale <= 448:
+            raise ValueError(f"invalid attention.p_scale {self.p_scale!r}: expected a number in [1, 448] (the softmax "
+                             "probabilities are multiplied by it before the FP8 cast; below 1 small probabilities "
+                             "round to zero, and at 1e-3 the attention output is all zeros)")
         if not _is_number(self.min_kv_ratio) or not 0 <= self.min_kv_ratio <= 1:
             raise ValueError(f"invalid attention.min_kv_ratio {self.min_kv_ratio!r}: expected a number in [0, 1]")
 
@@ -192,6 +196,11 @@ class QuantizationConfig:
             raise ValueError("activation_scheme 'static' needs activation_scales: a JSON file written by fx_fp8.calibrate, or its dict")
         if self.activation_scales is not None and not isinstance(self.activation_scales, (str, os.PathLike, Mapping)):
             raise ValueError(f"invalid activation_scales {self.activation_scales!r}: expected a JSON path or a mapping")
+        if (self.activation_scales is not None and self.activation_scheme != "static"
+                and self.smoothing_alpha is None):
+            warnings.warn("quantization_config.activation_scales is given but activation_scheme is "
+                          f"{self.activation_scheme!r} and smoothing_alpha is not set: the scales are unused "
+                          "(set activation_scheme: static to use them)", stacklevel=5)
         _check_int("quantization_config.min_features", self.min_features, minimum=0)
         _check_bool("quantization_config.fast_accum", self.fast_accum)
         if self.smoothing_alpha is not None:
@@ -327,9 +336,12 @@ class FP8Config:
                                  "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
+        if "ignored_layers" in data and not _clean_patterns(data["ignored_layers"]):
+            del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in
         qc_given = data.get("quantization_config") is not None or data.get("ignored_layers") is not None
         if isinstance(data.get("quantization_config"), str):  # vLLM-Omni's tests pass quantization_config="fp8"
             data["quantization_config"] = {"method": data["quantization_config"]}
+        _check_method_agrees(data)
         if "ignored_layers" in data:
             _merge_ignored_layers_shortcut(data)
         if "quantization" not in data and qc_given:
@@ -353,29 +365,11 @@ class FP8Config:
     @classmethod
     def from_yaml(cls, path) -> "FP8Config":
         """Read a flat mapping or a vLLM-Omni stage config (stage_args[*].engine_args)."""
-        import yaml
-
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise ValueError(f"config file not found: {path!r}")
-        with open(path) as f:
-            try:
-                data = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
-        return cls.from_mapping(data, where=path)
+        return cls.from_mapping(read_config_file(path), where=os.fspath(path))
 
     @classmethod
     def from_mapping(cls, data, *, where: str = "config") -> "FP8Config":
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
-        if "stage_args" in data:
-            data = _diffusion_engine_args(data, where)
-        # issue 12: parallel_config / cache_backend / cache_config are read by fx_fp8.parallel.PipelineOptions
-        data = {k: v for k, v in data.items() if k not in PIPELINE_KEYS}
-        return cls.from_kwargs(**data)
+        return cls.from_kwargs(**_fp8_keys(data, where))
 
     @classmethod
     def load(cls, config=None, **overrides) -> "FP8Config":
@@ -386,9 +380,14 @@ class FP8Config:
         if isinstance(config, FP8Config):
             base = config
         elif isinstance(config, Mapping):
+            if not _fp8_keys(config, "config"):  # {} (or only pipeline keys): as if no config was given
+                return cls.load(None, **overrides)
             base = cls.from_mapping(config)
         elif isinstance(config, (str, os.PathLike)):
-            base = cls.from_yaml(config)
+            data = read_config_file(config)
+            if not _fp8_keys(data, os.fspath(config)):
+                return cls.load(None, **overrides)
+            base = cls.from_mapping(data, where=os.fspath(config))
         else:
             raise ValueError(f"invalid config {config!r}: expected an FP8Config, a mapping or a YAML path")
         return base.replace(**overrides) if overrides else base
@@ -396,6 +395,7 @@ class FP8Config:
     def replace(self, **overrides) -> "FP8Config":
         """A copy with some keys changed (same key rules as from_kwargs, without the opt-in rule)."""
         data = self.to_dict()
+        data["quantization_config"]["activation_scales"] = self.quantization_config.activation_scales
         overrides = _fold_legacy_keys(dict(overrides))
         if overrides.get("quantization") is not None and "quantization_config" not in overrides:
             data["quantization_config"]["method"] = overrides["quantization"]
@@ -403,6 +403,8 @@ class FP8Config:
             data["quantization_config"]["ignored_layers"] = _clean_patterns(overrides.pop("ignored_layers"))
         if isinstance(overrides.get("quantization_config"), str):
             overrides["quantization_config"] = {"method": overrides["quantization_config"]}
+        _check_method_agrees({"quantization": overrides.get("quantization", data["quantization"]),
+                              "quantization_config": overrides.get("quantization_config")})
         for key, value in overrides.items():
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS)}")
@@ -419,6 +421,11 @@ class FP8Config:
         qc["weight_block_size"] = list(qc["weight_block_size"]) if qc["weight_block_size"] else None
         if isinstance(qc["activation_scales"], os.PathLike):
             qc["activation_scales"] = os.fspath(qc["activation_scales"])
+        elif isinstance(qc["activation_scales"], Mapping) and not isinstance(qc["activation_scales"], dict):
+            # the object calibrate returns: its JSON form
+            from fx_fp8.calibration import load_activation_scales
+
+            qc["activation_scales"] = load_activation_scales(qc["activation_scales"]).to_json()
         return {
             "diffusion_kv_cache_dtype": self.diffusion_kv_cache_dtype,
             "diffusion_kv_cache_skip_steps": str(self.diffusion_kv_cache_skip_steps),
@@ -435,6 +442,49 @@ class FP8Config:
 
         with open(path, "w") as f:
             yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def _check_method_agrees(data: dict) -> None:
+    """`quantization` and an explicit quantization_config.method must name the same method (the
+    dataclass cannot tell an explicit "fp8" from the default)."""
+    qc, quantization = data.get("quantization_config"), data.get("quantization")
+    if not isinstance(qc, Mapping) or qc.get("method") is None or _is_off(quantization):
+        return
+    method = _check_choice("quantization_config.method", qc["method"], QUANTIZATION_METHODS[1:])
+    if method != _check_choice("quantization", quantization, QUANTIZATION_METHODS):
+        raise ValueError(f"quantization {quantization!r} disagrees with quantization_config.method {qc['method']!r}: "
+                         "give one of them, or the same method in both")
+
+
+def _fp8_keys(data, where: str) -> dict:
+    """The FP8 keys of a config mapping (a vLLM-Omni stage config's diffusion engine_args);
+    parallel_config / cache_backend / cache_config belong to fx_fp8.parallel.PipelineOptions."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    if "stage_args" in data:
+        data = _diffusion_engine_args(data, where)
+    return {k: v for k, v in data.items() if k not in PIPELINE_KEYS}
+
+
+def read_config_file(path):
+    """A YAML config file's data; a ValueError naming the file when it is missing, a folder, not
+    UTF-8 or not YAML."""
+    import yaml
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"config file {path!r} is a directory: expected a YAML file")
+    if not os.path.isfile(path):
+        raise ValueError(f"config file not found: {path!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {path!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
 
 
 def _fold_legacy_keys(data: dict) -> dict:

@@ -9,6 +9,8 @@ vLLM-Omni runs its FP8 attention under sequence parallelism (`--ulysses-degree`,
         -> diffusers.ContextParallelConfig + transformer.enable_parallelism(config=...)
     cache_backend: first_block_cache | taylorseer | mag_cache,  cache_config: {...}
         -> diffusers.FirstBlockCacheConfig / TaylorSeerCacheConfig / MagCacheConfig + transformer.enable_cache(...)
+    cache_backend: cache_dit,  cache_config: {Fn_compute_blocks: 1, ...}
+        -> cache_dit.DBCacheConfig (+ TaylorSeerCalibratorConfig) + cache_dit.enable_cache (fx_fp8/cache_dit.py)
 
 These are pipeline options (`PipelineOptions`), not FP8 options: a YAML may carry
 them next to the FP8 keys (flat, or in a vLLM-Omni stage config's engine_args),
@@ -36,7 +38,7 @@ What fx_fp8 does so that FP8 survives both:
   over the context-parallel group, so every rank takes the single-process decision.
 
 Not supported (a ValueError naming the value, never silently ignored): vLLM-Omni's
-`tea_cache` (diffusers has no TeaCache hook), `cache_dit` (the cache-dit library),
+`tea_cache` (diffusers has no TeaCache hook),
 `step_cache`, `ref_hint`, and parallel options other than the two degrees.
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ import contextlib
 import copy
 import difflib
 import json
+import math
 import os
 import types
 import warnings
@@ -54,6 +57,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8 import cache_dit as _cache_dit
 from fx_fp8.rules import linear_native_reason, is_plain_linear
 from fx_fp8.config import PIPELINE_KEYS  # noqa: E402,F401  keys a YAML may carry for the pipeline (FP8Config drops them)
 
@@ -63,21 +67,20 @@ CACHE_BACKENDS: dict[str, str] = {
     "first_block_cache": "FirstBlockCacheConfig",
     "taylorseer": "TaylorSeerCacheConfig",
     "mag_cache": "MagCacheConfig",
+    "cache_dit": "DBCacheConfig",   # the cache-dit library (fx_fp8/cache_dit.py), not a diffusers hook
 }
 CACHE_ALIASES = {
     "fbc": "first_block_cache", "first_block": "first_block_cache", "firstblockcache": "first_block_cache",
     "first_block_cache": "first_block_cache",
     "taylorseer": "taylorseer", "taylorseer_cache": "taylorseer", "taylor_seer": "taylorseer",
     "mag_cache": "mag_cache", "magcache": "mag_cache",
+    "cache_dit": "cache_dit", "cachedit": "cache_dit",
 }
 #: vLLM-Omni backends (and diffusers ones) fx_fp8 does not map, with the reason
 UNSUPPORTED_CACHE_BACKENDS = {
     "tea_cache": ("diffusers has no TeaCache hook (vLLM-Omni implements TeaCache itself); diffusers' "
                   "first_block_cache is the closest (skip the remaining blocks while the first block's residual "
                   "barely changes)"),
-    "cache_dit": ("vLLM-Omni's cache_dit runs the cache-dit library (DBCache / TaylorSeer / SCM), which diffusers "
-                  "does not ship; the closest diffusers backends are first_block_cache (DBCache with "
-                  "Fn_compute_blocks=1, Bn_compute_blocks=0, without warm-up or max-consecutive limits) and taylorseer"),
     "step_cache": "vLLM-Omni's DreamZero velocity step cache has no diffusers counterpart",
     "ref_hint": "vLLM-Omni's reference-hint cache has no diffusers counterpart",
     "sea_cache": "diffusers' SeaCache needs per-step sigma in the cache context; not tested with fx_fp8",
@@ -101,6 +104,7 @@ CACHE_KEYS = {
         "mag_retention_ratio": "retention_ratio", "num_inference_steps": "num_inference_steps",
         "mag_ratios": "mag_ratios", "calibrate": "calibrate", "mag_calibrate": "calibrate",
     },
+    "cache_dit": {k: k for k in _cache_dit.CACHE_DIT_KEYS},
 }
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -200,8 +204,8 @@ def cache_config_mapping(value) -> dict:
 def _check_cache_value(backend: str, key: str, value) -> Any:
     where = f"cache_config.{key} for cache_backend {backend!r}"
     if key in ("threshold", "residual_diff_threshold", "mag_threshold", "retention_ratio", "mag_retention_ratio"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"invalid {where}: {value!r} (expected a number >= 0)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"invalid {where}: {value!r} (expected a finite number >= 0)")
         if key in ("retention_ratio", "mag_retention_ratio") and value > 1:
             raise ValueError(f"invalid {where}: {value!r} (expected a number in [0, 1])")
         return float(value)
@@ -240,8 +244,9 @@ def _check_cache_value(backend: str, key: str, value) -> Any:
         if isinstance(value, torch.Tensor):
             value = value.tolist()
         if value is not None and (not isinstance(value, (list, tuple)) or not value
-                                  or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-            raise ValueError(f"invalid {where}: {value!r} (expected a list of numbers, or 'flux' for "
+                                  or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                             and math.isfinite(v) for v in value)):
+            raise ValueError(f"invalid {where}: {value!r} (expected a list of finite numbers, or 'flux' for "
                              "diffusers' FLUX_MAG_RATIOS)")
         return [float(v) for v in value] if value is not None else None
     return value
@@ -257,6 +262,8 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
             raise ValueError(f"cache_config {mapping!r} given without a cache_backend: set cache_backend to one of "
                              f"{', '.join(CACHE_BACKENDS)}")
         return None
+    if backend == "cache_dit":
+        return _cache_dit.cache_dit_config(mapping)
     known = CACHE_KEYS[backend]
     kwargs: dict = {}
     for key, value in mapping.items():
@@ -361,16 +368,9 @@ class PipelineOptions:
 
 
 def _read_yaml(path):
-    import yaml
+    from fx_fp8.config import read_config_file
 
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"config file not found: {path!r}")
-    with open(path) as f:
-        try:
-            return yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
+    return read_config_file(path)
 
 
 # -- torch.distributed ----------------------------------------------------------------------------
@@ -545,6 +545,13 @@ def enable_cache(model: nn.Module, backend, cache_config=None) -> Optional[Any]:
     if cfg is None:
         return None
     model = getattr(model, "_orig_mod", model)
+    if _cache_dit.is_cache_dit_enabled(model):
+        raise ValueError(f"{type(model).__name__} already has cache-dit enabled; pass cache_backend to fx_fp8 only")
+    if backend == "cache_dit":
+        if getattr(model, "_cache_config", None) is not None:
+            raise ValueError(f"{type(model).__name__} already has a diffusers cache enabled "
+                             f"({type(model._cache_config).__name__}); cache-dit cannot be added on top of it")
+        return _cache_dit.enable(model, cfg)
     if getattr(model, "_cache_config", None) is not None:
         raise ValueError(f"{type(model).__name__} already has a cache enabled ({type(model._cache_config).__name__}); "
                          "pass cache_backend to fx_fp8 only, or enable it yourself and pass none")
@@ -710,6 +717,16 @@ def check_pipeline_options(opts: PipelineOptions, models: list, cfg, *, prepare:
             raise ValueError("fullgraph=True cannot be combined with a cache backend: diffusers' cache hooks decide on "
                              "tensor values in Python (torch.compiler.disable), so the transformer cannot be one "
                              "graph; fx_fp8 compiles each cached block or attention module as its own graph instead")
+        if _cache_dit.is_cache_dit_enabled(model):
+            raise ValueError(f"{type(model).__name__} already has cache-dit enabled (cache_dit.enable_cache): pass "
+                             "cache_backend='cache_dit' with its cache_config to compile_pipeline instead, so that "
+                             "fx_fp8 compiles cache-dit's blocks with their real names")
+        if opts.cache_backend == "cache_dit":
+            _cache_dit.block_adapter(model)   # a ValueError naming the class cache-dit has no adapter for
+            if opts.parallel.enabled:
+                raise ValueError("cache_backend 'cache_dit' with parallel_config is not supported: cache-dit's block "
+                                 "wrapper under diffusers' context parallelism is untested with fx_fp8 (use "
+                                 "first_block_cache, taylorseer or mag_cache with ulysses_degree / ring_degree)")
         if opts.cache_backend is not None and getattr(model, "_cache_config", None) is not None:
             raise ValueError(f"{type(model).__name__} already has a cache enabled ({type(model._cache_config).__name__}) "
                              f"and cache_backend {opts.cache_backend!r} was given: pass one of them")
@@ -754,6 +771,9 @@ def compile_regions(extras: TransformerExtras, model: nn.Module, backend: str, o
 
 
 def _update_regions(extras: TransformerExtras, model: nn.Module) -> None:
+    if isinstance(extras.cache, _cache_dit.CacheDitState):
+        extras.regions.modules += _cache_dit.compile_regions(model, extras.cache, extras.compile_fn)
+        return
     new = compile_cache_regions(model, extras.compile_fn)
     extras.regions.hooks += new.hooks
     extras.regions.modules += new.modules
@@ -770,6 +790,9 @@ def on_pipeline_run(state) -> None:
     """At each compile_pipeline'd run: cache hooks enabled on the transformers since compile_pipeline
     get the same treatment as those enabled through it."""
     for attr, extras in state.extras.items():
+        if extras is not None and isinstance(extras.cache, _cache_dit.CacheDitState):
+            extras.cache.reset()   # cache-dit's context persists across calls: each run starts afresh
+            continue
         if extras is None or extras.compile_fn is None:
             continue
         model = state.originals.get(attr)
@@ -784,6 +807,9 @@ def undo_pipeline_options(model: nn.Module, extras: Optional[TransformerExtras])
         return
     extras.regions.undo()
     model = getattr(model, "_orig_mod", model)
+    if isinstance(extras.cache, _cache_dit.CacheDitState):
+        _cache_dit.disable(model, extras.cache)
+        return
     if extras.fbc_synced:
         unsync_first_block_cache(model)
     if extras.cache is not None and getattr(model, "_cache_config", None) is not None:

@@ -35,10 +35,13 @@ SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
     "time_text_embed", "timestep_embedder", "text_embedder", "context_embedder", "x_embedder",
     "condition_embedder", "img_in", "txt_in", "t_embedder", "cap_embedder", "all_x_embedder",
     "time_embedding", "time_proj",
+    # the original Wan layout (diffusers' WanAnimate2Transformer3DModel): embedders run in frames Dynamo
+    # leaves eager, so the pieces the structural analysis sees hold no model output
+    "time_projection", "text_embedding", "img_emb",
     # adaLN modulation
     "re:(.*\\.)?norm[^.]*\\.linear", "img_mod", "txt_mod", "adaLN_modulation",
     # final projection / final layer
-    "re:proj_out", "re:norm_out(\\..*)?", "all_final_layer",
+    "re:proj_out", "re:norm_out(\\..*)?", "all_final_layer", "re:head\\.head",
 )
 
 

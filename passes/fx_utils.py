@@ -78,3 +78,37 @@ def insert_function(graph: torch.fx.Graph, fn: Callable, args: tuple, meta: dict
                 new.meta[key] = meta[key]
         env[n] = new
     return out
+
+
+def fill_example_values(graph: torch.fx.Graph) -> int:
+    """Give every call node the passes inserted an `example_value` (the fake value Dynamo
+    records for each node), computed from its inputs' under the graph's fake mode: AOTAutograd's
+    cache refuses a graph with a method call on a node that has none. Returns how many were set."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    fake_mode = next((v.fake_mode for n in graph.nodes for v in [n.meta.get("example_value")]
+                      if isinstance(v, FakeTensor)), None)
+    if fake_mode is None:
+        return 0
+    filled = 0
+    with fake_mode:
+        for node in graph.nodes:
+            if node.op not in ("call_function", "call_method") or "example_value" in node.meta:
+                continue
+            missing = []
+
+            def value(a):
+                if "example_value" not in a.meta:
+                    missing.append(a)
+                return a.meta.get("example_value")
+
+            args, kwargs = torch.fx.map_arg((node.args, node.kwargs), value)
+            if missing:
+                continue
+            if node.op == "call_method":
+                result = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                result = node.target(*args, **kwargs)
+            node.meta["example_value"] = result
+            filled += 1
+    return filled

@@ -125,6 +125,7 @@ class FP8LinearPass(FXPass):
         self.scales = ctx.static_scales
         self.sensitive = ctx.analysis.get("sensitive", {})
         self.sensitive_prepared: list[str] = []  # prepared linears the graph finds sensitive (warned about once)
+        self.ignored_prepared: list[str] = []  # prepared linears this compile's ignored_layers name
         self.alpha = self.qcfg.smoothing_alpha if self.on else None
         # {linear name: max |x| per input channel} (raises, naming the key, when the calibration has none)
         self.channel = channel_stats(self.qcfg.activation_scales) if self.alpha is not None else None
@@ -141,7 +142,7 @@ class FP8LinearPass(FXPass):
             if node.op != "call_function":
                 continue
             if node.target in PREPARED_TARGETS:
-                plan.append(self._prepared(node, disagreeing))
+                plan.append(self._prepared(node, disagreeing, matched))
             elif node.target in LINEAR_TARGETS:
                 item = self._decide(gm, node, matched)
                 if item is not None:
@@ -220,7 +221,7 @@ class FP8LinearPass(FXPass):
                           "(quantized storage, native matmul)")
         return bool(msg)
 
-    def _prepared(self, node, disagreeing: list) -> Linear:
+    def _prepared(self, node, disagreeing: list, matched: set) -> Linear:
         """A QuantizedLinear made by prepare_model: it reports and runs as it was prepared."""
         args = call_args(node, PREPARED_PARAMS, {"bias": None, "input_scale": None, "input_smoothing": None})
         module = module_name(node)
@@ -233,6 +234,10 @@ class FP8LinearPass(FXPass):
         if ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity, self.alpha is not None)
                 or not self.on):
             disagreeing.append(module)
+        hit = first_match(q.ignored_layers, module) if self.on else None
+        if hit is not None:  # its original weight is gone: it cannot become native here
+            matched.add(hit)
+            self.ignored_prepared.append(f"{module} (pattern {hit!r})")
         why = self.sensitive.get(node)  # prepare_model without example inputs decides by name; the graph knows better
         if why is not None and not q.quantize_sensitive:
             self.sensitive_prepared.append(f"{module} ({why})")
@@ -366,6 +371,11 @@ class FP8LinearPass(FXPass):
             unmatched = [p for p in self.qcfg.ignored_layers if p not in matched]
             if unmatched:
                 self.ctx.unmatched_ignored_layers.extend(unmatched)
+        if self.ignored_prepared:
+            self.ctx.warn(f"fx_fp8: {len(self.ignored_prepared)} linear(s) named by ignored_layers were quantized by "
+                          f"prepare_model and still run quantized (their original weights are gone): "
+                          f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
+                          "(or reload the original weights) to keep them native")
         if self.sensitive_prepared:
             self.ctx.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) the default rules "
                           f"keep native: {', '.join(self.sensitive_prepared[:8])}; prepared linears run as prepared. "

@@ -185,7 +185,6 @@ def test_cache_backend_names(name, expected):
 
 @pytest.mark.parametrize("name,words", [
     ("tea_cache", "cache_backend 'tea_cache' is not supported: diffusers has no TeaCache hook"),
-    ("cache_dit", "cache_backend 'cache_dit' is not supported: vLLM-Omni's cache_dit runs the cache-dit library"),
     ("step_cache", "'step_cache' is not supported"),
     ("sea_cache", "'sea_cache' is not supported"),
     ("mag", "unknown cache_backend 'mag'"),

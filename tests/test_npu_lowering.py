@@ -99,8 +99,6 @@ DECISIONS = [
     (("Ascend950PR", "9.1.0", True), {"q_block": 64}, None, ["q_block=64"]),
     (("Ascend950PR", OLD_CANN, True), {"q_block": 384}, "fia_block", ["torch_npu"]),  # MindIE-SD: 128/256/512 only
     (("Ascend950PR", "9.1.0", True), {"q_block": 384}, None, ["fa_block_quant_preprocess takes block sizes"]),
-    (("Ascend950PR", "9.1.0", True), {"p_scale": 0.5}, None, ["p_scale=0.5"]),
-    (("Ascend950PR", "9.1.0", True), {"p_scale": 0.5, "granularity": "mx"}, None, ["[1, 448]"]),
     (("Ascend910B3", "9.1.0", True), {}, None, ["Ascend910B3 has no FP8 kernels", "950"]),
     (("Ascend910_9392", "9.1.0", True), {"granularity": "mx"}, None, ["Ascend910_9392", "950"]),
 ]

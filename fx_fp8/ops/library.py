@@ -85,8 +85,10 @@ def quantize_activation(x: torch.Tensor, static_scale: Optional[torch.Tensor], *
 @quantize_activation.register_fake
 def _(x, static_scale, *, method, granularity, group, lowering):
     m, k = x.numel() // x.shape[-1], x.shape[-1]
-    if static_scale is not None or granularity == "tensor":
+    if (static_scale is not None and method != "int8") or granularity == "tensor":
         scale_shape = ()
+    elif static_scale is not None:  # int8: per row, NaN where the row holds one (quant.quantize_activation_static)
+        scale_shape = (m, 1)
     else:
         scale_shape = (m, 1) if granularity == "token" else (m, -(-k // group))
     return (x.new_empty((m, k), dtype=quant.METHODS[method][0]), x.new_empty(scale_shape, dtype=torch.float32))
@@ -113,6 +115,8 @@ def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
     """xq [M, K] (quantized) x weight [N, K] -> [M, N] in out_dtype. With `smoothing_alpha`
     (an unprepared weight of a smoothed group) the weight's quantized W * s is used."""
     wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block, smoothing_alpha)
+    if xq.shape[0] == 0:  # a 0-row input: the GEMMs refuse it, native returns an empty tensor
+        return xq.new_zeros((0, wq.shape[0]), dtype=out_dtype)
     out = get_lowering(lowering).scaled_mm(xq, x_scale, wq, ws, bias, method=method,
                                            weight_granularity=weight_granularity,
                                            weight_block=tuple(weight_block) or None, out_dtype=out_dtype,
@@ -161,6 +165,8 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
         xq, xs = quant.quantize_activation_static(x2d, input_scale, method)
     else:
         xq, xs = quant.quantize_activation(x2d, act_granularity, method, block[1] if block else None)
+    if x2d.shape[0] == 0:  # a 0-row input: the GEMMs refuse it, native returns an empty tensor
+        return x.new_zeros((*x.shape[:-1], weight.shape[0]))
     out = impl.scaled_mm(xq, xs, weight, weight_scale, bias, method=method, weight_granularity=weight_granularity,
                          weight_block=block, out_dtype=x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()

@@ -50,7 +50,9 @@ def quantize_per_row(x: torch.Tensor, method: str = "fp8") -> tuple[torch.Tensor
 
 
 def quantize_per_tensor(x: torch.Tensor, method: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
-    scale = scale_from_amax(x.abs().amax(), _qmax(method)).reshape(())
+    # rows' maxima, then one zero appended: an empty (0-row) input has amax 0, without a size check
+    rows = x.abs().amax(dim=-1).reshape(-1)
+    scale = scale_from_amax(torch.nn.functional.pad(rows, (0, 1)).amax(), _qmax(method)).reshape(())
     return cast(x, scale, method), scale
 
 
@@ -59,9 +61,9 @@ def quantize_per_group(x2d: torch.Tensor, group: int, method: str = "fp8") -> tu
     weight scales, as blockwise scaled matmuls take it): scale [M, ceil(K / group)]."""
     m, k = x2d.shape
     padded = torch.nn.functional.pad(x2d.float(), (0, (-k) % group))
-    groups = padded.reshape(m, -1, group)
+    groups = padded.reshape(m, padded.shape[1] // group, group)  # no -1: m may be 0
     scale = scale_from_amax(groups.abs().amax(dim=-1), _qmax(method))
-    return cast(groups, scale[..., None], method).reshape(m, -1)[:, :k].contiguous(), scale
+    return cast(groups, scale[..., None], method).reshape(m, padded.shape[1])[:, :k].contiguous(), scale
 
 
 def quantize_activation(x2d: torch.Tensor, granularity: str, method: str = "fp8", group: int | None = None):
@@ -77,14 +79,19 @@ def quantize_activation(x2d: torch.Tensor, granularity: str, method: str = "fp8"
 
 def dequantize_activation(xq: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> torch.Tensor:
     """float32 activation back from its quantized form (per token, per tensor or per group)."""
-    if group is not None and scale.dim() == 2:
+    if group is not None and scale.dim() == 2 and scale.shape[-1] != 1:
         return xq.float() * scale.repeat_interleave(group, dim=-1)[:, : xq.shape[-1]]
     return xq.float() * scale
 
 
 def quantize_activation_static(x2d: torch.Tensor, scale: torch.Tensor, method: str = "fp8"):
-    """Static activation quantization with a calibrated scalar scale: (xq, scale [])."""
+    """Static activation quantization with a calibrated scalar scale: (xq, scale []). INT8 has no
+    NaN: its scale is per row ([M, 1]), NaN on the rows that hold a NaN, so the output row is NaN
+    as it is natively and with FP8 (whose e4m3 NaN carries through)."""
     scale = scale.float().reshape(())
+    if method == "int8":
+        nan_rows = torch.isnan(x2d).any(dim=-1, keepdim=True)
+        return cast(x2d, scale, method), torch.where(nan_rows, float("nan"), scale)
     return cast(x2d, scale, method), scale
 
 

@@ -24,6 +24,7 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 import warnings
@@ -251,6 +252,29 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+_DUMP_FOLDER = re.compile(r"graph\d+_\w+")
+_DUMP_FILE = re.compile(r"\d\d_\w+\.py")
+
+
+def _remove_previous_dump(out: Path) -> int:
+    """Delete what an earlier `dump` wrote in `out` (graph<i>_<variant>/NN_<stage>.py, report.json,
+    report.txt), so a new dump never mixes with an old one; other files are left alone."""
+    removed = 0
+    for folder in out.iterdir():
+        if folder.is_dir() and _DUMP_FOLDER.fullmatch(folder.name):
+            for f in folder.iterdir():
+                if f.is_file() and _DUMP_FILE.fullmatch(f.name):
+                    f.unlink()
+                    removed += 1
+            if not any(folder.iterdir()):
+                folder.rmdir()
+    for name in ("report.json", "report.txt"):
+        if (out / name).is_file():
+            (out / name).unlink()
+            removed += 1
+    return removed
+
+
 def cmd_dump(args) -> int:
     source, config = _source(args), _config(args)
     _check_source(source, pipeline=False)
@@ -258,6 +282,9 @@ def cmd_dump(args) -> int:
     data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True)
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    removed = _remove_previous_dump(out)
+    if removed:
+        print(f"removed {removed} files of a previous dump in {out}", file=sys.stderr)
     written = []
     for i, g in enumerate(data["graphs"]):
         stages = graphs.get(i)

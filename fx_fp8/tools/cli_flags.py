@@ -87,12 +87,12 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     g.add_argument("--ring-degree", type=_positive_int, default=None, metavar="N",
                    help="ring attention over N processes; each partial attention is FP8 with its log-sum-exp")
     g.add_argument("--cache-backend", default=None, metavar="NAME",
-                   help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks); none to disable. "
-                        "vLLM-Omni's tea_cache and cache_dit are not available through diffusers")
+                   help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks), cache_dit (the cache-dit "
+                        "package: pip install 'fx-fp8[cache-dit]'); none to disable. tea_cache is not available")
     g.add_argument("--cache-config", default=None, metavar="JSON",
                    help='the cache backend\'s settings as a JSON object, e.g. \'{"threshold": 0.1}\' '
                         "(first_block_cache), '{\"cache_interval\": 3}' (taylorseer), "
-                        "'{\"mag_ratios\": \"flux\"}' (mag_cache)")
+                        "'{\"mag_ratios\": \"flux\"}' (mag_cache), '{\"Fn_compute_blocks\": 1, \"residual_diff_threshold\": 0.24}' (cache_dit)")
     return parser
 
 
