@@ -95,7 +95,9 @@ def worker(model: str, backend: str, mode: str, device: str) -> dict:
 
 
 def _run_worker(model, backend, mode, device, cache_dir) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONWARNINGS="ignore")
+    # compile in-process (no worker pool) so the CPU seconds include Inductor's own work
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_COMPILE_THREADS="1",
+               PYTHONWARNINGS="ignore")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, backend, mode, device]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:

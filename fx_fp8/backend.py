@@ -20,14 +20,15 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _make_graph_module
 
 from fx_fp8.calibration import check_scales_match, load_activation_scales
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
-from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, instance_holding, module_name, module_names_of,
-                                 parameter_owners, rename_instance, resolve_graph, runtime_instance)
+from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, ParameterOwners, instance_holding, module_name,
+                                 module_names_of, parameter_owners, rename_instance, resolve_graph, runtime_instance)
 from fx_fp8.passes.sensitive import find_sensitive_linears
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.rules import is_plain_linear
@@ -104,17 +105,15 @@ def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mod
     raise ValueError(f"unknown downstream compiler {name!r}")
 
 
-def _copy_graph(gm: torch.fx.GraphModule, with_meta: bool = False) -> tuple[torch.fx.GraphModule, dict]:
+def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule sharing gm's submodules and constants, with its own copy of the graph
-    (node meta copied); and the map from gm's nodes to the copy's."""
+    (node meta copied). Its Python code is generated lazily, on first call, if ever: the
+    downstream compiler reads the graph, and regenerating a large graph's code is the main
+    cost of a backend call that changed nothing."""
     new = torch.fx.Graph()
-    node_map: dict = {}
-    out = new.graph_copy(gm.graph, node_map)
+    out = new.graph_copy(gm.graph, {})
     new.output(out)
-    copy = torch.fx.GraphModule(gm, new)
-    if with_meta:
-        copy.meta.update(gm.meta)
-    return copy, node_map
+    return _make_graph_module(gm, new)
 
 
 def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
@@ -167,6 +166,7 @@ class InstanceDispatch:
         self.lock = threading.Lock()
         self.first = first
         self.names = module_names_of(models[0][0]) if anchor_slot is None else None
+        self.owners = ParameterOwners()
 
     def remember(self, param, fn) -> None:
         self.by_param[id(param)] = (weakref.ref(param), fn)
@@ -185,15 +185,13 @@ class InstanceDispatch:
         return entry[1](*args)
 
     def _build_for_param(self, param, inputs: list):
-        found = instance_holding(param, self.anchor, self.models)
+        found = instance_holding(param, self.anchor, self.models, self.owners)
         if found is None:  # not a parameter of any model we can name: the first instance's decisions
             return self.first
         model, owner, path = found
         if all(model is not m for m, _ in self.models):
             self.models.append((model, owner))
-        graph_copy, _ = _copy_graph(self.gm, with_meta=True)
-        rename_instance(graph_copy, self.instance, path)
-        return self.plan(graph_copy, inputs, model, owner)
+        return self.plan(inputs, model, owner, (self.instance, path))
 
     def _by_stack(self, args):
         path = runtime_instance(self.names)
@@ -202,10 +200,8 @@ class InstanceDispatch:
             with self.lock:
                 fn = self.by_name.get(path)
                 if fn is None:
-                    graph_copy, _ = _copy_graph(self.gm, with_meta=True)
-                    rename_instance(graph_copy, self.instance, path)
                     model, owner = self.models[0]
-                    fn = self.by_name[path] = self.plan(graph_copy, list(args), model, owner)
+                    fn = self.by_name[path] = self.plan(list(args), model, owner, (self.instance, path))
         return fn(*args)
 
 
@@ -237,13 +233,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     variants = ("fp8", "native") if config.has_step_skips else (None,)
     artifacts: dict = {}  # decisions -> {variant: compiled callable}: instances that decide alike share them
 
-    def plan(graph: torch.fx.GraphModule, inputs: list, model_, owner_) -> Callable:
-        """Passes for every step variant of `graph` (reports to owner_'s record), then the
-        downstream compile unless an instance with the same decisions already has one."""
+    def plan(inputs: list, model_, owner_, rename: Optional[tuple] = None) -> Callable:
+        """Passes for every step variant of the graph, its names moved from one instance to
+        another by `rename` (reports to owner_'s record), then the downstream compile unless an
+        instance with the same decisions already has one."""
         record = ModelRecord.of(owner_)
         rewritten, decisions = {}, []
         for variant in variants:
-            graph_copy = _copy_graph(graph)[0]
+            graph_copy = _copy_graph(gm)
+            if rename is not None:
+                rename_instance(graph_copy, *rename)
             report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
             ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=config,
                                  lowering=get_lowering(lowering), report=report, layer_map=layer_map,
@@ -269,7 +268,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             return compiled[None]
         return StepDispatch(compiled, config.diffusion_kv_cache_skip_steps, record)
 
-    first = plan(gm, list(example_inputs), model, owner)
+    first = plan(list(example_inputs), model, owner)
     if model is None:
         return first
     instance = gm.meta.get(INSTANCE_KEY) or ""

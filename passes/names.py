@@ -332,25 +332,48 @@ def parameter_owners(model: nn.Module) -> dict[int, str]:
     return ModelNames(model, {}).param_owner
 
 
-def instance_holding(param: torch.Tensor, anchor: str, models: list) -> Optional[tuple]:
+class ParameterOwners:
+    """parameter_owners per model, kept until a lookup misses (a parameter replaced since)."""
+
+    def __init__(self):
+        self.maps: dict[int, tuple] = {}  # id(model) -> (weakref(model), {id(param): name})
+
+    def holder(self, model: nn.Module, param: torch.Tensor) -> Optional[str]:
+        entry = self.maps.get(id(model))
+        if entry is None or entry[0]() is not model or id(param) not in entry[1]:
+            entry = self.maps[id(model)] = (weakref.ref(model), parameter_owners(model))
+        return entry[1].get(id(param))
+
+
+def instance_holding(param: torch.Tensor, anchor: str, models: list,
+                     owners: Optional[ParameterOwners] = None) -> Optional[tuple]:
     """(model, owner, instance name) for a parameter the compiled graph is called with: the
     module holding it is `<instance>.<anchor>` in one of `models` ((model, owner) pairs already
     known), else in the model found on the Python stack (a model of the same class seen for
     the first time). None when no model holds it. Runs once per new instance, not per call."""
-    candidates = list(models)
-    found_model, found_owner, _ = find_compiled_model({id(param)})
-    if found_model is not None and all(found_model is not m for m, _ in candidates):
-        candidates.append((found_model, found_owner))
-    for model, owner in candidates:
-        holder = parameter_owners(model).get(id(param))
-        if holder is None:
-            continue
-        if holder == anchor:
-            return model, owner, ""
-        if holder.endswith("." + anchor):
-            return model, owner, holder[: -len(anchor) - 1]
-        if not anchor:
-            return model, owner, holder
+    owners = owners or ParameterOwners()
+    for model, owner in models:
+        found = _instance_of(owners.holder(model, param), anchor)
+        if found is not None:
+            return model, owner, found
+    model, owner, _ = find_compiled_model({id(param)})
+    if model is not None and all(model is not m for m, _ in models):
+        found = _instance_of(owners.holder(model, param), anchor)
+        if found is not None:
+            return model, owner, found
+    return None
+
+
+def _instance_of(holder: Optional[str], anchor: str) -> Optional[str]:
+    """The instance name whose `anchor` submodule is `holder`, or None."""
+    if holder is None:
+        return None
+    if holder == anchor:
+        return ""
+    if not anchor:
+        return holder
+    if holder.endswith("." + anchor):
+        return holder[: -len(anchor) - 1]
     return None
 
 
