@@ -96,11 +96,19 @@ def mib(n: int) -> str:
     return f"{n / 2 ** 20:,.1f}"
 
 
+def report_sensitive(args) -> str:
+    from fx_fp8.config import QuantizationConfig
+
+    return args.sensitive or f"{QuantizationConfig().sensitive} (default)"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--double", type=int, default=2, help="double-stream blocks")
     ap.add_argument("--single", type=int, default=2, help="single-stream blocks")
     ap.add_argument("--quantization", choices=["fp8", "int8"], default="fp8", help="W8A8 method (default fp8)")
+    ap.add_argument("--sensitive", choices=["native", "weight_only", "fp8"], default=None,
+                    help="quantization_config.sensitive (default: the config's default)")
     ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
@@ -111,9 +119,11 @@ def main(argv=None):
     before_kinds = per_kind(model)
     total_before = fx_fp8.reachable_tensor_bytes(model)
     method = args.quantization
-    result = fx_fp8.prepare_model(model, quantization=method)
+    qc = {"sensitive": args.sensitive} if args.sensitive else {}
+    result = fx_fp8.prepare_model(model, {"quantization": method, "diffusion_kv_cache_dtype": "fp8",
+                                          "quantization_config": qc})
     t_prep = time.time()
-    options = {"quantization": method, "diffusion_kv_cache_dtype": "fp8"} if method != "fp8" else None
+    options = {"quantization": method, "diffusion_kv_cache_dtype": "fp8", "quantization_config": qc}
     compiled = torch.compile(model, backend="fp8", options=options)
     with torch.no_grad():
         out = output_tensor(compiled(**kw))
@@ -143,6 +153,7 @@ def main(argv=None):
              f"after prepare_model; prepare {t_prep - t0:.1f} s (incl. build), compile + 1 call {t_run - t_prep:.1f} s")
     if method != "fp8":
         title = f"{method.upper()} W8A8 (quantization: {method}): " + title
+    title = f"sensitive: {report_sensitive(args)}; " + title
     print(title)
     print(tabulate(rows, headers=headers))
     print(f"report: {report.summary()}, original copy kept: {report.weights.get('original_copy_kept')}")

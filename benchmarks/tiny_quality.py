@@ -6,6 +6,8 @@
     python benchmarks/tiny_quality.py --diffusion-kv-cache-skip-steps 0,1 --no-append
     python benchmarks/tiny_quality.py --int8                # also INT8 W8A8 rows next to the FP8 ones
     python benchmarks/tiny_quality.py --quantization int8   # the given config: INT8 linears only
+    python benchmarks/tiny_quality.py --sensitive-rows      # sensitive layers native / weight_only / fp8
+    python benchmarks/tiny_quality.py --step-policies       # step policies for attention and linears
 
 Prompt i is drawn from the tiny model's grammar with seed i and generated with noise seed i,
 so every run compares the same 16 images. Results are printed as a table and appended
@@ -55,6 +57,39 @@ INT8_ROWS = {
 }
 
 
+# --sensitive-rows: how the sensitive layers (conditioning, adaLN modulation, final projection) run
+SENSITIVE_ROWS = {f"sensitive: {mode}": dict(quantization_config={"sensitive": mode})
+                  for mode in ("native", "weight_only", "fp8")}
+
+
+def step_policy_rows(steps: int) -> dict:
+    """--step-policies: the first and last 2 steps in higher precision, for attention, linears, both."""
+    edges = f"0-1,{steps - 2}-{steps - 1}"
+    return {
+        "all FP8 (no step policy)": {},
+        f"attention native on steps {edges}": dict(diffusion_kv_cache_skip_steps=edges),
+        f"linears weight-only on steps {edges}": dict(quantization_skip_steps=edges),
+        f"both on steps {edges}": dict(diffusion_kv_cache_skip_steps=edges, quantization_skip_steps=edges),
+    }
+
+
+def fp8_flop_fraction(pipe) -> float:
+    """FP8 (W8A8 linear and FP8 attention) FLOPs of the last run / those of the same run all in FP8,
+    from the reports of the variants each transformer call ran."""
+    from fx_fp8.pipelines import pipeline_state
+    from fx_fp8.tools.sensitivity import _flops
+
+    reports = pipeline_state(pipe).reports()["transformer"]
+    by_variant: dict = {}
+    for r in reports:
+        work = sum(_flops(e.op, e.shapes) for e in r.entries if e.action in ("fp8", "int8"))
+        by_variant[r.step_variant] = by_variant.get(r.step_variant, 0.0) + work
+    full = by_variant.get(None, by_variant.get("fp8", 0.0))
+    ran = [c.variant for c in pipeline_state(pipe).calls]
+    kept = sum(by_variant.get(v, 0.0) for v in ran)
+    return kept / (full * len(ran)) if full and ran else float("nan")
+
+
 def prompts_and_seeds(n: int) -> list[tuple[str, int]]:
     return [(random_prompt(np.random.default_rng(i)), i) for i in range(n)]
 
@@ -78,20 +113,21 @@ def evaluate(config, cases, steps, native, backend, *, pipe=None, prepare: bool 
     t0 = time.perf_counter()
     images = generate(pipe, cases, steps)
     seconds = time.perf_counter() - t0
+    flops = fp8_flop_fraction(pipe)
     scores = [compare_images(ref, img) for ref, img in zip(native, images)]
     psnrs = np.array([s["psnr"] for s in scores])
     ssims = np.array([s["ssim"] for s in scores])
     # the graph that quantizes (with step skips there is also a "native" variant)
     summary = [r for r in fx_fp8.get_reports() if r.step_variant in (None, "fp8")][-1].summary()
     # quantized linears of any method ("34/48"; the method is named unless it is fp8: "34/48 int8")
-    linear_q = {a: n for a, n in summary["linear"].items() if a != "native" and n}
+    linear_q = {a: n for a, n in summary["linear"].items() if a not in ("native", "weight-only") and n}
     linear = f"{sum(linear_q.values())}/{sum(summary['linear'].values())}"
     if set(linear_q) - {"fp8"}:
         linear += " " + "+".join(sorted(linear_q))
     return {"psnr": float(np.mean(np.minimum(psnrs, 99.0))), "psnr_min": float(psnrs.min()),
             "ssim": float(ssims.mean()), "ssim_min": float(ssims.min()), "seconds": seconds,
             "attn": f"{summary['attention']['fp8']}/{sum(summary['attention'].values())}",
-            "linear": linear}
+            "linear": linear, "fp8_flops": flops}
 
 
 def machine() -> str:
@@ -148,6 +184,11 @@ def main(argv=None) -> int:
     parser.add_argument("--ablation", action="store_true", help="also measure the parts of the recipe separately")
     parser.add_argument("--int8", action="store_true",
                         help="also INT8 W8A8 rows: FP8 vs INT8 linears alone, and FP8 attention + INT8 linears")
+    parser.add_argument("--sensitive-rows", action="store_true",
+                        help="rows for quantization_config.sensitive: native, weight_only, fp8")
+    parser.add_argument("--step-policies", action="store_true",
+                        help="rows for step policies: attention / linears / both in higher precision on the first and "
+                             "last 2 steps")
     parser.add_argument("--no-append", action="store_true", help=f"do not append to {RESULTS}")
     add_fp8_flags(parser)
     args = parser.parse_args(argv)
@@ -172,6 +213,10 @@ def main(argv=None) -> int:
         rows += [(name, config.replace(**over)) for name, over in ABLATIONS.items()]
     if args.int8:
         rows += [(name, config.replace(**over)) for name, over in INT8_ROWS.items()]
+    if args.sensitive_rows:
+        rows += [(name, config.replace(**over)) for name, over in SENSITIVE_ROWS.items()]
+    if args.step_policies:
+        rows += [(name, config.replace(**over)) for name, over in step_policy_rows(steps).items()]
     from tabulate import tabulate
 
     table_rows = []
@@ -179,10 +224,10 @@ def main(argv=None) -> int:
         r = evaluate(cfg, cases, steps, native, args.backend)
         ok = "yes" if r["psnr"] >= TARGET_PSNR and r["ssim"] >= TARGET_SSIM else "no"
         table_rows.append([name, r["attn"], r["linear"], f"{r['psnr']:.2f}", f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}",
-                           f"{r['ssim_min']:.4f}", ok, f"{r['seconds']:.1f}"])
+                           f"{r['ssim_min']:.4f}", ok, f"{r['fp8_flops']:.2f}", f"{r['seconds']:.1f}"])
         print(f"{name}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}", flush=True)
     headers = ["config", "fp8 attention", "fp8 linears", "PSNR dB (mean)", "PSNR min", "SSIM (mean)", "SSIM min",
-               "meets target", "seconds (incl. compile)"]
+               "meets target", "FP8 FLOP fraction", "seconds (incl. compile)"]
     table = tabulate(table_rows, headers=headers, tablefmt="github")
     print(f"\nnative: {native_s:.1f} s for {len(cases)} images\n")
     print(table)

@@ -6,9 +6,10 @@ Registered through the `torch_dynamo_backends` entry point, so
 Per graph Dynamo hands over:
   1. names: each node is resolved to the compiled model's real module name
      (passes/names.py), once, into the node's meta;
-  2. the passes run on a copy of the graph for each step variant (one, or
-     "fp8" and "native" when diffusion_kv_cache_skip_steps is set);
-  3. each variant goes to the downstream compiler (eager, Inductor, npugraph_ex);
+  2. the passes run on a copy of the graph for each step variant the step
+     selectors can produce (one, or up to four: fx_fp8.steps.variant_name);
+  3. each variant goes to the downstream compiler (eager, Inductor, npugraph_ex)
+     on its first call;
   4. the reports go to the compiled model (fx_fp8.get_reports(compiled)) and to
      the bounded recent-compiles log.
 """
@@ -124,24 +125,39 @@ def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
 
 
 class StepDispatch:
-    """Two compiled variants, picked per call by whether the published step is skipped."""
+    """The step variants of one graph (at most four), picked per call from the published step.
+    Every variant's passes ran at compile time (its report exists); its downstream compile
+    happens on its first call, so only the variants a run uses are compiled."""
 
-    def __init__(self, variants: dict, skip_steps, record: ModelRecord):
-        self.variants = variants
-        self.skip_steps = skip_steps
+    def __init__(self, variants: dict, config: FP8Config, record: ModelRecord, compile_variant: Callable):
+        self.variants = variants                      # variant -> compiled callable, or None until first used
+        self.attention_steps = config.diffusion_kv_cache_skip_steps if config.attention_step_skips else ()
+        qcfg = config.quantization_config
+        self.linear_steps = qcfg.skip_steps if config.linear_step_skips else ()
+        self.linear_mode = qcfg.skip_steps_mode
         self.record = record
-        self.calls = {"fp8": 0, "native": 0}
+        self.compile_variant = compile_variant
+        self.calls = dict.fromkeys(variants, 0)
+        self.lock = threading.Lock()
 
     def _unpublished(self) -> None:
+        keys = [k for k, on in (("diffusion_kv_cache_skip_steps", self.attention_steps),
+                                ("quantization_config.skip_steps", self.linear_steps)) if on]
         self.record.warn(
-            "fx_fp8: diffusion_kv_cache_skip_steps is set but no denoising step was published "
+            f"fx_fp8: {' and '.join(keys)} set but no denoising step was published "
             "(use fx_fp8.compile_pipeline, fx_fp8.set_step(i) or `with fx_fp8.denoising_step(i):`); "
-            "running the native-attention graph for these calls")
+            "running the skipped-step graph for these calls")
 
     def __call__(self, *args):
-        variant = variant_for_step(self.skip_steps, self._unpublished)
+        variant = variant_for_step(self.attention_steps, self._unpublished, self.linear_steps, self.linear_mode)
+        fn = self.variants[variant]
+        if fn is None:
+            with self.lock:
+                fn = self.variants[variant]
+                if fn is None:
+                    fn = self.variants[variant] = self.compile_variant(variant, list(args))
         self.calls[variant] += 1
-        return self.variants[variant](*args)
+        return fn(*args)
 
 
 class InstanceDispatch:
@@ -230,8 +246,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     sensitive = ({n.name: why for n, why in
                   find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None)).items()}
                  if config.linear_enabled else {})
-    variants = ("fp8", "native") if config.has_step_skips else (None,)
-    artifacts: dict = {}  # decisions -> {variant: compiled callable}: instances that decide alike share them
+    variants = config.step_variants()
+    artifacts: dict = {}  # (variant, decisions) -> compiled callable: instances that decide alike share them
 
     def plan(inputs: list, model_, owner_, rename: Optional[tuple] = None) -> Callable:
         """Passes for every step variant of the graph, its names moved from one instance to
@@ -260,13 +276,18 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             RECENT.add(report)
             decisions.append(tuple((e.node, e.action, e.reason) for e in report.entries))
             rewritten[variant] = graph_copy
-        key = tuple(decisions)
-        if key not in artifacts:
-            artifacts[key] = {v: _downstream_compile(downstream, g, inputs, mode) for v, g in rewritten.items()}
-        compiled = artifacts[key]
+        keys = dict(zip(variants, decisions))
+
+        def compile_variant(variant, inputs_) -> Callable:
+            key = (variant, keys[variant])
+            if key not in artifacts:
+                artifacts[key] = _downstream_compile(downstream, rewritten[variant], inputs_, mode)
+            return artifacts[key]
+
         if not config.has_step_skips:
-            return compiled[None]
-        return StepDispatch(compiled, config.diffusion_kv_cache_skip_steps, record)
+            return compile_variant(None, inputs)
+        ready = {v: artifacts.get((v, keys[v])) for v in variants}
+        return StepDispatch(ready, config, record, compile_variant)
 
     first = plan(list(example_inputs), model, owner)
     if model is None:

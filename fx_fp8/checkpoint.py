@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.rules import is_plain_linear
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
 FORMAT = "fx_fp8.quantized_checkpoint"
 VERSION = 1
@@ -144,7 +144,8 @@ def _layer_record(layer: QuantizedLinear) -> dict:
             "method": layer.method, "weight_dtype": _dtype_name(layer.weight.dtype),
             "weight_granularity": layer.weight_granularity, "weight_block": list(layer.weight_block),
             "act_granularity": layer.act_granularity, "orig_dtype": _dtype_name(layer.orig_dtype),
-            "input_scale": layer.input_scale is not None, "input_smoothing": layer.input_smoothing is not None}
+            "input_scale": layer.input_scale is not None, "input_smoothing": layer.input_smoothing is not None,
+            "weight_only": layer.weight_only}
 
 
 def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
@@ -327,6 +328,13 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
         if w is not None and _dtype_name(w.dtype) != rec["weight_dtype"]:
             problems.append(f"{name + '.weight'!r} {where} is {_dtype_name(w.dtype)}, recorded as "
                             f"{rec['weight_dtype']}")
+    if problems:
+        raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
+                         + "\n  ".join(problems))
+    for name, rec in layers.items():  # older records have no "weight_only": act_granularity says it
+        if "weight_only" in rec and bool(rec["weight_only"]) != (rec["act_granularity"] == WEIGHT_ONLY):
+            problems.append(f"{name}: recorded weight_only={rec['weight_only']!r} with act_granularity "
+                            f"{rec['act_granularity']!r}")
     if problems:
         raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
                          + "\n  ".join(problems))

@@ -31,6 +31,11 @@ ATTENTION_KERNELS = ("auto", "triton", "cudnn")
 DEFAULTS_TOKEN = "@defaults"
 LOWERINGS = ("auto", "reference", "cuda", "npu")
 DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
+#: what linears run on the steps quantization_config.skip_steps names
+SKIP_STEPS_MODES = ("native", "weight_only")
+#: how the sensitive linears (embedders, adaLN modulation, final projection) run
+SENSITIVE_MODES = ("native", "weight_only", "fp8")
+DEFAULT_SENSITIVE = "native"
 
 def _did_you_mean(key: str, known) -> str:
     close = difflib.get_close_matches(key, list(known), n=1)
@@ -143,7 +148,14 @@ class QuantizationConfig:
       mean "no extra patterns". The token "@defaults" (older configs) is accepted
       and changes nothing: the sensitive layers are always kept.
     quantize_sensitive: also quantize the sensitive layers (everything eligible
-      then runs quantized except `ignored_layers`).
+      then runs quantized except `ignored_layers`); a synonym of sensitive="fp8".
+    sensitive: how the sensitive layers run: "native", "weight_only" (FP8 / INT8
+      weights with per-channel scales, activations in the model's precision:
+      W8A16) or "fp8" (quantized like every other linear, W8A8 with `method`).
+    skip_steps: denoising steps on which the linears do not run W8A8 (the
+      attention selector's grammar: "0-2,47-49"); they run `skip_steps_mode`:
+      "weight_only" (the same quantized weights, activations unquantized) or
+      "native" (the original weights; a prepared layer has none and runs weight-only).
     activation_scheme: "dynamic" (scales computed per call) or "static"
       (scales from fx_fp8.calibrate, given by `activation_scales`: a dict or a JSON path).
     activation_granularity: "token" (per row) or "tensor" (dynamic only).
@@ -175,12 +187,30 @@ class QuantizationConfig:
     min_features: int = 32
     fast_accum: bool = True
     smoothing_alpha: float | None = None
+    sensitive: str | None = None
+    skip_steps: Selector = field(default_factory=Selector)
+    skip_steps_mode: str = "weight_only"
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
         set_("method", _check_choice("quantization_config.method", self.method, QUANTIZATION_METHODS[1:]))
         set_("ignored_layers", _clean_patterns(self.ignored_layers))
         _check_bool("quantization_config.quantize_sensitive", self.quantize_sensitive)
+        sensitive = self.sensitive
+        if sensitive is not None:
+            sensitive = _check_choice("quantization_config.sensitive", sensitive, SENSITIVE_MODES)
+            if sensitive is None:
+                raise ValueError(f"invalid quantization_config.sensitive {self.sensitive!r}: expected one of "
+                                 + ", ".join(repr(c) for c in SENSITIVE_MODES))
+        if self.quantize_sensitive and sensitive not in (None, "fp8"):
+            raise ValueError(f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
+                             f"with quantization_config.sensitive {sensitive!r}: give one of them")
+        sensitive = "fp8" if self.quantize_sensitive else (sensitive or DEFAULT_SENSITIVE)
+        set_("sensitive", sensitive)
+        set_("quantize_sensitive", sensitive == "fp8")
+        set_("skip_steps", parse_selector(self.skip_steps, what="quantization_config.skip_steps"))
+        mode = _check_choice("quantization_config.skip_steps_mode", self.skip_steps_mode, SKIP_STEPS_MODES)
+        set_("skip_steps_mode", mode)
         set_("activation_scheme", _check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")))
         set_("activation_granularity", _check_choice("quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")))
         if self.weight_block_size is not None:
@@ -239,7 +269,11 @@ def _clean_patterns(layers) -> tuple[str, ...]:
 _TOP_KEYS = (
     "diffusion_kv_cache_dtype", "diffusion_kv_cache_skip_steps", "diffusion_kv_cache_skip_layers",
     "quantization", "quantization_config", "ignored_layers", "attention", "lowering", "downstream",
+    "quantization_skip_steps", "quantization_skip_steps_mode",
 )
+#: flat spellings of quantization_config keys (CLI flags, compile_pipeline keywords); unlike
+#: ignored_layers they are no linear opt-in: like diffusion_kv_cache_skip_steps, they select steps
+STEP_SHORTCUTS = {"quantization_skip_steps": "skip_steps", "quantization_skip_steps_mode": "skip_steps_mode"}
 #: pipeline-level keys a config may carry next to the FP8 keys (issue 12: context parallelism, cache
 #: hooks). They belong to fx_fp8.parallel.PipelineOptions, not to FP8Config: from_mapping drops them.
 PIPELINE_KEYS = ("parallel_config", "cache_backend", "cache_config")
@@ -294,6 +328,9 @@ class FP8Config:
         if unused:
             warnings.warn(f"{' and '.join(unused)} set but FP8 attention is off "
                           f"(diffusion_kv_cache_dtype={self.diffusion_kv_cache_dtype!r}): they have no effect", stacklevel=4)
+        if not self.linear_enabled and self.quantization_config.skip_steps:
+            warnings.warn("quantization_config.skip_steps set but quantized linears are off (quantization=None): it "
+                          "has no effect", stacklevel=4)
         if not self.linear_enabled and self.quantization_config.ignored_layers:
             warnings.warn("ignored_layers set but quantized linears are off (quantization=None): it has no effect", stacklevel=4)
 
@@ -308,7 +345,35 @@ class FP8Config:
 
     @property
     def has_step_skips(self) -> bool:
+        """Some step runs another graph variant (attention or linear step selectors in use)."""
+        return self.attention_step_skips or self.linear_step_skips
+
+    @property
+    def attention_step_skips(self) -> bool:
         return self.attention_enabled and bool(self.diffusion_kv_cache_skip_steps)
+
+    @property
+    def linear_step_skips(self) -> bool:
+        return self.linear_enabled and bool(self.quantization_config.skip_steps)
+
+    def step_variants(self) -> tuple:
+        """The step variants some step can map to (fx_fp8.steps.variant_name), the unskipped one
+        first: at most 4, from the two selectors' overlaps (held as ranges, never expanded)."""
+        from fx_fp8.steps import variant_name
+
+        if not self.has_step_skips:
+            return (None,)
+        a = self.diffusion_kv_cache_skip_steps if self.attention_step_skips else Selector()
+        lin = self.quantization_config.skip_steps if self.linear_step_skips else Selector()
+        mode = self.quantization_config.skip_steps_mode
+        combos = [(False, False)]  # steps past both selectors' ends
+        if _ranges_differ(a, lin):
+            combos.append((True, False))
+        if _ranges_intersect(a, lin):
+            combos.append((True, True))
+        if _ranges_differ(lin, a):
+            combos.append((False, True))
+        return tuple(variant_name(x, y, mode) for x, y in combos)
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -336,6 +401,7 @@ class FP8Config:
                                  "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
+        shortcuts = _pop_step_shortcuts(data)
         if "ignored_layers" in data and not _clean_patterns(data["ignored_layers"]):
             del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in
         qc_given = data.get("quantization_config") is not None or data.get("ignored_layers") is not None
@@ -360,6 +426,7 @@ class FP8Config:
         if mentions_attention != mentions_linear and not _is_off(given):
             data.setdefault("diffusion_kv_cache_dtype", None)
             data.setdefault("quantization", None)
+        _apply_step_shortcuts(data, shortcuts)
         return cls(**data)
 
     @classmethod
@@ -397,6 +464,7 @@ class FP8Config:
         data = self.to_dict()
         data["quantization_config"]["activation_scales"] = self.quantization_config.activation_scales
         overrides = _fold_legacy_keys(dict(overrides))
+        shortcuts = _pop_step_shortcuts(overrides)
         if overrides.get("quantization") is not None and "quantization_config" not in overrides:
             data["quantization_config"]["method"] = overrides["quantization"]
         if "ignored_layers" in overrides:
@@ -408,10 +476,21 @@ class FP8Config:
         for key, value in overrides.items():
             if key not in _TOP_KEYS:
                 raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS)}")
+            if key == "quantization_config" and isinstance(value, Mapping):
+                value = dict(value)
+                # quantize_sensitive and sensitive are one setting: the one given here replaces the base's
+                if value.get("quantize_sensitive") and "sensitive" not in value:
+                    value["sensitive"] = "fp8"
+                elif "sensitive" in value and "quantize_sensitive" not in value:
+                    value["quantize_sensitive"] = False
             if key in ("quantization_config", "attention") and isinstance(value, Mapping):
                 data[key] = {**data[key], **value}
             else:
                 data[key] = value
+        if shortcuts:
+            given = overrides.get("quantization_config")
+            _apply_step_shortcuts({"quantization_config": dict(given) if isinstance(given, Mapping) else {}}, shortcuts)
+            data["quantization_config"].update(shortcuts)
         return FP8Config(**data)
 
     def to_dict(self) -> dict:
@@ -419,6 +498,7 @@ class FP8Config:
         qc = dataclasses.asdict(self.quantization_config)
         qc["ignored_layers"] = list(qc["ignored_layers"])
         qc["weight_block_size"] = list(qc["weight_block_size"]) if qc["weight_block_size"] else None
+        qc["skip_steps"] = str(self.quantization_config.skip_steps)
         if isinstance(qc["activation_scales"], os.PathLike):
             qc["activation_scales"] = os.fspath(qc["activation_scales"])
         elif isinstance(qc["activation_scales"], Mapping) and not isinstance(qc["activation_scales"], dict):
@@ -442,6 +522,22 @@ class FP8Config:
 
         with open(path, "w") as f:
             yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def _ranges_intersect(a: Selector, b: Selector) -> bool:
+    return any(max(lo, lo2) <= min(hi, hi2) for lo, hi in a.ranges for lo2, hi2 in b.ranges)
+
+
+def _ranges_differ(a: Selector, b: Selector) -> bool:
+    """Some value of `a` is not in `b` (checked on range ends: a gap of b inside a range of a
+    starts right after one of b's ranges)."""
+    for lo, hi in a.ranges:
+        if lo not in b:
+            return True
+        for _, hi2 in b.ranges:
+            if lo <= hi2 < hi and hi2 + 1 not in b:
+                return True
+    return False
 
 
 def _check_method_agrees(data: dict) -> None:
@@ -498,6 +594,38 @@ def _fold_legacy_keys(data: dict) -> dict:
             elif data.get(new) is None and (old_value is not None or new not in data):
                 data[new] = old_value
     return data
+
+
+def _pop_step_shortcuts(data: dict) -> dict:
+    """{quantization_config key: value} of the flat quantization_skip_steps[_mode] keys, removed
+    from `data` (a None value counts as not given). They are merged after the opt-in rules: they
+    select steps, they switch no feature on or off."""
+    out = {}
+    for flat, inner in STEP_SHORTCUTS.items():
+        value = data.pop(flat, None)
+        if value is not None:
+            out[inner] = parse_selector(value, what=flat) if inner == "skip_steps" else value
+    return out
+
+
+def _apply_step_shortcuts(data: dict, shortcuts: dict) -> None:
+    """Merge the popped shortcuts into data["quantization_config"]; a key given both ways must agree."""
+    if not shortcuts:
+        return
+    qc = data.get("quantization_config")
+    qc = dataclasses.asdict(qc) if isinstance(qc, QuantizationConfig) else dict(qc or {})
+    for inner, value in shortcuts.items():
+        flat = next(k for k, v in STEP_SHORTCUTS.items() if v == inner)
+        given = qc.get(inner)
+        if inner == "skip_steps" and given is not None:
+            given = parse_selector(given, what="quantization_config.skip_steps")
+            if not given:
+                given = None
+        if given is not None and given != value:
+            raise ValueError(f"{flat} {str(value)!r} disagrees with quantization_config.{inner} {str(given)!r}: "
+                             "give one of them, or the same value in both")
+        qc[inner] = value
+    data["quantization_config"] = qc
 
 
 def _merge_ignored_layers_shortcut(data: dict) -> None:

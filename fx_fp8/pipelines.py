@@ -264,6 +264,7 @@ def _run(pipe, state: PipelineFP8State):
 
 
 def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
+                     regional: bool = False,
                      compile_kwargs: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
                      cache_config=None, **overrides):
     """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
@@ -281,6 +282,9 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
       keeps the original nn.Linear modules on the CPU to put back (the original weights stay
       in host memory). A transformer already prepared by prepare_model is refused: pass
       prepare=False to compile it as it is.
+    regional: compile each transformer block by block, as diffusers' compile_repeated_blocks does
+      (one compile per block class instead of the whole model: the cold start drops several-fold,
+      see README "Compile time"); the transformers stay the pipeline's own modules.
     compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
     parallel_config / cache_backend / cache_config: vLLM-Omni's context-parallel degrees
       ({ulysses_degree, ring_degree}) and cache backend (first_block_cache, taylorseer, mag_cache)
@@ -298,7 +302,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
                          "call fx_fp8.restore_pipeline(pipe) first")
     cfg = FP8Config.load(config, **overrides)
-    # issue 12: pipeline options (context parallelism, cache hooks) read from the same config; fx_fp8/parallel.py
+    # pipeline options (context parallelism, cache hooks) read from the same config: fx_fp8/parallel.py
     popts = _parallel.PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
                                            cache_config=cache_config)
     transformers = _find_transformers(pipe)
@@ -314,9 +318,11 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
                          "around the pipeline's __call__")
     scheduler = _check_scheduler(pipe)
+    if regional:
+        _check_regional(transformers, popts)
     options = {"config": cfg}
     compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
-    # issue 12: refuse what would fail or lose hooks (and join the torchrun job), before any change
+    # refuse what would fail or lose hooks (and join the torchrun job), before any change
     _parallel.check_pipeline_options(popts, list(transformers.values()), cfg, prepare=prepare,
                                      compile_kwargs=compile_kwargs)
 
@@ -326,7 +332,11 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     for attr, module in transformers.items():
         if cfg.linear_enabled:  # before the first trace: two experts of one class then share one graph
             watch_weights(module)
-        compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
+        if regional:
+            module.compile_repeated_blocks(backend=backend, options=options, **compile_kwargs)
+            compiled = module
+        else:
+            compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
 
         def setup(example_inputs, attr=attr, module=module):
             """prepare, then cache hooks, then context parallelism, then regions (fx_fp8/parallel.py):
@@ -379,6 +389,25 @@ def publish_steps(pipe):
             yield state
     finally:
         _remove_scheduler_hook(state)
+
+
+def _check_regional(transformers: dict, popts) -> None:
+    """regional=True needs blocks to compile (diffusers' `_repeated_blocks`), and is not combined
+    with the cache hooks or context parallelism, which compile regions of their own."""
+    for attr, module in transformers.items():
+        if not getattr(module, "_repeated_blocks", None):
+            raise ValueError(f"regional=True: pipe.{attr} ({type(module).__name__}) declares no _repeated_blocks "
+                             "to compile; use regional=False")
+    if popts.enabled:
+        raise ValueError("regional=True is not combined with cache_backend or parallel_config yet (they compile "
+                         "regions of their own); use regional=False")
+
+
+def _uncompile_blocks(module: nn.Module) -> None:
+    """Undo nn.Module.compile on every submodule (regional compilation)."""
+    for m in module.modules():
+        if getattr(m, "_compiled_call_impl", None) is not None:
+            m._compiled_call_impl = None
 
 
 def _has_hooks(module: nn.Module) -> bool:
@@ -466,7 +495,7 @@ def restore_pipeline(pipe, *, linears: str = "original"):
     for handle in state.hook_handles:
         handle.remove()
     for attr, original in state.originals.items():
-        _undo_extras(original, state.extras.get(attr))  # issue 12
+        _undo_extras(original, state.extras.get(attr))
     for attr, original in state.originals.items():
         for name, linear, current in put_back.get(attr, []):
             # the transformer may have moved since (pipe.to(dtype / device)): the original follows it
@@ -476,6 +505,7 @@ def restore_pipeline(pipe, *, linears: str = "original"):
         if put_back.get(attr):
             _reapply_group_offload(original)
         release_quantized_copies(original)
+        _uncompile_blocks(original)  # regional=True compiled its blocks in place
         setattr(pipe, attr, original)
     _remove_scheduler_hook(state)
     pipe.__class__ = state.base_class

@@ -16,8 +16,9 @@ from fx_fp8.calibration import (channel_stats, check_channel_amax, check_scales_
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.passes.sensitive import sensitive_linear_names
-from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_native_reason
-from fx_fp8.weights import QuantizedLinear, accept_prepared_weight, watch_weights
+from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
+from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_plan
+from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, watch_weights
 
 
 def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensitive: Optional[dict] = None,
@@ -37,7 +38,10 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     sees no graph, so no activation-quantization groups): s from the calibrated channel
     maxima and the layer's weight columns, the weight stored as quantized W * s and 1/s as
     the layer's `input_smoothing` buffer (bytes_after counts it).
-    Returns {"quantized": [names], "native": {name: reason}, "bytes_before", "bytes_after", "method"}.
+    Sensitive layers with quantization_config.sensitive "weight_only" become weight-only
+    (W8A16) QuantizedLinear modules (`weight_only` is true; per-channel scales).
+    Returns {"quantized": [names], "weight_only": [names among them], "native": {name: reason},
+    "bytes_before", "bytes_after", "method"}.
     Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
     """
     if not isinstance(model, nn.Module):
@@ -45,7 +49,8 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
-    result = {"quantized": [], "native": {}, "bytes_before": 0, "bytes_after": 0, "method": qcfg.method}
+    result = {"quantized": [], "weight_only": [], "native": {}, "bytes_before": 0, "bytes_after": 0,
+              "method": qcfg.method}
     if not cfg.linear_enabled:
         return result
     check_not_prepared(model, "it cannot be prepared again", "prepare the original model once; compile a prepared "
@@ -64,8 +69,18 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
     plan = []
     for name, module in linears:
-        reason = linear_native_reason(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
-                                      sensitive.get(name))
+        kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
+                                   sensitive.get(name))
+        if kind == "weight_only":  # W8A16: per-channel scales, the storage the device's weight-only matmul takes
+            lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
+            method = get_lowering(lowering).weight_only_method(qcfg.method)
+            with torch.no_grad():
+                wq, ws = quant.quantize_weight(module.weight.detach(), "channel", None, method)
+            plan.append((name, module, QuantizedLinear(
+                wq, ws, module.bias, method=method, weight_granularity="channel", weight_block=None,
+                act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
+            continue
+        reason = reason if kind == "native" else None
         if reason is None and scales is not None and name not in scales:
             reason = "no static activation scale for this layer (recalibrate)"
         if reason is None and channel is not None and name not in channel:
@@ -102,6 +117,8 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         if new.input_smoothing is not None:
             result["bytes_after"] += new.input_smoothing.numel() * 4
         result["quantized"].append(name)
+        if new.weight_only:
+            result["weight_only"].append(name)
     watch_weights(model)  # the native linears too: a weight written later is seen
     if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
         from fx_fp8.checkpoint import guard

@@ -23,8 +23,8 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 #: Name patterns of linears known to be sensitive in the supported families
 #: (timestep / text / image input embedders, adaLN modulation, the final
-#: projection). They stay native unless quantization_config.quantize_sensitive
-#: is true; `re:` keeps them anchored (the final `proj_out`, not
+#: projection). How they run is quantization_config.sensitive (native, weight_only
+#: or fp8; quantize_sensitive: true means fp8); `re:` keeps them anchored (the final `proj_out`, not
 #: `single_transformer_blocks.3.proj_out`). Pattern syntax: fx_fp8/patterns.py.
 #: They are the fallback: the graph's structure (passes/sensitive.py) finds the
 #: timestep conditioning, adaLN modulation and final projection of any model, and
@@ -72,30 +72,47 @@ def check_not_prepared(model, action: str, hint: str) -> None:
                          f"QuantizedLinear modules (first: {names[:3]}), so {action}; {hint}")
 
 
-def linear_native_reason(name: str, in_features: int, out_features: int, dtype, qcfg,
-                         sensitive: Optional[str] = None) -> Optional[str]:
-    """Why the linear `name` stays native, or None when it can be quantized.
+def sensitive_reason(name: str, sensitive: Optional[str] = None) -> Optional[str]:
+    """Why `name` is a sensitive linear: the structural reason found in the graph (`sensitive`),
+    else a name pattern of fx_fp8.rules.SENSITIVE_LAYER_PATTERNS; None when it is not one."""
+    if sensitive is not None:
+        return sensitive
+    hit = first_match(SENSITIVE_LAYER_PATTERNS, name)
+    return f"known sensitive layer (pattern {hit!r})" if hit is not None else None
+
+
+def linear_plan(name: str, in_features: int, out_features: int, dtype, qcfg,
+                sensitive: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """("native", why), ("weight_only", why: a sensitive layer with sensitive: weight_only) or
+    ("quantized", None) for the linear `name`.
 
     Order: the user's ignored_layers, a sensitive layer (`sensitive` is the
-    structural reason found in the graph, if any, else the name patterns),
-    dtype, shape, size.
+    structural reason found in the graph, if any, else the name patterns)
+    kept native, dtype, shape, size.
     """
     hit = first_match(qcfg.ignored_layers, name)
     if hit is not None:
-        return f"ignored_layers pattern {hit!r}"
-    if not qcfg.quantize_sensitive:
-        hit = first_match(SENSITIVE_LAYER_PATTERNS, name)
-        if sensitive is None and hit is not None:
-            sensitive = f"known sensitive layer (pattern {hit!r})"
-        if sensitive is not None:
-            return f"{sensitive}; kept native (quantize_sensitive: true quantizes it)"
+        return "native", f"ignored_layers pattern {hit!r}"
+    why = sensitive_reason(name, sensitive) if qcfg.sensitive != "fp8" else None
+    if why is not None and qcfg.sensitive == "native":
+        return "native", f"{why}; kept native (sensitive: weight_only, or fp8 / quantize_sensitive: true, quantizes it)"
     if dtype not in FLOAT_DTYPES:
-        return f"weight dtype {dtype} not supported"
+        return "native", f"weight dtype {dtype} not supported"
     if in_features % 16 or out_features % 16:
-        return f"features {in_features}->{out_features} not multiples of 16 (FP8 matmul tiles)"
+        return "native", f"features {in_features}->{out_features} not multiples of 16 (FP8 matmul tiles)"
     if min(in_features, out_features) < qcfg.min_features:
-        return f"small layer ({in_features}->{out_features}, below min_features={qcfg.min_features}): FP8 only costs time"
-    return None
+        return "native", (f"small layer ({in_features}->{out_features}, below min_features={qcfg.min_features}): "
+                          "FP8 only costs time")
+    if why is not None:
+        return "weight_only", f"{why}; weight-only (sensitive: weight_only): quantized weights, unquantized activations"
+    return "quantized", None
+
+
+def linear_native_reason(name: str, in_features: int, out_features: int, dtype, qcfg,
+                         sensitive: Optional[str] = None) -> Optional[str]:
+    """Why the linear `name` stays native, or None when it is quantized (W8A8 or weight-only)."""
+    kind, why = linear_plan(name, in_features, out_features, dtype, qcfg, sensitive)
+    return why if kind == "native" else None
 
 
 # -- attention -----------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """The published denoising step: per thread and per async task, never process-global.
 
 Pipelines publish the current step with set_step / denoising_step (or
-fx_fp8.compile_pipeline does it for them); a graph compiled with
-diffusion_kv_cache_skip_steps reads only "is this step skipped?" (one bool per
-call) to pick between its two compiled variants, so a run of N steps uses
-exactly two graphs and never recompiles per step.
+fx_fp8.compile_pipeline does it for them); a graph compiled with step selectors
+(diffusion_kv_cache_skip_steps for attention, quantization_config.skip_steps for
+linears) maps the step to one variant of a closed set of at most four
+(variant_name) per call, so a run of N steps uses at most four graphs and never
+recompiles per step.
 
 The step lives in a contextvars.ContextVar: two pipelines run in two threads
 (or two asyncio tasks) each see their own step. A new thread starts with no
@@ -60,15 +61,45 @@ def variant_listener(listener: Callable[[str], None]):
         _VARIANT_LISTENER.reset(token)
 
 
-def variant_for_step(skip_steps, on_unpublished: Callable[[], None]) -> str:
-    """'native' when the published step is skipped (or none was published: then
-    `on_unpublished()` is told, so its owner can warn), else 'fp8'."""
+#: the variant of unskipped steps; "native" is the one whose attention is native (its historical name)
+ALL_QUANTIZED = "fp8"
+ATTENTION_NATIVE = "native"
+LINEAR_PREFIX = "linear_"
+
+
+def variant_name(attention_skipped: bool, linears_skipped: bool, mode: str = "weight_only") -> str:
+    """The closed set of step variants: "fp8" (nothing skipped), "native" (attention native),
+    "linear_<mode>" (linears run `mode`: weight_only or native), "native+linear_<mode>"."""
+    parts = [ATTENTION_NATIVE] if attention_skipped else []
+    if linears_skipped:
+        parts.append(LINEAR_PREFIX + mode)
+    return "+".join(parts) or ALL_QUANTIZED
+
+
+def attention_skipped(variant: Optional[str]) -> bool:
+    return variant is not None and variant.split("+")[0] == ATTENTION_NATIVE
+
+
+def linear_skip_mode(variant: Optional[str]) -> Optional[str]:
+    """"weight_only" / "native" when the variant's linears are skipped, else None."""
+    for part in (variant or "").split("+"):
+        if part.startswith(LINEAR_PREFIX):
+            return part[len(LINEAR_PREFIX):]
+    return None
+
+
+def variant_for_step(skip_steps, on_unpublished: Callable[[], None], linear_skip_steps=None,
+                     linear_mode: str = "weight_only") -> str:
+    """The variant of the published step: attention native when it is in `skip_steps`, linears
+    `linear_mode` when it is in `linear_skip_steps`. With no step published, everything the
+    selectors can skip is skipped and `on_unpublished()` is told, so its owner can warn."""
     step = _STEP.get()
+    linear_skip_steps = linear_skip_steps or ()
     if step is None:
         on_unpublished()
-        variant = "native"
+        variant = variant_name(bool(skip_steps), bool(linear_skip_steps), linear_mode)
     else:
-        variant = "native" if step in skip_steps else "fp8"
+        variant = variant_name(step in skip_steps, step in linear_skip_steps, linear_mode)
     listener = _VARIANT_LISTENER.get()
     if listener is not None:
         listener(variant)

@@ -40,6 +40,8 @@ from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import resolve_lowering_name
 
 QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
+#: a QuantizedLinear's act_granularity when it is weight-only (W8A16): activations stay unquantized
+WEIGHT_ONLY = "weight_only"
 
 
 class WatchedParameter(nn.Parameter):
@@ -279,9 +281,11 @@ class QuantizedLinear(nn.Module):
         (SmoothQuant): the input is multiplied by it before it is quantized."""
         super().__init__()
         self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
+        # the bias first: diffusers' ModelMixin.dtype is the first floating parameter's, and a quantized
+        # (FP8) weight must not become the model's dtype when a prepared layer is its first module
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.weight = WatchedParameter(weight_q, requires_grad=False)
         self.register_buffer("weight_scale", weight_scale)
-        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("input_smoothing", input_smoothing)
         self.method = method
@@ -289,6 +293,11 @@ class QuantizedLinear(nn.Module):
         self.weight_block = list(weight_block or [])
         self.act_granularity = act_granularity
         self.orig_dtype = orig_dtype
+
+    @property
+    def weight_only(self) -> bool:
+        """W8A16: the quantized weight is dequantized into a matmul with unquantized activations."""
+        return self.act_granularity == WEIGHT_ONLY
 
     def forward(self, x):
         # Eagerly the lowering follows the device; under fx_fp8's backends the linear pass
@@ -326,6 +335,7 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"{self.method} {self.weight_granularity} scales"
+                + (", weight-only" if self.weight_only else "")
                 + (", smoothed inputs" if self.input_smoothing is not None else ""))
 
     # -- loading state: a full-precision weight is re-quantized, a quantized one comes with its scale

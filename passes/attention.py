@@ -21,6 +21,7 @@ from fx_fp8.passes.fx_utils import call_args, meta_val
 from fx_fp8.passes.names import is_resolved, module_name
 from fx_fp8.rules import attention_call_reason, short_keys_reason
 from fx_fp8.shapes import scalar_value, shape_str
+from fx_fp8.steps import attention_skipped
 
 
 def _tuple_users(node: torch.fx.Node) -> Optional[dict[int, list[torch.fx.Node]]]:
@@ -83,7 +84,7 @@ class FP8AttentionPass(FXPass):
             self.unknown_layer_nodes.append(f"{node.name} ({module or 'top level'})")
             return (f"layer unknown (module {module!r} could not be resolved to the model's name) while "
                     "diffusion_kv_cache_skip_layers is set: kept native rather than guessing")
-        if self.ctx.step_variant == "native":
+        if attention_skipped(self.ctx.step_variant):
             return "skipped step variant (diffusion_kv_cache_skip_steps)"
         return self.ctx.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
 

@@ -43,13 +43,16 @@ from fx_fp8.passes.base import FXPass
 from fx_fp8.passes.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.passes.names import module_name
 from fx_fp8.patterns import first_match
-from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason
+from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason, linear_plan
 from fx_fp8.shapes import shape_str
+from fx_fp8.steps import linear_skip_mode
 from fx_fp8.weights import Smoothing, attach_smoothing, attach_static_input_scale, quantized_weight
 
 LINEAR_TARGETS = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
 PREPARED_TARGETS = {torch.ops.fx_fp8.quantized_linear, torch.ops.fx_fp8.quantized_linear.default}
 PREPARED_PARAMS = ["x", "weight", "weight_scale", "bias", "input_scale", "input_smoothing"]
+#: a prepared layer's act_granularity when it holds a weight-only (W8A16) weight
+WEIGHT_ONLY = "weight_only"
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +94,7 @@ class Linear:
         # calibrated channel maxima, then the group's Smoothing (set by FP8LinearPass._smooth)
         self.input_smoothing, self.real_weight, self.channel_amax = input_smoothing, real_weight, channel_amax
         self.smoothing: Optional[Smoothing] = None
+        self.why = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
 
     @property
     def smoothed(self) -> bool:
@@ -127,6 +131,8 @@ class FP8LinearPass(FXPass):
         self.sensitive_prepared: list[str] = []  # prepared linears the graph finds sensitive (warned about once)
         self.ignored_prepared: list[str] = []  # prepared linears this compile's ignored_layers name
         self.alpha = self.qcfg.smoothing_alpha if self.on else None
+        self.skip_mode = linear_skip_mode(ctx.step_variant) if self.on else None
+        self.skipped_prepared: list[str] = []  # prepared linears run weight-only on native-skipped steps
         # {linear name: max |x| per input channel} (raises, naming the key, when the calibration has none)
         self.channel = channel_stats(self.qcfg.activation_scales) if self.alpha is not None else None
 
@@ -176,22 +182,32 @@ class FP8LinearPass(FXPass):
             return None
         real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
         q = self.qcfg
-        weight_only = self._weight_only(w, q.method)
+        kind, why = linear_plan(module, w.shape[1], w.shape[0], w.dtype, q, self.sensitive.get(node))
+        step_why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
+        if self.skip_mode == "native":
+            self.record(node, op="linear", module=module, action="native", reason=step_why, shapes=shapes)
+            return None
         weights = self.ctx.report.weights
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
         weights["original_copy_kept"] = True
+        method, granularity, block = q.method, q.weight_granularity, q.weight_block_size
+        if kind == "weight_only":  # W8A16: per-channel scales, in the storage the device's weight-only matmul takes
+            method, granularity, block = self.ctx.lowering.weight_only_method(q.method), "channel", None
+        weight_only = kind == "weight_only" or self.skip_mode == "weight_only" or self._weight_only(w, method)
         amax = None
         if self.channel is not None and not weight_only:  # smoothed: quantized per group, in _smooth
             amax = self.channel[module]
             check_channel_amax(module, amax, real_w.shape[1])
         else:
-            wq, ws = quantized_weight(real_w, q.method, q.weight_granularity, q.weight_block_size, name=module)
+            wq, ws = quantized_weight(real_w, method, granularity, block, name=module)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
-            if q.activation_scheme == "static":
+            if q.activation_scheme == "static" and not weight_only:
                 attach_static_input_scale(real_w, method_scale(self.scales[module], q.method), module)
-        return Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=q.method,
-                      weight_granularity=q.weight_granularity, weight_block=q.weight_block_size, act=q.act_granularity,
+        item = Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=method,
+                      weight_granularity=granularity, weight_block=block, act=q.act_granularity,
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
+        item.why = why if kind == "weight_only" else (step_why if self.skip_mode else "")
+        return item
 
     def _reason(self, node, args, module, x, w) -> Optional[str]:
         if not self.on:
@@ -207,9 +223,10 @@ class FP8LinearPass(FXPass):
             return f"input dtype {x.dtype} not supported"
         if real_tensor(args["weight"], self.ctx.gm, self.ctx.example_inputs, self.ctx.placeholders) is None:
             return "weight is computed inside the graph (not a parameter), cannot pre-quantize"
-        if self.scales is not None and module not in self.scales:
+        w8a8 = linear_plan(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, self.sensitive.get(node))[0] == "quantized"
+        if self.scales is not None and module not in self.scales and w8a8:
             return "no static activation scale for this layer (recalibrate)"
-        if self.channel is not None and module not in self.channel:
+        if self.channel is not None and module not in self.channel and w8a8:
             return "no channel statistics for smoothing_alpha in the calibration (recalibrate with fx_fp8.calibrate)"
         return self.ctx.lowering.linear_reason(x, w, self.qcfg)
 
@@ -231,20 +248,32 @@ class FP8LinearPass(FXPass):
         act = "static" if args["input_scale"] is not None else args["act_granularity"]
         q = self.qcfg
         smoothed = args["input_smoothing"] is not None
-        if ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity, self.alpha is not None)
-                or not self.on):
+        prepared_wo = act == WEIGHT_ONLY
+        why = self.sensitive.get(node)  # prepare_model without example inputs decides by name; the graph knows better
+        if prepared_wo:
+            if not self.on or q.sensitive != "weight_only":
+                disagreeing.append(module)
+        elif ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity,
+                                              self.alpha is not None) or not self.on):
             disagreeing.append(module)
         hit = first_match(q.ignored_layers, module) if self.on else None
         if hit is not None:  # its original weight is gone: it cannot become native here
             matched.add(hit)
             self.ignored_prepared.append(f"{module} (pattern {hit!r})")
-        why = self.sensitive.get(node)  # prepare_model without example inputs decides by name; the graph knows better
-        if why is not None and not q.quantize_sensitive:
+        if why is not None and not prepared_wo and q.sensitive != "fp8":
             self.sensitive_prepared.append(f"{module} ({why})")
-        return Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"], args["input_scale"],
-                      method=method, weight_granularity=wg, weight_block=wb, act=act,
-                      weight_only=self._weight_only(w, method), prepared=True, shapes=shapes,
-                      input_smoothing=args["input_smoothing"])
+        item = Linear(node, module, args["x"], args["weight"], args["weight_scale"], args["bias"],
+                      args["input_scale"], method=method, weight_granularity=wg, weight_block=wb, act=act,
+                      weight_only=prepared_wo or bool(self.skip_mode) or self._weight_only(w, method), prepared=True,
+                      shapes=shapes, input_smoothing=args["input_smoothing"])
+        if prepared_wo:
+            item.why = "prepared weight-only (sensitive: weight_only)"
+        elif self.skip_mode == "native":  # its original weight is gone: the nearest to native it can run
+            item.why = "skipped step variant (quantization_config.skip_steps, native): prepared, so weight-only"
+            self.skipped_prepared.append(module)
+        elif self.skip_mode:
+            item.why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
+        return item
 
     def _check_channel_names(self, plan: list[Linear]) -> None:
         """Smoothing statistics that name none of this graph's linears come from another model: an
@@ -320,7 +349,8 @@ class FP8LinearPass(FXPass):
             m.node.replace_all_uses_with(out)
             replaced[m.node] = out
             self.erase(gm, m.node)
-            self.record(new, op="linear", module=m.module, action="fp8" if m.method == "fp8" else m.method,
+            self.record(new, op="linear", module=m.module,
+                        action="weight-only" if m.weight_only else ("fp8" if m.method == "fp8" else m.method),
                         reason=self._describe(m), shapes=m.shapes,
                         act_quant_group="" if m.weight_only else group)
 
@@ -354,7 +384,7 @@ class FP8LinearPass(FXPass):
         src = "prepared weights" if m.prepared else "weights quantized at compile"
         name = self.ctx.lowering.name
         if m.weight_only:
-            return f"{name}: weight-only {m.method.upper()} ({w} scales), {src}"
+            return f"{m.why + '; ' if m.why else ''}{name}: weight-only {m.method.upper()} ({w} scales), {src}"
         act = "static activations" if m.act == "static" else f"dynamic per-{m.act} activations"
         if m.smoothing is not None:
             act += f", smoothed (alpha {m.smoothing.alpha:g})"
@@ -381,6 +411,10 @@ class FP8LinearPass(FXPass):
                           f"keep native: {', '.join(self.sensitive_prepared[:8])}; prepared linears run as prepared. "
                           "Give prepare_model example_inputs (it then finds them by structure), or list them in "
                           "quantization_config.ignored_layers when calling prepare_model")
+        if self.skipped_prepared:
+            self.ctx.warn(f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
+                          f"linear(s) were quantized by prepare_model (their original weights are gone): they run "
+                          f"weight-only on the skipped steps: {', '.join(self.skipped_prepared[:8])}")
         if disagreeing:
             self.ctx.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
                           f"granularity or activation scheme than this compile's config (or quantization is off); "

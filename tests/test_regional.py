@@ -82,3 +82,47 @@ def test_no_stack_walk_per_call(monkeypatch):
         monkeypatch.setattr(backend, "runtime_instance", forbidden)
         model(**kw)
         model(**kw)
+
+
+@pytest.mark.slow
+def test_compile_pipeline_regional_compiles_blocks_and_restores():
+    import warnings
+
+    from fx_fp8.pipelines import pipeline_state
+    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe, kwargs = build_tiny_pipeline("flux")
+    run = dict(kwargs, num_inference_steps=3, output_type="latent")
+    with torch.no_grad():
+        ref = pipe(**run, generator=torch.Generator().manual_seed(0)).images
+    transformer = pipe.transformer
+    graphs = counters["stats"]["unique_graphs"]
+    fx_fp8.compile_pipeline(pipe, regional=True, diffusion_kv_cache_skip_steps="0")
+    assert pipe.transformer is transformer  # the model stays the pipeline's own; its blocks are compiled
+    with torch.no_grad():
+        out = pipe(**run, generator=torch.Generator().manual_seed(0)).images
+        pipe(**run, generator=torch.Generator().manual_seed(0))
+    reports = pipeline_state(pipe).reports()["transformer"]
+    blocks = len(transformer.transformer_blocks) + len(transformer.single_transformer_blocks)
+    assert {r.step_variant for r in reports} == {"fp8", "native"}
+    assert len({e.module.rsplit(".attn", 1)[0] for r in reports for e in r.entries if e.op == "attention"}) == blocks
+    # one Dynamo graph per block class (plus prepare's structural trace of the whole model)
+    assert counters["stats"]["unique_graphs"] - graphs <= 2 + 2
+    assert ((out - ref).norm() / ref.norm()).item() < 0.06
+    fx_fp8.restore_pipeline(pipe, linears="quantized")
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in transformer.modules())
+    with pytest.raises(ValueError, match="_repeated_blocks"):
+        fx_fp8.compile_pipeline(_NoBlocks(pipe), regional=True)
+
+
+class _NoBlocks:
+    """A pipeline-like object whose transformer declares no repeated blocks."""
+
+    def __init__(self, pipe):
+        self.transformer = nn.Linear(4, 4)
+        self.scheduler = pipe.scheduler
+
+    def __call__(self):
+        return None

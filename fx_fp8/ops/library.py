@@ -158,6 +158,13 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     weights.check_prepared_weight(weight)
     impl = get_lowering(lowering)
     x2d = x.reshape(-1, x.shape[-1])
+    block = tuple(weight_block) or None
+    if act_granularity == weights.WEIGHT_ONLY:  # W8A16: activations stay unquantized
+        if input_smoothing is not None:
+            x2d = quant.smooth_activation(x2d, input_smoothing)
+        out = impl.weight_only_linear(x2d, weight, weight_scale, bias, method=method,
+                                      weight_granularity=weight_granularity, weight_block=block)
+        return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
     if input_smoothing is not None:
         x2d = quant.smooth_activation(x2d, input_smoothing)
     block = tuple(weight_block) or None

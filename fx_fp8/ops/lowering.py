@@ -66,6 +66,11 @@ class Lowering:
         """A message when linears of this method must be weight-only on this device, else None."""
         return None
 
+    def weight_only_method(self, method: str) -> str:
+        """The storage ("fp8" / "int8") of a weight-only (W8A16) layer of a `method` config: the
+        one this device's weight-only matmul takes."""
+        return method
+
     # -- run time -----------------------------------------------------------------------
     def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
                   quantize_p, p_scale, kernel, return_lse):

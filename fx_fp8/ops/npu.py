@@ -449,6 +449,19 @@ def linear_call_kwargs(xq, x_scale, wq, w_scale, bias, *, out_dtype):
     )
 
 
+def weight_quant_call_kwargs(x2d, wq, w_scale, bias):
+    """Every argument of the npu_weight_quant_batchmatmul call, by name (tests wrap this). The
+    published contract: x (M, K) fp16/bf16; weight int8 (K, N), a transposed view accepted;
+    antiquant_scale in x's dtype, (N,) per channel or (1,) per tensor; bias (N,), fp32 with bf16 x
+    and fp16 with fp16 x; output in x's dtype."""
+    return dict(
+        x=x2d,
+        weight=wq.t(),  # W is (N, K) row-major: W^T is the (K, N) transposed view the op recommends
+        antiquant_scale=w_scale.reshape(-1).to(x2d.dtype),
+        bias=(bias.float() if x2d.dtype == torch.bfloat16 else bias.to(x2d.dtype)) if bias is not None else None,
+    )
+
+
 class NPULowering(Lowering):
     name = "npu"
     description = ("Ascend NPU (torch_npu, MindIE-SD): FP8 attention and FP8 W8A8 on Ascend 950, "
@@ -534,7 +547,17 @@ class NPULowering(Lowering):
         torch_npu = _torch_npu()
         return torch_npu.npu_quant_matmul(**linear_call_kwargs(xq, x_scale, wq, w_scale, bias, out_dtype=out_dtype))
 
+    def weight_only_method(self, method: str) -> str:
+        # npu_weight_quant_batchmatmul takes int8 (or int4 packed in int32) weights, not FP8
+        return "int8"
+
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
+        if (wq.dtype == torch.int8 and weight_granularity in ("channel", "tensor")
+                and x2d.dtype in KERNEL_OUT_DTYPES and x2d.shape[0] > 0):
+            torch_npu = _torch_npu()
+            return torch_npu.npu_weight_quant_batchmatmul(**weight_quant_call_kwargs(x2d, wq, w_scale, bias))
+        # FP8 or block-scaled weights (prepared elsewhere, or a W8A8 layer on a skipped step): outside the
+        # op's contract, so dequantize for a native matmul
         w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
         out = x2d @ w.t()
         return out + bias.to(out.dtype) if bias is not None else out

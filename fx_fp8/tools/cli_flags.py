@@ -21,6 +21,8 @@ FLAG_TO_KEY = {
     "diffusion_kv_cache_dtype": "diffusion_kv_cache_dtype",
     "diffusion_kv_cache_skip_steps": "diffusion_kv_cache_skip_steps",
     "diffusion_kv_cache_skip_layers": "diffusion_kv_cache_skip_layers",
+    "quantization_skip_steps": "quantization_skip_steps",
+    "quantization_skip_steps_mode": "quantization_skip_steps_mode",
     "lowering": "lowering",
     "downstream": "downstream",
 }
@@ -38,7 +40,14 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(embedders, adaLN modulation, final projection), which stay native unless "
                         "--quantize-sensitive is given")
     g.add_argument("--quantize-sensitive", action="store_true", default=None,
-                   help="also quantize the known-sensitive layers (everything eligible except --ignored-layers)")
+                   help="also quantize the known-sensitive layers (everything eligible except --ignored-layers); "
+                        "the same as --sensitive fp8")
+    g.add_argument("--sensitive", choices=["native", "weight_only", "fp8"], default=None,
+                   help="how the known-sensitive layers run: native, weight_only (W8A16, the default) or fp8")
+    g.add_argument("--quantization-skip-steps", metavar="SEL", default=None,
+                   help="denoising steps whose linears do not run W8A8, e.g. '0,1,28,29' (quantization_config.skip_steps)")
+    g.add_argument("--quantization-skip-steps-mode", choices=["weight_only", "native"], default=None,
+                   help="what the linears run on those steps: weight_only (W8A16, default) or native")
     g.add_argument("--diffusion-kv-cache-dtype", choices=["fp8", "auto", "none"], default=None,
                    help="fp8 = FP8 attention (Q/K/V quantized); auto/none = native attention")
     g.add_argument("--diffusion-kv-cache-skip-steps", metavar="SEL", default=None,
@@ -63,8 +72,13 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
         if dest in ("quantization", "diffusion_kv_cache_dtype") and value == "none":
             value = None
         out[key] = value
+    sensitive = getattr(args, "sensitive", None)
     if getattr(args, "quantize_sensitive", None):
-        out["quantization_config"] = {"quantize_sensitive": True}
+        if sensitive not in (None, "fp8"):
+            raise ValueError(f"--quantize-sensitive (= --sensitive fp8) disagrees with --sensitive {sensitive}")
+        sensitive = "fp8"
+    if sensitive is not None:
+        out["quantization_config"] = {"sensitive": sensitive}
     return out
 
 

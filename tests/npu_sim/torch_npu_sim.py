@@ -471,6 +471,50 @@ def make_quant_matmul_op(sim):
     return npu_quant_matmul
 
 
+# -- npu_weight_quant_batchmatmul ----------------------------------------------------------
+def make_weight_quant_matmul_op(sim):
+    """The torch_npu API reference (A2/A3): x (M, K) fp16/bf16; weight int8 (or int4 packed in
+    int32) (K, N), transposed views accepted; antiquant_scale fp16/bf16 in x's dtype, (N,) / (1, N)
+    per channel or (1,) per tensor; bias fp16 / fp32 (N,); no quant_scale: output in x's dtype."""
+    def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None,
+                                     quant_offset=None, bias=None, antiquant_group_size=0, inner_precise=0):
+        op = "npu_weight_quant_batchmatmul"
+        c = _Checker(op)
+        c.require(isinstance(x, torch.Tensor) and x.dtype in OUT_DTYPES, "x-dtype",
+                  f"x must be float16/bfloat16, got {getattr(x, 'dtype', None)}")
+        c.require(x.dim() == 2, "x-rank", f"x must be 2-D (M, K), got {x.dim()}-D")
+        c.require(isinstance(weight, torch.Tensor) and weight.dtype in (torch.int8, torch.int32), "weight-dtype",
+                  f"weight must be int8 (or int4 packed in int32), got {getattr(weight, 'dtype', None)}")
+        c.require(weight.dtype == torch.int8, "not-simulated", "int4 weights are not simulated")
+        c.require(weight.dim() == 2, "weight-rank", f"weight must be 2-D (K, N), got {weight.dim()}-D")
+        k, n = weight.shape
+        c.require(x.shape[-1] == k, "k-mismatch", f"x {list(x.shape)} @ weight {list(weight.shape)}: weight is (K, N)")
+        c.require(isinstance(antiquant_scale, torch.Tensor) and antiquant_scale.dtype == x.dtype, "scale-dtype",
+                  f"antiquant_scale must be {x.dtype} (x's dtype), got {getattr(antiquant_scale, 'dtype', None)}")
+        c.require(tuple(antiquant_scale.shape) in ((n,), (1, n), (1,)), "scale-shape",
+                  f"antiquant_scale must be (N,), (1, N) or (1,) with N={n}, got {list(antiquant_scale.shape)}")
+        given = sorted(k_ for k_, v in dict(antiquant_offset=antiquant_offset, quant_scale=quant_scale,
+                                             quant_offset=quant_offset).items() if v is not None)
+        c.require(not given and antiquant_group_size == 0, "unsupported-argument",
+                  f"{given or ['antiquant_group_size']} are not part of the symmetric per-channel case")
+        if bias is not None:
+            c.require(isinstance(bias, torch.Tensor) and bias.dtype in (torch.float16, torch.float32), "bias",
+                      f"bias dtype {getattr(bias, 'dtype', None)}: float16 or float32")
+            c.require(bias.dtype == torch.float32 or x.dtype == torch.float16, "bias", "bf16 x takes a float32 bias")
+            c.require(tuple(bias.shape) in ((n,), (1, n)), "bias", f"bias must be (N,) = ({n},), got {list(bias.shape)}")
+        for name, t in (("weight", weight), ("antiquant_scale", antiquant_scale), ("bias", bias)):
+            if t is not None:
+                c.require(t.device == x.device, "device", f"{name} on {t.device}, x on {x.device}")
+        out = x.float() @ (weight.float() * antiquant_scale.float().reshape(1, -1))
+        if bias is not None:
+            out = out + bias.float().reshape(1, -1)
+        sim.calls[op] += 1
+        sim.last_kwargs[op] = dict(x_dtype=x.dtype, weight_dtype=weight.dtype, bias_dtype=getattr(bias, "dtype", None))
+        return out.to(x.dtype)
+
+    return npu_weight_quant_batchmatmul
+
+
 # -- npu_dynamic_block_quant (aclnnDynamicBlockQuant) --------------------------------------
 def make_dynamic_block_quant_op(sim):
     def npu_dynamic_block_quant(x, *, min_scale=0.0, round_mode="rint", dst_type=1, row_block_size=1,
@@ -579,6 +623,7 @@ def make_torch_npu(chip: str = "Ascend950PR", cann_version: str = CURRENT_CANN) 
     mod.npu_fused_infer_attention_score_v2 = make_attention_op(mod)
     mod.npu_dynamic_quant = make_dynamic_quant_op(mod)
     mod.npu_quant_matmul = make_quant_matmul_op(mod)
+    mod.npu_weight_quant_batchmatmul = make_weight_quant_matmul_op(mod)
     mod.npu_dynamic_block_quant = make_dynamic_block_quant_op(mod)
     mod.npu_dynamic_mx_quant = make_dynamic_mx_quant_op(mod)
     return mod

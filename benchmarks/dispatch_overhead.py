@@ -1,0 +1,133 @@
+"""Per-call cost of fx_fp8's dispatch in the launch-bound regime (tiny tensors).
+
+A tiny Flux (2 double + 2 single blocks, width 64) is compiled block by block, as
+diffusers' compile_repeated_blocks does, with Inductor downstream. Each compiled block call
+goes through Dynamo's guards, then (fx_fp8) InstanceDispatch (which instance: one dict
+lookup on a parameter's identity) and, with step skips, StepDispatch (which step variant).
+Printed side by side in one run:
+  * µs per block call of plain Inductor and of fx_fp8 with both features off, on, and on
+    with step skips (the FP8 rows include the FP8 kernels' own CPU cost: CPU is not FP8's
+    speed path);
+  * the dispatch alone: the same InstanceDispatch / StepDispatch objects calling a no-op.
+
+    python benchmarks/dispatch_overhead.py [--calls 300] [--device cpu]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+
+import fx_fp8
+from fx_fp8 import backend
+from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+
+CONFIGS = {
+    "inductor": {"backend": "inductor"},
+    "fp8 (features off)": {"backend": "fp8", "options": {"downstream": "inductor", "quantization": None,
+                                                         "diffusion_kv_cache_dtype": None}},
+    "fp8 (attention + linears)": {"backend": "fp8", "options": {"downstream": "inductor"}},
+    "fp8 + step skips": {"backend": "fp8", "options": {"downstream": "inductor",
+                                                       "diffusion_kv_cache_skip_steps": "0"}},
+}
+
+
+def _blocks(model) -> list:
+    return [m for m in model.modules() if type(m).__name__ in model._repeated_blocks]
+
+
+def per_block_call_us(config: dict, calls: int, device: str) -> tuple[float, list]:
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_tiny_transformer("flux").to(device)
+    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in example_inputs("flux", model).items()}
+    model.compile_repeated_blocks(**config)
+    blocks = _blocks(model)
+    with torch.no_grad(), fx_fp8.denoising_step(1):
+        for _ in range(3):
+            model(**kw)
+        # time the blocks only: hooks record each block call's wall time
+        spent = []
+
+        def pre(_m, _a):
+            spent.append(-time.perf_counter())
+
+        def post(_m, _a, _o):
+            spent[-1] += time.perf_counter()
+
+        handles = [h for b in blocks for h in (b.register_forward_pre_hook(pre), b.register_forward_hook(post))]
+        for _ in range(calls):
+            model(**kw)
+        for h in handles:
+            h.remove()
+    returned = _compiled_callables()
+    inner = [fn for d in returned if isinstance(d, backend.InstanceDispatch)
+             for _, fn in d.by_param.values() if isinstance(fn, backend.StepDispatch)]
+    steps = [d for d in returned if isinstance(d, backend.StepDispatch)] + inner
+    instances = [d for d in returned if isinstance(d, backend.InstanceDispatch)]
+    return 1e6 * sum(spent) / len(spent), steps[:1] + instances[:1]  # the step layer is measured first
+
+
+def _compiled_callables() -> list:
+    """The callables fx_fp8's backend returned in this process (kept by the spy below)."""
+    return list(_RETURNED)
+
+
+_RETURNED: list = []
+_real_compile_graph = backend.compile_graph
+
+
+def _spy(*args, **kwargs):
+    fn = _real_compile_graph(*args, **kwargs)
+    _RETURNED.append(fn)
+    return fn
+
+
+def dispatch_alone_us(dispatcher, calls: int) -> float:
+    """The dispatcher's own cost: the same object, its compiled variants replaced by a no-op."""
+    def noop(*_):
+        return None
+
+    if isinstance(dispatcher, backend.InstanceDispatch):
+        args = [None] * (dispatcher.anchor_slot + 1) if dispatcher.anchor_slot is not None else []
+        if dispatcher.anchor_slot is not None:
+            ref, _ = next(iter(dispatcher.by_param.values()))
+            args[dispatcher.anchor_slot] = ref()
+            dispatcher.by_param = {k: (r, noop) for k, (r, _) in dispatcher.by_param.items()}
+    else:
+        dispatcher.variants = {k: noop for k in dispatcher.variants}
+        args = []
+    with fx_fp8.denoising_step(1):
+        t = time.perf_counter()
+        for _ in range(calls):
+            dispatcher(*args)
+        return 1e6 * (time.perf_counter() - t) / calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    from tabulate import tabulate
+
+    backend.compile_graph = _spy
+    rows, alone = [], []
+    base = None
+    for name, config in CONFIGS.items():
+        _RETURNED.clear()
+        us, dispatchers = per_block_call_us(config, args.calls, args.device)
+        base = us if base is None else base
+        rows.append([name, f"{us:.1f}", f"{us - base:+.1f}"])
+        for d in dispatchers:
+            alone.append([name, type(d).__name__, f"{dispatch_alone_us(d, 20000):.2f}"])
+    print(tabulate(rows, headers=["backend", "µs per block call", "vs inductor"], tablefmt="github"))
+    print()
+    print(tabulate(alone, headers=["backend", "dispatcher", "µs per call, dispatch alone"], tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()

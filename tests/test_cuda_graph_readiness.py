@@ -1,0 +1,49 @@
+"""mode="reduce-overhead" / "max-autotune" through fx_fp8's dispatch: the step-variant and
+instance choice happens in Python, outside any compiled (and, on a GPU, captured) graph, and
+each step variant is its own Inductor compile (its own cudagraph tree on a GPU). On CPU
+Inductor skips the capture itself; what a GPU run must confirm is in the README."""
+import pytest
+import torch
+
+import fx_fp8
+from fx_fp8 import backend
+from test_sensitive_layers import rel_err, toy, toy_inputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monkeypatch):
+    compiles, returned = [], []
+    real_downstream, real_compile_graph = backend._downstream_compile, backend.compile_graph
+
+    def downstream(name, gm, inputs, mode_):
+        graph = str(gm.graph)  # before Inductor's own passes rewrite it in place
+        fn = real_downstream(name, gm, inputs, mode_)
+        compiles.append((name, mode_, graph, fn))
+        return fn
+
+    def compile_graph(*args, **kwargs):
+        returned.append(real_compile_graph(*args, **kwargs))
+        return returned[-1]
+
+    monkeypatch.setattr(backend, "_downstream_compile", downstream)
+    monkeypatch.setattr(backend, "compile_graph", compile_graph)
+    model, kw = toy(), toy_inputs()
+    compiled = torch.compile(model, backend="fp8", options={"mode": mode, "diffusion_kv_cache_skip_steps": "0"})
+    with torch.no_grad():
+        native = model(**kw)
+        with fx_fp8.denoising_step(0):
+            skipped = compiled(**kw)
+        with fx_fp8.denoising_step(1):
+            fp8 = compiled(**kw)
+    # Inductor with the mode's options (cudagraphs for reduce-overhead), once per step variant
+    assert [(n, m) for n, m, _, _ in compiles] == [("inductor", mode)] * 2
+    fp8_graph, native_graph = (graph for _, _, graph, _ in compiles)
+    assert "fx_fp8.fp8_attention" in fp8_graph and "fp8_attention" not in native_graph
+    # the choice between the two compiled graphs is a Python call around them
+    (dispatch,) = returned
+    step = dispatch.first if isinstance(dispatch, backend.InstanceDispatch) else dispatch
+    assert isinstance(step, backend.StepDispatch)
+    assert step.variants == {"fp8": compiles[0][3], "native": compiles[1][3]}
+    assert step.calls == {"fp8": 1, "native": 1}
+    assert rel_err(skipped, native) < 0.05 and 0 < rel_err(fp8, native) < 0.05
