@@ -3,15 +3,16 @@
 
     python benchmarks/tiny_quality.py                      # default FP8 config (attention + linears)
     python benchmarks/tiny_quality.py --ablation           # also attention-only, linears-only, ... rows
-    python benchmarks/tiny_quality.py --diffusion-kv-cache-skip-steps 0,1 --no-append
+    python benchmarks/tiny_quality.py --diffusion-kv-cache-skip-steps 0,1
+    python benchmarks/tiny_quality.py --ablation --append   # and append a dated section to RESULTS.md
     python benchmarks/tiny_quality.py --int8                # also INT8 W8A8 rows next to the FP8 ones
     python benchmarks/tiny_quality.py --quantization int8   # the given config: INT8 linears only
     python benchmarks/tiny_quality.py --sensitive-rows      # sensitive layers native / weight_only / fp8
     python benchmarks/tiny_quality.py --step-policies       # step policies for attention and linears
 
 Prompt i is drawn from the tiny model's grammar with seed i and generated with noise seed i,
-so every run compares the same 16 images. Results are printed as a table and appended
-(with date, machine, versions) to benchmarks/RESULTS.md unless --no-append.
+so every run compares the same 16 images. Results are printed as a table; with --append they
+are also appended (with date, machine, versions) to benchmarks/RESULTS.md.
 Targets: mean PSNR >= 30 dB, mean SSIM >= 0.97.
 """
 from __future__ import annotations
@@ -189,7 +190,8 @@ def main(argv=None) -> int:
     parser.add_argument("--step-policies", action="store_true",
                         help="rows for step policies: attention / linears / both in higher precision on the first and "
                              "last 2 steps")
-    parser.add_argument("--no-append", action="store_true", help=f"do not append to {RESULTS}")
+    parser.add_argument("--append", action="store_true", help=f"append a dated section to {RESULTS}")
+    parser.add_argument("--no-append", action="store_true", help="do not append (the default; overrides --append)")
     add_fp8_flags(parser)
     args = parser.parse_args(argv)
     if args.num_prompts < 1:
@@ -231,7 +233,7 @@ def main(argv=None) -> int:
     table = tabulate(table_rows, headers=headers, tablefmt="github")
     print(f"\nnative: {native_s:.1f} s for {len(cases)} images\n")
     print(table)
-    if not args.no_append:
+    if args.append and not args.no_append:
         append_results(table, args, len(cases), steps, config)
     return 0
 

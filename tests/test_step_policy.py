@@ -243,8 +243,16 @@ def test_a_whole_run_recompiles_nothing_after_the_first_steps_of_each_variant(na
     assert [set(v) for v in variants] == [{e} for e in expected]
     calls = 2 if name == "wan2.2" else 1  # Wan's CFG calls the transformer twice per step
     assert all(len(v) == calls for v in variants)
-    # after step 3 (the first two steps of the fp8 variant), no graph and no recompile
-    assert len(set(per_step[3:])) == 1, per_step
+    # after the first two steps of each variant run by each transformer (Wan2.2's second expert
+    # takes over mid-run), Dynamo makes no graph and recompiles nothing
+    first = {}
+    for c in pipeline_state(pipe).calls:
+        first.setdefault((c.transformer, c.variant), c.step)
+    allowed = {s + d for s in first.values() for d in (0, 1)}
+    changed = {i for i in range(1, steps) if per_step[i] != per_step[i - 1]}
+    assert changed <= allowed, (first, per_step)
+    assert len(first) <= 4 * (2 if name == "wan2.2" else 1)
+    assert per_step[-1][1] == 0  # no recompile at all
     reports = [r.step_variant for rs in pipeline_state(pipe).reports().values() for r in rs]
     assert set(reports) == {"fp8", "native+linear_weight_only", "linear_weight_only"}
 
@@ -312,7 +320,7 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from npu_sim import torch_npu_sim
+    from npu_sim import SimulatedContractError, installed
 
     from fx_fp8.ops import npu, quant
     from fx_fp8.ops.lowering import get_lowering
@@ -324,7 +332,7 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
     for dtype in (torch.bfloat16, torch.float16):
         x = torch.randn(5, 64, generator=g).to(dtype)
         wq, ws = quant.quantize_weight(w, "channel", None, "int8")
-        with torch_npu_sim.installed("Ascend910B1") as sim:
+        with installed("Ascend910B1") as sim:
             out = low.weight_only_linear(x, wq, ws, b, method="int8", weight_granularity="channel", weight_block=None)
             assert sim.calls["npu_weight_quant_batchmatmul"] == 1
             assert sim.last_kwargs["npu_weight_quant_batchmatmul"]["bias_dtype"] == (
@@ -334,7 +342,7 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
             assert out.dtype == dtype and rel_err(out, ref) < 1e-2
             # the simulator refuses what the contract does not take: FP8 weights, a wrong scale dtype
             kw = npu.weight_quant_call_kwargs(x, wq, ws, b)
-            with pytest.raises(torch_npu_sim.SimulatedContractError, match="weight must be int8"):
+            with pytest.raises(SimulatedContractError, match="weight must be int8"):
                 sim.npu_weight_quant_batchmatmul(**dict(kw, weight=kw["weight"].to(torch.float8_e4m3fn)))
-            with pytest.raises(torch_npu_sim.SimulatedContractError, match="antiquant_scale must be"):
+            with pytest.raises(SimulatedContractError, match="antiquant_scale must be"):
                 sim.npu_weight_quant_batchmatmul(**dict(kw, antiquant_scale=kw["antiquant_scale"].float()))

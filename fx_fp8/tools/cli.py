@@ -464,6 +464,11 @@ def cmd_sensitivity(args) -> int:
     from fx_fp8.tools.model_source import ModelSourceError
     from fx_fp8.tools.sensitivity import run_sensitivity, save_chart
 
+    try:
+        import matplotlib  # noqa: F401  (the chart)
+    except ImportError:
+        raise UsageError("sensitivity draws its chart with matplotlib, which is not installed: "
+                         "pip install 'fx-fp8[cli]'") from None
     source, config = _source(args), _config(args)
     _check_sizes(args)
     _check_source(source, pipeline=True, args=args)
