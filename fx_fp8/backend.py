@@ -249,6 +249,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     variants = config.step_variants()
     artifacts: dict = {}  # (variant, decisions) -> compiled callable: instances that decide alike share them
 
+    tracing_context = torch._guards.TracingContext.try_get()
+    # the graph's own fake inputs (no memory held): a later compile sees the shapes Dynamo traced,
+    # so the compile caches key it as they key a compile made inside Dynamo
+    fake_inputs = _fake_inputs(tracing_context, example_inputs)
+
     def plan(inputs: list, model_, owner_, rename: Optional[tuple] = None) -> Callable:
         """Passes for every step variant of the graph, its names moved from one instance to
         another by `rename` (reports to owner_'s record), then the downstream compile unless an
@@ -281,7 +286,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         def compile_variant(variant, inputs_) -> Callable:
             key = (variant, keys[variant])
             if key not in artifacts:
-                artifacts[key] = _downstream_compile(downstream, rewritten[variant], inputs_, mode)
+                # a variant or instance compiled on its first call runs outside Dynamo: Dynamo's
+                # tracing context (fake mode, shape env) lets Inductor's caches take it
+                with torch._guards.tracing(tracing_context):
+                    artifacts[key] = _downstream_compile(downstream, rewritten[variant],
+                                                         inputs_ if fake_inputs is None else fake_inputs, mode)
             return artifacts[key]
 
         if not config.has_step_skips:
@@ -301,6 +310,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         return first  # the model's own graph without parameters: nothing tells instances apart
     dispatch.by_name[instance] = first
     return dispatch
+
+
+def _fake_inputs(tracing_context, example_inputs) -> Optional[list]:
+    fake_mode = getattr(tracing_context, "fake_mode", None)
+    if fake_mode is None:
+        return None
+    return [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
 
 
 def _anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:

@@ -35,3 +35,14 @@ def tiny(family):
         warnings.simplefilter("ignore")
         model = build_tiny_transformer(family)
     return family, model, example_inputs(family, model)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests listed in tests/slow_tests.txt (measured over 0.4 s each) join the slow ones: the
+    fast run stays fast, the full suite still runs them."""
+    from slow_tests import read_list
+
+    _, slow = read_list()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)

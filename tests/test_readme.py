@@ -1,0 +1,108 @@
+"""The README as a front door: short, its commands runnable as given, its links and generated table current."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _fences(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def _tracked() -> set[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return set(out.stdout.splitlines())
+
+
+def test_readme_is_short():
+    assert len(_text(README).splitlines()) <= 250
+
+
+def test_ci_test_command_is_where_ci_reads_it():
+    """.ci/run runs the second line after the marker: the opening fence, then the command."""
+    lines = _text(README).splitlines()
+    i = lines.index("<!-- test-command -->")
+    assert lines[i + 1] == "```bash"
+    cmd = lines[i + 2]
+    assert 'pip install -e ".[test]"' in cmd and "python -m pytest" in cmd
+    assert cmd.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install torch==")
+
+
+def test_fast_test_command_comes_with_its_install():
+    for block in _fences(_text(README), "bash"):
+        for line in block.splitlines():
+            if '-m "not slow"' in line:
+                assert 'pip install -e ".[test]"' in line
+                return
+    pytest.fail("README gives no fast test command")
+
+
+@pytest.mark.parametrize("path", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_relative_links_resolve(path):
+    text = _text(path)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target) or target.startswith("#"):
+            continue
+        file = target.split("#")[0]
+        assert (path.parent / file).exists(), f"{path.name}: broken link {target}"
+
+
+def _writes(words: list[str]) -> list[str]:
+    """Paths a README command line names as outputs (flags that take an output path)."""
+    outs = []
+    for flag in ("--out", "--output", "--chart", "--yaml", "--readme"):
+        for i, w in enumerate(words[:-1]):
+            if w == flag:
+                outs.append(words[i + 1])
+            elif w.startswith(flag + "="):
+                outs.append(w.split("=", 1)[1])
+    return outs
+
+
+def test_readme_commands_write_no_tracked_file():
+    tracked = _tracked()
+    for block in _fences(_text(README), "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            words = shlex.split(line)
+            for out in _writes(words):
+                assert out.rstrip("/") not in tracked, f"README command writes tracked {out}: {line}"
+            assert "--append" not in words and "RESULTS.md" not in line, line
+
+
+def test_supported_models_excerpt_matches_the_generated_page():
+    page = _text(DOCS / "supported_models.md")
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|.*?\| ([\d.]+ %) \|[^|]*\|$", page, re.M)}
+    assert len(rows) >= 50
+    block = _text(README).split("<!-- supported-models -->")[1].split("<!-- /supported-models -->")[0]
+    excerpt = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \|.*\| ([\d.]+ %) \|$", block, re.M)}
+    assert excerpt, "the README's supported-models block is empty"
+    for cls, err in excerpt.items():
+        assert rows.get(cls) == err, (cls, err, rows.get(cls))
+
+
+def test_sensitivity_without_matplotlib_is_one_line_naming_the_extra(monkeypatch, capsys, tmp_path):
+    from fx_fp8.tools import cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    rc = cli.main(["sensitivity", "--model", "tiny", "--out", str(tmp_path / "sens")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and "fx-fp8[cli]" in err, err
+    assert not (tmp_path / "sens").exists()
