@@ -38,12 +38,13 @@ def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monke
             fp8 = compiled(**kw)
     # Inductor with the mode's options (cudagraphs for reduce-overhead), once per step variant
     assert [(n, m) for n, m, _, _ in compiles] == [("inductor", mode)] * 2
-    fp8_graph, native_graph = (graph for _, _, graph, _ in compiles)
+    native_graph, fp8_graph = (graph for _, _, graph, _ in compiles)
     assert "fx_fp8.fp8_attention" in fp8_graph and "fp8_attention" not in native_graph
     # the choice between the two compiled graphs is a Python call around them
     (dispatch,) = returned
     step = dispatch.first if isinstance(dispatch, backend.InstanceDispatch) else dispatch
     assert isinstance(step, backend.StepDispatch)
-    assert step.variants == {"fp8": compiles[0][3], "native": compiles[1][3]}
+    # step 0 ran first: the native variant compiled on its first call, then the FP8 one
+    assert step.variants == {"native": compiles[0][3], "fp8": compiles[1][3]}
     assert step.calls == {"fp8": 1, "native": 1}
     assert rel_err(skipped, native) < 0.05 and 0 < rel_err(fp8, native) < 0.05
