@@ -106,10 +106,11 @@ def print_table(rows) -> None:
     print(tabulate(table, headers=["run", "first call (s)", "steady call (s)", "PSNR vs native (dB)", "SSIM vs native"]))
 
 
-def apply_pipeline_options(pipe, options) -> str:
+def apply_pipeline_options(pipe, options, applied: dict | None = None) -> str:
     """Context parallelism and the cache backend on the pipeline's transformers, before the native
     run, so that --compare measures FP8 against the same cache / parallel setup (cache-only
-    native); compile_pipeline then compiles them as they are. Returns the rows' label suffix."""
+    native); compile_pipeline then compiles them as they are. `applied` collects what was
+    applied per transformer. Returns the rows' label suffix."""
     if options is None or not options.enabled:
         return ""
     from fx_fp8.parallel import apply_pipeline_options as apply
@@ -118,9 +119,11 @@ def apply_pipeline_options(pipe, options) -> str:
         module = getattr(pipe, attr, None)
         if isinstance(module, torch.nn.Module):
             try:
-                apply(module, options)
+                extras = apply(module, options)
             except (ValueError, RuntimeError) as e:   # one line, naming the value diffusers / fx_fp8 refused
                 raise SystemExit(str(e)) from None
+            if applied is not None:
+                applied[attr] = (module, extras)
     parts = []
     if options.parallel.enabled:
         parts.append(f"ulysses {options.parallel.ulysses_degree} x ring {options.parallel.ring_degree}")
@@ -182,14 +185,19 @@ def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bo
     to both runs. Returns (native_output or None, fp8_output, table rows); `metrics(native, fp8)`
     gives the quality columns of the FP8 row.
     """
-    rows, native = [], None
-    suffix = apply_pipeline_options(pipe, options)
+    rows, native, applied = [], None, {}
+    suffix = apply_pipeline_options(pipe, options, applied)
     if compare:
         native, first = timed(run, device)
         _, steady = timed(run, device)
         rows.append(dict(run="native" + suffix, first=first, steady=steady))
     fx_fp8.clear_reports()
-    fx_fp8.compile_pipeline(pipe, cfg, backend=backend)
+    cache = {}
+    if options is not None:
+        from fx_fp8.parallel import hand_over_cache
+
+        cache = hand_over_cache(list(applied.values()), options)
+    fx_fp8.compile_pipeline(pipe, cfg, backend=backend, **cache)
     out, first = timed(run, device)  # includes compilation
     row = dict(run=f"fp8 ({backend})" + suffix, first=first)
     if compare:

@@ -26,6 +26,7 @@ import copy
 import functools
 import math
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -161,7 +162,26 @@ def _import():
         import cache_dit
     except ImportError:
         raise ValueError(MISSING) from None
+    _warnings_only()
     return cache_dit
+
+
+def _warnings_only() -> None:
+    """cache-dit logs each patch and context on stdout (one handler shared by its loggers),
+    which would break the command line's JSON output: that handler writes to stderr, and passes
+    warnings only unless the user chose a level (CACHE_DIT_LOG_LEVEL)."""
+    import importlib
+    import logging
+    import os
+    import sys
+
+    handler = getattr(importlib.import_module("cache_dit.logger"), "_default_handler", None)
+    if not isinstance(handler, logging.StreamHandler):
+        return
+    if handler.stream is sys.stdout or handler.stream is sys.__stdout__:
+        handler.setStream(sys.stderr)
+    if "CACHE_DIT_LOG_LEVEL" not in os.environ and handler.level < logging.WARNING:
+        handler.setLevel(logging.WARNING)
 
 
 def cache_dit_config(cache_config=None) -> CacheDitConfig:
@@ -254,8 +274,9 @@ def enable(model: nn.Module, config: CacheDitConfig) -> CacheDitState:
     # keep the model's attention backend: cache-dit would pick its own on some devices (NPU), which
     # the FP8 attention pass could not rewrite
     backend = current_attention_backend(model)
+    cache_config = _fit_blocks(model, config, sum(len(model._modules[n]) for n in _names(adapter.blocks_name)))
     with _quiet():
-        adapter = cache_dit.enable_cache(adapter, cache_config=copy.deepcopy(config.cache_config),
+        adapter = cache_dit.enable_cache(adapter, cache_config=cache_config,
                                          calibrator_config=copy.deepcopy(config.calibrator_config),
                                          attention_backend=backend)
     state = CacheDitState(config=config, adapter=adapter, lists=lists)
@@ -268,6 +289,22 @@ def enable(model: nn.Module, config: CacheDitConfig) -> CacheDitState:
         if transformer is not None:
             object.__setattr__(cb, "transformer", transformer)
     return state
+
+
+def _fit_blocks(model: nn.Module, config: CacheDitConfig, blocks: int):
+    """cache-dit asserts Fn/Bn_compute_blocks <= the model's blocks: a value the user set that
+    does not fit is an error naming it; cache-dit's default is lowered to fit, with a warning."""
+    cache_config = copy.deepcopy(config.cache_config)
+    for key in ("Fn_compute_blocks", "Bn_compute_blocks"):
+        value = getattr(cache_config, key, None)
+        if value is None or value <= blocks:
+            continue
+        if key in config.mapping:
+            raise ValueError(f"cache_config {key}={value} exceeds the {blocks} blocks of {type(model).__name__}")
+        warnings.warn(f"fx_fp8: cache-dit's default {key}={value} exceeds the {blocks} blocks of "
+                      f"{type(model).__name__}; using {blocks}", stacklevel=3)
+        setattr(cache_config, key, blocks)
+    return cache_config
 
 
 def _names(value):

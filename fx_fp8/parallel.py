@@ -819,6 +819,18 @@ def undo_pipeline_options(model: nn.Module, extras: Optional[TransformerExtras])
         handle.remove()
 
 
+def hand_over_cache(applied: list, opts: PipelineOptions) -> dict:
+    """A native run had `opts` applied to its transformers ([(model, extras)], from
+    apply_pipeline_options); compile_pipeline is next. Diffusers' cache hooks stay (compile_pipeline
+    compiles them as they are); cache-dit is disabled and handed over as compile_pipeline keywords,
+    since compile_pipeline must enable it itself to compile cache-dit's blocks with their real names."""
+    if opts.cache_backend != "cache_dit":
+        return {}
+    for model, extras in applied:
+        undo_pipeline_options(model, extras)
+    return {"cache_backend": opts.cache_backend, "cache_config": opts.cache_config}
+
+
 @contextlib.contextmanager
 def rank_zero_first():
     """Rank 0 runs the body first (e.g. writing a file), the others after it."""

@@ -194,6 +194,17 @@ def test_compare_tiny_prints_metrics_and_writes_png(tmp_path, capsys):
         assert im.width > 3 * 16 and im.height > 2 * 16
 
 
+@pytest.mark.slow
+def test_compare_with_cache_dit_runs_both_sides_under_cache_dit(capsys):
+    """cache-dit is enabled for the native run, then handed over to compile_pipeline (which must
+    enable it itself to compile its blocks with their real names)."""
+    code, out, err = cli(capsys, "compare", "--steps", "4", "--prompts", "1", "--cache-backend", "cache_dit",
+                         "--cache-config", '{"Fn_compute_blocks": 1, "Bn_compute_blocks": 0}', "--format", "json")
+    assert code == 0, err
+    res = strict_json(out)
+    assert 15 < res["psnr_db"] < 80 and 0.5 < res["ssim"] < 1.0, res
+
+
 # -- strict JSON -------------------------------------------------------------------------------------
 def test_json_output_is_strict():
     from fx_fp8.tools.cli import to_json

@@ -331,7 +331,7 @@ def cmd_compare(args) -> int:
         run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
-    _apply_pipeline_options(run, options)   # on both runs: FP8 is compared with the same cache / parallel setup
+    applied = _apply_pipeline_options(run, options)   # on both runs: FP8 is compared with the same cache / parallel setup
     torch._dynamo.reset()
     try:
         run.run(args.steps, output_type="np")       # warm-up (lazy init), untimed; the pipeline checks its inputs
@@ -341,7 +341,9 @@ def cmd_compare(args) -> int:
     t0 = time.perf_counter()
     ref_lat, ref_img = run.run(args.steps, output_type="np")
     t_native = time.perf_counter() - t0
-    compile_pipeline(run.pipe, config, backend=args.backend, prepare=True)
+    from fx_fp8.parallel import hand_over_cache
+
+    compile_pipeline(run.pipe, config, backend=args.backend, prepare=True, **hand_over_cache(applied, options))
     t0 = time.perf_counter()
     run.run(args.steps, output_type="np", publish=False)   # compiles
     t_first = time.perf_counter() - t0
@@ -402,14 +404,14 @@ def _pipeline_options(args):
     return options
 
 
-def _apply_pipeline_options(run, options) -> None:
+def _apply_pipeline_options(run, options) -> list:
+    """[(transformer, what was applied)]."""
     from fx_fp8.parallel import apply_pipeline_options
 
     if not options.enabled:
-        return
+        return []
     try:
-        for _, module in run.transformers():
-            apply_pipeline_options(module, options)
+        return [(module, apply_pipeline_options(module, options)) for _, module in run.transformers()]
     except (ValueError, RuntimeError) as e:
         raise UsageError(_one_line(e)) from None
 
