@@ -33,14 +33,13 @@ WORKER = textwrap.dedent("""
     import torch
     from torch._dynamo.utils import counters
     import fx_fp8
-    from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+    from test_sensitive_layers import toy, toy_inputs
     warnings.simplefilter("ignore")
     artifacts = sys.argv[1]
     if sys.argv[2] == "load":
         with open(artifacts, "rb") as f:
             torch.compiler.load_cache_artifacts(f.read())
-    model = build_tiny_transformer("flux")
-    kw = example_inputs("flux", model)
+    model, kw = toy(), toy_inputs()  # a small DiT: FP8 attention and linears, quick to compile
     compiled = torch.compile(model, backend="fp8", options={"downstream": "inductor",
                                                             "diffusion_kv_cache_skip_steps": "0"})
     with torch.no_grad():
