@@ -111,6 +111,13 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 # -- parallel options -----------------------------------------------------------------------------
 PARALLEL_KEYS = ("ulysses_degree", "ring_degree")
+#: vLLM-Omni parallel keys with no implementation under fx_fp8, and why (1 / None, "off", is accepted)
+UNSUPPORTED_PARALLEL_KEYS = {
+    "cfg_parallel_size": "CFG parallelism (the conditional and unconditional branches on two devices) is "
+                         "vLLM-Omni's own runner feature; diffusers 0.42 and cache-dit 1.5 have no option for it "
+                         "(searched: no cfg-parallel setting in either), so fx_fp8 has nothing to map it onto; "
+                         "run both branches on each device, or split the devices with ulysses_degree / ring_degree",
+}
 #: diffusers attention backends whose attention the FP8 pass can rewrite (aten SDPA forms)
 FP8_ATTENTION_BACKENDS = ("native", "_native_flash", "_native_cudnn", "_native_efficient", "_native_math")
 
@@ -158,10 +165,15 @@ class ParallelOptions:
             raise ValueError(f"invalid parallel_config {value!r}: expected a mapping such as "
                              "{ulysses_degree: 2, ring_degree: 1}")
         for key in value:
+            if key in UNSUPPORTED_PARALLEL_KEYS and value[key] not in (None, 1):
+                raise ValueError(f"parallel_config {key!r}={value[key]!r} is not supported: "
+                                 f"{UNSUPPORTED_PARALLEL_KEYS[key]}")
+            if key in UNSUPPORTED_PARALLEL_KEYS:
+                continue  # the value that means "off"
             if key not in PARALLEL_KEYS:
                 raise ValueError(f"unsupported parallel_config key {key!r}{_did_you_mean(key, PARALLEL_KEYS)}: fx_fp8 "
                                  f"maps only {list(PARALLEL_KEYS)} onto diffusers' ContextParallelConfig")
-        return cls(**{k: v for k, v in value.items() if v is not None})
+        return cls(**{k: v for k, v in value.items() if v is not None and k in PARALLEL_KEYS})
 
     def to_dict(self) -> dict:
         return {"ulysses_degree": self.ulysses_degree, "ring_degree": self.ring_degree}

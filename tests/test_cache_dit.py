@@ -218,8 +218,9 @@ def test_missing_cache_dit_names_the_extra(monkeypatch):
 def test_tea_cache_and_cfg_parallel_stay_refused():
     with pytest.raises(ValueError, match="cache_backend 'tea_cache' is not supported: diffusers has no TeaCache"):
         parallel.PipelineOptions(cache_backend="tea_cache")
-    with pytest.raises(ValueError, match="unsupported parallel_config key 'cfg_parallel_size'"):
+    with pytest.raises(ValueError, match="'cfg_parallel_size'=2 is not supported: CFG parallelism"):
         parallel.PipelineOptions(parallel={"cfg_parallel_size": 2})
+    assert not parallel.PipelineOptions(parallel={"cfg_parallel_size": 1}).enabled  # 1 means off
 
 
 def test_unknown_transformer_and_parallel_are_refused_before_any_change():
