@@ -242,9 +242,8 @@ def carry_state(old: torch.Tensor, new: torch.Tensor) -> None:
     if st is None or new is old:
         return
     moved = state_of(new, st.name)
-    moved.smoothing, moved.input_scale = dict(st.smoothing), st.input_scale
-    if st.input_scale is not None:
-        moved.input_scale = st.input_scale.to(new.device)
+    moved.smoothing = dict(st.smoothing)
+    moved.input_scale = st.input_scale.to(new.device) if st.input_scale is not None else None
     if st.prepared is not None:
         moved.prepared = (fingerprint(new), st.prepared[1])
 
