@@ -28,6 +28,7 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
+from fx_fp8.passes.fx_utils import fill_example_values
 from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, ParameterOwners, instance_holding, module_name,
                                  module_names_of, parameter_owners, rename_instance, resolve_graph, runtime_instance)
 from fx_fp8.passes.sensitive import find_sensitive_linears
@@ -288,6 +289,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             if key not in artifacts:
                 # a variant or instance compiled on its first call runs outside Dynamo: Dynamo's
                 # tracing context (fake mode, shape env) lets Inductor's caches take it
+                # the compile caches need a fake value on every node the passes inserted (only for
+                # a graph that is compiled: an instance that reuses an artifact skips it)
+                fill_example_values(rewritten[variant].graph)
                 with torch._guards.tracing(tracing_context):
                     artifacts[key] = _downstream_compile(downstream, rewritten[variant],
                                                          inputs_ if fake_inputs is None else fake_inputs, mode)

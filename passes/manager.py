@@ -15,7 +15,6 @@ from torch._dynamo.utils import lazy_format_graph_code
 
 from fx_fp8.passes.attention import FP8AttentionPass
 from fx_fp8.passes.base import CompileContext, FXPass
-from fx_fp8.passes.fx_utils import fill_example_values
 from fx_fp8.passes.linear import FP8LinearPass
 
 log = logging.getLogger("fx_fp8.passes")
@@ -53,6 +52,4 @@ class PassManager:
                 gm.recompile()
             self._dump(ctx, f"after_{p.name}")
             log.info("fx_fp8 pass %s rewrote %d nodes", p.name, changed)
-        if any(self.counts.values()):
-            fill_example_values(gm.graph)  # the compile caches need them on every node
         return gm
