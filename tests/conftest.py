@@ -22,6 +22,22 @@ def _fresh_compile_state():
     fx_fp8.set_step(None)
 
 
+@pytest.fixture
+def downstream_compiles(monkeypatch):
+    """The downstream compiler names fx_fp8's backend called, in order (one per compiled graph)."""
+    from fx_fp8 import backend
+
+    calls = []
+    real = backend._downstream_compile
+
+    def counting(name, gm, inputs, mode):
+        calls.append(name)
+        return real(name, gm, inputs, mode)
+
+    monkeypatch.setattr(backend, "_downstream_compile", counting)
+    return calls
+
+
 @pytest.fixture(params=[pytest.param(f, marks=() if f == "flux" else pytest.mark.slow) for f in FAMILIES])
 def family(request) -> str:
     """Each of the five families; the fast run (-m "not slow") covers Flux, the full suite all five."""

@@ -28,11 +28,11 @@ import fx_fp8
 from fx_fp8 import cache_dit as fcd
 from fx_fp8 import parallel
 from fx_fp8.pipelines import pipeline_state, restore_pipeline
+from test_cache_hooks import STEPS, _rel, _run  # the same runs and error measure as diffusers' caches
 
 #: settings that cache some (not all) transformer calls of the tiny pipelines in 8 steps
 CACHE_CONFIG = {"Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 2,
                 "residual_diff_threshold": 0.6, "max_continuous_cached_steps": 3}
-STEPS = 8
 SELF_ATTENTION = {"tiny": ("transformer_blocks.0.attn", "transformer_blocks.1.attn",
                            "single_transformer_blocks.0.attn", "single_transformer_blocks.1.attn"),
                   "wan2.1": ("blocks.0.attn1", "blocks.1.attn1")}
@@ -67,18 +67,6 @@ def _counters(transformer) -> list:
             m.register_forward_pre_hook(hook)
             counts.append(count)
     return counts
-
-
-def _run(pipe, kwargs, counts):
-    for c in counts:
-        c.zero_()
-    out = pipe(**kwargs, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(0), output_type="latent")
-    out = out.images if hasattr(out, "images") else out.frames
-    return out.float(), [int(c) for c in counts]
-
-
-def _rel(a, b) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 # -- end to end ------------------------------------------------------------------------------------

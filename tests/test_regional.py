@@ -25,19 +25,6 @@ def _entries(reports):
     return {e.module: e for r in reports for e in r.entries if e.op == "linear"}
 
 
-@pytest.fixture
-def downstream_compiles(monkeypatch):
-    calls = []
-    real = backend._downstream_compile
-
-    def counting(name, gm, inputs, mode):
-        calls.append(name)
-        return real(name, gm, inputs, mode)
-
-    monkeypatch.setattr(backend, "_downstream_compile", counting)
-    return calls
-
-
 def _regional(model, **options):
     for block in model.blocks:
         block.compile(backend="fp8", options={"lowering": "reference", **options})
