@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
-from torch.fx._lazy_graph_module import _make_graph_module
+from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module
 
 from fx_fp8.calibration import check_scales_match, load_activation_scales
 from fx_fp8.config import FP8Config
@@ -29,9 +29,9 @@ from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_na
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
 from fx_fp8.passes.fx_utils import fill_example_values
-from fx_fp8.passes.names import (INSTANCE_KEY, LayerMap, ParameterOwners, instance_holding, module_name,
-                                 module_names_of, parameter_owners, rename_instance, resolve_graph, runtime_instance)
-from fx_fp8.passes.sensitive import find_sensitive_linears
+from fx_fp8.passes.names import (INSTANCE_KEY, OWNERS, LayerMap, instance_holding, module_name, module_names_of,
+                                 rename_instance, resolve_graph, runtime_instance)
+from fx_fp8.passes.sensitive import find_sensitive_linears, holds_model_output
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.rules import is_plain_linear
 from fx_fp8.steps import variant_for_step
@@ -92,6 +92,7 @@ def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str]) -> 
 
 def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mode: Optional[str]) -> Callable:
     if name == "eager":
+        _LazyGraphModule.force_recompile(gm)  # generate the code now, not on every call
         return gm.forward
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx
@@ -115,7 +116,7 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new = torch.fx.Graph()
     out = new.graph_copy(gm.graph, {})
     new.output(out)
-    return _make_graph_module(gm, new)
+    return _make_graph_module(gm, new, graph_module_cls=_LazyGraphModule)
 
 
 def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
@@ -183,7 +184,6 @@ class InstanceDispatch:
         self.lock = threading.Lock()
         self.first = first
         self.names = module_names_of(models[0][0]) if anchor_slot is None else None
-        self.owners = ParameterOwners()
 
     def remember(self, param, fn) -> None:
         self.by_param[id(param)] = (weakref.ref(param), fn)
@@ -202,7 +202,7 @@ class InstanceDispatch:
         return entry[1](*args)
 
     def _build_for_param(self, param, inputs: list):
-        found = instance_holding(param, self.anchor, self.models, self.owners)
+        found = instance_holding(param, self.anchor, self.models)
         if found is None:  # not a parameter of any model we can name: the first instance's decisions
             return self.first
         model, owner, path = found
@@ -243,9 +243,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         watch_weights(model)  # before Dynamo guards on their type: every instance then shares this graph
     layer_map = _layer_map(gm, model)
     # graph analyses, once per Dynamo graph, keyed by node name (stable across the graph's copies)
-    # (the last linear of a block compiled on its own is no final projection: only the model's graph has one)
+    # (a block compiled on its own holds no final projection: see holds_model_output)
     sensitive = ({n.name: why for n, why in
-                  find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None)).items()}
+                  find_sensitive_linears(gm, model_output=holds_model_output(gm)).items()}
                  if config.linear_enabled else {})
     variants = config.step_variants()
     artifacts: dict = {}  # (variant, decisions) -> compiled callable: instances that decide alike share them
@@ -326,9 +326,8 @@ def _fake_inputs(tracing_context, example_inputs) -> Optional[list]:
 def _anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:
     """(input slot, name relative to `instance` of the module holding it) of the first
     parameter of `model` the graph is called with; (None, "") when it reads none."""
-    owners = parameter_owners(model)
     for i, t in enumerate(example_inputs):
-        holder = owners.get(id(t)) if isinstance(t, torch.nn.Parameter) else None
+        holder = OWNERS.holder(model, t) if isinstance(t, torch.nn.Parameter) else None
         if holder is None:
             continue
         if not instance:

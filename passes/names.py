@@ -341,8 +341,15 @@ class ParameterOwners:
     def holder(self, model: nn.Module, param: torch.Tensor) -> Optional[str]:
         entry = self.maps.get(id(model))
         if entry is None or entry[0]() is not model or id(param) not in entry[1]:
+            for key in [k for k, (ref, _) in self.maps.items() if ref() is None]:
+                del self.maps[key]
             entry = self.maps[id(model)] = (weakref.ref(model), parameter_owners(model))
         return entry[1].get(id(param))
+
+
+#: one map per model for the whole process: every graph of a model (each block class under
+#: regional compilation) looks its parameters up in the same one
+OWNERS = ParameterOwners()
 
 
 def instance_holding(param: torch.Tensor, anchor: str, models: list,
@@ -351,7 +358,7 @@ def instance_holding(param: torch.Tensor, anchor: str, models: list,
     module holding it is `<instance>.<anchor>` in one of `models` ((model, owner) pairs already
     known), else in the model found on the Python stack (a model of the same class seen for
     the first time). None when no model holds it. Runs once per new instance, not per call."""
-    owners = owners or ParameterOwners()
+    owners = owners or OWNERS
     for model, owner in models:
         found = _instance_of(owners.holder(model, param), anchor)
         if found is not None:

@@ -71,11 +71,31 @@ def test_no_stack_walk_per_call(monkeypatch):
         model(**kw)
 
 
+def test_instances_generate_no_python_code(monkeypatch, downstream_compiles):
+    """Each block instance's passes run on a graph copy whose Python code is never needed
+    (Inductor reads the graph): generating it per instance and per pass was the main cost of a
+    warm regional restart. Code is generated once per compiled artifact (eager downstream)."""
+    generated = []
+    real = torch.fx.Graph.python_code
+
+    def counting(self, *args, **kwargs):
+        generated.append(len(self.nodes))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counting)
+    model, kw = _toy(), toy_inputs()
+    with torch.no_grad():
+        _regional(model)(**kw)
+    assert len(downstream_compiles) == 1
+    # Dynamo's own graph module and the one compiled artifact; nothing per instance (was 3 per instance)
+    assert len(generated) <= 3, f"{len(generated)} code generations for {BLOCKS} block instances"
+
+
 @pytest.mark.slow
 def test_compile_pipeline_regional_compiles_blocks_and_restores():
     import warnings
 
-    from fx_fp8.pipelines import pipeline_state
+    from fx_fp8 import pipeline_state
     from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
     with warnings.catch_warnings():
