@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Issue 16: which linears the defaults keep native, and what it costs, on tiny zoo models.
+"""Which linears the defaults keep native, and what it costs, on tiny zoo models.
 
 FP8 linears only (`{"quantization": "fp8"}`, attention native), relative error of the output
 vs the native model, for
   (a) names   : today's defaults, the family name patterns only (fx_fp8.rules.SENSITIVE_LAYER_PATTERNS);
-  (b) defaults: the new defaults, the graph's structure (passes/sensitive.py) + the name patterns;
+  (b) defaults: the new defaults, the graph's structure (fx_fp8/graph/sensitive.py) + the name patterns;
   (c) oracle  : the name patterns + the timestep-conditioning / adaLN-modulation / final linears
                 identified by hand from the diffusers sources (HAND below), as ignored_layers.
 (b) should match (c): same native set, same error.
@@ -42,8 +42,9 @@ def _emb(prefix: str) -> list[str]:
 
 
 #: the sensitive linears of each model, read from the diffusers 0.42 sources (timestep / guidance /
-#: pooled embedders, adaLN modulation, final projection). The first 8 are the issue's models; the
-#: last are controls whose layers the name patterns already list (all three columns agree).
+#: pooled embedders, adaLN modulation, final projection). The first 8 are models whose such layers
+#: the name patterns missed; the last are controls whose layers the name patterns already list (all
+#: three columns agree).
 HAND: dict[str, list[str]] = {
     "prx": ["time_in.in_layer", "time_in.out_layer", "blocks.0.modulation.lin", "blocks.1.modulation.lin",
             "final_layer.adaLN_modulation.1", "final_layer.linear"],
@@ -81,7 +82,8 @@ HAND: dict[str, list[str]] = {
 #: by default, the models with linears eligible at min_features 32 (ltx-video, pixart and wan are
 #: 16 / 24 wide at zoo sizes: every linear stays native, use --min-features 16 for the first two)
 DEFAULT_MODELS = [m for m in HAND if m not in ("ltx-video", "pixart", "wan")]
-#: the issue's measurements (FP8 linears only, tiny configs): today's defaults vs + missed layers
+#: the first measurements of the first three (FP8 linears only, tiny configs, other weights and inputs):
+#: name patterns only vs + the missed layers
 ISSUE = {"prx": (3.75e-2, 1.71e-3), "auraflow": (3.7e-3, 7.2e-4), "flux2": (4.3e-3, 2.0e-3)}
 COLUMNS = ("names", "defaults", "oracle")
 
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
             f"{args.threads} torch threads.\n\n"
             f"Command: `{cmd.strip()}`. FP8 linears only (`{{\"quantization\": \"fp8\"}}`, attention native, "
             f"min_features {args.min_features or 32}), zoo models built with seed 0, mean relative error of the "
-            f"output vs native over {args.inputs} input seeds (size variant 1). (a) name patterns only (before issue 16), (b) the new "
+            f"output vs native over {args.inputs} input seeds (size variant 1). (a) name patterns only (before the structural analysis), (b) the new "
             f"defaults (graph structure + names), (c) names + the timestep-conditioning / adaLN-modulation / final "
             f"linears identified by hand from the diffusers sources. The issue's column is its own measurement "
             f"(other weights and inputs): compare the ratios, not the values.\n\n{text}\n")

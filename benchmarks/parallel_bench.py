@@ -116,7 +116,8 @@ def _time(fn, device: str, warmup: int, iters: int) -> tuple[float, torch.Tensor
 def measure(mode: str, args) -> dict:
     """One row: this process's share of `mode` (all ranks call it)."""
     import fx_fp8
-    from fx_fp8 import parallel
+    from fx_fp8.pipeline.context_parallel import enable_context_parallel
+    from fx_fp8.pipeline.options import ParallelOptions
 
     warnings.simplefilter("ignore")
     accel = _accelerator()
@@ -129,8 +130,7 @@ def measure(mode: str, args) -> dict:
     ulysses, ring = MODES[mode]
     backend = None
     if ulysses * ring > 1:
-        info = parallel.enable_context_parallel(model, parallel.ParallelOptions(ulysses_degree=ulysses,
-                                                                               ring_degree=ring))
+        info = enable_context_parallel(model, ParallelOptions(ulysses_degree=ulysses, ring_degree=ring))
         backend = info["attention_backend"]
     native_model = torch.compile(model) if (accel == "cuda" and args.native == "auto") or args.native == "inductor" \
         else model

@@ -8,8 +8,9 @@ import time
 import torch
 
 import fx_fp8
-from fx_fp8.pipelines import pipeline_state
-from fx_fp8.tools.cli_flags import config_from_args, pipeline_options_from_args
+from fx_fp8 import pipeline_state
+from fx_fp8.tools.cli_flags import (add_fp8_flags, add_pipeline_flags, config_from_args, describe_pipeline_options,
+                                    pipeline_options_from_args)
 
 
 def quiet_diffusers() -> None:
@@ -113,7 +114,7 @@ def apply_pipeline_options(pipe, options, applied: dict | None = None) -> str:
     applied per transformer. Returns the rows' label suffix."""
     if options is None or not options.enabled:
         return ""
-    from fx_fp8.parallel import apply_pipeline_options as apply
+    from fx_fp8.pipeline.apply_options import apply_pipeline_options as apply
 
     for attr in ("transformer", "transformer_2"):
         module = getattr(pipe, attr, None)
@@ -139,7 +140,7 @@ def setup_distributed(options, device: str) -> str:
         return device
     import sys
 
-    from fx_fp8.parallel import init_distributed, is_main_process
+    from fx_fp8.pipeline.launch import init_distributed, is_main_process
 
     try:
         init_distributed(options.parallel)
@@ -173,7 +174,7 @@ def options_kwargs(options) -> dict:
 
 
 def is_main_process() -> bool:
-    from fx_fp8.parallel import is_main_process as main
+    from fx_fp8.pipeline.launch import is_main_process as main
 
     return main()
 
@@ -181,7 +182,7 @@ def is_main_process() -> bool:
 def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bool, metrics, options=None):
     """Time `run()` natively (when comparing), compile the pipeline with fx_fp8, time it again.
 
-    `options` (fx_fp8.parallel.PipelineOptions): context parallelism and a cache backend, applied
+    `options` (fx_fp8.pipeline.options.PipelineOptions): context parallelism and a cache backend, applied
     to both runs. Returns (native_output or None, fp8_output, table rows); `metrics(native, fp8)`
     gives the quality columns of the FP8 row.
     """
@@ -194,7 +195,7 @@ def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bo
     fx_fp8.clear_reports()
     cache = {}
     if options is not None:
-        from fx_fp8.parallel import hand_over_cache
+        from fx_fp8.pipeline.apply_options import hand_over_cache
 
         cache = hand_over_cache(list(applied.values()), options)
     fx_fp8.compile_pipeline(pipe, cfg, backend=backend, **cache)
@@ -205,3 +206,29 @@ def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bo
         row.update(metrics(native, out))
     rows.append(row)
     return native, out, rows
+
+
+def compare_and_report(args, pipe, call: dict, run, cfg, options, *, device: str, metrics):
+    """What both examples do once the pipeline is loaded: settle the pipeline options for this
+    call, run natively (with --compare) and with FP8, print the backend's summary and the table.
+    Returns (native_output or None, fp8_output)."""
+    options = settle_pipeline_options(args, pipe, call, options)
+    if options.enabled:
+        print(f"pipeline: {describe_pipeline_options(options)}")
+    native, out, rows = run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
+                                           compare=args.compare, metrics=metrics, **options_kwargs(options))
+    print("fp8 backend:")
+    print_fp8_summary(pipe)
+    print()
+    print_table(rows)
+    return native, out
+
+
+def add_run_flags(parser):
+    """The flags both examples take after their generation flags: guidance, --compare, FP8, pipeline."""
+    parser.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance scale (default: its own)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
+    add_fp8_flags(parser)
+    add_pipeline_flags(parser)
+    return parser

@@ -30,9 +30,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import (add_fp8_flags, add_generation_flags, add_pipeline_flags,  # noqa: E402
-                                     describe_pipeline_options, resolve_device,
-                                     resolve_dtype)
+from fx_fp8.tools.cli_flags import add_generation_flags, resolve_device, resolve_dtype  # noqa: E402
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side  # noqa: E402
 from fx_fp8.tools.tiny_model import TINY_MODEL_DIR  # noqa: E402
 
@@ -67,12 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_generation_flags(parser, default_model=str(TINY_MODEL_DIR))
-    parser.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance scale (default: its own)")
-    parser.add_argument("--compare", action="store_true",
-                        help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
-    add_fp8_flags(parser)
-    add_pipeline_flags(parser)
-    return parser
+    return _common.add_run_flags(parser)
 
 
 def main(argv=None) -> int:
@@ -97,23 +90,12 @@ def main(argv=None) -> int:
     if args.guidance_scale is not None:
         call["guidance_scale"] = args.guidance_scale
 
-    options = _common.settle_pipeline_options(args, pipe, call, options)
-    if options.enabled:
-        print(f"pipeline: {describe_pipeline_options(options)}")
-
     def run():
         gen = torch.Generator("cpu").manual_seed(args.seed)  # same noise on every device (and every rank)
         return pipe(**call, generator=gen).images[0]
 
-    native, image, rows = _common.run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
-                                                    compare=args.compare, metrics=compare_images,
-                                                    **_common.options_kwargs(options))
-
-    print("fp8 backend:")
-    _common.print_fp8_summary(pipe)
-    print()
-    _common.print_table(rows)
-
+    native, image = _common.compare_and_report(args, pipe, call, run, cfg, options, device=device,
+                                               metrics=compare_images)
     if not _common.is_main_process():  # under torchrun every rank holds the same image: rank 0 writes it
         return 0
     os.makedirs(os.path.dirname(output) or ".", exist_ok=True)

@@ -29,9 +29,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import (add_fp8_flags, add_generation_flags, add_pipeline_flags,  # noqa: E402
-                                     describe_pipeline_options, resolve_device,
-                                     resolve_dtype)
+from fx_fp8.tools.cli_flags import add_generation_flags, resolve_device, resolve_dtype  # noqa: E402
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side, to_pil  # noqa: E402
 
 
@@ -41,12 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generation_flags(parser, video=True)
     parser.add_argument("--tiny-pipeline", choices=["wan2.1", "wan2.2"], default="wan2.1",
                         help="without --model: which tiny random Wan pipeline to build (wan2.2 = two experts)")
-    parser.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance scale (default: its own)")
-    parser.add_argument("--compare", action="store_true",
-                        help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
-    add_fp8_flags(parser)
-    add_pipeline_flags(parser)
-    return parser
+    return _common.add_run_flags(parser)
 
 
 def load(args, device, dtype):
@@ -117,22 +110,12 @@ def main(argv=None) -> int:
     print(f"device {device}, {str(dtype).replace('torch.', '')}; {args.num_frames} frames {args.height}x{args.width}, seed {args.seed}")
     print(f"fp8: {_common.describe_config(cfg)}")
 
-    options = _common.settle_pipeline_options(args, pipe, call, options)
-    if options.enabled:
-        print(f"pipeline: {describe_pipeline_options(options)}")
-
     def run():
         gen = torch.Generator("cpu").manual_seed(args.seed)
         return pipe(**call, generator=gen, output_type="np").frames[0]
 
-    native, frames, rows = _common.run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
-                                                    compare=args.compare, metrics=video_metrics,
-                                                    **_common.options_kwargs(options))
-
-    print("fp8 backend:")
-    _common.print_fp8_summary(pipe)
-    print()
-    _common.print_table(rows)
+    native, frames = _common.compare_and_report(args, pipe, call, run, cfg, options, device=device,
+                                                metrics=video_metrics)
     if not _common.is_main_process():  # under torchrun every rank holds the same frames: rank 0 writes them
         return 0
     save_frames(output, frames)

@@ -12,7 +12,10 @@ from fx_fp8.steps import current_step, denoising_step, set_step
 from fx_fp8.prepare import prepare_model
 from fx_fp8.checkpoint import load_quantized, save_quantized
 from fx_fp8.weights import reachable_tensor_bytes
-from fx_fp8.pipelines import compile_pipeline, pipeline_state, publish_steps, restore_pipeline  # (diffusers: lazily)
+from fx_fp8.pipeline.compile import compile_pipeline  # (diffusers: lazily)
+from fx_fp8.pipeline.restore import restore_pipeline
+from fx_fp8.pipeline.state import pipeline_state
+from fx_fp8.pipeline.step_publishing import publish_steps
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,7 @@ Registered through the `torch_dynamo_backends` entry point, so
 
 Per graph Dynamo hands over:
   1. names: each node is resolved to the compiled model's real module name
-     (passes/names.py), once, into the node's meta;
+     (fx_fp8/graph/names.py), once, into the node's meta;
   2. the passes run on a copy of the graph for each step variant the step
      selectors can produce (one, or up to four: fx_fp8.steps.variant_name);
   3. each variant goes to the downstream compiler (eager, Inductor, npugraph_ex)
@@ -28,10 +28,11 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.attention import is_attention
-from fx_fp8.passes.fx_utils import fill_example_values
-from fx_fp8.passes.names import (INSTANCE_KEY, OWNERS, LayerMap, instance_holding, module_name, module_names_of,
-                                 rename_instance, resolve_graph, runtime_instance)
-from fx_fp8.passes.sensitive import find_sensitive_linears, holds_model_output
+from fx_fp8.graph.fx_utils import fill_example_values
+from fx_fp8.graph.dynamo_internals import compiling_under, current_tracing_context, fake_inputs, runtime_instance
+from fx_fp8.graph.names import (INSTANCE_KEY, OWNERS, LayerMap, instance_holding, module_name, module_names_of,
+                                 rename_instance, resolve_graph)
+from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.rules import is_plain_linear
 from fx_fp8.steps import variant_for_step
@@ -173,7 +174,7 @@ class InstanceDispatch:
     first time is resolved to (model, instance) once, the passes run for it, and the compiled
     artifact of an instance that decides the same way is reused (one downstream compile per
     distinct set of decisions). A graph that reads no parameter falls back to the Python stack
-    (fx_fp8.passes.names.runtime_instance)."""
+    (fx_fp8.graph.dynamo_internals.runtime_instance)."""
 
     def __init__(self, gm, instance: str, anchor_slot: Optional[int], anchor: str, first, plan, models: list):
         self.gm, self.instance, self.plan = gm, instance, plan
@@ -225,7 +226,7 @@ class InstanceDispatch:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict] = None,
                   mode: Optional[str] = None, model=None, owner=None):
     """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python
-    stack shows (see passes/names.find_compiled_model). Returns the callable Dynamo runs."""
+    stack shows (see fx_fp8.graph.dynamo_internals.find_compiled_model). Returns the callable Dynamo runs."""
     config, backend_opts = config_from_options(options)
     mode = mode or backend_opts.get("mode")
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
@@ -250,10 +251,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     variants = config.step_variants()
     artifacts: dict = {}  # (variant, decisions) -> compiled callable: instances that decide alike share them
 
-    tracing_context = torch._guards.TracingContext.try_get()
+    tracing_context = current_tracing_context()
     # the graph's own fake inputs (no memory held): a later compile sees the shapes Dynamo traced,
     # so the compile caches key it as they key a compile made inside Dynamo
-    fake_inputs = _fake_inputs(tracing_context, example_inputs)
+    fake_args = fake_inputs(tracing_context, example_inputs)
 
     def plan(inputs: list, model_, owner_, rename: Optional[tuple] = None) -> Callable:
         """Passes for every step variant of the graph, its names moved from one instance to
@@ -292,9 +293,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                 # the compile caches need a fake value on every node the passes inserted (only for
                 # a graph that is compiled: an instance that reuses an artifact skips it)
                 fill_example_values(rewritten[variant].graph)
-                with torch._guards.tracing(tracing_context):
+                with compiling_under(tracing_context):
                     artifacts[key] = _downstream_compile(downstream, rewritten[variant],
-                                                         inputs_ if fake_inputs is None else fake_inputs, mode)
+                                                         inputs_ if fake_args is None else fake_args, mode)
             return artifacts[key]
 
         if not config.has_step_skips:
@@ -314,13 +315,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         return first  # the model's own graph without parameters: nothing tells instances apart
     dispatch.by_name[instance] = first
     return dispatch
-
-
-def _fake_inputs(tracing_context, example_inputs) -> Optional[list]:
-    fake_mode = getattr(tracing_context, "fake_mode", None)
-    if fake_mode is None:
-        return None
-    return [fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
 
 
 def _anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:

@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import is_compiled_module
 from fx_fp8.rules import is_plain_linear
 from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
@@ -39,7 +40,7 @@ VERSION = 1
 WEIGHTS_NAME = "fx_fp8_quantized.safetensors"
 QUANT_NAME = "fx_fp8_quantization.json"
 CONFIG_NAME = "config.json"
-#: pipeline attributes holding a denoising transformer (as fx_fp8.pipelines)
+#: pipeline attributes holding a denoising transformer (as fx_fp8.pipeline.state)
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")
 #: attribute of a prepared model: {"native": {linear name: reason}} from prepare_model
 _PREPARED_ATTR = "_fx_fp8_prepared"
@@ -145,7 +146,8 @@ def _layer_record(layer: QuantizedLinear) -> dict:
             "weight_granularity": layer.weight_granularity, "weight_block": list(layer.weight_block),
             "act_granularity": layer.act_granularity, "orig_dtype": _dtype_name(layer.orig_dtype),
             "input_scale": layer.input_scale is not None, "input_smoothing": layer.input_smoothing is not None,
-            "weight_only": layer.weight_only}
+            "weight_only": layer.weight_only,
+            "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None}
 
 
 def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
@@ -284,6 +286,8 @@ def _quantized_keys(name: str, rec: dict) -> dict:
         keys[f"{name}.input_scale"] = ()
     if rec["input_smoothing"]:
         keys[f"{name}.input_smoothing"] = (rec["in_features"],)
+    if rec.get("input_step_groups"):  # per-step static scales: one per step group
+        keys[f"{name}.input_step_scales"] = (len(rec["input_step_groups"]) // 2,)
     return keys
 
 
@@ -345,7 +349,8 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
             t("weight"), t("weight_scale"), t("bias"), method=rec["method"],
             weight_granularity=rec["weight_granularity"], weight_block=rec["weight_block"],
             act_granularity=rec["act_granularity"], input_scale=t("input_scale"),
-            orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"))))
+            orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"),
+            input_step_scales=t("input_step_scales"), input_step_groups=rec.get("input_step_groups"))))
     return plan
 
 
@@ -442,7 +447,7 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
     for attr in index["components"]:
         if attr not in TRANSFORMER_ATTRS or not hasattr(pipe, attr):
             raise ValueError(f"{type(pipe).__name__} has no {attr!r} to load {os.path.join(directory, attr)!r} into")
-        if isinstance(getattr(pipe, attr), torch._dynamo.eval_frame.OptimizedModule):
+        if is_compiled_module(getattr(pipe, attr)):
             raise ValueError(f"pipe.{attr} is torch.compile'd: load into the uncompiled pipeline, then compile it")
     loaded = {attr: _load_folder(os.path.join(directory, attr), model_class=model_class, device=device, dtype=dtype)
               for attr in index["components"]}

@@ -1,7 +1,7 @@
 """prepare_model: a model's eligible linears become QuantizedLinear modules, before compiling.
 
 The same rules as the linear pass decide (fx_fp8.rules), including the sensitive
-layers found by the graph's structure (passes/sensitive.py) when example inputs
+layers found by the graph's structure (fx_fp8/graph/sensitive.py) when example inputs
 are given: the model is traced once on them.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.calibration import (channel_stats, check_channel_amax, check_scales_match, load_activation_scales,
-                                method_scale, smoothed_static_scale)
+from fx_fp8.calibration import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
+                                load_activation_scales, method_scale, smoothed_static_scale, step_scale_table)
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.passes.sensitive import sensitive_linear_names
+from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_plan
 from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, watch_weights
@@ -38,6 +38,8 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     sees no graph, so no activation-quantization groups): s from the calibrated channel
     maxima and the layer's weight columns, the weight stored as quantized W * s and 1/s as
     the layer's `input_smoothing` buffer (bytes_after counts it).
+    With per-step static scales (fx_fp8.calibrate(..., per_step=True)) each layer keeps its scale
+    per step group (`input_step_scales`), looked up from the published step per call.
     Sensitive layers with quantization_config.sensitive "weight_only" become weight-only
     (W8A16) QuantizedLinear modules (`weight_only` is true; per-channel scales).
     Returns {"quantized": [names], "weight_only": [names among them], "native": {name: reason},
@@ -64,6 +66,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     if qcfg.activation_scheme == "static":
         scales = load_activation_scales(qcfg.activation_scales)
         check_scales_match(scales, [n for n, _ in linears])
+        check_per_step_supported(scales, qcfg.smoothing_alpha)
     if qcfg.smoothing_alpha is not None:
         channel = channel_stats(qcfg.activation_scales)
         check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
@@ -73,11 +76,12 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
                                    sensitive.get(name))
         if kind == "weight_only":  # W8A16: per-channel scales, the storage the device's weight-only matmul takes
             lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
-            method = get_lowering(lowering).weight_only_method(qcfg.method)
+            method = get_lowering(lowering).weight_only_method(qcfg.weight_only_method or qcfg.method)
+            granularity, block = quant.weight_only_layout(qcfg.weight_only_group_size)
             with torch.no_grad():
-                wq, ws = quant.quantize_weight(module.weight.detach(), "channel", None, method)
+                wq, ws = quant.quantize_weight(module.weight.detach(), granularity, block, method)
             plan.append((name, module, QuantizedLinear(
-                wq, ws, module.bias, method=method, weight_granularity="channel", weight_block=None,
+                wq, ws, module.bias, method=method, weight_granularity=granularity, weight_block=block,
                 act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
             continue
         reason = reason if kind == "native" else None
@@ -90,7 +94,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             continue
         device = module.weight.device
         with torch.no_grad():
-            w, inverse, static = module.weight.detach(), None, None
+            w, inverse, static, steps = module.weight.detach(), None, None, None
             if channel is not None:
                 check_channel_amax(name, channel[name], module.in_features)
                 s = quant.smoothing_factors(channel[name], w.abs().amax(dim=0).float(), qcfg.smoothing_alpha)
@@ -99,13 +103,16 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
                     static = smoothed_static_scale(channel[name], inverse, qcfg.method)
             elif scales is not None:
                 static = method_scale(scales[name], qcfg.method)
+                steps = step_scale_table(scales, name, lambda v: method_scale(v, qcfg.method))
             wq, ws = quant.quantize_weight(w, qcfg.weight_granularity, qcfg.weight_block_size, qcfg.method)
         input_scale = torch.tensor(static, dtype=torch.float32, device=device) if static is not None else None
+        step_kw = {} if steps is None else dict(  # per-step scales: a buffer the published step indexes
+            input_step_groups=steps[0], input_step_scales=torch.tensor(steps[1], dtype=torch.float32, device=device))
         plan.append((name, module, QuantizedLinear(
             wq, ws, module.bias, method=qcfg.method, weight_granularity=qcfg.weight_granularity,
             weight_block=qcfg.weight_block_size,
             act_granularity=qcfg.act_granularity if qcfg.act_granularity != "static" else qcfg.activation_granularity,
-            input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse)))
+            input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse, **step_kw)))
     # every check passed and every weight is quantized: only now change the model
     for name, module, new in plan:
         parent_name, _, child = name.rpartition(".")

@@ -26,7 +26,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: projection). How they run is quantization_config.sensitive (native, weight_only
 #: or fp8; quantize_sensitive: true means fp8); `re:` keeps them anchored (the final `proj_out`, not
 #: `single_transformer_blocks.3.proj_out`). Pattern syntax: fx_fp8/patterns.py.
-#: They are the fallback: the graph's structure (passes/sensitive.py) finds the
+#: They are the fallback: the graph's structure (fx_fp8/graph/sensitive.py) finds the
 #: timestep conditioning, adaLN modulation and final projection of any model, and
 #: its reason is the one reported where both apply. prepare_model, which sees no
 #: graph, uses these names only.

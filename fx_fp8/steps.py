@@ -104,3 +104,22 @@ def variant_for_step(skip_steps, on_unpublished: Callable[[], None], linear_skip
     if listener is not None:
         listener(variant)
     return variant
+
+
+def step_group(groups) -> Optional[int]:
+    """The index of the group holding the published step, for per-step activation scales;
+    `groups` is flat [first0, last0, first1, last1, ...] (inclusive, sorted, disjoint). None
+    when no step is published (the caller uses its all-steps scale). A published step in no
+    group (the pipeline runs more steps than were calibrated) is an error: using another
+    group's scale would clip or waste range with no sign of it."""
+    step = _STEP.get()
+    if step is None:
+        return None
+    for i in range(0, len(groups), 2):
+        if groups[i] <= step <= groups[i + 1]:
+            return i // 2
+    calibrated = ",".join(str(groups[i]) if groups[i] == groups[i + 1] else f"{groups[i]}-{groups[i + 1]}"
+                          for i in range(0, len(groups), 2))
+    raise ValueError(f"fx_fp8: denoising step {step} is in none of the step groups ({calibrated}) of the per-step "
+                     "activation scales: recalibrate with fx_fp8.calibrate(..., per_step=True) over as many steps "
+                     "as the pipeline runs, or give step_groups that cover every step")

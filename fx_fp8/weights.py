@@ -110,6 +110,7 @@ class WeightState:
     copies: dict = field(default_factory=dict)       # key -> (fingerprint, wq, ws)
     smoothing: dict = field(default_factory=dict)    # alpha -> Smoothing
     input_scale: Optional[torch.Tensor] = None
+    input_step_scales: Optional[tuple] = None        # per-step scales: (flat step groups, fp32 [n_groups])
     prepared: Optional[tuple] = None                 # (fingerprint, digest) of a prepared weight's accepted bytes
     quantizations: int = 0                           # how often a copy of this weight was (re)made
 
@@ -244,13 +245,27 @@ def carry_state(old: torch.Tensor, new: torch.Tensor) -> None:
     moved = state_of(new, st.name)
     moved.smoothing = dict(st.smoothing)
     moved.input_scale = st.input_scale.to(new.device) if st.input_scale is not None else None
+    if st.input_step_scales is not None:
+        moved.input_step_scales = (st.input_step_scales[0], st.input_step_scales[1].to(new.device))
     if st.prepared is not None:
         moved.prepared = (fingerprint(new), st.prepared[1])
 
 
-def attach_static_input_scale(weight: torch.Tensor, scale: float, name: str = "") -> None:
-    """Keep the calibrated activation scale of the linear that owns `weight`."""
-    state_of(weight, name).input_scale = torch.tensor(scale, dtype=torch.float32, device=weight.device)
+def attach_static_input_scale(weight: torch.Tensor, scale: float, name: str = "", steps=None) -> None:
+    """Keep the calibrated activation scale of the linear that owns `weight`; `steps`:
+    (flat step groups, [scale per group]) for per-step scales (calibration.step_scale_table)."""
+    st = state_of(weight, name)
+    st.input_scale = torch.tensor(scale, dtype=torch.float32, device=weight.device)
+    st.input_step_scales = None if steps is None else (
+        tuple(steps[0]), torch.tensor(steps[1], dtype=torch.float32, device=weight.device))
+
+
+def static_step_input_scales(weight: torch.Tensor) -> tuple:
+    """(flat step groups, fp32 [n_groups] scales, all-steps scale) attached to `weight`; a weight
+    with one static scale gives ((), None, scale)."""
+    fallback = static_input_scale(weight)
+    steps = _STATES[weight].input_step_scales
+    return (steps[0], steps[1], fallback) if steps is not None else ((), None, fallback)
 
 
 def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
@@ -271,13 +286,17 @@ class QuantizedLinear(nn.Module):
     quantized weight and its scales as they are; `.to(device)` moves everything.
     """
 
-    _FROZEN_DTYPE = ("weight", "weight_scale", "input_scale", "input_smoothing")
+    _FROZEN_DTYPE = ("weight", "weight_scale", "input_scale", "input_smoothing", "input_step_scales")
 
     def __init__(self, weight_q, weight_scale, bias, *, method, weight_granularity, weight_block, act_granularity,
                  input_scale: Optional[torch.Tensor] = None, orig_dtype=torch.bfloat16,
-                 input_smoothing: Optional[torch.Tensor] = None):
+                 input_smoothing: Optional[torch.Tensor] = None, input_step_scales: Optional[torch.Tensor] = None,
+                 input_step_groups=None):
         """`input_smoothing`: 1/s (fp32 [in_features]) when the weight was quantized as W * s
-        (SmoothQuant): the input is multiplied by it before it is quantized."""
+        (SmoothQuant): the input is multiplied by it before it is quantized.
+        `input_step_scales` (fp32 [n_groups]) with `input_step_groups` (flat [first0, last0, ...]):
+        per-step static scales; the group of the published step picks the scale per call
+        (`input_scale` when no step is published)."""
         super().__init__()
         self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
         # the bias first: diffusers' ModelMixin.dtype is the first floating parameter's, and a quantized
@@ -287,6 +306,12 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("input_smoothing", input_smoothing)
+        if (input_step_scales is None) != (input_step_groups is None) or (input_step_scales is not None and (
+                input_scale is None or 2 * input_step_scales.numel() != len(input_step_groups))):
+            raise ValueError(f"per-step input scales need input_scale, input_step_scales [n] and 2n step group "
+                             f"bounds; got input_step_groups={input_step_groups!r}")
+        self.register_buffer("input_step_scales", input_step_scales)
+        self.input_step_groups = tuple(int(v) for v in input_step_groups) if input_step_groups is not None else None
         self.method = method
         self.weight_granularity = weight_granularity
         self.weight_block = list(weight_block or [])
@@ -301,8 +326,12 @@ class QuantizedLinear(nn.Module):
     def forward(self, x):
         # Eagerly the lowering follows the device; under fx_fp8's backends the linear pass
         # rewrites this call into the compiled form for the chosen lowering.
+        scale = self.input_scale
+        if self.input_step_scales is not None:  # looked up from the published step per call (no recompile)
+            scale = torch.ops.fx_fp8.step_scale(self.input_step_scales, self.input_scale,
+                                                groups=list(self.input_step_groups))
         return torch.ops.fx_fp8.quantized_linear(
-            x, self.weight, self.weight_scale, self.bias, self.input_scale, self.input_smoothing, method=self.method,
+            x, self.weight, self.weight_scale, self.bias, scale, self.input_smoothing, method=self.method,
             weight_granularity=self.weight_granularity, weight_block=self.weight_block,
             act_granularity=self.act_granularity, lowering=resolve_lowering_name("auto", x.device),
         )
@@ -335,7 +364,9 @@ class QuantizedLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"{self.method} {self.weight_granularity} scales"
                 + (", weight-only" if self.weight_only else "")
-                + (", smoothed inputs" if self.input_smoothing is not None else ""))
+                + (", smoothed inputs" if self.input_smoothing is not None else "")
+                + (f", per-step input scales ({self.input_step_scales.numel()} step groups)"
+                   if self.input_step_scales is not None else ""))
 
     # -- loading state: a full-precision weight is re-quantized, a quantized one comes with its scale
     _FULL_PRECISION = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -379,7 +410,7 @@ class QuantizedLinear(nn.Module):
         if w is not None and w.dtype in self._FULL_PRECISION:
             # quantized with this layer's own recipe; smoothed layers store quantize(W * s), s = 1 / input_smoothing
             state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefix)}
-            for key in ("input_scale", "input_smoothing"):
+            for key in ("input_scale", "input_smoothing", "input_step_scales"):
                 if prefix + key not in state_dict and getattr(self, key) is not None:
                     state_dict[prefix + key] = getattr(self, key)
             inverse = state_dict.get(prefix + "input_smoothing")

@@ -1,4 +1,4 @@
-"""FP8 attention: every attention form (passes/attention_forms.py) -> fx_fp8::fp8_attention
+"""FP8 attention: every attention form (fx_fp8/graph/attention_forms.py) -> fx_fp8::fp8_attention
 (or fp8_attention_lse). Each attention node gets a report row, rewritten or not.
 
 The aten forms return tuples read through getitem: a node is rewritten when
@@ -15,11 +15,12 @@ from typing import Optional
 import torch
 import torch.fx
 
-from fx_fp8.passes.attention_forms import AttentionForm, attention_form, is_attention  # noqa: F401 (re-exported)
+from fx_fp8.graph.attention_forms import AttentionForm, attention_form, is_attention  # noqa: F401 (re-exported)
 from fx_fp8.passes.base import FXPass
-from fx_fp8.passes.fx_utils import call_args, meta_val
-from fx_fp8.passes.names import is_resolved, module_name
+from fx_fp8.graph.fx_utils import call_args, meta_val
+from fx_fp8.graph.names import is_resolved, module_name
 from fx_fp8.rules import attention_call_reason, short_keys_reason
+from fx_fp8.report import dims_of
 from fx_fp8.shapes import scalar_value, shape_str
 from fx_fp8.steps import attention_skipped
 
@@ -96,12 +97,13 @@ class FP8AttentionPass(FXPass):
                 continue
             args = call_args(node, list(form.params), form.defaults)
             module = module_name(node)
-            shapes = shape_str(*(meta_val(args[n]) for n in ("query", "key", "value")))
+            qkv = [meta_val(args[n]) for n in ("query", "key", "value")]
+            shapes, dims = shape_str(*qkv), dims_of(*qkv)
             users = _tuple_users(node) if form.returns_tuple else None
             reason = self._native_reason(node, form, args, module, users)
             if reason is not None:
                 self.record(node, op="attention", module=module, action="native", reason=reason, shapes=shapes,
-                            form=form.name)
+                            dims=dims, form=form.name)
                 continue
             q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
             mask = meta_val(args[form.mask_param]) if form.mask_param else None
@@ -109,7 +111,8 @@ class FP8AttentionPass(FXPass):
                                                              need_lse=bool(users and 1 in users))
             new = self._rewrite(gm, node, form, args, users, kernel)
             self.record(new, op="attention", module=module, action="fp8",
-                        reason=self._describe() + (f", {how}" if how else ""), shapes=shapes, form=form.name)
+                        reason=self._describe() + (f", {how}" if how else ""), shapes=shapes, dims=dims,
+                        form=form.name)
             changed += 1
         if self.unknown_layer_nodes:
             self.ctx.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "

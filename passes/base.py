@@ -9,8 +9,8 @@ import torch.fx
 
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import Lowering
-from fx_fp8.passes.fx_utils import placeholder_index
-from fx_fp8.passes.names import LayerMap, is_resolved
+from fx_fp8.graph.fx_utils import placeholder_index
+from fx_fp8.graph.names import LayerMap, is_resolved
 from fx_fp8.report import CompileReport
 
 

@@ -37,13 +37,15 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fx_fp8.calibration import channel_stats, check_channel_amax, method_scale, smoothed_static_scale
+from fx_fp8.calibration import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
+                                smoothed_static_scale, step_scale_table)
 from fx_fp8.ops import quant
 from fx_fp8.passes.base import FXPass
-from fx_fp8.passes.fx_utils import call_args, insert_function, meta_val, real_tensor
-from fx_fp8.passes.names import module_name
+from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
+from fx_fp8.graph.names import module_name
 from fx_fp8.patterns import first_match
 from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason, linear_plan
+from fx_fp8.report import dims_of
 from fx_fp8.shapes import shape_str
 from fx_fp8.steps import linear_skip_mode
 from fx_fp8.weights import Smoothing, attach_smoothing, attach_static_input_scale, quantized_weight
@@ -75,6 +77,12 @@ def smooth_input(x, inverse):
     return quant.smooth_activation(x, inverse)
 
 
+def _reads_step_scale(node) -> bool:
+    """A prepared layer's input scale that its per-step scales look up (QuantizedLinear.forward)."""
+    return isinstance(node, torch.fx.Node) and node.target in (torch.ops.fx_fp8.step_scale,
+                                                                torch.ops.fx_fp8.step_scale.default)
+
+
 def restore_leading_dims(y, x):
     """[M, N] -> x.shape[:-1] + (N,)."""
     return y.unflatten(0, x.shape[:-1])
@@ -94,6 +102,7 @@ class Linear:
         # calibrated channel maxima, then the group's Smoothing (set by FP8LinearPass._smooth)
         self.input_smoothing, self.real_weight, self.channel_amax = input_smoothing, real_weight, channel_amax
         self.smoothing: Optional[Smoothing] = None
+        self.dims: list = []  # input shapes as numbers, for the report's FLOPs
         self.why = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
 
     @property
@@ -135,6 +144,9 @@ class FP8LinearPass(FXPass):
         self.skipped_prepared: list[str] = []  # prepared linears run weight-only on native-skipped steps
         # {linear name: max |x| per input channel} (raises, naming the key, when the calibration has none)
         self.channel = channel_stats(self.qcfg.activation_scales) if self.alpha is not None else None
+        check_per_step_supported(self.scales, self.alpha)
+        # per-step static scales: the graph reads the scale of the published step's group per call
+        self.per_step = bool(getattr(self.scales, "per_step", False))
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         weights = self.ctx.report.weights
@@ -172,27 +184,30 @@ class FP8LinearPass(FXPass):
         args = call_args(node, ["input", "weight", "bias"], {"bias": None})
         module = module_name(node)
         x, w = meta_val(args["input"]), meta_val(args["weight"])
-        shapes = f"{shape_str(x)} -> {shape_str(w)}"
+        shapes, dims = f"{shape_str(x)} -> {shape_str(w)}", dims_of(x, w)
         hit = first_match(self.qcfg.ignored_layers, module)
         if hit is not None:
             matched.add(hit)
         reason = self._reason(node, args, module, x, w)
         if reason is not None:
-            self.record(node, op="linear", module=module, action="native", reason=reason, shapes=shapes)
+            self.record(node, op="linear", module=module, action="native", reason=reason, shapes=shapes,
+                        dims=dims)
             return None
         real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
         q = self.qcfg
         kind, why = linear_plan(module, w.shape[1], w.shape[0], w.dtype, q, self.sensitive.get(node))
         step_why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
         if self.skip_mode == "native":
-            self.record(node, op="linear", module=module, action="native", reason=step_why, shapes=shapes)
+            self.record(node, op="linear", module=module, action="native", reason=step_why, shapes=shapes,
+                        dims=dims)
             return None
         weights = self.ctx.report.weights
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
         weights["original_copy_kept"] = True
         method, granularity, block = q.method, q.weight_granularity, q.weight_block_size
         if kind == "weight_only":  # W8A16: per-channel scales, in the storage the device's weight-only matmul takes
-            method, granularity, block = self.ctx.lowering.weight_only_method(q.method), "channel", None
+            method = self.ctx.lowering.weight_only_method(q.weight_only_method or q.method)
+            granularity, block = quant.weight_only_layout(q.weight_only_group_size)
         weight_only = kind == "weight_only" or self.skip_mode == "weight_only" or self._weight_only(w, method)
         amax = None
         if self.channel is not None and not weight_only:  # smoothed: quantized per group, in _smooth
@@ -202,11 +217,13 @@ class FP8LinearPass(FXPass):
             wq, ws = quantized_weight(real_w, method, granularity, block, name=module)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
             if q.activation_scheme == "static" and not weight_only:
-                attach_static_input_scale(real_w, method_scale(self.scales[module], q.method), module)
+                attach_static_input_scale(real_w, method_scale(self.scales[module], q.method), module,
+                                          step_scale_table(self.scales, module, lambda v: method_scale(v, q.method)))
         item = Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=method,
                       weight_granularity=granularity, weight_block=block, act=q.act_granularity,
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
         item.why = why if kind == "weight_only" else (step_why if self.skip_mode else "")
+        item.dims = dims
         return item
 
     def _reason(self, node, args, module, x, w) -> Optional[str]:
@@ -243,7 +260,7 @@ class FP8LinearPass(FXPass):
         args = call_args(node, PREPARED_PARAMS, {"bias": None, "input_scale": None, "input_smoothing": None})
         module = module_name(node)
         x, w = meta_val(args["x"]), meta_val(args["weight"])
-        shapes = f"{shape_str(x)} -> {shape_str(w)}"
+        shapes, dims = f"{shape_str(x)} -> {shape_str(w)}", dims_of(x, w)
         method, wg, wb = args["method"], args["weight_granularity"], args["weight_block"]
         act = "static" if args["input_scale"] is not None else args["act_granularity"]
         q = self.qcfg
@@ -266,6 +283,7 @@ class FP8LinearPass(FXPass):
                       args["input_scale"], method=method, weight_granularity=wg, weight_block=wb, act=act,
                       weight_only=prepared_wo or bool(self.skip_mode) or self._weight_only(w, method), prepared=True,
                       shapes=shapes, input_smoothing=args["input_smoothing"])
+        item.dims = dims
         if prepared_wo:
             item.why = "prepared weight-only (sensitive: weight_only)"
         elif self.skip_mode == "native":  # its original weight is gone: the nearest to native it can run
@@ -351,7 +369,7 @@ class FP8LinearPass(FXPass):
             self.erase(gm, m.node)
             self.record(new, op="linear", module=m.module,
                         action="weight-only" if m.weight_only else ("fp8" if m.method == "fp8" else m.method),
-                        reason=self._describe(m), shapes=m.shapes,
+                        reason=self._describe(m), shapes=m.shapes, dims=m.dims,
                         act_quant_group="" if m.weight_only else group)
 
     def _quantize(self, graph, m: Linear):
@@ -366,7 +384,8 @@ class FP8LinearPass(FXPass):
             x = insert_function(graph, smooth_input, (m.x, inverse), m.node.meta)
         scale = m.input_scale
         if m.act == "static" and scale is None:  # unprepared: the scale attached to the weight
-            scale = graph.call_function(torch.ops.fx_fp8.static_input_scale.default, (m.weight,))
+            op = torch.ops.fx_fp8.static_step_input_scale if self.per_step else torch.ops.fx_fp8.static_input_scale
+            scale = graph.call_function(op.default, (m.weight,))
         group = m.weight_block[1] if m.act == "group" else 0
         if lowering.fused_activation_quant:
             node = graph.call_function(
@@ -386,6 +405,8 @@ class FP8LinearPass(FXPass):
         if m.weight_only:
             return f"{m.why + '; ' if m.why else ''}{name}: weight-only {m.method.upper()} ({w} scales), {src}"
         act = "static activations" if m.act == "static" else f"dynamic per-{m.act} activations"
+        if m.act == "static" and (self.per_step if not m.prepared else _reads_step_scale(m.input_scale)):
+            act = "static per-step activations"
         if m.smoothing is not None:
             act += f", smoothed (alpha {m.smoothing.alpha:g})"
         elif m.input_smoothing is not None:

@@ -3,7 +3,7 @@ fx_fp8 backends resolve them) and runs it natively; and fx_fp8's backend on a st
 import fx_fp8
 from fx_fp8.backend import compile_graph
 from fx_fp8.passes.attention import is_attention
-from fx_fp8.passes.names import resolve_graph
+from fx_fp8.graph.names import resolve_graph
 
 
 class Capture:

@@ -16,7 +16,7 @@ import fx_fp8
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.passes import CompileContext, FP8AttentionPass
-from fx_fp8.passes.names import LayerMap
+from fx_fp8.graph.names import LayerMap
 from fx_fp8.report import CompileReport
 
 aten = torch.ops.aten

@@ -25,9 +25,11 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8 import cache_dit as fcd
-from fx_fp8 import parallel
-from fx_fp8.pipelines import pipeline_state, restore_pipeline
+from fx_fp8 import pipeline_state, restore_pipeline
+from fx_fp8.pipeline import cache_dit as fcd
+from fx_fp8.pipeline.apply_options import check_pipeline_options
+from fx_fp8.pipeline.cache_hooks import enable_cache
+from fx_fp8.pipeline.options import PipelineOptions, diffusers_cache_config
 from test_cache_hooks import STEPS, _rel, _run  # the same runs and error measure as diffusers' caches
 
 #: settings that cache some (not all) transformer calls of the tiny pipelines in 8 steps
@@ -78,7 +80,7 @@ def test_compile_pipeline_with_cache_dit(name):
     fp8_cfg = {"diffusion_kv_cache_skip_layers": "1", "lowering": "reference"}
     # cache-only native, then FP8 without a cache (the usual FP8 error), then both
     pipe, kwargs = _pipeline(name)
-    parallel.enable_cache(pipe.transformer, "cache_dit", CACHE_CONFIG)
+    enable_cache(pipe.transformer, "cache_dit", CACHE_CONFIG)
     native, native_calls = _run(pipe, kwargs, _counters(pipe.transformer))
     native_steps = list(fcd.block_runs(pipe.transformer).values())
 
@@ -150,7 +152,7 @@ def test_cache_dit_step_skips_follow_the_pipeline_steps():
 def test_vllm_omni_keys_map_onto_cache_dit():
     import cache_dit
 
-    cfg = parallel.diffusers_cache_config("cache_dit", {
+    cfg = diffusers_cache_config("cache_dit", {
         "Fn_compute_blocks": 2, "Bn_compute_blocks": 1, "max_warmup_steps": 4, "residual_diff_threshold": 0.24,
         "max_continuous_cached_steps": 3, "max_cached_steps": 20, "enable_taylorseer": True, "taylorseer_order": 2,
         "scm_steps_mask_policy": "fast", "scm_steps_policy": "static", "num_inference_steps": 28})
@@ -163,15 +165,15 @@ def test_vllm_omni_keys_map_onto_cache_dit():
     assert isinstance(cfg.calibrator_config, cache_dit.TaylorSeerCalibratorConfig)
     assert cfg.calibrator_config.taylorseer_order == 2
     # vLLM-Omni's default cache_config (TaylorSeer off, no step mask) is accepted as it is
-    default = parallel.diffusers_cache_config("cache_dit", {
+    default = diffusers_cache_config("cache_dit", {
         "Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 4, "residual_diff_threshold": 0.24,
         "max_continuous_cached_steps": 3, "enable_taylorseer": False, "taylorseer_order": 1,
         "scm_steps_mask_policy": None, "scm_steps_policy": "dynamic"})
     assert default.calibrator_config is None and default.cache_config.steps_computation_mask is None
-    opts = parallel.PipelineOptions(cache_backend="cache-dit", cache_config='{"Fn_compute_blocks": 1}')
+    opts = PipelineOptions(cache_backend="cache-dit", cache_config='{"Fn_compute_blocks": 1}')
     assert opts.cache_backend == "cache_dit"
     # the command line's step count fills num_inference_steps in
-    opts = parallel.PipelineOptions.load({"cache_backend": "cache_dit", "cache_config": {"max_warmup_steps": 2}},
+    opts = PipelineOptions.load({"cache_backend": "cache_dit", "cache_config": {"max_warmup_steps": 2}},
                                          cache_defaults={"num_inference_steps": 12})
     assert opts.cache_config == {"max_warmup_steps": 2, "num_inference_steps": 12}
 
@@ -193,34 +195,34 @@ def test_vllm_omni_keys_map_onto_cache_dit():
 ])
 def test_bad_cache_dit_config_is_named(config, words):
     with pytest.raises(ValueError, match=words):
-        parallel.PipelineOptions(cache_backend="cache_dit", cache_config=config)
+        PipelineOptions(cache_backend="cache_dit", cache_config=config)
 
 
 def test_missing_cache_dit_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "cache_dit", None)   # import cache_dit -> ImportError
     with pytest.raises(ValueError, match=r"pip install 'fx-fp8\[cache-dit\]'") as e:
-        parallel.PipelineOptions(cache_backend="cache_dit")
+        PipelineOptions(cache_backend="cache_dit")
     assert "\n" not in str(e.value)
 
 
 def test_tea_cache_and_cfg_parallel_stay_refused():
     with pytest.raises(ValueError, match="cache_backend 'tea_cache' is not supported: diffusers has no TeaCache"):
-        parallel.PipelineOptions(cache_backend="tea_cache")
+        PipelineOptions(cache_backend="tea_cache")
     with pytest.raises(ValueError, match="'cfg_parallel_size'=2 is not supported: CFG parallelism"):
-        parallel.PipelineOptions(parallel={"cfg_parallel_size": 2})
-    assert not parallel.PipelineOptions(parallel={"cfg_parallel_size": 1}).enabled  # 1 means off
+        PipelineOptions(parallel={"cfg_parallel_size": 2})
+    assert not PipelineOptions(parallel={"cfg_parallel_size": 1}).enabled  # 1 means off
 
 
 def test_unknown_transformer_and_parallel_are_refused_before_any_change():
     pipe, _ = _pipeline("tiny")
-    opts = parallel.PipelineOptions(cache_backend="cache_dit", parallel={"ulysses_degree": 2})
+    opts = PipelineOptions(cache_backend="cache_dit", parallel={"ulysses_degree": 2})
     with pytest.raises(ValueError, match="cache_backend 'cache_dit' with parallel_config is not supported"):
-        parallel.check_pipeline_options(opts, [pipe.transformer], fx_fp8.FP8Config(), prepare=True, compile_kwargs={})
+        check_pipeline_options(opts, [pipe.transformer], fx_fp8.FP8Config(), prepare=True, compile_kwargs={})
 
     class Unknown(torch.nn.Module):
         pass
 
-    opts = parallel.PipelineOptions(cache_backend="cache_dit")
+    opts = PipelineOptions(cache_backend="cache_dit")
     with pytest.raises(ValueError, match="cache-dit has no block adapter for Unknown"):
-        parallel.check_pipeline_options(opts, [Unknown()], fx_fp8.FP8Config(), prepare=True, compile_kwargs={})
+        check_pipeline_options(opts, [Unknown()], fx_fp8.FP8Config(), prepare=True, compile_kwargs={})
     assert not fcd.is_cache_dit_enabled(pipe.transformer)

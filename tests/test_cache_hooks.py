@@ -3,7 +3,7 @@
 diffusers' cache hooks decide in Python, on tensor values, whether a block (or an attention
 module, for TaylorSeer) runs; MagCache marks whole blocks torch.compiler.disable. compile_pipeline
 runs each hook's decision eagerly and compiles what the hook wraps with the FP8 backend, one
-region per module (fx_fp8/parallel.py). The end-to-end tests check, on real tiny pipelines, what
+region per module (fx_fp8/pipeline/cache_hooks.py). The end-to-end tests check, on real tiny pipelines, what
 a user of `cache_backend=` cares about:
 
 * blocks are still skipped: each block's attention runs are counted (a tensor counter in a
@@ -25,8 +25,9 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8 import parallel
-from fx_fp8.pipelines import pipeline_state, restore_pipeline
+from fx_fp8 import pipeline_state, restore_pipeline
+from fx_fp8.pipeline.cache_hooks import cache_hooks, enable_cache
+from fx_fp8.pipeline.options import PipelineOptions, canonical_cache_backend, diffusers_cache_config
 from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
 STEPS = 8
@@ -93,7 +94,7 @@ def test_compile_pipeline_with_cache(name, backend):
     cache_config = CACHES[backend]
     # cache-only native: the same pipeline, the same cache, no FP8
     pipe, kwargs = _pipeline(name)
-    parallel.enable_cache(pipe.transformer, backend, cache_config)
+    enable_cache(pipe.transformer, backend, cache_config)
     native, native_calls = _run(pipe, kwargs, _counters(pipe.transformer))
 
     pipe, kwargs = _pipeline(name)
@@ -142,7 +143,7 @@ def test_compile_pipeline_with_cache(name, backend):
     assert _rel(out, native) < 0.02
 
     restore_pipeline(pipe, linears="quantized")
-    assert original._cache_config is None and not parallel.cache_hooks(original)
+    assert original._cache_config is None and not cache_hooks(original)
     assert "_fx_fp8_default_context" not in vars(original)
 
 
@@ -161,12 +162,12 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
     assert calls == [5, 5, 5, 5]
     original = pipeline_state(pipe).originals["transformer"]
     restore_pipeline(pipe, linears="quantized")
-    assert original._cache_config is not None and parallel.cache_hooks(original)
-    assert all(not getattr(h, "_fx_fp8_region", False) for _, _, h in parallel.cache_hooks(original))
+    assert original._cache_config is not None and cache_hooks(original)
+    assert all(not getattr(h, "_fx_fp8_region", False) for _, _, h in cache_hooks(original))
 
     pipe, kwargs = _pipeline("flux")
     fx_fp8.compile_pipeline(pipe, {"lowering": "reference"})
-    pipe.transformer.enable_cache(parallel.diffusers_cache_config("first_block_cache", {"threshold": 0.4}))
+    pipe.transformer.enable_cache(diffusers_cache_config("first_block_cache", {"threshold": 0.4}))
     _, calls = _run(pipe, kwargs, _counters(pipe.transformer))
     assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4   # at the run
     assert calls[0] == STEPS and min(calls) < STEPS
@@ -180,7 +181,7 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
                                            ("mag_cache", "mag_cache"), ("MagCache", "mag_cache"),
                                            ("none", None), (None, None), ("", None)])
 def test_cache_backend_names(name, expected):
-    assert parallel.canonical_cache_backend(name) == expected
+    assert canonical_cache_backend(name) == expected
 
 
 @pytest.mark.parametrize("name,words", [
@@ -192,25 +193,25 @@ def test_cache_backend_names(name, expected):
 ])
 def test_unsupported_cache_backends_are_named(name, words):
     with pytest.raises(ValueError, match=words):
-        parallel.PipelineOptions(cache_backend=name)
+        PipelineOptions(cache_backend=name)
 
 
 def test_cache_configs_map_onto_diffusers():
     from diffusers import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
 
-    cfg = parallel.diffusers_cache_config("first_block_cache", {"residual_diff_threshold": 0.12})
+    cfg = diffusers_cache_config("first_block_cache", {"residual_diff_threshold": 0.12})
     assert isinstance(cfg, FirstBlockCacheConfig) and cfg.threshold == 0.12   # cache-dit's spelling
-    assert parallel.diffusers_cache_config("first_block_cache", None).threshold == FirstBlockCacheConfig().threshold
-    cfg = parallel.diffusers_cache_config("taylorseer", '{"cache_interval": 3, "taylorseer_order": 2, '
+    assert diffusers_cache_config("first_block_cache", None).threshold == FirstBlockCacheConfig().threshold
+    cfg = diffusers_cache_config("taylorseer", '{"cache_interval": 3, "taylorseer_order": 2, '
                                                         '"taylor_factors_dtype": "float32"}')
     assert isinstance(cfg, TaylorSeerCacheConfig)
     assert (cfg.cache_interval, cfg.max_order, cfg.taylor_factors_dtype) == (3, 2, torch.float32)
-    cfg = parallel.diffusers_cache_config("mag_cache", {"mag_threshold": 0.1, "mag_max_skip_steps": 2,
+    cfg = diffusers_cache_config("mag_cache", {"mag_threshold": 0.1, "mag_max_skip_steps": 2,
                                                         "mag_retention_ratio": 0.3, "mag_ratios": "flux",
                                                         "num_inference_steps": 10})
     assert isinstance(cfg, MagCacheConfig) and (cfg.threshold, cfg.max_skip_steps, cfg.retention_ratio) == (0.1, 2, 0.3)
     assert len(cfg.mag_ratios) == 10   # diffusers interpolated FLUX_MAG_RATIOS to the step count
-    assert parallel.diffusers_cache_config(None, None) is None
+    assert diffusers_cache_config(None, None) is None
 
 
 @pytest.mark.parametrize("backend,config,words", [
@@ -231,7 +232,7 @@ def test_cache_configs_map_onto_diffusers():
 ])
 def test_cache_config_errors_name_the_value(backend, config, words):
     with pytest.raises(ValueError, match=words):
-        parallel.PipelineOptions(cache_backend=backend, cache_config=config)
+        PipelineOptions(cache_backend=backend, cache_config=config)
 
 
 def test_compile_pipeline_refuses_before_changing_anything():
@@ -258,9 +259,9 @@ def test_compile_pipeline_refuses_before_changing_anything():
 
 
 def test_pipeline_options_json_round_trip():
-    opts = parallel.PipelineOptions(parallel={"ulysses_degree": 2}, cache_backend="taylorseer",
+    opts = PipelineOptions(parallel={"ulysses_degree": 2}, cache_backend="taylorseer",
                                     cache_config={"cache_interval": 3})
-    again = parallel.PipelineOptions.from_mapping(json.loads(json.dumps(opts.to_dict())))
+    again = PipelineOptions.from_mapping(json.loads(json.dumps(opts.to_dict())))
     assert again == opts
 
 
@@ -273,10 +274,10 @@ def test_a_cache_that_hooks_nothing_is_an_error():
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("wan")
     with pytest.raises(ValueError, match="hooked no module of WanTransformer3DModel.*cache_identifiers"):
-        parallel.enable_cache(model, "taylorseer", {})
+        enable_cache(model, "taylorseer", {})
     assert model._cache_config is None
-    assert parallel.enable_cache(model, "taylorseer", {"cache_identifiers": [r"^blocks\.\d+\.attn1$"]}) is not None
-    assert [m for m, _, _ in parallel.cache_hooks(model)] == ["blocks.0.attn1", "blocks.1.attn1"]
+    assert enable_cache(model, "taylorseer", {"cache_identifiers": [r"^blocks\.\d+\.attn1$"]}) is not None
+    assert [m for m, _, _ in cache_hooks(model)] == ["blocks.0.attn1", "blocks.1.attn1"]
 
 
 def _example(name: str):

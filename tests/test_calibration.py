@@ -128,7 +128,7 @@ def test_bad_scale_files(tmp_path):
         fx_fp8.load_activation_scales(other)
 
 
-# -- issue 15: per-channel statistics ("channel_amax") and INT8 static scales ----------------------
+# -- per-channel statistics ("channel_amax") and INT8 static scales (what smoothing needs) -------
 def test_calibrate_records_channel_maxima_and_saves_them_compatibly(tmp_path):
     lin = nn.Sequential(nn.Linear(32, 32))
     xs = [torch.randn(3, 4, 32) * s for s in (1.0, 3.0, 2.0)]

@@ -89,7 +89,8 @@ def worker_transformer(rank: int, world: int, family: str, ulysses: int, ring: i
     with context parallelism, natively and under backend="fp8" (default config, selectors,
     attention only)."""
     import fx_fp8
-    from fx_fp8 import parallel
+    from fx_fp8.pipeline.context_parallel import enable_context_parallel
+    from fx_fp8.pipeline.options import ParallelOptions
     from fx_fp8.config import FP8Config
     from fx_fp8.steps import variant_listener
     from fx_fp8.tools.families import build_tiny_transformer, example_inputs
@@ -118,7 +119,7 @@ def worker_transformer(rank: int, world: int, family: str, ulysses: int, ring: i
         ref_attn = _out(c(**kwargs))
 
         cp = build()
-        info = parallel.enable_context_parallel(cp, parallel.ParallelOptions(ulysses_degree=ulysses, ring_degree=ring))
+        info = enable_context_parallel(cp, ParallelOptions(ulysses_degree=ulysses, ring_degree=ring))
         res["attention_backend"] = info["attention_backend"]
         cp_native = _out(cp(**kwargs))
         c = compile_(cp, base, dump=True)
@@ -160,8 +161,8 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
     """compile_pipeline with parallel_config (Ulysses 2) and cache_backend first_block_cache on the
     tiny Flux pipeline, against the same pipeline in one process (FP8 + cache, and cache only)."""
     import fx_fp8
-    from fx_fp8 import parallel
-    from fx_fp8.pipelines import pipeline_state
+    from fx_fp8.pipeline.cache_hooks import enable_cache
+    from fx_fp8 import pipeline_state
     from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
     warnings.simplefilter("ignore")
@@ -185,7 +186,7 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
 
     # one process: cache only (native), then FP8 + cache
     pipe, kwargs = build_tiny_pipeline("flux")
-    parallel.enable_cache(pipe.transformer, "first_block_cache", cache)
+    enable_cache(pipe.transformer, "first_block_cache", cache)
     cache_native = run(pipe)
     pipe, kwargs = build_tiny_pipeline("flux")
     torch._dynamo.reset()
@@ -316,7 +317,7 @@ def test_ring_merge_of_fp8_partials(offset):
 
 
 def test_parallel_options_are_checked_and_named():
-    from fx_fp8.parallel import ParallelOptions, PipelineOptions
+    from fx_fp8.pipeline.options import ParallelOptions, PipelineOptions
 
     assert ParallelOptions.from_value({"ulysses_degree": 2}).world_size == 2
     assert ParallelOptions.from_value({"ulysses_degree": 2, "ring_degree": 2}).world_size == 4
@@ -335,7 +336,7 @@ def test_yaml_carries_pipeline_keys_next_to_fp8_keys(tmp_path):
     import yaml
 
     from fx_fp8.config import FP8Config
-    from fx_fp8.parallel import PipelineOptions
+    from fx_fp8.pipeline.options import PipelineOptions
 
     flat = {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0",
             "parallel_config": {"ulysses_degree": 2, "ring_degree": 1},
@@ -362,7 +363,8 @@ def test_yaml_carries_pipeline_keys_next_to_fp8_keys(tmp_path):
 
 def test_context_parallel_needs_torchrun_and_says_how(monkeypatch):
     """Degrees > 1 outside a torch.distributed job: a ValueError naming the torchrun command."""
-    from fx_fp8.parallel import ParallelOptions, init_distributed
+    from fx_fp8.pipeline.launch import init_distributed
+    from fx_fp8.pipeline.options import ParallelOptions
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(sys, "argv", ["examples/text_to_image.py", "--ulysses-degree", "2"])
@@ -374,17 +376,18 @@ def test_context_parallel_needs_torchrun_and_says_how(monkeypatch):
 def test_no_accelerator_is_a_clear_error(monkeypatch):
     """diffusers divides by torch.accelerator.device_count(): fx_fp8 says why instead (the tests
     shim the count in their worker processes only)."""
-    from fx_fp8 import parallel
+    from fx_fp8.pipeline.launch import check_accelerator
 
     monkeypatch.setattr(torch.accelerator, "device_count", lambda: 0)
     with pytest.raises(RuntimeError, match="needs an accelerator.*device count 0"):
-        parallel._check_accelerator()
+        check_accelerator()
 
 
 def test_ring_without_a_flash_kernel_is_refused():
     """Ring attention needs aten._scaled_dot_product_flash_attention, which torch has no CPU kernel
     for (the tests register one in the workers): refused with the reason, not a dispatcher error."""
-    from fx_fp8 import parallel
+    from fx_fp8.pipeline.attention_backend import choose_attention_backend
+    from fx_fp8.pipeline.options import ParallelOptions
     from fx_fp8.tools.families import build_tiny_transformer
 
     if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_dot_product_flash_attention", "CPU"):
@@ -393,13 +396,14 @@ def test_ring_without_a_flash_kernel_is_refused():
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("flux")
     with pytest.raises(RuntimeError, match="no cpu kernel.*use ulysses_degree"):
-        parallel.choose_attention_backend(model, parallel.ParallelOptions(ring_degree=2))
+        choose_attention_backend(model, ParallelOptions(ring_degree=2))
     # Ulysses keeps diffusers' native backend, whatever the device
-    assert parallel.choose_attention_backend(model, parallel.ParallelOptions(ulysses_degree=2)) == "native"
+    assert choose_attention_backend(model, ParallelOptions(ulysses_degree=2)) == "native"
 
 
 def test_heads_must_divide_by_ulysses_degree():
-    from fx_fp8 import parallel
+    from fx_fp8.pipeline.apply_options import check_pipeline_options
+    from fx_fp8.pipeline.options import PipelineOptions
     from fx_fp8.config import FP8Config
     from fx_fp8.tools.families import build_tiny_transformer
 
@@ -407,8 +411,8 @@ def test_heads_must_divide_by_ulysses_degree():
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("flux")   # 2 heads
     with pytest.raises(ValueError, match="ulysses_degree 4 does not divide FluxTransformer2DModel's 2 attention heads"):
-        parallel.check_pipeline_options(parallel.PipelineOptions(parallel={"ulysses_degree": 4}), [model],
-                                        FP8Config(), prepare=True, compile_kwargs={})
+        check_pipeline_options(PipelineOptions(parallel={"ulysses_degree": 4}), [model],
+                               FP8Config(), prepare=True, compile_kwargs={})
 
 
 def test_cli_flags_map_onto_pipeline_options(tmp_path):

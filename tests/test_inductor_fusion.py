@@ -1,4 +1,4 @@
-"""Activation quantization the downstream compiler can fuse (issue 14): on CPU and CUDA the
+"""Activation quantization the downstream compiler can fuse: on CPU and CUDA the
 linear pass writes the quantization as plain torch ops, once per group of linears that read
 the same tensor, and Inductor fuses it into the producer (norm + modulation) instead of adding
 a separate pass over the activation. Counted in Inductor's CPU output code."""

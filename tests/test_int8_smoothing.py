@@ -1,4 +1,4 @@
-"""Issue 15: INT8 W8A8 numerics and SmoothQuant-style smoothing (quantization_config.smoothing_alpha).
+"""INT8 W8A8 numerics and SmoothQuant-style smoothing (quantization_config.smoothing_alpha).
 
 Per-layer relative MSE on Gaussian and outlier-channel activations with and without smoothing; a
 calibrated + smoothed tiny Flux end to end (an int8 request never runs FP8: report rows and the

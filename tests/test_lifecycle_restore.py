@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.pipelines import compile_pipeline, pipeline_state, restore_pipeline
+from fx_fp8 import compile_pipeline, pipeline_state, restore_pipeline
 from fx_fp8.rules import is_plain_linear
 from fx_fp8.weights import QuantizedLinear, quantized_copies, reachable_tensor_bytes
 

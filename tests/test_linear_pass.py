@@ -13,7 +13,7 @@ from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.patterns import first_match
 from fx_fp8.passes.linear import LINEAR_TARGETS
-from fx_fp8.passes.names import module_name
+from fx_fp8.graph.names import module_name
 from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS
 from graph_capture import Capture, compile_stored
 
@@ -73,7 +73,7 @@ def test_defaults_quantize_every_eligible_linear(family):
         hit = first_match(SENSITIVE_LAYER_PATTERNS, name)
         e = got[name]
         if hit is not None:
-            # the structural reason (passes/sensitive.py) wins over the name pattern where both apply
+            # the structural reason (fx_fp8/graph/sensitive.py) wins over the name pattern where both apply
             assert e.action == "native" and e.reason.startswith(
                 (f"known sensitive layer (pattern {hit!r})", "timestep conditioning", "adaLN modulation",
                  "final projection")), (name, e.reason)

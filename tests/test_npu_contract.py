@@ -108,8 +108,8 @@ def test_per_block_violation_is_caught(case, old_cann, monkeypatch):
 
 @pytest.mark.parametrize("cann", ["9.0.0-rc.1", "9.0.0", "9.1.0", ""])
 def test_current_cann_refuses_mode_7(cann, torch_npu_sim):
-    """Issue #17: CANN 9.0.0-rc.1 and later (or an unreadable version) refuse the per-block case,
-    and the lowering never picks it there (see test_npu_lowering's decision table)."""
+    """CANN 9.0.0-rc.1 and later (or an unreadable version) refuse the per-block case, so the
+    lowering never picks it there (see test_npu_lowering's decision table)."""
     torch_npu_sim.cann_version = cann
     err = expect_rule("quant-mode-refused", block_attention, *qkv())
     assert "quant_mode 7" in str(err)

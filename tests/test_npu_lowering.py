@@ -436,7 +436,8 @@ def test_int8_w8a8_on_atlas_a2_and_950(chip, torch_npu_sim):
 
 
 def test_one_npu_dynamic_quant_per_activation_group_in_a_flux_block(torch_npu_sim):
-    """Issue #14: q/k/v (and the other readers of one tensor) share one npu_dynamic_quant."""
+    """q/k/v (and the other readers of one tensor) share one npu_dynamic_quant: one activation is
+    quantized once, not once per reader."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("flux", layers=1, dtype=torch.bfloat16)

@@ -16,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.pipelines import TransformerCall, compile_pipeline, pipeline_state, restore_pipeline
+from fx_fp8 import compile_pipeline, pipeline_state, restore_pipeline
+from fx_fp8.pipeline.state import TransformerCall
 from fx_fp8.weights import QuantizedLinear
 
 from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline

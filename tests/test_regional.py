@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 
 import fx_fp8
 from fx_fp8 import backend
-from fx_fp8.passes import names
+from fx_fp8.graph import names
 from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
 
 BLOCKS = 6

@@ -212,7 +212,7 @@ def test_a_whole_run_recompiles_nothing_after_the_first_steps_of_each_variant(na
     and Dynamo compiles nothing after the first steps of each variant."""
     from torch._dynamo.utils import counters
 
-    from fx_fp8.pipelines import compile_pipeline, pipeline_state
+    from fx_fp8 import compile_pipeline, pipeline_state
     from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 
     steps = 30

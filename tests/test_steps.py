@@ -153,3 +153,19 @@ def test_steps_are_per_thread():
     barrier.wait()
     t.join()
     assert seen == {"start": None, "inside": 0}
+
+
+def test_publish_steps_counts_each_pipeline_call_from_zero():
+    """Outside compile_pipeline, `with publish_steps(pipe):` publishes the step of every pipeline
+    call in the block, each from 0 (it once counted on across calls: 0..5 for two 3-step calls)."""
+    from fx_fp8.tools.tiny_pipelines import tiny_flux
+
+    pipe, kwargs = tiny_flux()
+    seen = []
+    pipe.transformer.register_forward_pre_hook(lambda *_: seen.append(fx_fp8.current_step()))
+    base = type(pipe)
+    with torch.no_grad(), fx_fp8.publish_steps(pipe):
+        for _ in range(2):
+            pipe(**kwargs, num_inference_steps=3, output_type="latent")
+    assert seen == [0, 1, 2, 0, 1, 2]
+    assert type(pipe) is base and fx_fp8.current_step() is None  # the block leaves the pipeline as it was

@@ -113,7 +113,7 @@ def test_manager_refuses_a_pass_that_removes_what_it_did_not_replace():
     _, report = compile_stored(gm, inputs, fx_fp8.FP8Config())
     ctx_cls = CompileContext
     from fx_fp8.ops.lowering import get_lowering
-    from fx_fp8.passes.names import LayerMap
+    from fx_fp8.graph.names import LayerMap
 
     ctx = ctx_cls(gm=gm, example_inputs=inputs, config=fx_fp8.FP8Config(), lowering=get_lowering("reference"),
                   report=report, layer_map=LayerMap({}), warn=print)

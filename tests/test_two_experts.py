@@ -8,7 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8.pipelines import pipeline_state
+from fx_fp8 import pipeline_state
 from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 from fx_fp8.weights import static_input_scale
 

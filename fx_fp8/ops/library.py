@@ -13,6 +13,8 @@ called `kernel`: Inductor's fallback kernels take that name themselves.)
     quantized_linear     the eager composite a prepared QuantizedLinear calls; the linear pass
                          rewrites it into the compiled form
     static_input_scale   the calibrated activation scale kept on a weight (unprepared static scales)
+    static_step_input_scale  the same with per-step scales: the scale of the published step's group
+    step_scale           a prepared layer's per-step scale: its [n_groups] buffer indexed by the published step
     input_smoothing      the SmoothQuant 1/s vector kept on a weight (unprepared weights with smoothing_alpha)
 
 The ops are inference-only: their autograd formula lets a graph that
@@ -20,13 +22,14 @@ requires grad compile, and raises only if a backward actually runs through them.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
 
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8 import weights
+from fx_fp8 import steps, weights
 
 
 # -- attention ------------------------------------------------------------------------------
@@ -193,6 +196,42 @@ def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
 @static_input_scale.register_fake
 def _(weight):
     return weight.new_empty((), dtype=torch.float32)
+
+
+# Per-step scales: the published step (a ContextVar, read in Python) picks the scale on every call, so
+# changing steps recompiles nothing. A CUDA graph would replay the first step's pick: the tag makes
+# Inductor keep these ops out of captured graphs.
+def _pick_step_scale(groups, table: Optional[torch.Tensor], fallback: torch.Tensor) -> torch.Tensor:
+    i = steps.step_group(groups) if table is not None else None
+    if i is None and table is not None:
+        warnings.warn("fx_fp8: per-step activation scales, but no denoising step is published: static linears "
+                      "use their all-steps scale (publish the step with fx_fp8.set_step / denoising_step, or "
+                      "run the pipeline through compile_pipeline / publish_steps)", stacklevel=2)
+    return (fallback if i is None else table[i]).clone()
+
+
+@torch.library.custom_op("fx_fp8::static_step_input_scale", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def static_step_input_scale(weight: torch.Tensor) -> torch.Tensor:
+    """The calibrated activation scale attached to `weight` for the published step's group (fp32 scalar)."""
+    groups, table, fallback = weights.static_step_input_scales(weight)
+    return _pick_step_scale(groups, table, fallback)
+
+
+@static_step_input_scale.register_fake
+def _(weight):
+    return weight.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("fx_fp8::step_scale", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
+def step_scale(scales: torch.Tensor, fallback: torch.Tensor, *, groups: list[int]) -> torch.Tensor:
+    """scales[i] (fp32 [n_groups]) for the group i holding the published step (`groups`: flat
+    [first0, last0, ...]); `fallback` (the all-steps scale) when no step is published."""
+    return _pick_step_scale(groups, scales, fallback)
+
+
+@step_scale.register_fake
+def _(scales, fallback, *, groups):
+    return fallback.new_empty((), dtype=torch.float32)
 
 
 @torch.library.custom_op("fx_fp8::input_smoothing", mutates_args=())

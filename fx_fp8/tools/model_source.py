@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from fx_fp8.pipelines import publish_steps
+from fx_fp8.pipeline.step_publishing import publish_steps
 
 
 class ModelSourceError(ValueError):
@@ -218,7 +218,7 @@ class PipelineRun:
                 box["latents"] = kw["latents"]
                 return {}
 
-            with (publish_steps(self.pipe) if publish else contextlib.nullcontext()):  # fx_fp8.pipelines
+            with (publish_steps(self.pipe) if publish else contextlib.nullcontext()):  # as compile_pipeline does
                 out = self.pipe(**call, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
                                 output_type=output_type, callback_on_step_end=grab)
             result = out.frames if hasattr(out, "frames") else out.images

@@ -84,10 +84,9 @@ def fill_example_values(graph: torch.fx.Graph) -> int:
     """Give every call node the passes inserted an `example_value` (the fake value Dynamo
     records for each node), computed from its inputs' under the graph's fake mode: AOTAutograd's
     cache refuses a graph with a method call on a node that has none. Returns how many were set."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from fx_fp8.graph.dynamo_internals import fake_mode_of
 
-    fake_mode = next((v.fake_mode for n in graph.nodes for v in [n.meta.get("example_value")]
-                      if isinstance(v, FakeTensor)), None)
+    fake_mode = fake_mode_of(graph)
     if fake_mode is None:
         return 0
     filled = 0

@@ -25,22 +25,17 @@ passes report it and never apply a layer selector to it silently.
 from __future__ import annotations
 
 import re
-import sys
 import weakref
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx
 import torch.nn as nn
 
-from fx_fp8.passes.attention_forms import is_attention
+from fx_fp8.graph.dynamo_internals import (find_compiled_model, runtime_instance, split_source,  # noqa: F401
+                                           traced_frame_variables)
+from fx_fp8.graph.attention_forms import is_attention
 
-_ROOT = re.compile(r"^([LG])\[['\"]([^'\"]*)['\"]\]")
-_DICT_MODULES = re.compile(r"\.__dict__\[['\"]_modules['\"]\]\[['\"]([^'\"]+)['\"]\]")
-_MODULES = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]")
-_ITEM_STR = re.compile(r"\[['\"]([^'\"]+)['\"]\]")
-_ITEM_INT = re.compile(r"\[(\d+)\]")
-_GETATTR = re.compile(r"getattr\((.*), ['\"]([^'\"]+)['\"]\)")
 _BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
 
 #: node.meta keys the backend writes once per compile (the passes read them)
@@ -50,30 +45,6 @@ RESOLVED_KEY = "fx_fp8_module_resolved"
 MODEL_KEY = "fx_fp8_model"
 #: gm.meta key: the model's name of the module instance whose frame was traced ("" = the model itself)
 INSTANCE_KEY = "fx_fp8_instance"
-
-
-def split_source(source: str) -> tuple[Optional[str], str]:
-    """Dynamo's source spelling -> (root variable or None, dotted path from it).
-
-    `L['self'].__dict__['_modules']['transformer_blocks'].0.attn` -> ('L:self', 'transformer_blocks.0.attn')
-    `L['s'].m.blocks[0].to_qkv` -> ('L:s', 'm.blocks.0.to_qkv');  `G['orig'].__self__.attn` -> ('G:orig', '__self__.attn')
-    """
-    s = source
-    while True:  # getattr(x, 'a') -> x.a, innermost first
-        new = _GETATTR.sub(lambda m: f"{m.group(1)}.{m.group(2)}", s)
-        if new == s:
-            break
-        s = new
-    local = None
-    m = _ROOT.match(s)
-    if m:
-        local = f"{m.group(1)}:{m.group(2)}"
-        s = s[m.end():]
-    s = _DICT_MODULES.sub(r".\1", s)
-    s = _MODULES.sub(r".\1", s)
-    s = _ITEM_STR.sub(r".\1", s)
-    s = _ITEM_INT.sub(r".\1", s)
-    return local, s.strip(".")
 
 
 def normalize_module_path(source: str) -> str:
@@ -110,51 +81,6 @@ def block_key(name: str) -> Optional[tuple[str, int]]:
 
 
 # -- finding the model ------------------------------------------------------------------------
-def find_compiled_model(param_ids: set[int]) -> tuple[Optional[nn.Module], Optional[Any], Optional[nn.Module]]:
-    """(model, owner, caller) for the graph being compiled now, from the Python stack.
-
-    model: the nn.Module whose names the passes use. owner: the object that
-    owns this compile's reports and warnings (the OptimizedModule of
-    `torch.compile(model)`, else the model itself). caller: the innermost module
-    whose call led to the traced frame (a hook's forward is called by the module
-    it replaced). None where there is none (a compiled function).
-    """
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    frame = sys._getframe(1)
-    outermost = caller = None
-    while frame is not None:
-        obj = frame.f_locals.get("self")
-        if isinstance(obj, OptimizedModule):
-            return obj._orig_mod, obj, caller
-        if isinstance(obj, nn.Module) and (not param_ids or _owns_any(obj, param_ids)):
-            outermost = obj
-        if caller is None and isinstance(obj, nn.Module):
-            caller = obj
-        frame = frame.f_back
-    return outermost, outermost, caller
-
-
-def _owns_any(module: nn.Module, param_ids: set[int]) -> bool:
-    return any(id(p) in param_ids for p in module.parameters())
-
-
-def traced_frame_variables() -> dict:
-    """The real variables of the frame Dynamo is compiling now, keyed as split_source names
-    them ('L:self', 'G:orig'); {} outside Dynamo."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        tx = InstructionTranslator.current_tx()
-    except Exception:  # private API: a torch without it only loses name resolution, loudly (see resolve_names)
-        return {}
-    if tx is None:
-        return {}
-    scope = {f"G:{k}": v for k, v in (getattr(tx, "f_globals", None) or {}).items()}
-    scope.update({f"L:{k}": v for k, v in (getattr(tx, "f_locals", None) or {}).items()})
-    return scope
-
-
 def _walk(obj, path: str):
     """Follow a dotted path of attributes / indices from obj; None where it breaks."""
     for part in path.split(".") if path else ():
@@ -306,21 +232,6 @@ def rename_instance(gm: torch.fx.GraphModule, old: str, new: str) -> None:
         elif name == old or name.startswith(old + "."):
             node.meta[NAME_KEY] = new + name[len(old):]
     gm.meta[INSTANCE_KEY] = new
-
-
-def runtime_instance(module_name_of: dict[int, str]) -> Optional[str]:
-    """At run time: the model's name of the innermost module on the Python stack (the instance
-    whose forward is running the compiled graph), or None. Only for a graph that reads no
-    parameter (InstanceDispatch knows the others by their parameters, without a stack walk)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        obj = frame.f_locals.get("self")
-        if isinstance(obj, nn.Module):
-            name = module_name_of.get(id(obj))
-            if name is not None:
-                return name
-        frame = frame.f_back
-    return None
 
 
 def module_names_of(model: nn.Module) -> dict[int, str]:

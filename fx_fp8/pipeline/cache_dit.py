@@ -33,10 +33,14 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.config import did_you_mean
+
+
 #: the tested cache-dit range (pyproject's `cache-dit` extra)
 CACHE_DIT_REQUIREMENT = "cache-dit>=1.5.3,<1.6"
 MISSING = (f"cache_backend 'cache_dit' needs the cache-dit package: pip install 'fx-fp8[cache-dit]' "
            f"(or pip install '{CACHE_DIT_REQUIREMENT}')")
+
 
 #: vLLM-Omni's cache_config keys -> (cache-dit config, its field). "scm_*" and "enable_taylorseer" /
 #: "taylorseer_order" are vLLM-Omni's spellings of the step mask and the TaylorSeer calibrator.
@@ -118,15 +122,11 @@ class CacheDitConfig:
 def check_keys(mapping: Mapping) -> dict:
     """The cache-dit fields cache_config sets, by config ('db' / 'calibrator' / 'scm'); every key and
     value checked (no cache-dit import needed), the first bad one named in a ValueError."""
-    import difflib
-
     out: dict = {"db": {}, "calibrator": {}, "scm": {}}
     for key, value in mapping.items():
         if key not in CACHE_DIT_KEYS:
-            close = difflib.get_close_matches(str(key), list(CACHE_DIT_KEYS), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown cache_config key {key!r} for cache_backend 'cache_dit'{hint}; known keys: "
-                             f"{sorted(CACHE_DIT_KEYS)}")
+            raise ValueError(f"unknown cache_config key {key!r} for cache_backend 'cache_dit'"
+                             f"{did_you_mean(key, CACHE_DIT_KEYS)}; known keys: {sorted(CACHE_DIT_KEYS)}")
         target, name = CACHE_DIT_KEYS[key]
         out[target][name] = _check(key, value)
     db, cal, scm = out["db"], out["calibrator"], out["scm"]
@@ -258,7 +258,7 @@ def block_adapter(model: nn.Module):
 def enable(model: nn.Module, config: CacheDitConfig) -> CacheDitState:
     """cache_dit.enable_cache on a prepared, not yet compiled transformer (its registered adapter)."""
     cache_dit = _import()
-    from fx_fp8.parallel import current_attention_backend
+    from fx_fp8.pipeline.attention_backend import current_attention_backend
 
     model = getattr(model, "_orig_mod", model)
     if is_cache_dit_enabled(model):
@@ -363,7 +363,7 @@ def compile_regions(model: nn.Module, state: CacheDitState, compile_fn) -> list:
     """CachedBlocks' decisions run eagerly; each real block's forward becomes compile_fn(its own copy),
     called with the transformer's own block lists in place (real names and layers). Returns the
     names of the blocks compiled."""
-    from fx_fp8.parallel import _method_copy
+    from fx_fp8.pipeline.cache_hooks import method_copy
 
     model = getattr(model, "_orig_mod", model)
     names = {id(m): n for n, m in model.named_modules()}
@@ -376,7 +376,7 @@ def compile_regions(model: nn.Module, state: CacheDitState, compile_fn) -> list:
             if getattr(block, "_fx_fp8_region", False):
                 continue
             own = vars(block).get("forward")
-            compiled = compile_fn(_method_copy(block.forward))
+            compiled = compile_fn(method_copy(block.forward))
 
             def forward(*args, _compiled=compiled, **kwargs):
                 with _own_lists(model, state.lists):

@@ -26,7 +26,9 @@ one forward and two backward sweeps over the nodes:
 4. From the graph's output backwards through reshapes, permutes, slices, casts, concatenations
    (unpatchify), 1x1 post-convolutions with their residual, and masks: the first linear met that
    reads mixed token-stream values is the final projection. An input embedder in a graph piece
-   (raw input -> linear -> output) is not.
+   (raw input -> linear -> output) is not. Only a graph that can hold the model's output is
+   searched (holds_model_output): the model's own, or a direct child of the model Dynamo
+   compiled on its own (the output layer when the model's forward breaks), never a block.
 
 A linear whose input is conditioning is "adaLN modulation" when its output modulates the token
 stream and reaches no further linear, else "timestep conditioning" (the embedders of the
@@ -42,9 +44,9 @@ from typing import Any, Iterable
 import torch
 import torch.fx
 
-from fx_fp8.passes.attention_forms import is_attention
+from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.passes.linear import LINEAR_TARGETS, PREPARED_TARGETS
-from fx_fp8.passes.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
+from fx_fp8.graph.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
 from fx_fp8.shapes import concrete, known_equal, known_one
 
 TIMESTEP = "timestep conditioning"
@@ -369,12 +371,34 @@ class _Analysis:
         return out
 
 
+def holds_model_output(gm: torch.fx.GraphModule) -> bool:
+    """Can this graph's output be the model's output, so that its last linear may be the final
+    projection? The model's own graph: yes. A graph of one module compiled on its own (see
+    fx_fp8/graph/names.py INSTANCE_KEY) is a piece Dynamo split off the model:
+    - a block of a repeated stack or a module inside one (`blocks.3`, `blocks.3.attn`,
+      `head.proj`: its path holds a dot or is an index): no (regional compilation, hooks);
+    - a direct child of the model (`head`, `final_layer`): yes. Dynamo compiles one on its own
+      when the model's forward breaks around it (WanAnimate2's forward breaks in every block
+      and runs eagerly around its children), and the model's output layer is such a child.
+      The other direct children are embedders, which read a raw input, and conditioning MLPs,
+      which read no token stream: the final-projection rule (a linear reading token-stream
+      values mixed with conditioning or attention) passes them over. A direct child that is a
+      whole token-mixing sub-network ending in a linear would be taken for the output layer
+      (its last linear kept native).
+    """
+    instance = gm.meta.get(INSTANCE_KEY)
+    if instance in ("", None):
+        return True
+    return "." not in instance and not instance.isdigit()
+
+
 def find_sensitive_linears(gm: torch.fx.GraphModule, *, model_output: bool = True) -> dict[torch.fx.Node, str]:
     """{linear node: why it is sensitive} from the graph's data flow: "timestep conditioning",
     "adaLN modulation" or "final projection" (see the module docstring). Linears are the
     call_function nodes of passes.linear.LINEAR_TARGETS and prepared fx_fp8::quantized_linear
     calls. model_output=False for a graph of one block or attention module (a region compiled
-    on its own): its output is not the model's, so its last linear is no final projection.
+    on its own): its output is not the model's, so its last linear is no final projection
+    (holds_model_output decides it from the graph's instance).
     Never raises: on anything unexpected it returns {} (the name patterns still apply)."""
     try:
         return _Analysis(gm, model_output).run()
@@ -390,7 +414,7 @@ def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict
 
     def capture(gm, example_inputs):
         resolve_graph(gm, example_inputs, model=model)
-        for node, why in find_sensitive_linears(gm, model_output=gm.meta.get(INSTANCE_KEY) in ("", None)).items():
+        for node, why in find_sensitive_linears(gm, model_output=holds_model_output(gm)).items():
             if is_resolved(node):
                 found.setdefault(module_name(node), why)
         return gm.forward

@@ -1,0 +1,202 @@
+"""compile_pipeline: FP8 for a whole diffusers pipeline.
+
+    pipe = fx_fp8.compile_pipeline(pipe, "stage.yaml", diffusion_kv_cache_skip_steps="0,1")
+    image = pipe(prompt_embeds=..., num_inference_steps=28).images[0]
+    fx_fp8.restore_pipeline(pipe)          # the original weights need keep_weights=True (or prepare=False)
+
+Every denoising transformer (`transformer`, and `transformer_2` of two-expert Wan2.2 pipelines) is
+optionally prepared (`prepare_model`: FP8 weights, the originals freed) and replaced by
+`torch.compile(t, backend="fp8", options={"config": cfg})`; the pipeline publishes its denoising
+step (step_publishing.py) so `diffusion_kv_cache_skip_steps` works. A pipeline with no scheduler
+`step` to hook is refused at compile time. Inside `callback_on_step_end(pipe, i, t, kwargs)`,
+`fx_fp8.current_step()` is already i + 1 (the step about to run).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.nn as nn
+
+from fx_fp8.backend import MODES
+from fx_fp8.config import FP8Config
+from fx_fp8.graph.dynamo_internals import is_compiled_module
+from fx_fp8.pipeline.apply_options import (apply_pipeline_options, check_pipeline_options, compile_regions,
+                                           has_diffusers_hooks)
+from fx_fp8.pipeline.offload import check_weights_readable, reapply_group_offload
+from fx_fp8.pipeline.options import PipelineOptions
+from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS, PipelineFP8State
+from fx_fp8.pipeline.step_publishing import call_recorder, check_scheduler, install_scheduler_hook, wrapped_class
+from fx_fp8.prepare import prepare_model
+from fx_fp8.rules import check_not_prepared
+from fx_fp8.weights import watch_weights
+
+BACKENDS = ("fp8", "fp8_npu")
+
+
+def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
+                     regional: bool = False,
+                     compile_kwargs: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
+                     cache_config=None, **overrides):
+    """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
+
+    config: an FP8Config, a mapping, a YAML path (flat or vLLM-Omni stage config) or None
+      (both FP8 attention and FP8 linears); `overrides` are config keys applied on top.
+    backend: "fp8" (lowering from the tensors' device) or "fp8_npu".
+    prepare: fx_fp8.prepare_model each transformer on its first call, with that call's inputs
+      (so the sensitive layers are found by the graph's structure, as the backend finds them;
+      by name, up front, where the model carries diffusers hooks or gets a cache or context
+      parallelism from compile_pipeline: tracing it would move the hooks' state), so the quantized weights
+      replace the original ones in memory. This is destructive: the original weights are
+      freed, so restore_pipeline(pipe) refuses (ValueError) and restore_pipeline(pipe,
+      linears="quantized") keeps the QuantizedLinear modules, unless keep_weights=True, which
+      keeps the original nn.Linear modules on the CPU to put back (the original weights stay
+      in host memory). A transformer already prepared by prepare_model is refused: pass
+      prepare=False to compile it as it is.
+    regional: compile each transformer block by block, as diffusers' compile_repeated_blocks does
+      (one compile per block class instead of the whole model: the cold start drops several-fold,
+      see README "Compile time"); the transformers stay the pipeline's own modules.
+    compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
+    parallel_config / cache_backend / cache_config: vLLM-Omni's context-parallel degrees
+      ({ulysses_degree, ring_degree}) and cache backend (first_block_cache, taylorseer, mag_cache)
+      with its JSON-like config, mapped onto diffusers by fx_fp8.pipeline.options; they override the same
+      keys of a config YAML / mapping. Under torchrun with ulysses_degree x ring_degree processes.
+    Returns `pipe`; fx_fp8.pipeline_state(pipe).calls records each transformer
+    call of the last run (step, transformer, step variant).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"invalid backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if keep_weights and not prepare:
+        raise ValueError("keep_weights=True with prepare=False: without prepare the original weights are never "
+                         "freed, so there is nothing to keep; drop keep_weights or use prepare=True")
+    if getattr(pipe, STATE_ATTR, None) is not None:
+        raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
+                         "call fx_fp8.restore_pipeline(pipe) first")
+    cfg = FP8Config.load(config, **overrides)
+    # pipeline options (context parallelism, cache hooks) read from the same config (options.py)
+    popts = PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
+                                 cache_config=cache_config)
+    transformers = _find_transformers(pipe)
+    if prepare and cfg.linear_enabled:
+        for attr, module in transformers.items():
+            try:
+                check_not_prepared(module, "compile_pipeline(prepare=True) cannot prepare it again",
+                                   "pass prepare=False to compile it as it is")
+            except ValueError as e:
+                raise ValueError(f"pipe.{attr}: {e}") from None
+            check_weights_readable(module, attr)
+    if not callable(pipe):
+        raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
+                         "around the pipeline's __call__")
+    scheduler = check_scheduler(pipe)
+    if regional:
+        _check_regional(transformers, popts)
+    options = {"config": cfg}
+    compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
+    # refuse what would fail or lose hooks (and join the torchrun job), before any change
+    check_pipeline_options(popts, list(transformers.values()), cfg, prepare=prepare, compile_kwargs=compile_kwargs)
+
+    # everything is checked: only now change the transformers
+    state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
+                             kept_linears={}, base_class=type(pipe))
+    for attr, module in transformers.items():
+        if cfg.linear_enabled:  # before the first trace: two experts of one class then share one graph
+            watch_weights(module)
+        if regional:
+            module.compile_repeated_blocks(backend=backend, options=options, **compile_kwargs)
+            compiled = module
+        else:
+            compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
+
+        def setup(example_inputs, attr=attr, module=module):
+            """prepare, then cache hooks, then context parallelism, then regions (apply_options.py):
+            preparing after the parallel hooks would drop diffusers' gather hook on proj_out."""
+            if attr in state.extras:
+                return  # already set up
+            state.pending_setup.pop(attr, None)
+            if prepare:
+                check_weights_readable(module, attr)
+                linears = dict(module.named_modules()) if keep_weights else {}
+                state.prepared[attr] = prepare_model(module, cfg, example_inputs=example_inputs)
+                if keep_weights:
+                    state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
+                if state.prepared[attr]["quantized"]:
+                    reapply_group_offload(module)
+            state.extras[attr] = apply_pipeline_options(module, popts)
+            compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
+
+        if prepare and cfg.linear_enabled and not has_diffusers_hooks(module) and not popts.enabled:
+            # on the first call: prepare_model traces the model on that call's inputs, so it finds the
+            # sensitive layers by structure as the backend does (by name otherwise)
+            state.pending_setup[attr] = setup
+            state.hook_handles.append(compiled.register_forward_pre_hook(_once(setup), with_kwargs=True))
+        else:
+            setup(None)
+        state.hook_handles.append(compiled.register_forward_pre_hook(call_recorder(state, attr)))
+        state.compiled[attr] = compiled
+    install_scheduler_hook(state, scheduler)
+    object.__setattr__(pipe, STATE_ATTR, state)
+    for attr, compiled in state.compiled.items():
+        setattr(pipe, attr, compiled)
+    pipe.__class__ = wrapped_class(state.base_class)
+    return pipe
+
+
+def _find_transformers(pipe) -> dict:
+    found = {a: getattr(pipe, a, None) for a in TRANSFORMER_ATTRS}
+    found = {a: m for a, m in found.items() if m is not None}
+    if not found:
+        raise ValueError(f"{type(pipe).__name__} has no denoising transformer: expected an nn.Module in "
+                         f"{' or '.join(TRANSFORMER_ATTRS)}; fx_fp8.compile_pipeline compiles DiT pipelines "
+                         "(Flux, Qwen-Image, Wan, Z-Image, SD3); for a bare model use torch.compile(model, backend='fp8')")
+    for a, m in found.items():
+        if is_compiled_module(m):
+            raise ValueError(f"pipe.{a} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
+        if not isinstance(m, nn.Module):
+            raise ValueError(f"pipe.{a} is a {type(m).__name__}, not a torch.nn.Module")
+    return found
+
+
+def _check_regional(transformers: dict, popts) -> None:
+    """regional=True needs blocks to compile (diffusers' `_repeated_blocks`), and is not combined
+    with the cache hooks or context parallelism, which compile regions of their own."""
+    for attr, module in transformers.items():
+        if not getattr(module, "_repeated_blocks", None):
+            raise ValueError(f"regional=True: pipe.{attr} ({type(module).__name__}) declares no _repeated_blocks "
+                             "to compile; use regional=False")
+    if popts.enabled:
+        raise ValueError("regional=True is not combined with cache_backend or parallel_config yet (they compile "
+                         "regions of their own); use regional=False")
+
+
+def _once(setup):
+    """A forward pre-hook that runs setup((args, kwargs)) before the first call (setup itself
+    returns at once when it has run)."""
+    lock = threading.Lock()
+
+    def hook(compiled, args, kwargs):
+        with lock:
+            setup((args, kwargs))
+        return None
+
+    return hook
+
+
+def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
+    """torch.compile keywords, checked before anything is prepared. `mode` travels in the
+    backend options (torch.compile refuses `mode` together with `options`)."""
+    kwargs = dict(compile_kwargs or {})
+    allowed = set(inspect.signature(torch.compile).parameters) - {"model", "backend", "options", "mode"}
+    for key in kwargs:
+        if key in ("backend", "options", "model"):
+            raise ValueError(f"compile_kwargs may not set {key!r}: compile_pipeline sets it")
+        if key not in allowed and key != "mode":
+            raise ValueError(f"unknown torch.compile keyword {key!r} in compile_kwargs; known: {sorted(allowed | {'mode'})}")
+    if "mode" in kwargs:
+        mode = kwargs.pop("mode")
+        if mode not in MODES:
+            raise ValueError(f"invalid mode {mode!r} in compile_kwargs: expected one of {', '.join(map(str, MODES[1:]))}")
+        options["mode"] = mode
+    return kwargs
