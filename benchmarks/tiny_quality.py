@@ -9,10 +9,15 @@
     python benchmarks/tiny_quality.py --quantization int8   # the given config: INT8 linears only
     python benchmarks/tiny_quality.py --sensitive-rows      # sensitive layers native / weight_only / fp8
     python benchmarks/tiny_quality.py --step-policies       # step policies for attention and linears
+    python benchmarks/tiny_quality.py --prompt-set heldout  # on the 48 held-out prompts instead
+    python benchmarks/tiny_quality.py --prompt-set both     # each config on tuning and held-out
+    python benchmarks/tiny_quality.py --prompt-set all      # ... and on the third, confirmation set
 
-Prompt i is drawn from the tiny model's grammar with seed i and generated with noise seed i,
-so every run compares the same 16 images. Results are printed as a table; with --append they
-are also appended (with date, machine, versions) to benchmarks/RESULTS.md.
+Prompt sets (fx_fp8/tools/tiny_model/prompt_sets.py): "tuning" (default; prompt i drawn from the
+grammar with seed i, noise seed i: the 16 cases the shipped model was fine-tuned and gated on)
+and "heldout" (48 fixed cases it was never tuned or evaluated on). Every run compares the same
+images. Results are printed as a table; only with --append are they also appended (with date,
+machine, versions) to benchmarks/RESULTS.md.
 Targets: mean PSNR >= 30 dB, mean SSIM >= 0.97.
 """
 from __future__ import annotations
@@ -31,7 +36,8 @@ import torch
 import fx_fp8
 from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args
 from fx_fp8.tools.image_metrics import compare_images
-from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline, random_prompt
+from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline
+from fx_fp8.tools.tiny_model.prompt_sets import PROMPT_SETS, prompt_cases
 
 TARGET_PSNR, TARGET_SSIM = 30.0, 0.97
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
@@ -50,7 +56,7 @@ ABLATIONS = {
 }
 
 
-# --int8 rows: INT8 W8A8 linears next to FP8 ones (issue 15)
+# --int8 rows: INT8 W8A8 linears next to FP8 ones, on the same prompts
 INT8_ROWS = {
     "linears only, FP8": dict(diffusion_kv_cache_dtype=None, quantization="fp8"),
     "linears only, INT8": dict(diffusion_kv_cache_dtype=None, quantization="int8"),
@@ -77,14 +83,12 @@ def step_policy_rows(steps: int) -> dict:
 def fp8_flop_fraction(pipe) -> float:
     """FP8 (W8A8 linear and FP8 attention) FLOPs of the last run / those of the same run all in FP8,
     from the reports of the variants each transformer call ran."""
-    from fx_fp8.pipelines import pipeline_state
-    from fx_fp8.tools.sensitivity import _flops
+    from fx_fp8 import pipeline_state
 
     reports = pipeline_state(pipe).reports()["transformer"]
     by_variant: dict = {}
     for r in reports:
-        work = sum(_flops(e.op, e.shapes) for e in r.entries if e.action in ("fp8", "int8"))
-        by_variant[r.step_variant] = by_variant.get(r.step_variant, 0.0) + work
+        by_variant[r.step_variant] = by_variant.get(r.step_variant, 0.0) + r.flops(("fp8", "int8"))
     full = by_variant.get(None, by_variant.get("fp8", 0.0))
     ran = [c.variant for c in pipeline_state(pipe).calls]
     kept = sum(by_variant.get(v, 0.0) for v in ran)
@@ -92,7 +96,8 @@ def fp8_flop_fraction(pipe) -> float:
 
 
 def prompts_and_seeds(n: int) -> list[tuple[str, int]]:
-    return [(random_prompt(np.random.default_rng(i)), i) for i in range(n)]
+    """The first `n` cases of the tuning set (other benchmarks compare on these)."""
+    return prompt_cases("tuning", n)
 
 
 def generate(pipe, cases, steps) -> list[np.ndarray]:
@@ -104,13 +109,21 @@ def generate(pipe, cases, steps) -> list[np.ndarray]:
 
 
 def evaluate(config, cases, steps, native, backend, *, pipe=None, prepare: bool = True) -> dict:
-    """Compile a fresh pipeline (or `pipe`) with `config`, generate, compare with the native images."""
+    """Compile a fresh pipeline (or `pipe`) with `config`, generate, compare with the native images.
+    `cases` and `native` may be dicts (prompt set -> cases / native images): then one compile
+    serves every set and the result is a dict of results by set."""
     torch._dynamo.reset()
     fx_fp8.clear_reports()
     if pipe is None:
         pipe = load_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     fx_fp8.compile_pipeline(pipe, config, backend=backend, prepare=prepare)
+    if isinstance(cases, dict):
+        return {name: _score(pipe, cases[name], steps, native[name]) for name in cases}
+    return _score(pipe, cases, steps, native)
+
+
+def _score(pipe, cases, steps, native) -> dict:
     t0 = time.perf_counter()
     images = generate(pipe, cases, steps)
     seconds = time.perf_counter() - t0
@@ -161,7 +174,7 @@ def weights_id() -> str:
         return hashlib.sha256(f.read()).hexdigest()[:12]
 
 
-def append_results(table: str, args, n_cases: int, steps: int, config) -> None:
+def append_results(table: str, args, n_cases: str, steps: int, config) -> None:
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     section = (f"\n## tiny_quality — {now}\n\n"
                f"- machine: {machine()}\n- versions: {versions()}\n"
@@ -180,7 +193,12 @@ def append_results(table: str, args, n_cases: int, steps: int, config) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--prompt-set", choices=[*PROMPT_SETS, "both", "all"], default="tuning",
+                        help="tuning: the 16 cases the shipped model was tuned on (default); heldout: 48 cases it "
+                             "never saw in tuning or evaluation; confirm: 48 more, apart from both; both: tuning "
+                             "and heldout; all: the three")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help="the first N cases of each set (default: 16 tuning, 48 held-out, 48 confirm)")
     parser.add_argument("--num-inference-steps", type=int, default=DEFAULT_NUM_INFERENCE_STEPS)
     parser.add_argument("--ablation", action="store_true", help="also measure the parts of the recipe separately")
     parser.add_argument("--int8", action="store_true",
@@ -194,17 +212,19 @@ def main(argv=None) -> int:
     parser.add_argument("--no-append", action="store_true", help="do not append (the default; overrides --append)")
     add_fp8_flags(parser)
     args = parser.parse_args(argv)
-    if args.num_prompts < 1:
-        parser.error(f"--num-prompts must be >= 1, got {args.num_prompts}")
     warnings.filterwarnings("ignore", category=FutureWarning)
     config = config_from_args(args)
-    cases = prompts_and_seeds(args.num_prompts)
+    names = {"both": ["tuning", "heldout"], "all": list(PROMPT_SETS)}.get(args.prompt_set, [args.prompt_set])
+    try:
+        sets = {name: prompt_cases(name, args.num_prompts) for name in names}
+    except ValueError as e:
+        parser.error(f"--num-prompts: {e}")
     steps = args.num_inference_steps
 
     pipe = load_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     t0 = time.perf_counter()
-    native = generate(pipe, cases, steps)
+    native = {name: generate(pipe, cases, steps) for name, cases in sets.items()}
     native_s = time.perf_counter() - t0
 
     given = "FP8 (given config)"
@@ -223,18 +243,21 @@ def main(argv=None) -> int:
 
     table_rows = []
     for name, cfg in rows:
-        r = evaluate(cfg, cases, steps, native, args.backend)
-        ok = "yes" if r["psnr"] >= TARGET_PSNR and r["ssim"] >= TARGET_SSIM else "no"
-        table_rows.append([name, r["attn"], r["linear"], f"{r['psnr']:.2f}", f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}",
-                           f"{r['ssim_min']:.4f}", ok, f"{r['fp8_flops']:.2f}", f"{r['seconds']:.1f}"])
-        print(f"{name}: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}", flush=True)
-    headers = ["config", "fp8 attention", "fp8 linears", "PSNR dB (mean)", "PSNR min", "SSIM (mean)", "SSIM min",
-               "meets target", "FP8 FLOP fraction", "seconds (incl. compile)"]
+        results = evaluate(cfg, sets, steps, native, args.backend)
+        for set_name, r in results.items():
+            ok = "yes" if r["psnr"] >= TARGET_PSNR and r["ssim"] >= TARGET_SSIM else "no"
+            table_rows.append([name, f"{set_name} ({len(sets[set_name])})", r["attn"], r["linear"], f"{r['psnr']:.2f}",
+                               f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}", f"{r['ssim_min']:.4f}", ok,
+                               f"{r['fp8_flops']:.2f}", f"{r['seconds']:.1f}"])
+            print(f"{name} [{set_name}]: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}", flush=True)
+    headers = ["config", "prompts", "fp8 attention", "fp8 linears", "PSNR dB (mean)", "PSNR min", "SSIM (mean)",
+               "SSIM min", "meets target", "FP8 FLOP fraction", "seconds (incl. compile)"]
     table = tabulate(table_rows, headers=headers, tablefmt="github")
-    print(f"\nnative: {native_s:.1f} s for {len(cases)} images\n")
+    n_cases = sum(len(c) for c in sets.values())
+    print(f"\nnative: {native_s:.1f} s for {n_cases} images\n")
     print(table)
     if args.append and not args.no_append:
-        append_results(table, args, len(cases), steps, config)
+        append_results(table, args, " + ".join(f"{len(c)} {n}" for n, c in sets.items()), steps, config)
     return 0
 
 

@@ -75,6 +75,7 @@ from fx_fp8.tools.image_metrics import compare_images  # noqa: E402
 from fx_fp8.tools.tiny_model.fake_quant import fake_fp8, quantized_linear_names  # noqa: E402
 from fx_fp8.tools.tiny_model.pipeline import TinyShapesPipeline, image_ids, pack_images, text_ids  # noqa: E402
 from fx_fp8.tools.tiny_model.prompt_encoder import TinyPromptEncoder  # noqa: E402
+from fx_fp8.tools.tiny_model.prompt_sets import tuning_cases  # noqa: E402
 from fx_fp8.tools.tiny_model.shapes import color_match_rates, random_prompt, render_prompt_image  # noqa: E402
 
 DEFAULT_OUT = REPO_ROOT / "fx_fp8" / "tiny_model" / "weights"
@@ -137,9 +138,11 @@ def predict(transformer, encoder, prompts, x_t, sigma):
 
 
 def fp8_gate(pipe, n: int = 16) -> tuple[float, float, float, float]:
-    """FP8 (fake quant, default FP8Config) vs native over the cases of benchmarks/tiny_quality.py:
-    prompt i from seed i, noise seed i. Returns (mean PSNR, min PSNR, mean SSIM, min SSIM)."""
-    cases = [(random_prompt(np.random.default_rng(i)), i) for i in range(n)]
+    """FP8 (fake quant, default FP8Config) vs native over the tuning set (prompt_sets.tuning_cases:
+    prompt i from seed i, noise seed i; benchmarks/tiny_quality.py's default set). Checkpoints are
+    chosen by this gate, so it is in-sample: the held-out set (prompt_sets.HELDOUT) is never used
+    here. Returns (mean PSNR, min PSNR, mean SSIM, min SSIM)."""
+    cases = tuning_cases(n)
 
     def run():
         gens = [torch.Generator().manual_seed(s) for _, s in cases]

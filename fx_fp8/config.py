@@ -9,20 +9,16 @@ Keys follow vLLM-Omni's diffusion options (`diffusion_kv_cache_dtype`,
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from fx_fp8.config_files import (LEGACY_KEYS, PIPELINE_KEYS, config_keys, did_you_mean,  # noqa: F401 (re-exported)
+                                 fold_legacy_keys, read_config_file)
 from fx_fp8.patterns import validate_pattern
 from fx_fp8.selectors import Selector, parse_selector
 
-LEGACY_KEYS = {
-    "kv_cache_dtype": "diffusion_kv_cache_dtype",
-    "kv_cache_skip_steps": "diffusion_kv_cache_skip_steps",
-    "kv_cache_skip_layers": "diffusion_kv_cache_skip_layers",
-}
 KV_CACHE_DTYPES = (None, "auto", "fp8")
 QUANTIZATION_METHODS = (None, "fp8", "int8")
 ATTENTION_GRANULARITIES = ("tensor", "head", "block", "mx")
@@ -35,12 +31,10 @@ DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
 SKIP_STEPS_MODES = ("native", "weight_only")
 #: how the sensitive linears (embedders, adaLN modulation, final projection) run
 SENSITIVE_MODES = ("native", "weight_only", "fp8")
-DEFAULT_SENSITIVE = "native"
-
-def _did_you_mean(key: str, known) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
+#: weight-only with INT8 weights, one scale per output channel and 32 input columns: on the shipped tiny
+#: model and the zoo as good as native sensitive layers, 0.521x weight bytes on a bf16 Flux (0.666x
+#: native); benchmarks/sensitive_modes.py, RESULTS.md 2026-12-02
+DEFAULT_SENSITIVE = "weight_only"
 
 def _check_choice(name: str, value, choices) -> Any:
     if isinstance(value, str):
@@ -85,7 +79,7 @@ def _from_mapping(cls, data: Mapping[str, Any] | None, where: str):
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
-            raise ValueError(f"unknown key {key!r} in {where}{_did_you_mean(key, names)}; known keys: {sorted(names)}")
+            raise ValueError(f"unknown key {key!r} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}")
     return cls(**dict(data))
 
 
@@ -149,9 +143,16 @@ class QuantizationConfig:
       and changes nothing: the sensitive layers are always kept.
     quantize_sensitive: also quantize the sensitive layers (everything eligible
       then runs quantized except `ignored_layers`); a synonym of sensitive="fp8".
-    sensitive: how the sensitive layers run: "native", "weight_only" (FP8 / INT8
-      weights with per-channel scales, activations in the model's precision:
-      W8A16) or "fp8" (quantized like every other linear, W8A8 with `method`).
+    sensitive: how the sensitive layers run: "weight_only" (default: quantized
+      weights stored as weight_only_method / weight_only_group_size say,
+      activations in the model's precision: W8A16), "native" or "fp8"
+      (quantized like every other linear, W8A8 with `method`).
+    weight_only_method: storage of weight-only (W8A16) layers, "int8" (default)
+      or "fp8" (None: `method`); a device whose weight-only matmul takes one
+      storage only (NPU: int8) uses that one.
+    weight_only_group_size: scales of weight-only layers: an integer g (a
+      multiple of 16; default 32), one per output channel and per g input
+      columns (4 bytes per g weights); None, one per output channel.
     skip_steps: denoising steps on which the linears do not run W8A8 (the
       attention selector's grammar: "0-2,47-49"); they run `skip_steps_mode`:
       "weight_only" (the same quantized weights, activations unquantized) or
@@ -190,6 +191,8 @@ class QuantizationConfig:
     sensitive: str | None = None
     skip_steps: Selector = field(default_factory=Selector)
     skip_steps_mode: str = "weight_only"
+    weight_only_method: str | None = "int8"
+    weight_only_group_size: int | None = 32
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -211,6 +214,13 @@ class QuantizationConfig:
         set_("skip_steps", parse_selector(self.skip_steps, what="quantization_config.skip_steps"))
         mode = _check_choice("quantization_config.skip_steps_mode", self.skip_steps_mode, SKIP_STEPS_MODES)
         set_("skip_steps_mode", mode)
+        if self.weight_only_method is not None:
+            set_("weight_only_method", _check_choice("quantization_config.weight_only_method",
+                                                     self.weight_only_method, QUANTIZATION_METHODS))
+        group = self.weight_only_group_size
+        if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 16 or group % 16):
+            raise ValueError(f"invalid quantization_config.weight_only_group_size {group!r}: expected a multiple of "
+                             "16 (input columns per weight scale), or None for one scale per output channel")
         set_("activation_scheme", _check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")))
         set_("activation_granularity", _check_choice("quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")))
         if self.weight_block_size is not None:
@@ -274,9 +284,9 @@ _TOP_KEYS = (
 #: flat spellings of quantization_config keys (CLI flags, compile_pipeline keywords); unlike
 #: ignored_layers they are no linear opt-in: like diffusion_kv_cache_skip_steps, they select steps
 STEP_SHORTCUTS = {"quantization_skip_steps": "skip_steps", "quantization_skip_steps_mode": "skip_steps_mode"}
-#: pipeline-level keys a config may carry next to the FP8 keys (issue 12: context parallelism, cache
-#: hooks). They belong to fx_fp8.parallel.PipelineOptions, not to FP8Config: from_mapping drops them.
-PIPELINE_KEYS = ("parallel_config", "cache_backend", "cache_config")
+#: pipeline-level keys a config may carry next to the FP8 keys (context parallelism, cache hooks:
+#: one YAML serves a whole pipeline). They belong to fx_fp8.pipeline.options.PipelineOptions, not to
+#: FP8Config: from_mapping drops them.
 
 
 @dataclass(frozen=True)
@@ -394,13 +404,13 @@ class FP8Config:
         A key whose value is None next to a legacy key with a value counts as
         not given (argparse-built dicts carry None for every flag).
         """
-        data = _fold_legacy_keys(dict(kwargs))
+        data = fold_legacy_keys(dict(kwargs))
         for key in data:
-            if key in PIPELINE_KEYS:  # issue 12: a pipeline option, read by fx_fp8.parallel.PipelineOptions
+            if key in PIPELINE_KEYS:  # a pipeline option, read by fx_fp8.pipeline.options.PipelineOptions
                 raise ValueError(f"{key!r} is a pipeline option, not an FP8 option: pass it to "
                                  "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
             if key not in _TOP_KEYS:
-                raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
+                raise ValueError(f"unknown config key {key!r}{did_you_mean(key, _TOP_KEYS + tuple(LEGACY_KEYS))}")
         shortcuts = _pop_step_shortcuts(data)
         if "ignored_layers" in data and not _clean_patterns(data["ignored_layers"]):
             del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in
@@ -463,7 +473,7 @@ class FP8Config:
         """A copy with some keys changed (same key rules as from_kwargs, without the opt-in rule)."""
         data = self.to_dict()
         data["quantization_config"]["activation_scales"] = self.quantization_config.activation_scales
-        overrides = _fold_legacy_keys(dict(overrides))
+        overrides = fold_legacy_keys(dict(overrides))
         shortcuts = _pop_step_shortcuts(overrides)
         if overrides.get("quantization") is not None and "quantization_config" not in overrides:
             data["quantization_config"]["method"] = overrides["quantization"]
@@ -475,7 +485,7 @@ class FP8Config:
                               "quantization_config": overrides.get("quantization_config")})
         for key, value in overrides.items():
             if key not in _TOP_KEYS:
-                raise ValueError(f"unknown config key {key!r}{_did_you_mean(key, _TOP_KEYS)}")
+                raise ValueError(f"unknown config key {key!r}{did_you_mean(key, _TOP_KEYS)}")
             if key == "quantization_config" and isinstance(value, Mapping):
                 value = dict(value)
                 # quantize_sensitive and sensitive are one setting: the one given here replaces the base's
@@ -554,46 +564,8 @@ def _check_method_agrees(data: dict) -> None:
 
 def _fp8_keys(data, where: str) -> dict:
     """The FP8 keys of a config mapping (a vLLM-Omni stage config's diffusion engine_args);
-    parallel_config / cache_backend / cache_config belong to fx_fp8.parallel.PipelineOptions."""
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
-    if "stage_args" in data:
-        data = _diffusion_engine_args(data, where)
-    return {k: v for k, v in data.items() if k not in PIPELINE_KEYS}
-
-
-def read_config_file(path):
-    """A YAML config file's data; a ValueError naming the file when it is missing, a folder, not
-    UTF-8 or not YAML."""
-    import yaml
-
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise ValueError(f"config file {path!r} is a directory: expected a YAML file")
-    if not os.path.isfile(path):
-        raise ValueError(f"config file not found: {path!r}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"config file {path!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
-
-
-def _fold_legacy_keys(data: dict) -> dict:
-    """kv_cache_* -> diffusion_kv_cache_*. The new key wins when both have a value (with a
-    warning if they differ); a new key whose value is None counts as not given."""
-    for old, new in LEGACY_KEYS.items():
-        if old in data:
-            old_value = data.pop(old)
-            if data.get(new) is not None and old_value is not None and data[new] != old_value:
-                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={data[new]!r}", stacklevel=3)
-            elif data.get(new) is None and (old_value is not None or new not in data):
-                data[new] = old_value
-    return data
+    parallel_config / cache_backend / cache_config belong to fx_fp8.pipeline.options.PipelineOptions."""
+    return {k: v for k, v in config_keys(data, where).items() if k not in PIPELINE_KEYS}
 
 
 def _pop_step_shortcuts(data: dict) -> dict:
@@ -639,25 +611,3 @@ def _merge_ignored_layers_shortcut(data: dict) -> None:
                          f"quantization_config.ignored_layers={list(inner)!r}")
     qc["ignored_layers"] = shortcut or inner
     data["quantization_config"] = qc
-
-
-def _diffusion_engine_args(data: Mapping, where: str) -> dict:
-    stages = data["stage_args"]
-    if not isinstance(stages, list):
-        raise ValueError(f"{where}: stage_args must be a list of stages")
-    diffusion = [s for s in stages if isinstance(s, Mapping) and s.get("stage_type") == "diffusion"]
-    if not diffusion:
-        raise ValueError(f"{where}: no stage with stage_type: diffusion in stage_args")
-    if len(diffusion) > 1:
-        ids = [s.get("stage_id") for s in diffusion]
-        warnings.warn(f"{where}: several diffusion stages {ids}; using stage_id {ids[0]}", stacklevel=3)
-    engine_args = diffusion[0].get("engine_args") or {}
-    if not isinstance(engine_args, Mapping):
-        raise ValueError(f"{where}: engine_args of stage {diffusion[0].get('stage_id')} must be a mapping")
-    known = set(_TOP_KEYS) | set(LEGACY_KEYS) | set(PIPELINE_KEYS)  # pipeline keys: see from_mapping
-    ours = {k: v for k, v in engine_args.items() if k in known}
-    others = sorted(k for k in engine_args if k not in known)
-    if others:
-        # Stage configs carry serving keys (model, dtype, ...) that are not ours: say so once.
-        warnings.warn(f"{where}: engine_args keys not used by fx_fp8: {others}", stacklevel=3)
-    return ours

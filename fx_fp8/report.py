@@ -11,14 +11,48 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
+import torch
 from tabulate import tabulate
 
+from fx_fp8.shapes import concrete
+
 REPORT_LOG_SIZE = 256
+
+
+def dims_of(*vals) -> list:
+    """Input shapes as numbers, one list per input: [[1, 24, 4608, 128], ...]; a size that is
+    symbolic (dynamic shapes) is None, an input that is not a tensor is None."""
+    return [[concrete(d) for d in v.shape] if isinstance(v, torch.Tensor) else None for v in vals]
+
+
+def node_flops(op: str, dims: Sequence) -> Optional[float]:
+    """Multiply-add FLOPs (2 per MAC) of one attention or linear call from its input shapes
+    (`dims_of`): None when a size it needs is symbolic or missing.
+
+    linear: dims = [x, weight] with x [..., in] and weight [out, in]: 2 * tokens * out * in.
+    attention: dims = [q, k, v], each [B, H, S, D] (every attention form the passes rewrite
+    takes this layout): QK^T and PV, 2 * B * H * Sq * Sk * (Dqk + Dv).
+    """
+    try:
+        if op == "linear":
+            x, w = dims[0], dims[-1]
+            sizes = [*x[:-1], w[0], w[1]]
+        elif op == "attention":
+            q, k, v = dims[0], dims[1], dims[2]
+            sizes = [*q[:-1], k[-2], q[-1] + v[-1]] if None not in (q[-1], v[-1]) else [None]
+        else:
+            raise ValueError(f"node_flops: op must be 'linear' or 'attention', got {op!r}")
+    except (IndexError, TypeError):
+        return None  # a missing input or an unknown rank: no number rather than a wrong one
+    if any(d is None for d in sizes):
+        return None
+    return 2.0 * math.prod(sizes)
 
 
 @dataclass
@@ -33,6 +67,12 @@ class ReportEntry:
     name_resolved: bool = True   # False: `module` is Dynamo's spelling relative to a graph piece
     form: str = ""          # attention: sdpa | flash | flash_cpu | efficient | cudnn
     act_quant_group: str = ""    # linear: the activation-quantization group it shares ("" if none)
+    dims: list = field(default_factory=list)  # input shapes as numbers (`dims_of`; None where symbolic)
+    flops: Optional[float] = None  # FLOPs per call from `dims` (`node_flops`); None when a size is symbolic
+
+    def __post_init__(self):
+        if self.flops is None and self.dims:
+            self.flops = node_flops(self.op, self.dims)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -61,6 +101,11 @@ class CompileReport:
         def hit(e):
             return action is None or e.action == action or (action == "quantized" and e.action != "native")
         return sum(1 for e in self.entries if (op is None or e.op == op) and hit(e))
+
+    def flops(self, actions: Sequence[str] = ("fp8", "int8")) -> float:
+        """FLOPs per call of this graph's entries whose action is in `actions` (entries whose
+        FLOPs are unknown, symbolic sizes, count 0)."""
+        return sum(e.flops or 0.0 for e in self.entries if e.action in actions)
 
     def summary(self) -> dict:
         out = {}

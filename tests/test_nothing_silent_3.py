@@ -271,31 +271,17 @@ def test_wan_animate2_sensitive_names(name):
 
 
 def _wan_animate2():
-    """diffusers' WanAnimate2Transformer3DModel, tiny: Dynamo breaks its forward in every block and
-    runs it eagerly around its children (the embedders run eagerly, `head` is compiled on its own)."""
-    from diffusers import WanAnimate2Transformer3DModel
-    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+    """diffusers' WanAnimate2Transformer3DModel, tiny (the one benchmarks/wan_animate_sensitive.py
+    measures): Dynamo breaks its forward in every block and runs it eagerly around its children
+    (the embedders run eagerly, `head` is compiled on its own)."""
+    import importlib.util
+    import pathlib
 
-    from fx_fp8.tools.zoo import _reinit_zero_layers
-
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = WanAnimate2Transformer3DModel(
-            patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=128, ffn_dim=256, freq_dim=64, text_dim=32,
-            out_dim=16, num_heads=4, num_layers=2, cross_attn_norm=True, use_img_emb=True).eval()
-    _reinit_zero_layers(model)
-
-    def inputs():
-        g = torch.Generator().manual_seed(0)
-        return dict(hidden_states=[torch.randn(16, 2, 4, 4, generator=g)], timestep=torch.tensor([1.0]),
-                    encoder_hidden_states=[torch.randn(8, 32, generator=g)],
-                    condition_latents=[torch.randn(20, 2, 4, 4, generator=g)],
-                    encoder_hidden_states_image=torch.randn(1, 4, 1280, generator=g),
-                    kv_cache=WanAnimate2KVCache(2), kv_cache_mode="extract", seq_len=8,
-                    offset_grid_sizes=torch.tensor([[2, 2, 2]]), return_dict=False)
-
-    return model, inputs
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "wan_animate_sensitive.py"
+    spec = importlib.util.spec_from_file_location("wan_animate_sensitive", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.build(), lambda: bench.inputs(0)
 
 
 def _wan_animate2_run(model, inputs):

@@ -271,3 +271,36 @@ def test_fake_fp8_context_is_scoped(pipe):
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     rel = ((quantized - before).norm() / before.norm()).item()
     assert 1e-3 < rel < 0.2, rel
+
+
+def test_heldout_prompt_set_is_apart_from_the_tuning_set():
+    from fx_fp8.tools.tiny_model.prompt_sets import HELDOUT, heldout_cases, prompt_cases, tuning_cases
+
+    tuning = tuning_cases()
+    assert len(tuning) == 16 and tuning[3][1] == 3
+    assert len(HELDOUT) == 48 and len(set(HELDOUT)) == 48
+    # never a tuning prompt, never a tuning noise seed, every prompt in the grammar
+    assert not {p for p, _ in HELDOUT} & {p for p, _ in tuning}
+    assert not {s for _, s in HELDOUT} & {s for _, s in tuning}
+    assert all(parse_prompt(p) and p in all_prompts() for p, _ in HELDOUT)
+    assert heldout_cases(5) == list(HELDOUT[:5]) and prompt_cases("heldout") == list(HELDOUT)
+    with pytest.raises(ValueError, match="got 49"):
+        heldout_cases(49)
+    with pytest.raises(ValueError, match="'validation'"):
+        prompt_cases("validation")
+    confirm = prompt_cases("confirm")  # the third set: apart from both
+    assert len(confirm) == 48 and not {p for p, _ in confirm} & ({p for p, _ in HELDOUT} | {p for p, _ in tuning})
+    assert {s for _, s in confirm} == set(range(2000, 2048))
+
+
+def test_tiny_quality_takes_the_heldout_set_and_refuses_bad_counts(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "tiny_quality", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tiny_quality.py"))
+    tq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tq)
+    assert tq.prompts_and_seeds(2) == tq.prompt_cases("tuning", 2)
+    with pytest.raises(SystemExit):
+        tq.main(["--prompt-set", "heldout", "--num-prompts", "60"])
+    assert "--num-prompts: heldout_cases: n must be in 1..48, got 60" in capsys.readouterr().err

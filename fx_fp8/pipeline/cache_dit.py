@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.config import did_you_mean
+from fx_fp8.config_files import did_you_mean
 
 
 #: the tested cache-dit range (pyproject's `cache-dit` extra)

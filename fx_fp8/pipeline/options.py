@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from fx_fp8.config import config_keys, did_you_mean, read_config_file
+from fx_fp8.config_files import config_keys, did_you_mean, read_config_file
 from fx_fp8.pipeline import cache_dit as _cache_dit
 
 

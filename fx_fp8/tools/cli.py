@@ -316,7 +316,7 @@ def _latent_psnr(ref, x) -> float:
 def cmd_compare(args) -> int:
     import torch
 
-    from fx_fp8.pipelines import compile_pipeline
+    from fx_fp8 import compile_pipeline
     from fx_fp8.tools import cli_flags, image_metrics
 
     source, config = _source(args), _config(args)
@@ -341,7 +341,7 @@ def cmd_compare(args) -> int:
     t0 = time.perf_counter()
     ref_lat, ref_img = run.run(args.steps, output_type="np")
     t_native = time.perf_counter() - t0
-    from fx_fp8.parallel import hand_over_cache
+    from fx_fp8.pipeline.apply_options import hand_over_cache
 
     compile_pipeline(run.pipe, config, backend=args.backend, prepare=True, **hand_over_cache(applied, options))
     t0 = time.perf_counter()
@@ -361,7 +361,7 @@ def cmd_compare(args) -> int:
         "config": config.to_dict(),
         "pipeline_options": options.to_dict(),
     }
-    from fx_fp8.parallel import is_main_process
+    from fx_fp8.pipeline.launch import is_main_process
 
     if not is_main_process():   # under torchrun every rank computed the same result: rank 0 reports it
         return 0
@@ -392,7 +392,7 @@ def cmd_compare(args) -> int:
 def _pipeline_options(args):
     """--ulysses-degree / --ring-degree / --cache-backend / --cache-config (and the YAML's keys);
     with a degree > 1, joins the torchrun job (an error naming the torchrun command otherwise)."""
-    from fx_fp8.parallel import init_distributed
+    from fx_fp8.pipeline.launch import init_distributed
     from fx_fp8.tools import cli_flags
 
     try:
@@ -406,7 +406,7 @@ def _pipeline_options(args):
 
 def _apply_pipeline_options(run, options) -> list:
     """[(transformer, what was applied)]."""
-    from fx_fp8.parallel import apply_pipeline_options
+    from fx_fp8.pipeline.apply_options import apply_pipeline_options
 
     if not options.enabled:
         return []
@@ -466,13 +466,15 @@ def cmd_sensitivity(args) -> int:
     from fx_fp8.tools.model_source import ModelSourceError
     from fx_fp8.tools.sensitivity import run_sensitivity, save_chart
 
+    config = _config(args)
+    _check_sizes(args)
+    edges = _step_edges(args, config)   # before the model source: bad flags fail fast
+    source = _source(args)
     try:
         import matplotlib  # noqa: F401  (the chart)
     except ImportError:
         raise UsageError("sensitivity draws its chart with matplotlib, which is not installed: "
                          "pip install 'fx-fp8[cli]'") from None
-    source, config = _source(args), _config(args)
-    _check_sizes(args)
     _check_source(source, pipeline=True, args=args)
     out = Path(args.out).expanduser()
     yaml_path = Path(args.yaml).expanduser() if args.yaml else out / "recommended.yaml"
@@ -490,7 +492,7 @@ def cmd_sensitivity(args) -> int:
     print(f"sensitivity of {source.spec}: {len(run.labels)} sample(s) x {args.steps} steps at {args.height}x{args.width}, "
           f"target {args.target_psnr:g} dB (PSNR of the final latents vs native)", file=sys.stderr, flush=True)
     res = run_sensitivity(run, config, steps=args.steps, target_psnr=args.target_psnr, yaml_path=yaml_path,
-                          verify=not args.no_verify)
+                          verify=not args.no_verify, step_policy=bool(edges), step_edges=edges or (1,))
     save_chart(res, chart_path)
     (out / "sensitivity.json").write_text(to_json(res.to_dict()))
 
@@ -500,8 +502,19 @@ def cmd_sensitivity(args) -> int:
             for i in res.ranking()]
     print("ranking (one item in FP8 at a time; lower PSNR = more sensitive):")
     print(tabulate(rows, headers=["item", "PSNR alone (dB)", "MSE % of all-FP8", "recommended"]))
+    if res.step_candidates:
+        chosen = res.step_policy.label if res.step_policy is not None else None
+        rows = [(c.label, f"{c.psnr:.2f}", f"{100 * c.fp8_work_fraction:.0f}", "chosen" if c.label == chosen else "")
+                for c in res.step_candidates]
+        print("\nstep policies (first and last k steps in higher precision):")
+        print(tabulate(rows, headers=["policy", "PSNR (dB)", "FP8 FLOPs kept %", ""]))
     cfg = res.recommended
+    qc = cfg.quantization_config
     print(f"\nall FP8:            {res.all_fp8.psnr:.2f} dB")
+    if edges:
+        print(f"step policy:        {res.step_policy.label if res.step_policy is not None else 'none'} "
+              f"(diffusion_kv_cache_skip_steps '{cfg.diffusion_kv_cache_skip_steps}', quantization_config.skip_steps "
+              f"'{qc.skip_steps}', skip_steps_mode {qc.skip_steps_mode})")
     print(f"recommended config: skip layers '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_layers)))}', "
           f"skip steps '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_steps)))}', ignored_layers "
           f"{list(cfg.quantization_config.ignored_layers) if cfg.quantization_config.ignored_layers is not None else 'defaults'}")
@@ -510,9 +523,33 @@ def cmd_sensitivity(args) -> int:
           f"the {res.target_psnr:g} dB target)")
     print(f"FP8 kept:           {100 * res.fp8_work_fraction:.1f}% of the all-FP8 FLOPs "
           f"({len(res.native_items)} of {len(res.items)} items native)")
-    print(f"measurements:       {len(res.items) + 2 + len(res.history) - 1} runs in {res.seconds:.1f} s")
+    runs = len(res.items) + 2 + len(res.history) - 1 + sum(1 for c in res.step_candidates if c.seconds > 0)
+    print(f"measurements:       {runs} runs in {res.seconds:.1f} s")
     print(f"wrote {yaml_path} (use: --config {yaml_path}), {chart_path}, {out / 'sensitivity.json'}")
     return 0 if res.measured_psnr >= res.target_psnr else 1
+
+
+def _step_edges(args, config) -> tuple:
+    """--step-policy K[,K...]: the k values (first and last k steps), checked against --steps and
+    the base config (the search starts from no step policy)."""
+    if args.step_policy is None:
+        return ()
+    try:
+        edges = tuple(int(k) for k in args.step_policy.split(","))
+    except ValueError:
+        raise UsageError(f"invalid --step-policy {args.step_policy!r}: expected k values like '1,2'") from None
+    from fx_fp8.tools.sensitivity import _check_step_edges
+
+    try:
+        _check_step_edges(edges, args.steps)
+    except ValueError as e:
+        raise UsageError(f"invalid --step-policy {args.step_policy!r}: {e}") from None
+    for key, sel in (("--diffusion-kv-cache-skip-steps", config.diffusion_kv_cache_skip_steps),
+                     ("--quantization-skip-steps", config.quantization_config.skip_steps)):
+        if list(sel):
+            raise UsageError(f"--step-policy searches the step policy itself: drop {key} {str(sel)!r} "
+                             f"(or the YAML key) from the base config")
+    return edges
 
 
 # -- parser ----------------------------------------------------------------------------------------
@@ -532,6 +569,12 @@ reaches the target, run that config, recalibrate and continue if it misses.
 The recommended config is written as YAML (load it with --config or
 fx_fp8.compile_pipeline) and re-measured through compile_pipeline. Exit status 1
 if the re-measured PSNR misses the target. Progress goes to stderr.
+
+--step-policy first measures step policies (the first and last k steps with
+attention native and/or linears weight-only or native) and takes the one that
+keeps the most FP8 FLOPs while meeting the target; the layer search starts from
+it and the YAML carries its keys (diffusion_kv_cache_skip_steps,
+quantization_config.skip_steps, skip_steps_mode).
 """
 
 
@@ -594,6 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", default=None, help="chart path (default OUT/sensitivity.png)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the final re-measurement through compile_pipeline (the in-process one still runs)")
+    p.add_argument("--step-policy", nargs="?", const="1,2", default=None, metavar="K[,K...]",
+                   help="also propose a step policy: the first and last K steps in higher precision (attention "
+                        "native, linears weight-only or native, or both), chosen before the layers and written "
+                        "into the YAML (K values default 1,2)")
     p.set_defaults(func=cmd_sensitivity)
     return parser
 

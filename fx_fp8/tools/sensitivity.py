@@ -16,12 +16,23 @@ interactions); attention per (layer, step) is modelled as layer share x step
 share.
 
 Search: start from everything in FP8; repeatedly keep native the item with
-the largest predicted error reduction per unit of FP8 work given up (FLOPs
-from the report's shapes) until the predicted PSNR reaches the target; then
+the largest predicted error reduction per unit of FP8 work given up (the
+report entries' FLOPs) until the predicted PSNR reaches the target; then
 run that config, and if the measured PSNR misses the target, recalibrate the
 prediction at that point and continue. The result is a ready-to-use FP8Config
 (diffusion_kv_cache_skip_layers / _skip_steps, ignored_layers patterns like
 `re:transformer_blocks\\.3\\..*`).
+
+Step policy (`step_policy=True`, `fx-fp8 sensitivity --step-policy`): before the layer search,
+candidate policies keep the first and last k steps in higher precision (attention native,
+linears weight-only or native, or both; k from `step_edges`). Each is measured (same PSNR as
+above) and its FP8 FLOPs kept are computed from the report; the policy that keeps the most
+FP8 FLOPs while meeting the target is taken and written into the config
+(diffusion_kv_cache_skip_steps, quantization_config.skip_steps and skip_steps_mode); the
+layer search then starts from it. When no policy meets the target alone, none is taken: a
+policy that gives up a whole step's FP8 on every layer and still misses would make the layer
+search start from fewer FLOPs than it needs to give up (its per-step attention items are the
+finer choice there).
 """
 from __future__ import annotations
 
@@ -61,6 +72,28 @@ class Measurement:
 
 
 @dataclass
+class StepPolicy:
+    """One candidate step policy: the steps whose attention runs native and whose linears run
+    `linear_mode` (weight_only: FP8 weights, high-precision activations; native)."""
+    label: str
+    attention_steps: list[int]
+    linear_steps: list[int]
+    linear_mode: str                      # "weight_only" | "native" ("" when no linear step is skipped)
+    fp8_work_fraction: float              # FP8 FLOPs it keeps / all-FP8 (from the report's FLOPs)
+    mse: float = float("nan")
+    psnr: float = float("nan")
+    seconds: float = 0.0
+
+    def overrides(self) -> dict:
+        """FP8Config.replace keys of this policy."""
+        out: dict = {"diffusion_kv_cache_skip_steps": list(self.attention_steps)}
+        if self.linear_steps:
+            out["quantization_skip_steps"] = ",".join(map(str, self.linear_steps))
+            out["quantization_skip_steps_mode"] = self.linear_mode
+        return out
+
+
+@dataclass
 class SensitivityResult:
     target_psnr: float
     peak: float                           # value range of the native latents (PSNR peak)
@@ -75,6 +108,8 @@ class SensitivityResult:
     fp8_work_fraction: float              # FP8 FLOPs kept by the recommendation / all-FP8
     history: list[Measurement] = field(default_factory=list)
     seconds: float = 0.0
+    step_policy: Optional[StepPolicy] = None               # the policy the layer search started from
+    step_candidates: list[StepPolicy] = field(default_factory=list)  # every policy measured
 
     def ranking(self) -> list[Item]:
         return sorted(self.items, key=lambda it: -it.mse)
@@ -131,23 +166,14 @@ class SwappableBackend:
             slot[2] = self._build(slot)
 
 
-def _flops(op: str, shapes: str) -> float:
-    """FLOPs of one node from the report's shapes string (1.0 when it cannot be read)."""
-    dims = [[int(d) for d in s.split("x")] for s in re.findall(r"\d+(?:x\d+)+", shapes)]
-    try:
-        if op == "linear":       # "B x S x in -> out x in"
-            x, w = dims[0], dims[-1]
-            return 2.0 * math.prod(x[:-1]) * w[0] * w[1]
-        q, k = dims[0], dims[1]  # "BxHxSqxD BxHxSkxD BxHxSkxD"
-        return 4.0 * math.prod(q) * k[-2]
-    except (IndexError, ValueError):
-        return 1.0
-
-
 class ErrorModel:
     """Additive error model: predicted MSE of a set of native items."""
 
-    def __init__(self, items: list[Item], steps: int):
+    def __init__(self, items: list[Item], steps: int, *, attention_steps_off=(), linear_steps_off=()):
+        """attention_steps_off / linear_steps_off: steps a step policy already runs without FP8
+        attention / W8A8 linears (they keep no FP8 FLOPs)."""
+        self.attention_steps_off = set(attention_steps_off)
+        self.linear_steps_off = set(linear_steps_off)
         self.att = {i.index: i for i in items if i.kind == "attention_layer"}
         self.step = {i.index: i for i in items if i.kind == "attention_step"}
         self.lin = {i.index: i for i in items if i.kind == "linears_block"}
@@ -174,11 +200,18 @@ class ErrorModel:
 
     def work(self, native: set) -> float:
         """FP8 FLOPs over the whole run that stay FP8."""
-        live_steps = sum(1 for s in range(self.steps) if ("attention_step", s) not in native)
+        live_steps = sum(1 for s in range(self.steps)
+                         if ("attention_step", s) not in native and s not in self.attention_steps_off)
+        lin_steps = self.steps - len(self.linear_steps_off & set(range(self.steps)))
         total = sum(it.work * live_steps for l, it in self.att.items() if ("attention_layer", l) not in native)
-        total += sum(it.work * self.steps for i, it in self.lin.items() if ("linears_block", i) not in native)
-        total += sum(it.work * self.steps for it in self.other if ("linears_other", None) not in native)
+        total += sum(it.work * lin_steps for i, it in self.lin.items() if ("linears_block", i) not in native)
+        total += sum(it.work * lin_steps for it in self.other if ("linears_other", None) not in native)
         return total
+
+    def full_work(self) -> float:
+        """FP8 FLOPs of the run with every item in FP8 on every step (no step policy)."""
+        per_step = sum(it.work for it in self.att.values()) + sum(it.work for it in self.lin.values())
+        return (per_step + sum(it.work for it in self.other)) * self.steps
 
 
 def greedy(model: ErrorModel, items: list[Item], chosen: set, done: Callable[[set], bool]) -> list[Item]:
@@ -211,17 +244,29 @@ def _key(item: Item) -> tuple:
 # -- the search -----------------------------------------------------------------------------
 def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float = 30.0,
                     log: Optional[Callable[[str], None]] = None, verify: bool = True,
-                    yaml_path=None) -> SensitivityResult:
+                    yaml_path=None, step_policy: bool = False, step_edges=(1, 2)) -> SensitivityResult:
     """Measure per-item sensitivity on `run` (a model_source.PipelineRun) and search the config.
 
     base_config: the starting config (what "all FP8" means); items already native there stay so.
     verify: re-measure the recommended config through fx_fp8.compile_pipeline from its YAML
       (`yaml_path`, written here) instead of the in-process swap, as a user would run it.
+    step_policy: first choose a step policy (first/last k steps, k in `step_edges`, in higher
+      precision), then search layers from it (see the module docstring).
     """
     t_start = time.perf_counter()
     base = FP8Config.load(base_config)
     if not base.attention_enabled and not base.linear_enabled:
         raise ValueError("nothing to search: the config has both FP8 attention and FP8 linears off")
+    if step_policy:
+        edges = _check_step_edges(step_edges, steps)
+        given = {k: v for k, v in (("diffusion_kv_cache_skip_steps", base.diffusion_kv_cache_skip_steps),
+                                   ("quantization_config.skip_steps", base.quantization_config.skip_steps)) if list(v)}
+        if given:
+            raise ValueError(f"the step-policy search starts from no step policy, but the base config has "
+                             f"{', '.join(f'{k}: {str(v)!r}' for k, v in given.items())}: remove it or search "
+                             f"without the step policy")
+    else:
+        edges = ()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     count = [0]
 
@@ -229,6 +274,11 @@ def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float
         count[0] += 1
         log(f"[{time.perf_counter() - t_start:7.1f}s] #{count[0]:<3d} {label:<44s} PSNR {psnr:6.2f} dB "
             f"({seconds:.1f}s){extra}")
+
+    def say(message: str) -> None:  # a decision, not a measurement: no run number
+        log(f"[{time.perf_counter() - t_start:7.1f}s] {message}")
+
+    note.say = say  # type: ignore[attr-defined]
 
     backend = SwappableBackend()
     originals = run.transformers()
@@ -238,24 +288,25 @@ def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float
     for name, module in originals:
         setattr(run.pipe, name, torch.compile(module, backend=backend))
     try:
-        return _search(run, backend, base, steps, target_psnr, note, t_start, verify, yaml_path, originals)
+        return _search(run, backend, base, steps, target_psnr, note, t_start, verify, yaml_path, originals, edges)
     finally:
         for name, module in originals:
             setattr(run.pipe, name, module)
         torch._dynamo.reset()
 
 
-def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path, originals) -> SensitivityResult:
+def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path, originals,
+            step_edges=()) -> SensitivityResult:
     from fx_fp8.report import clear_reports, get_reports
 
-    def measure(config, label, predicted=None) -> Measurement:
+    def measure(config, label, predicted=None, extra="") -> Measurement:
         t0 = time.perf_counter()
         clear_reports()
         backend.set_config(config)
         latents, _ = run.run(steps)
         mse = float(((latents - reference) ** 2).mean())
         m = Measurement(label, mse, psnr_db(mse, peak), time.perf_counter() - t0, predicted)
-        note(label, m.seconds, m.psnr, "" if predicted is None else f"  (predicted {predicted:.2f} dB)")
+        note(label, m.seconds, m.psnr, extra + ("" if predicted is None else f"  (predicted {predicted:.2f} dB)"))
         return m
 
     # native reference (the first call also traces the graphs)
@@ -269,7 +320,16 @@ def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path,
     reports = [r for r in get_reports() if r.step_variant in (None, "fp8")]
     if not reports:
         raise RuntimeError("the fp8 backend compiled no graph: is the transformer called by the pipeline?")
+    unknown = sum(1 for r in reports for e in r.entries if e.action == "fp8" and e.flops is None)
+    if unknown:
+        note.say(f"{unknown} FP8 node(s) with symbolic sizes: each counts as 1 FLOP in the work model")
     layer_lists = _layer_lists(reports)
+    policy, candidates, start = None, [], all_fp8
+    if step_edges:
+        policy, candidates = _step_policy(reports, base, steps, target, step_edges, all_fp8, measure, note)
+        if policy is not None:
+            base = base.replace(**policy.overrides())
+            start = Measurement(f"step policy: {policy.label}", policy.mse, policy.psnr, policy.seconds)
     items = _items(reports, base, steps)
     if not items:
         raise ValueError("the base config quantizes nothing in this model: nothing to search")
@@ -279,13 +339,15 @@ def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path,
         m = measure(_only(base, it, items, layer_lists, steps), f"only {it.label} in FP8")
         it.mse, it.psnr, it.seconds = m.mse, m.psnr, m.seconds
 
-    model = ErrorModel(items, steps)
+    linear_off = list(base.quantization_config.skip_steps) if base.linear_step_skips else []
+    model = ErrorModel(items, steps, attention_steps_off=list(base.diffusion_kv_cache_skip_steps),
+                       linear_steps_off=linear_off)
     raw_all = model.raw(set())
-    model.gamma = all_fp8.mse / raw_all if raw_all > 0 else 1.0
+    model.gamma = start.mse / raw_all if raw_all > 0 else 1.0
     predict = lambda native: psnr_db(model.gamma * model.raw(native), peak)  # noqa: E731
     native: list[Item] = []
     history = [all_fp8]
-    measured = all_fp8
+    measured = start
     chosen = set()
     while measured.psnr < target:
         native += greedy(model, items, chosen, lambda c: psnr_db(model.gamma * model.raw(c), peak) >= target)
@@ -299,7 +361,7 @@ def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path,
         model.gamma = measured.mse / model.raw(chosen)
 
     config = _config(base, chosen, items, layer_lists)
-    predicted_psnr = history[-1].predicted_psnr if history[-1].predicted_psnr is not None else all_fp8.psnr
+    predicted_psnr = history[-1].predicted_psnr if history[-1].predicted_psnr is not None else start.psnr
     measured_psnr = measured.psnr
     if yaml_path is not None:
         config.to_yaml(yaml_path)
@@ -308,17 +370,91 @@ def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path,
         check.predicted_psnr = history[-1].predicted_psnr
         history.append(check)
         measured_psnr = check.psnr
-    all_work = model.work(set())
+    all_work = model.full_work()
     return SensitivityResult(
         target_psnr=target, peak=peak, steps=steps, num_layers=num_layers, items=items, all_fp8=all_fp8,
         recommended=config, native_items=[i.label for i in native], predicted_psnr=predicted_psnr,
         measured_psnr=measured_psnr, fp8_work_fraction=model.work(chosen) / all_work if all_work else 0.0,
-        history=history, seconds=time.perf_counter() - t_start)
+        history=history, seconds=time.perf_counter() - t_start, step_policy=policy, step_candidates=candidates)
+
+
+# -- step policy ------------------------------------------------------------------------------
+def _check_step_edges(step_edges, steps: int) -> list[int]:
+    """The k values (first and last k steps) that leave at least one step in FP8."""
+    edges = []
+    for k in step_edges:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"step_edges: each k must be an integer >= 1, got {k!r}")
+        edges.append(k)
+    usable = sorted({k for k in edges if 2 * k < steps})
+    if not usable:
+        raise ValueError(f"step_edges {list(step_edges)}: with {steps} steps the first and last k steps leave "
+                         f"no FP8 step for any k given (k must be < {steps / 2:g})")
+    return usable
+
+
+def edge_steps(k: int, steps: int) -> list[int]:
+    """The first and last k of `steps` denoising steps."""
+    return sorted(set(range(k)) | set(range(steps - k, steps)))
+
+
+def step_policy_candidates(base: FP8Config, steps: int, step_edges, attention_per_step: float,
+                           linear_per_step: float) -> list[StepPolicy]:
+    """Policies over the first/last k steps for the features `base` has on: attention native,
+    linears weight-only, linears native, and attention native with either linear mode.
+    *_per_step: FP8 FLOPs per step of the FP8 attention / W8A8 linears (from the report)."""
+    full = (attention_per_step + linear_per_step) * steps
+    out = []
+    for k in _check_step_edges(step_edges, steps):
+        sel = edge_steps(k, steps)
+        text = ",".join(map(str, sel)) if len(sel) <= 2 else f"0-{k - 1},{steps - k}-{steps - 1}"
+        shapes = []
+        if base.attention_enabled and attention_per_step > 0:
+            shapes.append((f"attention native on steps {text}", sel, [], ""))
+        if base.linear_enabled and linear_per_step > 0:
+            for mode in ("weight_only", "native"):
+                shapes.append((f"linears {mode.replace('_', '-')} on steps {text}", [], sel, mode))
+                if base.attention_enabled and attention_per_step > 0:
+                    shapes.append((f"attention native + linears {mode.replace('_', '-')} on steps {text}", sel, sel,
+                                   mode))
+        for label, att, lin, mode in shapes:
+            kept = attention_per_step * (steps - len(att)) + linear_per_step * (steps - len(lin))
+            out.append(StepPolicy(label, att, lin, mode, kept / full if full else 0.0))
+    return out
+
+
+def choose_step_policy(candidates: list[StepPolicy], target: float) -> Optional[StepPolicy]:
+    """The measured policy that keeps the most FP8 FLOPs while meeting `target` (ties: the higher
+    PSNR); None when none meets it."""
+    meeting = [c for c in candidates if c.psnr >= target]
+    return max(meeting, key=lambda c: (c.fp8_work_fraction, c.psnr)) if meeting else None
+
+
+def _step_policy(reports, base, steps, target, step_edges, all_fp8, measure, note):
+    attention = sum(e.flops or 0.0 for r in reports for e in r.entries if e.op == "attention" and e.action == "fp8")
+    linear = sum(e.flops or 0.0 for r in reports for e in r.entries if e.op == "linear" and e.action in ("fp8", "int8"))
+    candidates = step_policy_candidates(base, steps, step_edges, attention, linear)
+    if all_fp8.psnr >= target:
+        note.say("step policy: all FP8 already meets the target, no step policy needed")
+        return None, candidates
+    for c in candidates:
+        m = measure(base.replace(**c.overrides()), f"step policy: {c.label}",
+                    extra=f"  (keeps {100 * c.fp8_work_fraction:.0f}% of FP8 FLOPs)")
+        c.mse, c.psnr, c.seconds = m.mse, m.psnr, m.seconds
+    chosen = choose_step_policy(candidates, target)
+    if chosen is None:
+        best = max(candidates, key=lambda c: c.psnr)
+        note.say(f"step policy: none meets the {target:g} dB target alone (best: {best.label}, {best.psnr:.2f} dB); "
+                 f"the layer search starts from all FP8 without one")
+    else:
+        note.say(f"step policy chosen: {chosen.label}, PSNR {chosen.psnr:.2f} dB, keeps "
+                 f"{100 * chosen.fp8_work_fraction:.0f}% of FP8 FLOPs (meets the target)")
+    return chosen, candidates
 
 
 def _verify(run, yaml_path, steps, reference, peak, originals, note) -> Measurement:
     """Run the written YAML the way a user would: compile_pipeline on the uncompiled pipeline."""
-    from fx_fp8.pipelines import compile_pipeline, restore_pipeline
+    from fx_fp8 import compile_pipeline, restore_pipeline
 
     for name, module in originals:
         setattr(run.pipe, name, module)
@@ -358,7 +494,7 @@ def _items(reports, base: FP8Config, steps: int) -> list[Item]:
         for e in r.entries:
             if e.action != "fp8":
                 continue
-            f = _flops(e.op, e.shapes)
+            f = e.flops if e.flops is not None else 1.0  # symbolic sizes: count the node, not its size
             if e.op == "attention" and e.layer is not None:
                 att_work[e.layer] = att_work.get(e.layer, 0.0) + f
             elif e.op == "linear" and e.layer is not None:
@@ -406,8 +542,8 @@ def _only(base: FP8Config, item: Item, items: list[Item], layer_lists, steps: in
     same_axis = ("linears_block", "linears_other") if item.kind.startswith("linears") else (item.kind,)
     others = {_key(i) for i in items if _key(i) != _key(item) and i.kind in same_axis}
     cfg = _config(base, others, items, layer_lists)
-    if item.kind.startswith("attention"):
-        return cfg.replace(quantization=None)
+    if item.kind.startswith("attention"):  # a linear step policy goes with the linears
+        return cfg.replace(quantization=None, quantization_config={"skip_steps": ""})
     return cfg.replace(diffusion_kv_cache_dtype=None, diffusion_kv_cache_skip_steps=[])
 
 
