@@ -17,6 +17,9 @@ Tables, each row a shape, each column a contender, then ratios and errors:
 (c) a Flux-dev-sized FluxTransformer2DModel, 2 double + 2 single blocks, random
     weights, 4096 image + 512 text tokens: BF16 under Inductor vs backend "fp8"
     (Inductor downstream). Needs diffusers; skipped with a message otherwise.
+(d) weight-only (W8A16) linears: BF16 F.linear vs fx_fp8's fused Triton dequant + GEMM
+    (FP8 / INT8 per-channel, INT8 per 32-column group) vs the unfused fallback, at
+    Flux's conditioning shapes (M 1-2: weight-streaming GEMVs) and M 4096.
 Times: triton.testing.do_bench (median ms; L2 flushed before every run, one
 synchronize per measurement). Relative errors against fp32 math (linear) or
 BF16 flash SDPA (attention) or the BF16 model (Flux).
@@ -212,6 +215,64 @@ def bench_linear(bench: Bench) -> str:
     return table("(a) linear + bias, bf16 activations", header, rows, notes)
 
 
+# -- (d) weight-only (W8A16) linear ----------------------------------------------------------------
+#: (M, K, N): Flux's conditioning linears (one token per image; M 2 = a CFG batch) read 3072 x 18432
+#: (double-block adaLN), 3072 x 9216 (single-block adaLN) weights; M 4096 = a skipped step's linears
+WEIGHT_ONLY_SHAPES = [(1, 3072, 18432), (2, 3072, 9216), (4096, 3072, 3072), (4096, 3072, 12288)]
+
+
+def bench_weight_only(bench: Bench) -> str:
+    from fx_fp8.ops import quant
+    from fx_fp8.ops.cuda import CudaLowering, unfused_weight_only_linear
+
+    dev, dt = bench.device, torch.bfloat16
+    shapes = [(1, 96, 160), (70, 128, 96)] if bench.dry else WEIGHT_ONLY_SHAPES
+    storages = [("fp8", "channel", None), ("int8", "channel", None), ("int8", "block", (1, 32))]
+    low = CudaLowering()  # the fused Triton kernel: on the GPU, or in the interpreter in a dry run
+    rows = []
+    for m, k, n in shapes:
+        torch.manual_seed(0)
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        w = (torch.randn(n, k, device=dev) / math.sqrt(k)).to(dt)
+        bias = (torch.randn(n, device=dev) / 10).to(dt)
+        exact = x.float() @ w.float().t() + bias.float()
+        label = f"{m}x{k}->{n}"
+        outs = {}
+
+        def timed(name, fn):
+            def run():
+                with torch.no_grad():
+                    outs[name] = fn()
+                    return bench.ms(fn)
+            return bench.cell(f"weight-only {label} {name}", run)
+
+        t_bf16 = timed("bf16", lambda: F.linear(x, w, bias))
+        row = [label, t_bf16]
+        fused_times = []
+        for method, gran, block in storages:
+            wq, ws = quant.quantize_weight(w, gran, block, method)
+            tag = f"{method}-{'g' + str(block[1]) if block else 'ch'}"
+            bench.on_gpu(f"(d) {label} fused W8A16 {tag} (dry run: Triton interpreter)")
+            t_fused = timed(f"fused {tag}", lambda: low.weight_only_linear(
+                x, wq, ws, bias, method=method, weight_granularity=gran, weight_block=block))
+            t_unfused = timed(f"unfused {tag}", lambda: unfused_weight_only_linear(x, wq, ws, bias, gran, block))
+            fused_times.append(t_fused)
+            out = outs.get(f"fused {tag}")
+            row += [t_fused, t_unfused, ratio(t_unfused, t_fused), rel(out, exact) if out is not None else "-"]
+        # weight bytes streamed per ms by the fastest fused storage: what the small-M rows are bound by
+        row += [n * k / best(*fused_times) / 1e6 if m <= 16 else "-", ratio(t_bf16, fused_times[0])]
+        rows.append(row)
+    header = ["M x K -> N", "BF16 F.linear ms"]
+    for tag in ("fp8-ch", "int8-ch", "int8-g32"):
+        header += [f"fused {tag} ms", f"unfused {tag} ms", f"x fused {tag}", f"err {tag}"]
+    header += ["fused weight GB/s (M <= 16)", "x fused fp8-ch vs BF16"]
+    notes = ["fused = fx_fp8's Triton W8A16 kernel (fx_fp8.ops.triton_w8a16: weight codes widened in the tile loop); "
+             "unfused = dequantize the whole weight to bf16, then F.linear (the fallback); x fused = unfused ms / "
+             "fused ms; err = ||out - fp32 math of the bf16 weight|| / ||fp32 math|| (includes the weight "
+             "quantization). Tile sizes are untuned (triton_w8a16.tile_config)."]
+    return table("(d) weight-only (W8A16) linear + bias, bf16 activations", header, rows, notes)
+
+
 # -- (b) attention --------------------------------------------------------------------------------
 def _sdpa(backend_name: str, dry: bool):
     def run(q, k, v):
@@ -405,15 +466,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: run every row, list what a GPU fills")
     ap.add_argument("--out", help="append a dated markdown section with the tables to this file")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: linear,attention,flux")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: linear,attention,flux,weight_only")
     ap.add_argument("--flux-double", type=int, default=2, help="double-stream blocks of the Flux-sized model")
     ap.add_argument("--flux-single", type=int, default=2, help="single-stream blocks of the Flux-sized model")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms")
     args = ap.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    if skip - {"linear", "attention", "flux"}:
-        ap.error(f"--skip: unknown sections {sorted(skip - {'linear', 'attention', 'flux'})}")
+    sections = {"linear", "attention", "flux", "weight_only"}
+    if skip - sections:
+        ap.error(f"--skip: unknown sections {sorted(skip - sections)}")
     if args.dry_run:
         # the Triton kernels read TRITON_INTERPRET when they are decorated: before fx_fp8's kernels are imported
         if "fx_fp8.ops.triton_quant" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
@@ -431,7 +493,8 @@ def main(argv=None) -> int:
     print("\n".join(f"- {x}" for x in env) + "\n", flush=True)
     parts = []
     t_start = time.perf_counter()
-    for name, fn in (("linear", bench_linear), ("attention", bench_attention), ("flux", bench_flux)):
+    for name, fn in (("linear", bench_linear), ("attention", bench_attention), ("flux", bench_flux),
+                     ("weight_only", bench_weight_only)):
         if name in skip:
             continue
         t0 = time.perf_counter()

@@ -267,15 +267,32 @@ def test_scaled_mm_scale_layouts_on_cpu(xg, wg):
     assert rel(out, ref) < 5e-3  # bias fused before the bf16 rounding here, added after it in the reference
 
 
-def test_weight_only_linear_on_cpu():
+def test_weight_only_linear_on_cpu_falls_back_with_one_warning():
     torch.manual_seed(0)
     x, w, bias = torch.randn(10, 64), torch.randn(32, 64), torch.randn(32)
     wq, ws = quant.quantize_weight(w, "channel")
-    out = get_lowering("cuda").weight_only_linear(x, wq, ws, bias, method="fp8", weight_granularity="channel",
-                                                  weight_block=None)
-    ref = get_lowering("reference").weight_only_linear(x, wq, ws, bias, method="fp8", weight_granularity="channel",
-                                                       weight_block=None)
+    low = CudaLowering()
+    kw = dict(method="fp8", weight_granularity="channel", weight_block=None)
+    with pytest.warns(RuntimeWarning, match="weight-only linears run unfused .* because of tensors on cpu"):
+        out = low.weight_only_linear(x, wq, ws, bias, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per lowering object and reason
+        low.weight_only_linear(x, wq, ws, bias, **kw)
+    ref = get_lowering("reference").weight_only_linear(x, wq, ws, bias, **kw)
     assert torch.allclose(out, ref, atol=1e-5)
+
+
+def test_fused_weight_only_fit_reasons():
+    from fx_fp8.ops.triton_w8a16 import fit_reason, tile_config
+
+    x, xf = torch.empty(4, 64, dtype=torch.bfloat16), torch.empty(4, 64)
+    w8, wi = torch.empty(32, 64, dtype=torch.float8_e4m3fn), torch.empty(32, 64, dtype=torch.int8)
+    assert fit_reason(x, w8, "channel", None) is None and fit_reason(x, wi, "block", (1, 32)) is None
+    assert fit_reason(x, w8, "block", (128, 128)) is None
+    assert "torch.float32 (the fused W8A16 kernel takes bf16 / fp16)" in fit_reason(xf, w8, "channel", None)
+    assert "weight storage torch.bfloat16" in fit_reason(x, x, "channel", None)
+    assert "its 24 columns are not a multiple of 16" in fit_reason(x, w8, "block", (1, 24))
+    assert tile_config(1, 32)[2] == 32 and tile_config(1, 48)[2] == 16 and tile_config(500, None)[2] == 64
 
 
 # -- GPU: numerics ---------------------------------------------------------------
@@ -388,6 +405,28 @@ def test_scaled_mm_matches_reference(method, granularity, block, m):
         assert rel(out, F.linear(x, w, bias)) < 6e-2
     wo = low.weight_only_linear(x, wq, ws, bias, method=method, weight_granularity=granularity, weight_block=block)
     assert rel(wo, F.linear(x, quant.dequantize_weight(wq, ws, granularity, block).to(x.dtype), bias)) < 1e-2
+
+
+@pytest.mark.parametrize("method", ["fp8", "int8"])
+@pytest.mark.parametrize("granularity,block", [("channel", None), ("block", (1, 32)), ("block", (128, 128))])
+@pytest.mark.parametrize("m", [1, 77, 300])
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_fused_weight_only_kernel_on_gpu(method, granularity, block, m):
+    torch.manual_seed(0)
+    x = torch.randn(m, 3072, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1000, 3072, device="cuda") / 20
+    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quant.quantize_weight(w, granularity, block, method=method)
+    low = CudaLowering()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fused kernel runs: no fallback warning
+        out = low.weight_only_linear(x, wq, ws, bias, method=method, weight_granularity=granularity,
+                                     weight_block=block)
+    exact = x.double() @ quant.dequantize_weight(wq, ws, granularity, block).double().t() + bias.double()
+    ref = F.linear(x, quant.dequantize_weight(wq, ws, granularity, block).to(x.dtype), bias)
+    assert out.shape == (m, 1000) and out.dtype == torch.bfloat16
+    assert rel(out, exact) < 4e-3 and rel(out, exact) <= 1.05 * rel(ref, exact) + 1e-4
 
 
 def _flux_head_dim_64():

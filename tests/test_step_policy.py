@@ -261,9 +261,10 @@ def test_sensitive_weight_only_prepares_w8a16_layers_at_half_the_bytes(tmp_path)
     for name in result["weight_only"]:
         layer = model.get_submodule(name)
         assert isinstance(layer, QuantizedLinear) and layer.weight_only
-        assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (layer.out_features, 1)
+        # the weight-only storage: INT8, one fp32 scale per output channel and 32 input columns
+        assert layer.weight.dtype == torch.int8
+        assert layer.weight_scale.shape == (layer.out_features, -(-layer.in_features // 32))
         old = linears[name].weight
-        # FP8 storage: half the bf16 bytes (plus one fp32 scale per output channel)
         assert layer.weight.numel() * layer.weight.element_size() * 2 == old.numel() * old.element_size()
     out = run(model, kw)
     assert rel_err(out, ref) < 0.05
@@ -338,3 +339,42 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
                 sim.npu_weight_quant_batchmatmul(**dict(kw, weight=kw["weight"].to(torch.float8_e4m3fn)))
             with pytest.raises(SimulatedContractError, match="antiquant_scale must be"):
                 sim.npu_weight_quant_batchmatmul(**dict(kw, antiquant_scale=kw["antiquant_scale"].float()))
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_npu_weight_only_groups_run_the_weight_quant_matmul_per_group(group):
+    """Weight-only layers stored with per-group scales (quantization_config.weight_only_group_size)
+    run npu_weight_quant_batchmatmul's per-group case (A2/A3: g a multiple of 32 below K, scales
+    (ceil(K/g), N)), not a dequantize + matmul; a group outside the contract falls back, counted."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from npu_sim import SimulatedContractError, installed
+
+    from fx_fp8.ops import npu, quant
+    from fx_fp8.ops.lowering import get_lowering
+
+    low, ref = get_lowering("npu"), get_lowering("reference")
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 160, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(3, 160, generator=g).to(torch.bfloat16)
+    granularity, block = quant.weight_only_layout(group)
+    wq, ws = quant.quantize_weight(w, granularity, block, "int8")
+    args = dict(method="int8", weight_granularity=granularity, weight_block=block)
+    with installed("Ascend910B1") as sim:
+        out = low.weight_only_linear(x, wq, ws, b, **args)
+        assert sim.calls["npu_weight_quant_batchmatmul"] == 1
+        assert sim.last_kwargs["npu_weight_quant_batchmatmul"]["antiquant_group_size"] == group
+        assert rel_err(out, ref.weight_only_linear(x, wq, ws, b, **args)) < 1e-2
+        kw = npu.weight_quant_call_kwargs(x, wq, ws, b, group)
+        with pytest.raises(SimulatedContractError, match="per-group antiquant_scale must be"):
+            sim.npu_weight_quant_batchmatmul(**dict(kw, antiquant_scale=ws.to(x.dtype)))  # (N, K/g): not K-major
+        with pytest.raises(SimulatedContractError, match="antiquant_group_size=48"):
+            sim.npu_weight_quant_batchmatmul(**dict(kw, antiquant_group_size=48))
+        # a group size the op does not take (16) dequantizes instead
+        wq16, ws16 = quant.quantize_weight(w, *quant.weight_only_layout(16), "int8")
+        args16 = dict(args, weight_granularity="block", weight_block=(1, 16))
+        out16 = low.weight_only_linear(x, wq16, ws16, b, **args16)
+        assert sim.calls["npu_weight_quant_batchmatmul"] == 1
+        assert rel_err(out16, ref.weight_only_linear(x, wq16, ws16, b, **args16)) < 1e-2

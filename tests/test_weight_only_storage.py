@@ -38,9 +38,10 @@ def qc(**kw):
 
 
 def test_defaults_and_validation():
-    q = qc()
-    assert q.weight_only_method is None and q.weight_only_group_size is None
-    assert qc(weight_only_method="INT8", weight_only_group_size=32).weight_only_method == "int8"
+    q = qc()  # the measured weight-only storage (benchmarks/sensitive_modes.py): INT8, one scale per 32 columns
+    assert (q.sensitive, q.weight_only_method, q.weight_only_group_size) == ("native", "int8", 32)
+    q = qc(weight_only_method="FP8", weight_only_group_size=None)
+    assert (q.weight_only_method, q.weight_only_group_size) == ("fp8", None)
     with pytest.raises(ValueError, match="invalid quantization_config.weight_only_method 'int4'"):
         qc(weight_only_method="int4")
     for bad in (24, 0, 8, True, "32", 32.0):

@@ -20,6 +20,14 @@ it into the producer (norm, modulation, GELU); this lowering runs the GEMM:
 GPUs without FP8 tensor cores (before sm89) run FP8 linears weight-only (FP8
 storage, dequantize + native matmul); before sm80, INT8 linears too.
 
+Weight-only (W8A16) linears (sensitive: weight_only, skipped steps, the GPUs
+above): the fused Triton kernel of `triton_w8a16` (FP8 e4m3 or INT8 weights,
+tensor / channel / block scales, bf16 or fp16 activations; the weight is
+widened in the GEMM's tile loop, never written out in bf16). Without Triton,
+with fp32 activations, FP8 weights before sm89 or block columns that are not
+a multiple of 16, the whole weight is dequantized for F.linear, with a
+one-time warning naming the reason.
+
 Attention (attention.kernel):
 * "auto" / "triton": Q/K/V smoothed, rotated and quantized as
   `quant.prepare_qkv` by the kernels of `triton_quant`, then the Triton FP8
@@ -245,9 +253,34 @@ class CudaLowering(Lowering):
                             f"(slow, numerically exact) because of {reason}")
         return block_fallback_matmul(xq, xs, wq, ws, weight_block, bias, out_dtype)
 
+    def fused_weight_only_reason(self, x2d, wq, weight_granularity, weight_block) -> Optional[str]:
+        """None when the fused W8A16 Triton kernel (triton_w8a16) runs this weight-only linear, else why not."""
+        reason = triton_reason()
+        if reason:
+            return reason
+        from fx_fp8.ops import triton_quant, triton_w8a16
+
+        if x2d.device.type != "cuda":
+            if not triton_quant.interpreting():
+                return f"tensors on {x2d.device.type} (the fused W8A16 kernel runs on CUDA)"
+        else:
+            need = (8, 9) if wq.dtype == torch.float8_e4m3fn else (8, 0) if x2d.dtype == torch.bfloat16 else (7, 0)
+            major, minor = capability(x2d.device)
+            if (major, minor) < need:
+                return (f"GPU sm{major}{minor} (the fused W8A16 kernel needs sm{need[0]}{need[1]} for "
+                        f"{wq.dtype} weights and {x2d.dtype} activations)")
+        return triton_w8a16.fit_reason(x2d, wq, weight_granularity, weight_block)
+
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
-        w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
-        return F.linear(x2d, w, bias.to(x2d.dtype) if bias is not None else None)
+        reason = self.fused_weight_only_reason(x2d, wq, weight_granularity, weight_block)
+        if reason is None:
+            from fx_fp8.ops.triton_w8a16 import w8a16_linear
+
+            return w8a16_linear(x2d, wq, w_scale, bias, weight_granularity=weight_granularity,
+                                weight_block=weight_block)
+        self._warn_once(f"w8a16:{reason}", "fx_fp8 CUDA: weight-only linears run unfused (the whole weight "
+                        f"dequantized, then a native matmul: more memory traffic) because of {reason}")
+        return unfused_weight_only_linear(x2d, wq, w_scale, bias, weight_granularity, weight_block)
 
 
 def add_smoothing_shift(res, shift, softmax_scale: float):
@@ -324,6 +357,12 @@ def int8_matmul(xq, xs, wq, ws, bias, out_dtype):
     if m < INT_MM_MIN_ROWS:
         acc = acc[:m]
     return int8_rescale(acc, xs, ws, bias, out_dtype)
+
+
+def unfused_weight_only_linear(x2d, wq, w_scale, bias, weight_granularity, weight_block):
+    """The fallback of the fused W8A16 kernel: dequantize the whole weight to x's dtype, F.linear."""
+    w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
+    return F.linear(x2d, w, bias.to(x2d.dtype) if bias is not None else None)
 
 
 def block_fallback_matmul(xq, xs, wq, ws, weight_block, bias, out_dtype):

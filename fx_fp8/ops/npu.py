@@ -449,17 +449,35 @@ def linear_call_kwargs(xq, x_scale, wq, w_scale, bias, *, out_dtype):
     )
 
 
-def weight_quant_call_kwargs(x2d, wq, w_scale, bias):
+def weight_quant_call_kwargs(x2d, wq, w_scale, bias, group: int = 0):
     """Every argument of the npu_weight_quant_batchmatmul call, by name (tests wrap this). The
     published contract: x (M, K) fp16/bf16; weight int8 (K, N), a transposed view accepted;
-    antiquant_scale in x's dtype, (N,) per channel or (1,) per tensor; bias (N,), fp32 with bf16 x
-    and fp16 with fp16 x; output in x's dtype."""
-    return dict(
+    antiquant_scale in x's dtype, (N,) per channel or (1,) per tensor, or per group (A2/A3)
+    (ceil(K / g), N) with antiquant_group_size g a multiple of 32 in [32, K - 1]; bias (N,), fp32
+    with bf16 x and fp16 with fp16 x; output in x's dtype."""
+    kwargs = dict(
         x=x2d,
         weight=wq.t(),  # W is (N, K) row-major: W^T is the (K, N) transposed view the op recommends
-        antiquant_scale=w_scale.reshape(-1).to(x2d.dtype),
+        # per group: fx_fp8 keeps (N, ceil(K / g)) scales; the op reads them K-major
+        antiquant_scale=(w_scale.t() if group else w_scale.reshape(-1)).to(x2d.dtype),
         bias=(bias.float() if x2d.dtype == torch.bfloat16 else bias.to(x2d.dtype)) if bias is not None else None,
     )
+    if group:
+        kwargs["antiquant_group_size"] = group
+    return kwargs
+
+
+def weight_quant_group(wq, weight_granularity: str, weight_block) -> Optional[int]:
+    """The antiquant_group_size npu_weight_quant_batchmatmul takes for this weight: 0 (per channel
+    or per tensor), g (per output channel and g input columns, g a multiple of 32 below K), or
+    None when the op's contract does not cover the layout."""
+    if weight_granularity in ("channel", "tensor"):
+        return 0
+    if weight_granularity == "block" and weight_block is not None and weight_block[0] == 1:
+        g, k = int(weight_block[1]), wq.shape[1]
+        if g % 32 == 0 and 32 <= g <= k - 1:
+            return g
+    return None
 
 
 class NPULowering(Lowering):
@@ -552,12 +570,12 @@ class NPULowering(Lowering):
         return "int8"
 
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
-        if (wq.dtype == torch.int8 and weight_granularity in ("channel", "tensor")
-                and x2d.dtype in KERNEL_OUT_DTYPES and x2d.shape[0] > 0):
+        group = weight_quant_group(wq, weight_granularity, weight_block)
+        if wq.dtype == torch.int8 and group is not None and x2d.dtype in KERNEL_OUT_DTYPES and x2d.shape[0] > 0:
             torch_npu = _torch_npu()
-            return torch_npu.npu_weight_quant_batchmatmul(**weight_quant_call_kwargs(x2d, wq, w_scale, bias))
-        # FP8 or block-scaled weights (prepared elsewhere, or a W8A8 layer on a skipped step): outside the
-        # op's contract, so dequantize for a native matmul
+            return torch_npu.npu_weight_quant_batchmatmul(**weight_quant_call_kwargs(x2d, wq, w_scale, bias, group))
+        # FP8 weights, or a block layout outside the op's contract (prepared elsewhere, a W8A8 layer on a
+        # skipped step, a group size that is no multiple of 32): dequantize for a native matmul
         w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
         out = x2d @ w.t()
         return out + bias.to(out.dtype) if bias is not None else out

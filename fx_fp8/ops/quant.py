@@ -141,6 +141,12 @@ def quantize_weight(w: torch.Tensor, granularity: str, block: tuple[int, int] | 
     raise ValueError(f"unknown weight granularity {granularity!r}")
 
 
+def weight_only_layout(group_size: int | None) -> tuple[str, tuple[int, int] | None]:
+    """(weight granularity, block) of weight-only (W8A16) storage: per output channel, or with
+    group_size per output channel and per group_size input columns (block [1, group_size])."""
+    return ("channel", None) if group_size is None else ("block", (1, int(group_size)))
+
+
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, granularity: str, block=None) -> torch.Tensor:
     """float32 weight back from its FP8 form (the exact values the kernels multiply)."""
     if granularity in ("tensor", "channel"):

@@ -89,7 +89,7 @@ def config_from_args(args: argparse.Namespace) -> FP8Config:
     return FP8Config.load(getattr(args, "config", None), **overrides_from_args(args))
 
 
-# -- context parallelism and cache acceleration (vLLM-Omni's flags; fx_fp8/parallel.py) -------------
+# -- context parallelism and cache acceleration (vLLM-Omni's flags; fx_fp8/pipeline/options.py) -----
 def add_pipeline_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """--ulysses-degree, --ring-degree, --cache-backend, --cache-config (unset: the --config YAML's
     parallel_config / cache_backend / cache_config, if any)."""
@@ -121,9 +121,9 @@ def _positive_int(text: str) -> int:
 
 
 def pipeline_options_from_args(args: argparse.Namespace, *, num_inference_steps: Optional[int] = None):
-    """fx_fp8.parallel.PipelineOptions from --config and the pipeline flags (flags win). mag_cache's
+    """fx_fp8.pipeline.options.PipelineOptions from --config and the pipeline flags (flags win). mag_cache's
     num_inference_steps defaults to the run's step count when the config does not give it."""
-    from fx_fp8.parallel import PipelineOptions, cache_config_mapping, canonical_cache_backend
+    from fx_fp8.pipeline.options import PipelineOptions, cache_config_mapping, canonical_cache_backend
 
     parallel = None
     if getattr(args, "ulysses_degree", None) is not None or getattr(args, "ring_degree", None) is not None:

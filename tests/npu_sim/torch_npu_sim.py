@@ -491,12 +491,19 @@ def make_weight_quant_matmul_op(sim):
         c.require(x.shape[-1] == k, "k-mismatch", f"x {list(x.shape)} @ weight {list(weight.shape)}: weight is (K, N)")
         c.require(isinstance(antiquant_scale, torch.Tensor) and antiquant_scale.dtype == x.dtype, "scale-dtype",
                   f"antiquant_scale must be {x.dtype} (x's dtype), got {getattr(antiquant_scale, 'dtype', None)}")
-        c.require(tuple(antiquant_scale.shape) in ((n,), (1, n), (1,)), "scale-shape",
-                  f"antiquant_scale must be (N,), (1, N) or (1,) with N={n}, got {list(antiquant_scale.shape)}")
+        g = antiquant_group_size
+        if g:  # per group (A2/A3): g a multiple of 32 in [32, K - 1], scales (ceil(K / g), N)
+            c.require(isinstance(g, int) and g % 32 == 0 and 32 <= g <= k - 1, "group-size",
+                      f"antiquant_group_size={g!r}: a multiple of 32 in [32, K-1] (K={k})")
+            c.require(tuple(antiquant_scale.shape) == (-(-k // g), n), "scale-shape",
+                      f"per-group antiquant_scale must be (ceil(K/g), N) = ({-(-k // g)}, {n}), "
+                      f"got {list(antiquant_scale.shape)}")
+        else:
+            c.require(tuple(antiquant_scale.shape) in ((n,), (1, n), (1,)), "scale-shape",
+                      f"antiquant_scale must be (N,), (1, N) or (1,) with N={n}, got {list(antiquant_scale.shape)}")
         given = sorted(k_ for k_, v in dict(antiquant_offset=antiquant_offset, quant_scale=quant_scale,
                                              quant_offset=quant_offset).items() if v is not None)
-        c.require(not given and antiquant_group_size == 0, "unsupported-argument",
-                  f"{given or ['antiquant_group_size']} are not part of the symmetric per-channel case")
+        c.require(not given, "unsupported-argument", f"{given} are not part of the symmetric case")
         if bias is not None:
             c.require(isinstance(bias, torch.Tensor) and bias.dtype in (torch.float16, torch.float32), "bias",
                       f"bias dtype {getattr(bias, 'dtype', None)}: float16 or float32")
@@ -505,11 +512,14 @@ def make_weight_quant_matmul_op(sim):
         for name, t in (("weight", weight), ("antiquant_scale", antiquant_scale), ("bias", bias)):
             if t is not None:
                 c.require(t.device == x.device, "device", f"{name} on {t.device}, x on {x.device}")
-        out = x.float() @ (weight.float() * antiquant_scale.float().reshape(1, -1))
+        scale = (antiquant_scale.float().repeat_interleave(g, 0)[:k] if g
+                 else antiquant_scale.float().reshape(1, -1))  # the row of K each weight element reads
+        out = x.float() @ (weight.float() * scale)
         if bias is not None:
             out = out + bias.float().reshape(1, -1)
         sim.calls[op] += 1
-        sim.last_kwargs[op] = dict(x_dtype=x.dtype, weight_dtype=weight.dtype, bias_dtype=getattr(bias, "dtype", None))
+        sim.last_kwargs[op] = dict(x_dtype=x.dtype, weight_dtype=weight.dtype, bias_dtype=getattr(bias, "dtype", None),
+                                   antiquant_group_size=g)
         return out.to(x.dtype)
 
     return npu_weight_quant_batchmatmul

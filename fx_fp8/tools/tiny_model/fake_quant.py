@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.rules import attention_call_reason, linear_native_reason, short_keys_reason
+from fx_fp8.rules import attention_call_reason, linear_plan, short_keys_reason
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -73,10 +73,11 @@ def fake_fp8_attention(q, k, v, attn_mask, softmax_scale: float, acfg) -> torch.
 
 
 def quantized_linear_names(model: torch.nn.Module, config: FP8Config) -> list[str]:
-    """Names of the nn.Linear modules the FP8 linear pass quantizes under `config`."""
+    """Names of the nn.Linear modules the FP8 linear pass quantizes W8A8 under `config` (weight-only
+    sensitive layers are not simulated: their activations stay unquantized)."""
     qcfg = config.quantization_config
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-            and linear_native_reason(name, m.in_features, m.out_features, m.weight.dtype, qcfg) is None]
+            and linear_plan(name, m.in_features, m.out_features, m.weight.dtype, qcfg)[0] == "quantized"]
 
 
 def _fake_linear_forward(module: torch.nn.Linear, qcfg):
