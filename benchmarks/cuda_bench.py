@@ -238,13 +238,7 @@ def bench_weight_only(bench: Bench) -> str:
         exact = x.float() @ w.float().t() + bias.float()
         label = f"{m}x{k}->{n}"
         outs = {}
-
-        def timed(name, fn):
-            def run():
-                with torch.no_grad():
-                    outs[name] = fn()
-                    return bench.ms(fn)
-            return bench.cell(f"weight-only {label} {name}", run)
+        timed = _timer(bench, outs, f"weight-only {label}")
 
         t_bf16 = timed("bf16", lambda: F.linear(x, w, bias))
         row = [label, t_bf16]
@@ -271,6 +265,17 @@ def bench_weight_only(bench: Bench) -> str:
              "fused ms; err = ||out - fp32 math of the bf16 weight|| / ||fp32 math|| (includes the weight "
              "quantization). Tile sizes are untuned (triton_w8a16.tile_config)."]
     return table("(d) weight-only (W8A16) linear + bias, bf16 activations", header, rows, notes)
+
+
+def _timer(bench: "Bench", outs: dict, prefix: str):
+    """timed(name, fn): one benchmark cell `prefix name` that keeps fn's output in outs[name]."""
+    def timed(name, fn):
+        def run():
+            with torch.no_grad():
+                outs[name] = fn()
+                return bench.ms(fn)
+        return bench.cell(f"{prefix} {name}", run)
+    return timed
 
 
 # -- (b) attention --------------------------------------------------------------------------------
@@ -307,13 +312,7 @@ def bench_attention(bench: Bench) -> str:
         v = v + 0.5  # zero-mean V under near-flat attention averages to ~0 and inflates relative errors
         flop = 4.0 * heads * s * s * d
         outs = {}
-
-        def timed(name, fn):
-            def run():
-                with torch.no_grad():
-                    outs[name] = fn()
-                    return bench.ms(fn)
-            return bench.cell(f"attention S={s} {name}", run)
+        timed = _timer(bench, outs, f"attention S={s}")
 
         bench.on_gpu(f"(b) S={s} cuDNN / flash BF16 SDPA (dry run: CPU math SDPA)")
         t_cudnn16 = timed("cudnn_bf16", lambda: _sdpa("CUDNN_ATTENTION", bench.dry)(q, k, v))
