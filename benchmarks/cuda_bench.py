@@ -170,12 +170,7 @@ def bench_linear(bench: Bench) -> str:
     for m in ms_list:
         for k, n in shapes:
             torch._dynamo.reset()  # a fresh cache per shape: no recompile limit, no stale guards
-            torch.manual_seed(0)
-            x = torch.randn(m, k, device=dev, dtype=dt)
-            w = (torch.randn(n, k, device=dev) / math.sqrt(k)).to(dt)
-            bias = (torch.randn(n, device=dev) / 10).to(dt)
-            exact = x.float() @ w.float().t() + bias.float()
-            label = f"{m}x{k}->{n}"
+            x, w, bias, exact, label = _linear_case(m, k, n, dev, dt)
             flop = 2.0 * m * k * n
             outs = {}
 
@@ -231,12 +226,7 @@ def bench_weight_only(bench: Bench) -> str:
     low = CudaLowering()  # the fused Triton kernel: on the GPU, or in the interpreter in a dry run
     rows = []
     for m, k, n in shapes:
-        torch.manual_seed(0)
-        x = torch.randn(m, k, device=dev, dtype=dt)
-        w = (torch.randn(n, k, device=dev) / math.sqrt(k)).to(dt)
-        bias = (torch.randn(n, device=dev) / 10).to(dt)
-        exact = x.float() @ w.float().t() + bias.float()
-        label = f"{m}x{k}->{n}"
+        x, w, bias, exact, label = _linear_case(m, k, n, dev, dt)
         outs = {}
         timed = _timer(bench, outs, f"weight-only {label}")
 
@@ -265,6 +255,15 @@ def bench_weight_only(bench: Bench) -> str:
              "fused ms; err = ||out - fp32 math of the bf16 weight|| / ||fp32 math|| (includes the weight "
              "quantization). Tile sizes are untuned (triton_w8a16.tile_config)."]
     return table("(d) weight-only (W8A16) linear + bias, bf16 activations", header, rows, notes)
+
+
+def _linear_case(m: int, k: int, n: int, dev, dt):
+    """(x, w, bias, the fp32 result, label) of one seeded M x K -> N linear."""
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    w = (torch.randn(n, k, device=dev) / math.sqrt(k)).to(dt)
+    bias = (torch.randn(n, device=dev) / 10).to(dt)
+    return x, w, bias, x.float() @ w.float().t() + bias.float(), f"{m}x{k}->{n}"
 
 
 def _timer(bench: "Bench", outs: dict, prefix: str):
