@@ -32,8 +32,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 
-from fx_fp8.graph.dynamo_internals import (find_compiled_model, runtime_instance, split_source,  # noqa: F401
-                                           traced_frame_variables)
+from fx_fp8.graph.dynamo_internals import find_compiled_model, split_source, traced_frame_variables
 from fx_fp8.graph.attention_forms import is_attention
 
 _BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
