@@ -1,6 +1,7 @@
 """Shared fixtures: a clean Dynamo cache and report list per test, tiny models by family."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -9,7 +10,9 @@ import torch
 import fx_fp8
 from fx_fp8.tools.families import FAMILIES, build_tiny_transformer, example_inputs
 
-torch.set_num_threads(2)
+# Under pytest-xdist (`-n 2`, one worker per core) each worker computes on one thread, so the
+# workers do not fight over the cores; a single-process run uses both.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ these shims, installed only inside the test worker processes (never by fx_fp8 it
 1. `torch.accelerator.device_count()` answers 1 instead of 0. `ModelMixin._resolve_parallel_config`
    places each rank on `torch.device(accelerator_type, rank % torch.accelerator.device_count())`,
    a ZeroDivisionError with no accelerator; with 1 every rank gets `cpu:0` (the device index is
-   not used for CPU tensors). fx_fp8.parallel refuses to start context parallelism when the count
+   not used for CPU tensors). fx_fp8.pipeline.launch refuses to start context parallelism when the count
    is 0 (a clear RuntimeError instead of the division): on a real machine nothing is shimmed.
 2. A CPU kernel for `aten::_scaled_dot_product_flash_attention` (CUDA-only in torch), built on
    `aten::_scaled_dot_product_flash_attention_for_cpu`: same output and log-sum-exp (natural
@@ -18,7 +18,7 @@ these shims, installed only inside the test worker processes (never by fx_fp8 it
    only runs for attention kept native (native reference runs, skipped layers / steps, the
    short-key cross-attention of Wan).
 3. Nothing in diffusers' backend selection needs shimming: `set_attention_backend` /
-   fx_fp8.parallel.choose_attention_backend accept `_native_flash` on CPU (diffusers checks
+   fx_fp8.pipeline.attention_backend.choose_attention_backend accept `_native_flash` on CPU (diffusers checks
    dtypes and devices only with DIFFUSERS_ATTN_CHECKS=1, which the workers leave unset: the
    backend's bf16/fp16 constraint would refuse the fp32 tiny models).
    `set_attention_backend` also sets the process-wide active backend: workers build their
@@ -35,6 +35,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -72,7 +73,34 @@ def install_cpu_shims() -> None:
 
 
 # -- launcher -------------------------------------------------------------------------------------
+# Under pytest-xdist each worker (gw0, gw1, ...) takes its ports from its own slice below Linux's
+# ephemeral range (32768-60999): a port from bind(0) is released before rank 0 binds it, so two
+# workers launching at once could both be handed it and their ranks would join each other's store;
+# disjoint slices rule that out, and outgoing connections never take a port below that range.
+XDIST_PORT_BASE, XDIST_PORT_SLICE, XDIST_PORT_END = 20000, 500, 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else None
+    start = None if index is None else XDIST_PORT_BASE + index * XDIST_PORT_SLICE
+    if start is not None and start + XDIST_PORT_SLICE <= XDIST_PORT_END:
+        first = random.randrange(XDIST_PORT_SLICE)  # not the previous launch's port (TIME_WAIT)
+        for k in range(XDIST_PORT_SLICE):
+            port = start + (first + k) % XDIST_PORT_SLICE
+            if _bindable(port):
+                return port
+        raise RuntimeError(f"no free port in {start}-{start + XDIST_PORT_SLICE - 1} for xdist worker {worker}")
+    # one process (or more workers than slices): any free port, a clash is retried by launch()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.pipelines import pipeline_state
+from fx_fp8 import pipeline_state
 from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
 from fx_fp8.weights import QuantizedLinear
 

@@ -43,6 +43,19 @@ def test_ci_test_command_is_where_ci_reads_it():
     assert cmd.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install torch==")
 
 
+def test_ci_runs_the_suite_on_two_xdist_workers():
+    """CI's 2-core machine: `-n 2` (pytest-xdist, from the [test] extra) keeps the suite under 20 min."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    lines = _text(README).splitlines()
+    cmd = lines[lines.index("<!-- test-command -->") + 2]
+    assert cmd.endswith("python -m pytest -q -n 2"), cmd
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("pytest-xdist") for d in extras["test"]), extras["test"]
+
+
 def test_fast_test_command_comes_with_its_install():
     for block in _fences(_text(README), "bash"):
         for line in block.splitlines():
