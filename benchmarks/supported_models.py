@@ -82,9 +82,10 @@ def measure(name: str, n_inputs: int) -> dict:
             if key in seen:
                 continue
             seen.add(key)
-            counts[(e.op, e.action != "native")] += 1
-            if e.action == "native":
-                native[(e.op, _label(e.reason))] += 1
+            fp8 = e.action not in ("native", "weight-only")  # weight-only (W8A16) sensitive linears are not FP8
+            counts[(e.op, fp8)] += 1
+            if not fp8:
+                native[(e.op, ("W8A16 " if e.action == "weight-only" else "") + _label(e.reason))] += 1
     return {
         "model": name, "class": entry.class_name, "kind": entry.kind,
         "error": sum(errs) / len(errs),
@@ -118,7 +119,7 @@ def _row(r: dict) -> str:
 
 
 HEADER = ("| diffusers class | zoo name | kind | FP8 attention | FP8 linears | rel. error vs native | "
-          "kept native (op, reason, count) |\n|---|---|---|---|---|---|---|")
+          "not FP8 (op, reason, count) |\n|---|---|---|---|---|---|---|")
 
 
 def page(rows: list[dict], meta: str, command: str) -> str:
@@ -132,15 +133,16 @@ def page(rows: list[dict], meta: str, command: str) -> str:
         f"Every diffusers transformer class of the zoo (`fx_fp8/tools/zoo.py`): {len(rows)} classes "
         f"({kinds['image']} image, {kinds['video']} video, {kinds['audio']} audio). Each is a tiny "
         "random-weight model (hidden size 16-64, 1-2 layers, seed 0) run natively and under "
-        "`torch.compile(model, backend=\"fp8\")` with no options (FP8 attention + FP8 linears, the "
-        "defaults) on CPU with the reference lowering, which computes the device kernels' numerics. "
+        "`torch.compile(model, backend=\"fp8\")` with no options (the defaults: FP8 attention, FP8 linears, "
+        "sensitive linears weight-only) on CPU with the reference lowering, which computes the device kernels' numerics. "
         "\"rel. error\" is the relative L2 error of the output against native, the mean over "
         f"the input seeds. Largest: {100 * worst['error']:.2f} % ({worst['model']}).",
         "",
         "The weights are random, so the error shows that FP8 applies and stays bounded, not the image "
         "quality of a trained checkpoint (on the shipped trained tiny model: [tiny_model.md](tiny_model.md)). "
-        "\"FP8 attention\" / \"FP8 linears\" count the nodes the report rewrote over all graphs; the last "
-        "column counts the nodes kept native by reason (`fx-fp8 inspect` gives each row). The five "
+        "\"FP8 attention\" / \"FP8 linears\" count the nodes the report rewrote to FP8 over all graphs; the last "
+        "column counts the others by reason (\"W8A16\": weight-only sensitive linears, the rest native; "
+        "`fx-fp8 inspect` gives each row). The five "
         "families marked \"(family)\" also have name patterns, CLI example inputs and tiny pipelines; "
         "any other diffusers transformer goes through the same structural rules.",
         "",
