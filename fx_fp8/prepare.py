@@ -41,7 +41,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     With per-step static scales (fx_fp8.calibrate(..., per_step=True)) each layer keeps its scale
     per step group (`input_step_scales`), looked up from the published step per call.
     Sensitive layers with quantization_config.sensitive "weight_only" become weight-only
-    (W8A16) QuantizedLinear modules (`weight_only` is true; scales as weight_only_group_size says).
+    (W8A16) QuantizedLinear modules (`weight_only` is true; per-channel scales).
     Returns {"quantized": [names], "weight_only": [names among them], "native": {name: reason},
     "bytes_before", "bytes_after", "method"}.
     Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
@@ -74,7 +74,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     for name, module in linears:
         kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
                                    sensitive.get(name))
-        if kind == "weight_only":  # W8A16: weight_only_method / weight_only_group_size storage, as the device's weight-only matmul takes it
+        if kind == "weight_only":  # W8A16: per-channel scales, the storage the device's weight-only matmul takes
             lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
             method = get_lowering(lowering).weight_only_method(qcfg.weight_only_method or qcfg.method)
             granularity, block = quant.weight_only_layout(qcfg.weight_only_group_size)
