@@ -136,17 +136,17 @@ class QuantizationConfig:
     """Linear (W8A8) settings, vLLM's `quantization_config` plus our extras.
 
     method: "fp8" (float8 e4m3 W8A8) or "int8" (symmetric int8 W8A8).
-    ignored_layers: module-name patterns of linears kept native. The
-      known-sensitive layers (embedders, adaLN modulation, final projection)
-      are handled apart, as `sensitive` says. None and [] both mean "no extra
-      patterns". The token "@defaults" (older configs) is accepted and changes
-      nothing: the sensitive layers are always found.
+    ignored_layers: module-name patterns of linears kept native, on top of the
+      known-sensitive layers (embedders, adaLN modulation, final projection),
+      which stay native unless quantize_sensitive is true. None and [] both
+      mean "no extra patterns". The token "@defaults" (older configs) is accepted
+      and changes nothing: the sensitive layers are always kept.
     quantize_sensitive: also quantize the sensitive layers (everything eligible
       then runs quantized except `ignored_layers`); a synonym of sensitive="fp8".
     sensitive: how the sensitive layers run: "weight_only" (default: quantized
       weights stored as weight_only_method / weight_only_group_size say,
-      activations in the model's precision: W8A16), "native" (the original
-      weights) or "fp8" (quantized like every other linear, W8A8 with `method`).
+      activations in the model's precision: W8A16), "native" or "fp8"
+      (quantized like every other linear, W8A8 with `method`).
     weight_only_method: storage of weight-only (W8A16) layers, "int8" (default)
       or "fp8" (None: `method`); a device whose weight-only matmul takes one
       storage only (NPU: int8) uses that one.
