@@ -31,10 +31,10 @@ DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
 SKIP_STEPS_MODES = ("native", "weight_only")
 #: how the sensitive linears (embedders, adaLN modulation, final projection) run
 SENSITIVE_MODES = ("native", "weight_only", "fp8")
-#: weight-only with INT8 weights, one scale per output channel and 32 input columns: on the shipped tiny
-#: model and the zoo as good as native sensitive layers, 0.521x weight bytes on a bf16 Flux (0.666x
-#: native); benchmarks/sensitive_modes.py, RESULTS.md 2026-12-02
-DEFAULT_SENSITIVE = "weight_only"
+#: native until prepared weight-only layers keep diffusers' hooks (context parallelism's output
+#: hook on proj_out) and group offload's references; weight_only measures as good at 0.52x weight
+#: bytes (benchmarks/sensitive_modes.py, RESULTS.md 2026-12-02)
+DEFAULT_SENSITIVE = "native"
 
 def _check_choice(name: str, value, choices) -> Any:
     if isinstance(value, str):
@@ -143,10 +143,10 @@ class QuantizationConfig:
       and changes nothing: the sensitive layers are always kept.
     quantize_sensitive: also quantize the sensitive layers (everything eligible
       then runs quantized except `ignored_layers`); a synonym of sensitive="fp8".
-    sensitive: how the sensitive layers run: "weight_only" (default: quantized
-      weights stored as weight_only_method / weight_only_group_size say,
-      activations in the model's precision: W8A16), "native" or "fp8"
-      (quantized like every other linear, W8A8 with `method`).
+    sensitive: how the sensitive layers run: "native" (default), "weight_only"
+      (quantized weights stored as weight_only_method / weight_only_group_size
+      say, activations in the model's precision: W8A16) or "fp8" (quantized
+      like every other linear, W8A8 with `method`).
     weight_only_method: storage of weight-only (W8A16) layers, "int8" (default)
       or "fp8" (None: `method`); a device whose weight-only matmul takes one
       storage only (NPU: int8) uses that one.
