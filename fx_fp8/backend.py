@@ -27,7 +27,7 @@ from fx_fp8.calibration import check_scales_match, load_activation_scales
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
-from fx_fp8.passes.attention import is_attention
+from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.graph.fx_utils import fill_example_values
 from fx_fp8.graph.dynamo_internals import compiling_under, current_tracing_context, fake_inputs, runtime_instance
 from fx_fp8.graph.names import (INSTANCE_KEY, OWNERS, LayerMap, instance_holding, module_name, module_names_of,

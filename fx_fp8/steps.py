@@ -118,8 +118,9 @@ def step_group(groups) -> Optional[int]:
     for i in range(0, len(groups), 2):
         if groups[i] <= step <= groups[i + 1]:
             return i // 2
-    calibrated = ",".join(str(groups[i]) if groups[i] == groups[i + 1] else f"{groups[i]}-{groups[i + 1]}"
-                          for i in range(0, len(groups), 2))
+    from fx_fp8.calibration import format_step_groups  # calibration imports this module
+
+    calibrated = format_step_groups(zip(groups[::2], groups[1::2]))
     raise ValueError(f"fx_fp8: denoising step {step} is in none of the step groups ({calibrated}) of the per-step "
                      "activation scales: recalibrate with fx_fp8.calibrate(..., per_step=True) over as many steps "
                      "as the pipeline runs, or give step_groups that cover every step")

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from fx_fp8.graph.attention_forms import AttentionForm, attention_form, is_attention  # noqa: F401 (re-exported)
+from fx_fp8.graph.attention_forms import AttentionForm, attention_form
 from fx_fp8.passes.base import FXPass
 from fx_fp8.graph.fx_utils import call_args, meta_val
 from fx_fp8.graph.names import is_resolved, module_name

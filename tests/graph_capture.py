@@ -2,7 +2,7 @@
 fx_fp8 backends resolve them) and runs it natively; and fx_fp8's backend on a stored graph."""
 import fx_fp8
 from fx_fp8.backend import compile_graph
-from fx_fp8.passes.attention import is_attention
+from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.graph.names import resolve_graph
 
 

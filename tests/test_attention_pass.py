@@ -12,7 +12,7 @@ from fx_fp8.config import FP8Config
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.passes import CompileContext, FP8AttentionPass
-from fx_fp8.passes.attention import is_attention
+from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.graph.fx_utils import meta_val
 from fx_fp8.graph.names import LayerMap, module_name
 from fx_fp8.report import CompileReport
