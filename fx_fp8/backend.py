@@ -21,7 +21,6 @@ from typing import Callable, Optional
 
 import torch
 import torch.fx
-from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module
 
 from fx_fp8.calibration import check_scales_match, load_activation_scales
 from fx_fp8.config import FP8Config
@@ -29,7 +28,8 @@ from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_na
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.graph.fx_utils import fill_example_values
-from fx_fp8.graph.dynamo_internals import compiling_under, current_tracing_context, fake_inputs, runtime_instance
+from fx_fp8.graph.dynamo_internals import (compiling_under, current_tracing_context, fake_inputs, generate_code_now,
+                                           lazy_graph_module, runtime_instance)
 from fx_fp8.graph.names import (INSTANCE_KEY, OWNERS, LayerMap, instance_holding, module_name, module_names_of,
                                  rename_instance, resolve_graph)
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
@@ -93,7 +93,7 @@ def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str]) -> 
 
 def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mode: Optional[str]) -> Callable:
     if name == "eager":
-        _LazyGraphModule.force_recompile(gm)  # generate the code now, not on every call
+        generate_code_now(gm)  # now, not on every call
         return gm.forward
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx
@@ -117,7 +117,7 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new = torch.fx.Graph()
     out = new.graph_copy(gm.graph, {})
     new.output(out)
-    return _make_graph_module(gm, new, graph_module_cls=_LazyGraphModule)
+    return lazy_graph_module(gm, new)
 
 
 def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:

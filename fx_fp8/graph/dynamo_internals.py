@@ -11,6 +11,8 @@ backend still runs, but names may go unresolved (the report then says so, node b
 - the module running a graph that reads no parameter (a stack walk, at run time);
 - Dynamo's tracing context (fake mode, shape env), so a graph compiled after the backend
   returned is keyed by the compile caches as one compiled inside Dynamo;
+- graph modules whose Python code is generated only when something calls them (torch.fx's
+  private lazy graph module: Inductor reads the graph, never the code);
 - a copy of a method's code object under a new name (diffusers' cache hooks look hooks up by
   function identity).
 """
@@ -165,6 +167,22 @@ def fake_mode_of(graph: torch.fx.Graph):
 
     return next((v.fake_mode for n in graph.nodes for v in [n.meta.get("example_value")]
                  if isinstance(v, FakeTensor)), None)
+
+
+# -- graph modules ---------------------------------------------------------------------------------
+def lazy_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A GraphModule of `graph` sharing root's submodules and constants, whose code is generated
+    on its first call, if ever (recompile() only marks it stale)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module
+
+    return _make_graph_module(root, graph, graph_module_cls=_LazyGraphModule)
+
+
+def generate_code_now(gm: torch.fx.GraphModule) -> None:
+    """Generate a lazy graph module's code now, so its calls do not check for it each time."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    _LazyGraphModule.force_recompile(gm)
 
 
 # -- code objects ------------------------------------------------------------------------------------
