@@ -25,7 +25,7 @@ from fx_fp8 import rules
 def build():
     from diffusers import WanAnimate2Transformer3DModel
 
-    from fx_fp8.tools.zoo import _reinit_zero_layers
+    from fx_fp8.tools.model_zoo import reinit_zero_layers
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -33,7 +33,7 @@ def build():
         model = WanAnimate2Transformer3DModel(
             patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=128, ffn_dim=256, freq_dim=64, text_dim=32,
             out_dim=16, num_heads=4, num_layers=2, cross_attn_norm=True, use_img_emb=True).eval()
-    _reinit_zero_layers(model)
+    reinit_zero_layers(model)
     return model
 
 

@@ -1,7 +1,7 @@
 """What `fx-fp8 --model X` names: the shipped tiny model, a family, or a local diffusers folder.
 
     resolve_model("tiny")                 # fx_fp8.tools.tiny_model (trained, the default)
-    resolve_model("flux")                 # fx_fp8.tools.families: random weights, no download
+    resolve_model("flux")                 # a family of fx_fp8.tools.model_zoo: random weights, no download
     resolve_model("/models/FLUX.1-dev")   # pipeline folder (model_index.json + transformer/)
     resolve_model("/models/x/transformer")  # transformer folder (config.json with _class_name)
 
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fx_fp8.pipeline.step_publishing import publish_steps
+from fx_fp8.tools import model_zoo
 
 
 class ModelSourceError(ValueError):
@@ -33,10 +34,8 @@ class ModelSourceError(ValueError):
 
 
 def _family(spec: str) -> Optional[str]:
-    from fx_fp8.tools.families import canonical_family
-
     try:
-        return canonical_family(spec)
+        return model_zoo.canonical_family(spec)
     except ValueError:
         return None
 
@@ -71,9 +70,7 @@ class ModelSource:
         with warnings.catch_warnings():  # diffusers warns about unused config keys and low_cpu_mem_usage
             warnings.simplefilter("ignore")
             if self.kind == "family":
-                from fx_fp8.tools.families import build_tiny_transformer
-
-                return build_tiny_transformer(self.family, dtype=dtype)
+                return model_zoo.build_tiny_transformer(self.family, dtype=dtype)
             self.check_transformer(example_inputs=False)
             cls = _diffusers_class(self.class_name, self.path)
             try:
@@ -88,14 +85,13 @@ class ModelSource:
         """Keyword arguments for one forward call of `model`, shaped from its config."""
         dtype = next(model.parameters()).dtype
         if self.kind == "family":
-            from fx_fp8.tools.families import example_inputs
-
-            return example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
+            return model_zoo.example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
         build = _INPUT_BUILDERS.get(self.class_name)
         if build is None:
             raise ModelSourceError(_no_builder_message(self.class_name, self.path))
         gen = torch.Generator().manual_seed(seed)
-        return build(model.config, batch, gen, dtype, self.kind == "tiny")
+        size = _TINY_SIZE if self.kind == "tiny" else _FOLDER_SIZES.get(self.class_name, {})
+        return build(model.config, batch, gen, dtype, **size)
 
     # -- checks before any work --------------------------------------------
     def check_transformer(self, *, example_inputs: bool = True) -> None:
@@ -161,10 +157,8 @@ class ModelSource:
                 calls = [dict(prompt=texts, height=height, width=width)]
                 return PipelineRun(pipe, calls, [seed], labels=texts)
             if self.kind == "family":
-                from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
-
-                pipe, kwargs = build_tiny_pipeline(self.spec if self.spec.lower().startswith("wan2.2") else self.family,
-                                                   height=height, width=width, seed=seed)
+                name = self.spec if self.spec.lower().startswith("wan2.2") else self.family
+                pipe, kwargs = model_zoo.build_tiny_pipeline(name, height=height, width=width, seed=seed)
                 # random embeddings stand for prompts: one call per sample, different noise seeds
                 return PipelineRun(pipe, [dict(kwargs)] * prompts, [seed + i for i in range(prompts)],
                                    labels=[f"{self.family} sample {i}" for i in range(prompts)])
@@ -335,15 +329,11 @@ def size_rule(class_name: str, transformer: dict, vae: dict) -> SizeRule:
     return SizeRule(multiple=multiple, minimum=multiple, max_height=top[0], max_width=top[1])
 
 
-#: size_rule of the family pipelines of fx_fp8.tools.tiny_pipelines, known without building them
-#: (tests check it against the built pipelines' configs)
-FAMILY_SIZE_RULES = {
-    "flux": SizeRule(4, 4),
-    "qwen-image": SizeRule(4, 4),
-    "wan": SizeRule(16, 16, 128, 128),
-    "z-image": SizeRule(4, 4, 128, 128),
-    "sd3": SizeRule(4, 4, 128, 128),
-}
+#: size_rule of the families' tiny pipelines, from their configs in the registry without building
+#: anything (tests check it against the built pipelines' configs)
+FAMILY_SIZE_RULES = {name: size_rule(model_zoo.MODELS[name].class_name, dict(model_zoo.MODELS[name].config),
+                                     dict(model_zoo.MODELS[name].family.vae))
+                     for name in model_zoo.FAMILIES}
 
 
 def resolve_model(spec: str) -> ModelSource:
@@ -361,17 +351,10 @@ def resolve_model(spec: str) -> ModelSource:
         return _from_folder(spec, path)
     family = _family(spec)
     if family is not None:
-        from fx_fp8.tools import families
-
-        classes = {"flux": "FluxTransformer2DModel", "qwen-image": "QwenImageTransformer2DModel",
-                   "wan": "WanTransformer3DModel", "z-image": "ZImageTransformer2DModel", "sd3": "SD3Transformer2DModel"}
-        assert set(classes) == set(families.FAMILIES)
-        return ModelSource(spec=spec, kind="family", class_name=classes[family], family=family)
-    from fx_fp8.tools.families import FAMILIES
-
+        return ModelSource(spec=spec, kind="family", class_name=model_zoo.MODELS[family].class_name, family=family)
     if os.sep in spec or spec.startswith((".", "~")) or (os.altsep and os.altsep in spec):
         raise ModelSourceError(f"model folder not found: {spec!r}")
-    raise ModelSourceError(f"unknown model {spec!r}: expected 'tiny', a family ({', '.join(FAMILIES)}) "
+    raise ModelSourceError(f"unknown model {spec!r}: expected 'tiny', a family ({', '.join(model_zoo.FAMILIES)}) "
                            "or a local diffusers folder (no such folder)")
 
 
@@ -404,64 +387,12 @@ def _from_folder(spec: str, path: Path) -> ModelSource:
 
 
 # -- example inputs from a transformer config ------------------------------
-# Small token grids: inspection needs the graph, not realistic resolutions.
+# The families' input makers (fx_fp8.tools.model_zoo), driven by the loaded transformer's config;
+# small token grids: inspection needs the graph, not realistic resolutions.
 
-def _grid_ids(h: int, w: int) -> torch.Tensor:
-    ids = torch.zeros(h, w, 3)
-    ids[..., 1] = torch.arange(h)[:, None]
-    ids[..., 2] = torch.arange(w)[None, :]
-    return ids.reshape(h * w, 3)
-
-
-def _flux_inputs(cfg, batch, gen, dtype, tiny):
-    h = w = 16  # the tiny model's 32x32 image = 16x16 packed tokens
-    txt = 8 if tiny else 16
-    kw = dict(hidden_states=torch.randn(batch, h * w, cfg.in_channels, generator=gen).to(dtype),
-              encoder_hidden_states=torch.randn(batch, txt, cfg.joint_attention_dim, generator=gen).to(dtype),
-              pooled_projections=torch.randn(batch, cfg.pooled_projection_dim, generator=gen).to(dtype),
-              timestep=torch.full((batch,), 0.5, dtype=dtype), img_ids=_grid_ids(h, w), txt_ids=torch.zeros(txt, 3))
-    if cfg.get("guidance_embeds"):
-        kw["guidance"] = torch.full((batch,), 3.5, dtype=dtype)
-    return kw
-
-
-def _qwen_inputs(cfg, batch, gen, dtype, tiny):
-    h = w = 8
-    return dict(hidden_states=torch.randn(batch, h * w, cfg.in_channels, generator=gen).to(dtype),
-                encoder_hidden_states=torch.randn(batch, 12, cfg.joint_attention_dim, generator=gen).to(dtype),
-                encoder_hidden_states_mask=torch.ones(batch, 12, dtype=torch.long),
-                timestep=torch.full((batch,), 0.5, dtype=dtype), img_shapes=[[(1, h, w)]] * batch)
-
-
-def _wan_inputs(cfg, batch, gen, dtype, tiny):
-    pt, ph, pw = cfg.patch_size
-    kw = dict(hidden_states=torch.randn(batch, cfg.in_channels, 2 * pt, 8 * ph, 8 * pw, generator=gen).to(dtype),
-              timestep=torch.full((batch,), 500, dtype=torch.long),
-              encoder_hidden_states=torch.randn(batch, 12, cfg.text_dim, generator=gen).to(dtype))
-    if cfg.get("image_dim"):
-        kw["encoder_hidden_states_image"] = torch.randn(batch, 16, cfg.image_dim, generator=gen).to(dtype)
-    return kw
-
-
-def _zimage_inputs(cfg, batch, gen, dtype, tiny):
-    p, fp = cfg.all_patch_size[0], cfg.all_f_patch_size[0]
-    return dict(x=[torch.randn(cfg.in_channels, fp, 8 * p, 8 * p, generator=gen).to(dtype) for _ in range(batch)],
-                t=torch.full((batch,), 0.5, dtype=dtype),
-                cap_feats=[torch.randn(16, cfg.cap_feat_dim, generator=gen).to(dtype) for _ in range(batch)])
-
-
-def _sd3_inputs(cfg, batch, gen, dtype, tiny):
-    side = 8 * cfg.patch_size
-    return dict(hidden_states=torch.randn(batch, cfg.in_channels, side, side, generator=gen).to(dtype),
-                encoder_hidden_states=torch.randn(batch, 12, cfg.joint_attention_dim, generator=gen).to(dtype),
-                pooled_projections=torch.randn(batch, cfg.pooled_projection_dim, generator=gen).to(dtype),
-                timestep=torch.full((batch,), 500, dtype=dtype))
-
-
-_INPUT_BUILDERS: dict[str, Callable] = {
-    "FluxTransformer2DModel": _flux_inputs,
-    "QwenImageTransformer2DModel": _qwen_inputs,
-    "WanTransformer3DModel": _wan_inputs,
-    "ZImageTransformer2DModel": _zimage_inputs,
-    "SD3Transformer2DModel": _sd3_inputs,
-}
+_INPUT_BUILDERS: dict[str, Callable] = {model_zoo.MODELS[f].class_name: model_zoo.MODELS[f].family.inputs
+                                        for f in model_zoo.FAMILIES}
+#: sizes other than the makers' defaults: Flux as the shipped tiny model's 32x32 image (16x16 packed tokens)
+_FOLDER_SIZES: dict[str, dict] = {"FluxTransformer2DModel": dict(side=16)}
+#: the shipped tiny model (a Flux): its 32x32 image, its 8-token prompts
+_TINY_SIZE = dict(side=16, txt=8)
