@@ -15,10 +15,10 @@ native ones). The weights file deliberately does not bear diffusers' name
 (`diffusion_pytorch_model.safetensors`): `from_pretrained` of such a folder fails loudly
 ("no file named diffusion_pytorch_model...") instead of reading FP8 codes as weights.
 
-Prepared models are guarded (`guard`, called by prepare_model): `save_pretrained` raises and
-names save_quantized; `load_state_dict` checks every quantized layer's incoming entries
-before anything is copied, and QuantizedLinear re-quantizes full-precision weights with its
-own recipe (fx_fp8/weights.py).
+Prepared models are guarded (`guard`, called by prepare_model; fx_fp8/state_guard.py):
+`save_pretrained` raises and names save_quantized; `load_state_dict` checks every quantized
+layer's incoming entries before anything is copied, and QuantizedLinear re-quantizes
+full-precision weights with its own recipe (fx_fp8/weights.py).
 """
 from __future__ import annotations
 
@@ -33,7 +33,12 @@ import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import is_compiled_module
 from fx_fp8.rules import is_plain_linear
+from fx_fp8.state_guard import guard, native_reasons, quantized_layers, unguard
 from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
+
+# guard / unguard / quantized_layers were defined here before state_guard.py: importable from here still
+__all__ = ["CONFIG_NAME", "FORMAT", "QUANT_NAME", "TRANSFORMER_ATTRS", "VERSION", "WEIGHTS_NAME", "guard",
+           "load_quantized", "quantized_layers", "save_quantized", "unguard"]
 
 FORMAT = "fx_fp8.quantized_checkpoint"
 VERSION = 1
@@ -42,71 +47,6 @@ QUANT_NAME = "fx_fp8_quantization.json"
 CONFIG_NAME = "config.json"
 #: pipeline attributes holding a denoising transformer (as fx_fp8.pipeline.state)
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")
-#: attribute of a prepared model: {"native": {linear name: reason}} from prepare_model
-_PREPARED_ATTR = "_fx_fp8_prepared"
-_HOOK_ATTR = "_fx_fp8_load_check"
-
-
-# -- guarding a prepared model ---------------------------------------------------------------
-def quantized_layers(module: nn.Module) -> list[str]:
-    return [n for n, m in module.named_modules() if isinstance(m, QuantizedLinear)]
-
-
-class _RefuseSavePretrained:
-    """Shadows ModelMixin.save_pretrained on a prepared model instance: its FP8/INT8 codes under
-    plain `weight` keys would load as garbage. Checked at call time, so a model whose original
-    linears were put back (restore_pipeline with keep_weights=True) saves normally again."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-
-    def __call__(self, save_directory, *args, **kwargs):
-        names = quantized_layers(self.module)
-        if not names:
-            return type(self.module).save_pretrained(self.module, save_directory, *args, **kwargs)
-        raise ValueError(
-            f"{type(self.module).__name__} holds {len(names)} quantized linear(s) (first: {names[0]!r}): "
-            "save_pretrained would write FP8/INT8 codes under plain weight keys that from_pretrained loads as "
-            f"garbage; use fx_fp8.save_quantized(model_or_pipe, {os.fspath(save_directory)!r}) and "
-            "fx_fp8.load_quantized to load it")
-
-
-def _check_quantized_state(module, state_dict, prefix, *_):
-    """load_state_dict pre-hook of a prepared model: every quantized layer's incoming entries are
-    checked before any tensor is copied (an error leaves the model as it was)."""
-    problems = []
-    for name, layer in module.named_modules():
-        if isinstance(layer, QuantizedLinear):
-            problem = layer._check_incoming(state_dict, f"{prefix}{name}." if name else prefix)
-            if problem:
-                problems.append(problem)
-    if problems:
-        raise ValueError("fx_fp8: cannot load this state dict into a prepared model:\n  " + "\n  ".join(problems))
-
-
-def guard(module: nn.Module, native: Optional[dict] = None) -> None:
-    """Make a prepared model's state impossible to misuse (idempotent; prepare_model calls it):
-    save_pretrained refuses (diffusers models) and load_state_dict checks quantized layers first.
-    `native`: {linear name: reason} kept native, recorded for save_quantized."""
-    module = getattr(module, "_orig_mod", module)
-    record = module.__dict__.setdefault(_PREPARED_ATTR, {"native": {}})
-    record["native"].update(native or {})
-    if callable(getattr(type(module), "save_pretrained", None)) and not isinstance(
-            module.__dict__.get("save_pretrained"), _RefuseSavePretrained):
-        module.__dict__["save_pretrained"] = _RefuseSavePretrained(module)
-    if _HOOK_ATTR not in module.__dict__:
-        module.__dict__[_HOOK_ATTR] = module.register_load_state_dict_pre_hook(_check_quantized_state)
-
-
-def unguard(module: nn.Module) -> None:
-    """Undo guard (the model keeps its quantized layers)."""
-    module = getattr(module, "_orig_mod", module)
-    if isinstance(module.__dict__.get("save_pretrained"), _RefuseSavePretrained):
-        del module.__dict__["save_pretrained"]
-    handle = module.__dict__.pop(_HOOK_ATTR, None)
-    if handle is not None:
-        handle.remove()
-    module.__dict__.pop(_PREPARED_ATTR, None)
 
 
 # -- save ------------------------------------------------------------------------------------
@@ -162,7 +102,7 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
         if t.is_meta:
             raise ValueError(f"{where}: {key!r} is on the meta device (no data to save)")
         tensors[key] = t.detach().contiguous()
-    reasons = module.__dict__.get(_PREPARED_ATTR, {}).get("native", {})
+    reasons = native_reasons(module)
     native = {n: reasons.get(n) for n, m in module.named_modules() if is_plain_linear(m)}
     persistent = set(tensors)
     # buffers a model makes in __init__ and does not save (rotary tables): their dtype is restored on load

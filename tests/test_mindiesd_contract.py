@@ -1,7 +1,7 @@
 """Each MindIE-SD contract rule the simulator knows fails loudly when the lowering's call breaks it.
 
 The lowering builds MindIE-SD's fused_infer_attention_score_v2 arguments in
-npu.mindiesd_call_kwargs; these tests wrap it to corrupt one argument and
+npu_calls.mindiesd_call_kwargs; these tests wrap it to corrupt one argument and
 expect the simulator's error naming the rule (mindiesd's own ParametersInvalid
 for what its Python wrapper validates, SimulatedContractError for the kernel's
 contract). fa_block_quant_preprocess is checked by calling it directly.
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from fx_fp8.ops import mindiesd, npu
+from fx_fp8.ops import mindiesd, npu, npu_calls
 from npu_sim.mutations import apply, drop, set_
 from npu_sim import SimulatedContractError, mindiesd_sim, torch_npu_sim  # noqa: F401  (fixtures)
 
@@ -32,14 +32,14 @@ def attention(q, k, v, **over):
 
 
 def corrupt(monkeypatch, edit):
-    original = npu.mindiesd_call_kwargs
+    original = npu_calls.mindiesd_call_kwargs
 
     def wrapped(*args, **kwargs):
         kw = dict(original(*args, **kwargs))
         edit(kw)
         return kw
 
-    monkeypatch.setattr(npu, "mindiesd_call_kwargs", wrapped)
+    monkeypatch.setattr(npu_calls, "mindiesd_call_kwargs", wrapped)
 
 
 def _rename(old, new):
@@ -120,7 +120,7 @@ def test_batches_are_quantized_one_sample_at_a_time(mindiesd_sim, monkeypatch):
     def whole_batch(fa_block_quant_preprocess, x, block, kernel_block, dst_type):
         return fa_block_quant_preprocess(x, block_size=block, dst_type=dst_type, layout="BNSD")
 
-    monkeypatch.setattr(npu, "mindiesd_block_quant", whole_batch)
+    monkeypatch.setattr(npu_calls, "mindiesd_block_quant", whole_batch)
     expect_rule("x-rank", attention, *qkv(b=2))
 
 

@@ -1,8 +1,8 @@
 """Each torch_npu contract rule the simulator knows fails loudly when the lowering's call breaks it.
 
-The lowering builds its vendor-call arguments in npu.attention_call_kwargs (per-block, CANN that
-accepts mode 7), npu.mx_call_kwargs (MXFP8) and npu.linear_call_kwargs; these tests wrap those
-functions to corrupt one argument and expect SimulatedContractError naming the rule. The ops the
+The lowering builds its vendor-call arguments in npu_calls.attention_call_kwargs (per-block, CANN
+that accepts mode 7), npu_calls.mx_call_kwargs (MXFP8) and npu_calls.linear_call_kwargs; these tests
+wrap those functions to corrupt one argument and expect SimulatedContractError naming the rule. The ops the
 lowering calls directly (npu_dynamic_quant, npu_dynamic_mx_quant, npu_dynamic_block_quant) are
 checked by calling them with bad arguments.
 """
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fx_fp8.config import AttentionQuantConfig
-from fx_fp8.ops import npu, quant
+from fx_fp8.ops import npu, npu_calls, quant
 from npu_sim.mutations import apply, drop, set_
 from npu_sim import SimulatedContractError, torch_npu_sim  # noqa: F401  (fixture)
 
@@ -32,15 +32,15 @@ def qkv(b=2, s=150, d=32, dtype=torch.bfloat16):
 
 
 def corrupt(monkeypatch, name: str, edit):
-    """Wrap npu.<name> so the kwargs it builds go through `edit(kwargs)` first."""
-    original = getattr(npu, name)
+    """Wrap npu_calls.<name> so the kwargs it builds go through `edit(kwargs)` first."""
+    original = getattr(npu_calls, name)
 
     def wrapped(*args, **kwargs):
         kw = dict(original(*args, **kwargs))
         edit(kw)
         return kw
 
-    monkeypatch.setattr(npu, name, wrapped)
+    monkeypatch.setattr(npu_calls, name, wrapped)
 
 
 def expect_rule(rule, fn, *args, **kwargs):

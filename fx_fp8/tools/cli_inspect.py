@@ -1,0 +1,170 @@
+"""`fx-fp8 inspect` and `fx-fp8 dump`: compile the transformer on example inputs and show (or
+write) what fx_fp8 did with every attention and linear node, and the graphs before and after
+each pass."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from fx_fp8.tools.cli_common import PROG, _check_dir, _check_source, _config, _source, to_json
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False) -> dict:
+    """Compile the transformer on example inputs (fullgraph) and collect what fx_fp8 did."""
+    import torch
+
+    import fx_fp8
+
+    model = source.load_transformer()
+    kwargs = source.example_inputs(model)
+    bytes_before = fx_fp8.reachable_tensor_bytes(model)
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    options = {"config": config}
+    if dump_graphs:
+        options["dump_graphs"] = True
+    for fullgraph in (True, False):
+        compiled = torch.compile(model, backend=backend, fullgraph=fullgraph, options=options)
+        try:
+            with torch.no_grad(), fx_fp8.denoising_step(0):  # a published step: no warning with skip steps
+                compiled(**kwargs)
+            break
+        except torch._dynamo.exc.Unsupported as e:
+            if not fullgraph:
+                raise
+            # e.g. Z-Image's rotary cache (`with torch.device(...)`): report every graph instead
+            print(f"{PROG}: note: {source.class_name} has graph breaks ({str(e).splitlines()[0]}); "
+                  "compiled without fullgraph", file=sys.stderr)
+            torch._dynamo.reset()
+            fx_fp8.clear_reports()
+    reports = fx_fp8.get_reports()
+    primary = [r for r in reports if r.step_variant in (None, "fp8")]
+    q_before = sum(r.weights.get("quantized_linear_bytes_before", 0) for r in primary)
+    q_after = sum(r.weights.get("quantized_linear_bytes_after", 0) for r in primary)
+    totals = {op: {"fp8": 0, "native": 0} for op in ("attention", "linear")}
+    for r in primary:
+        for op, counts in r.summary().items():
+            for action, n in counts.items():  # fp8, int8, native
+                totals[op][action] = totals[op].get(action, 0) + n
+    data = {
+        "model": source.spec,
+        "class": source.class_name,
+        "config": config.to_dict(),
+        "graphs": [dict(r.to_dict(), graph_index=i) for i, r in enumerate(reports)],
+        "summary": {
+            "graphs": len(reports),
+            "step_variants": [r.step_variant or "single" for r in reports],
+            "nodes": totals,   # over the graphs that run on non-skipped steps
+            "weights": {"model_bytes_before": bytes_before,
+                        "model_bytes_after": bytes_before - q_before + q_after,
+                        "quantized_linear_bytes_before": q_before, "quantized_linear_bytes_after": q_after},
+        },
+    }
+    graphs = {i: getattr(r, "graphs", None) for i, r in enumerate(reports)}
+    return data, graphs
+
+
+def _rows(graph: dict) -> list[tuple]:
+    return [(e["module"], "" if e["layer"] is None else e["layer"], e["op"], e["action"], e["reason"], e["shapes"])
+            for e in graph["entries"]]
+
+
+def format_inspect(data: dict) -> str:
+    from tabulate import tabulate
+
+    out = [f"model: {data['model']} ({data['class']})"]
+    graphs = data["graphs"]
+    shown = [g for g in graphs if g["step_variant"] in (None, "fp8")]
+    for g in shown:
+        variant = g["step_variant"] or "single"
+        out.append(f"\ngraph {g['graph_index']} (step variant: {variant}; lowering {g['lowering']}, "
+                   f"downstream {g['downstream']}; layers {g['layer_map']})")
+        out.append(tabulate(_rows(g), headers=["module", "layer", "op", "action", "reason", "shapes"])
+                   if g["entries"] else "(no attention or linear nodes)")
+    s = data["summary"]
+    out.append("\nsummary")
+    actions = sorted({a for c in s["nodes"].values() for a in c}, key=lambda a: (a == "native", a))
+    out.append(tabulate([(op, *(c.get(a, 0) for a in actions)) for op, c in s["nodes"].items()],
+                        headers=["op", *actions]))
+    w = s["weights"]
+    out.append(f"weights: model {_mib(w['model_bytes_before'])} -> {_mib(w['model_bytes_after'])} with prepare_model "
+               f"(quantized linears {_mib(w['quantized_linear_bytes_before'])} -> "
+               f"{_mib(w['quantized_linear_bytes_after'])})")
+    line = f"graphs: {s['graphs']} (step variants: {', '.join(s['step_variants'])})"
+    for g in graphs:
+        if g not in shown:
+            c = g["summary"]
+            parts = [f"{op} " + " / ".join(f"{n} {a}" for a, n in c[op].items() if n or a in ("fp8", "native"))
+                     for op in ("attention", "linear")]
+            line += f"; variant {g['step_variant']} (skipped steps): {', '.join(parts)}"
+    out.append(line)
+    for note in sorted({n for g in shown for n in g["notes"]}):
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def cmd_inspect(args) -> int:
+    source, config = _source(args), _config(args)
+    _check_source(source, pipeline=False)
+    data, _ = compile_and_report(source, config, backend=args.backend)
+    print(to_json(data) if args.format == "json" else format_inspect(data))
+    return 0
+
+
+_DUMP_FOLDER = re.compile(r"graph\d+_\w+")
+_DUMP_FILE = re.compile(r"\d\d_\w+\.py")
+
+
+def _remove_previous_dump(out: Path) -> int:
+    """Delete what an earlier `dump` wrote in `out` (graph<i>_<variant>/NN_<stage>.py, report.json,
+    report.txt), so a new dump never mixes with an old one; other files are left alone."""
+    removed = 0
+    for folder in out.iterdir():
+        if folder.is_dir() and _DUMP_FOLDER.fullmatch(folder.name):
+            for f in folder.iterdir():
+                if f.is_file() and _DUMP_FILE.fullmatch(f.name):
+                    f.unlink()
+                    removed += 1
+            if not any(folder.iterdir()):
+                folder.rmdir()
+    for name in ("report.json", "report.txt"):
+        if (out / name).is_file():
+            (out / name).unlink()
+            removed += 1
+    return removed
+
+
+def cmd_dump(args) -> int:
+    source, config = _source(args), _config(args)
+    _check_source(source, pipeline=False)
+    _check_dir("--out", args.out)
+    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True)
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    removed = _remove_previous_dump(out)
+    if removed:
+        print(f"removed {removed} files of a previous dump in {out}", file=sys.stderr)
+    written = []
+    for i, g in enumerate(data["graphs"]):
+        stages = graphs.get(i)
+        if not stages:
+            raise RuntimeError("the backend attached no graph dumps (report.graphs): fx_fp8.backend lacks dump_graphs?")
+        folder = out / f"graph{i}_{g['step_variant'] or 'single'}"
+        folder.mkdir(exist_ok=True)
+        for j, (stage, code) in enumerate(stages.items()):
+            path = folder / f"{j:02d}_{stage}.py"
+            path.write_text(code)
+            written.append(path)
+    (out / "report.json").write_text(to_json(data))
+    (out / "report.txt").write_text(format_inspect(data) + "\n")
+    written += [out / "report.json", out / "report.txt"]
+    for p in written:
+        print(p)
+    print(f"{len(written)} files in {out} (TORCH_LOGS=\"+fx_fp8\" prints the same graphs through PyTorch logging)",
+          file=sys.stderr)
+    return 0
