@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """FP8 vs native image quality on the shipped tiny model: PSNR and SSIM over prompts x seeds.
 
-    python benchmarks/tiny_quality.py                      # default FP8 config (attention + linears)
+    python benchmarks/tiny_quality.py                      # the shipped model's config (its fx_fp8.yaml)
+    python benchmarks/tiny_quality.py --library-default    # the library's default config instead
     python benchmarks/tiny_quality.py --ablation           # also attention-only, linears-only, ... rows
     python benchmarks/tiny_quality.py --diffusion-kv-cache-skip-steps 0,1
     python benchmarks/tiny_quality.py --ablation --append   # and append a dated section to RESULTS.md
     python benchmarks/tiny_quality.py --int8                # also INT8 W8A8 rows next to the FP8 ones
-    python benchmarks/tiny_quality.py --quantization int8   # the given config: INT8 linears only
+    python benchmarks/tiny_quality.py --library-default --quantization int8   # INT8 linears only (flags alone opt in)
     python benchmarks/tiny_quality.py --sensitive-rows      # sensitive layers native / weight_only / fp8
     python benchmarks/tiny_quality.py --step-policies       # step policies for attention and linears
     python benchmarks/tiny_quality.py --prompt-set heldout  # on the 48 held-out prompts instead
@@ -19,6 +20,11 @@ and "heldout" (48 fixed cases it was never tuned or evaluated on). Every run com
 images. Results are printed as a table; only with --append are they also appended (with date,
 machine, versions) to benchmarks/RESULTS.md.
 Targets: mean PSNR >= 30 dB, mean SSIM >= 0.97.
+
+The given config is the shipped model's own (fx_fp8/tools/tiny_model/weights/fx_fp8.yaml: the
+library default with attention native on steps first:2,last:2), unless --config or
+--library-default says otherwise; the FP8 flags apply on top of it. Row names show the steps the
+step selectors resolved to in this run.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ import torch
 import fx_fp8
 from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args
 from fx_fp8.tools.image_metrics import compare_images
-from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline
+from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, TINY_MODEL_CONFIG, load_tiny_pipeline
 from fx_fp8.tools.tiny_model.prompt_sets import PROMPT_SETS, prompt_cases
 
 TARGET_PSNR, TARGET_SSIM = 30.0, 0.97
@@ -72,12 +78,25 @@ SENSITIVE_ROWS = {f"sensitive: {mode}": dict(quantization_config={"sensitive": m
 def step_policy_rows(steps: int) -> dict:
     """--step-policies: the first and last 2 steps in higher precision, for attention, linears, both."""
     edges = f"0-1,{steps - 2}-{steps - 1}"
+    # each row sets both selectors: the given config's own step policy does not leak into them
     return {
-        "all FP8 (no step policy)": {},
-        f"attention native on steps {edges}": dict(diffusion_kv_cache_skip_steps=edges),
-        f"linears weight-only on steps {edges}": dict(quantization_skip_steps=edges),
+        "all FP8 (no step policy)": dict(diffusion_kv_cache_skip_steps="", quantization_skip_steps=""),
+        f"attention native on steps {edges}": dict(diffusion_kv_cache_skip_steps=edges, quantization_skip_steps=""),
+        f"linears weight-only on steps {edges}": dict(diffusion_kv_cache_skip_steps="", quantization_skip_steps=edges),
         f"both on steps {edges}": dict(diffusion_kv_cache_skip_steps=edges, quantization_skip_steps=edges),
     }
+
+
+def with_resolved_steps(name: str, config, steps: int) -> str:
+    """The row name, with the steps its step selectors pick in a run of `steps` steps where they
+    are written relative to the run ("first:2,last:2 = 0-1,8-9")."""
+    shown = []
+    for label, sel, on in (("attention native", config.diffusion_kv_cache_skip_steps, config.attention_step_skips),
+                           (f"linears {config.quantization_config.skip_steps_mode}", config.quantization_config.skip_steps,
+                            config.linear_step_skips)):
+        if on and str(sel) != str(sel.resolve(steps)):
+            shown.append(f"{label} on {sel} = {sel.resolve(steps)}")
+    return f"{name} ({'; '.join(shown)})" if shown else name
 
 
 def fp8_flop_fraction(pipe) -> float:
@@ -210,9 +229,15 @@ def main(argv=None) -> int:
                              "last 2 steps")
     parser.add_argument("--append", action="store_true", help=f"append a dated section to {RESULTS}")
     parser.add_argument("--no-append", action="store_true", help="do not append (the default; overrides --append)")
+    parser.add_argument("--library-default", action="store_true",
+                        help=f"start from the library's default config instead of the shipped model's ({TINY_MODEL_CONFIG})")
     add_fp8_flags(parser)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    if args.library_default and args.config is not None:
+        parser.error(f"--library-default and --config {args.config!r} both say which config to start from: give one")
+    if args.config is None and not args.library_default:
+        args.config = str(TINY_MODEL_CONFIG)  # the shipped model's own config
     config = config_from_args(args)
     names = {"both": ["tuning", "heldout"], "all": list(PROMPT_SETS)}.get(args.prompt_set, [args.prompt_set])
     try:
@@ -227,9 +252,10 @@ def main(argv=None) -> int:
     native = {name: generate(pipe, cases, steps) for name, cases in sets.items()}
     native_s = time.perf_counter() - t0
 
-    given = "FP8 (given config)"
+    given = "FP8 (" + ("shipped model's config" if args.config == str(TINY_MODEL_CONFIG) else
+                       "library default config" if args.library_default and args.config is None else "given config") + ")"
     if config.linear_enabled and config.quantization != "fp8":
-        given = f"{config.quantization.upper()} linears (given config)"
+        given = f"{config.quantization.upper()} linears" + given[3:]
     rows = [(given, config)]
     if args.ablation:
         rows += [(name, config.replace(**over)) for name, over in ABLATIONS.items()]
@@ -243,6 +269,7 @@ def main(argv=None) -> int:
 
     table_rows = []
     for name, cfg in rows:
+        name = with_resolved_steps(name, cfg, steps)
         results = evaluate(cfg, sets, steps, native, args.backend)
         for set_name, r in results.items():
             ok = "yes" if r["psnr"] >= TARGET_PSNR and r["ssim"] >= TARGET_SSIM else "no"

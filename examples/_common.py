@@ -27,9 +27,31 @@ def quiet_diffusers() -> None:
         pass
 
 
+#: a model folder's own fx_fp8 config (the shipped tiny model has one: its step policy)
+MODEL_CONFIG_NAME = "fx_fp8.yaml"
+
+
+def model_config(args):
+    """The --model folder's fx_fp8.yaml, used as --config when none is given (None without one,
+    or with --library-default: the library's default config)."""
+    model = getattr(args, "model", None)
+    if getattr(args, "config", None) is not None or getattr(args, "library_default", False) or not model:
+        return None
+    path = os.path.join(model, MODEL_CONFIG_NAME)
+    return path if os.path.isfile(path) else None
+
+
 def configs_from_args(args):
-    """(FP8Config, pipeline options) from the flags and --config, checked before any model loads:
-    bad flags or YAML exit with their one-line message."""
+    """(FP8Config, pipeline options) from the flags and --config (or the model's own fx_fp8.yaml),
+    checked before any model loads: bad flags or YAML exit with their one-line message."""
+    if getattr(args, "library_default", False) and args.config is not None:
+        raise SystemExit(f"--library-default and --config {args.config!r} both say which config to start from: "
+                         "give one of them")
+    own = model_config(args)
+    if own is not None:
+        args.config = own
+        if os.environ.get("RANK", "0") == "0":  # torchrun's other ranks print nothing (not yet joined here)
+            print(f"config: {own} (the model's own; --library-default for the library's default config)")
     try:
         cfg = config_from_args(args)
         # context parallelism / cache: checked now (mag_cache's step count is settled once the pipeline is known)
@@ -74,10 +96,12 @@ def timed(fn, device: str):
 def describe_config(cfg) -> str:
     attn = "fp8" if cfg.attention_enabled else "native"
     if cfg.attention_enabled and cfg.diffusion_kv_cache_skip_steps:
-        attn += f" (native at steps {sorted(cfg.diffusion_kv_cache_skip_steps)})"
+        attn += f" (native at steps {cfg.diffusion_kv_cache_skip_steps})"
     if cfg.attention_enabled and cfg.diffusion_kv_cache_skip_layers:
         attn += f" (native in layers {sorted(cfg.diffusion_kv_cache_skip_layers)})"
     lin = cfg.quantization or "native"
+    if cfg.linear_step_skips:
+        lin += f" ({cfg.quantization_config.skip_steps_mode} at steps {cfg.quantization_config.skip_steps})"
     return f"attention {attn}, linears {lin}, lowering {cfg.lowering}, downstream {cfg.downstream}"
 
 
@@ -89,10 +113,23 @@ def print_fp8_summary(pipe) -> None:
         print(f"  graph {r.graph_id}{variant}: attention {s['attention']['fp8']} fp8 / {s['attention']['native']} native, "
               f"linears {s['linear']['fp8']} fp8 / {s['linear']['native']} native "
               f"(lowering {r.lowering}, downstream {r.downstream})")
-    per_step = pipeline_state(pipe).step_variants()
+    state = pipeline_state(pipe)
+    per_step = state.step_variants()
     if per_step and any(v is not None for vs in per_step for v in vs):
         shown = ", ".join(f"{i}:{'/'.join(vs)}" for i, vs in enumerate(per_step))
         print(f"  step variants (step:variant per transformer call): {shown}")
+        print(f"  {resolved_step_policy(state.config, state.scheduler_steps)}")
+
+
+def resolved_step_policy(cfg, steps: int) -> str:
+    """The step selectors as given and the steps they picked in a run of `steps` steps."""
+    parts = []
+    for key, sel, on in (("diffusion_kv_cache_skip_steps", cfg.diffusion_kv_cache_skip_steps, cfg.attention_step_skips),
+                         ("quantization_config.skip_steps", cfg.quantization_config.skip_steps, cfg.linear_step_skips)):
+        if on:
+            picked = sel.resolve(steps) if steps else sel
+            parts.append(f"{key} '{sel}' -> steps {picked or 'none'}" if steps else f"{key} '{sel}'")
+    return f"step policy ({steps} steps): " + "; ".join(parts)
 
 
 def print_table(rows) -> None:
@@ -230,5 +267,8 @@ def add_run_flags(parser):
     parser.add_argument("--compare", action="store_true",
                         help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
     add_fp8_flags(parser)
+    parser.add_argument("--library-default", action="store_true",
+                        help=f"start from the library's default config, not the model folder's own {MODEL_CONFIG_NAME} "
+                             "(the shipped tiny model has one: attention native on the first and last 2 steps)")
     add_pipeline_flags(parser)
     return parser

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Text to image with FP8 attention and FP8 linears (fx_fp8), with vLLM-Omni's flags.
 
-    # the shipped tiny model on CPU: native vs FP8 latency, PSNR, SSIM and a side-by-side PNG
+    # the shipped tiny model on CPU: native vs FP8 latency, PSNR, SSIM and a side-by-side PNG, with the
+    # model's own config (its fx_fp8.yaml: attention native on the first and last 2 steps)
     python examples/text_to_image.py --compare
+    python examples/text_to_image.py --compare --library-default   # the library's default config instead
 
     # a local diffusers folder (Flux, Qwen-Image, Z-Image, SD3, ...) on a GPU / NPU
     python examples/text_to_image.py --model /models/FLUX.1-dev --prompt "a lighthouse at dawn" \\

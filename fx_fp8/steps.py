@@ -7,18 +7,30 @@ linears) maps the step to one variant of a closed set of at most four
 (variant_name) per call, so a run of N steps uses at most four graphs and never
 recompiles per step.
 
-The step lives in a contextvars.ContextVar: two pipelines run in two threads
-(or two asyncio tasks) each see their own step. A new thread starts with no
-step published.
+Step selectors may count from the end of the run ("last:2"): they need the
+run's number of steps, published next to the step (set_step(i, total=N),
+denoising_step(i, total=N); compile_pipeline reads it from the scheduler).
+
+The step and the total live in contextvars.ContextVars: two pipelines run in two
+threads (or two asyncio tasks) each see their own. A new thread starts with
+nothing published.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
+
+from fx_fp8.selectors import Selector
+from fx_fp8.step_groups import format_step_groups
 
 #: the current denoising step of this thread / task (None: nothing published)
 _STEP: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("fx_fp8_denoising_step", default=None)
+#: the run's number of denoising steps (None: not published); a pipeline run publishes a callable
+#: that reads it from its scheduler when a selector first needs it (set_timesteps runs after the
+#: pipeline call starts)
+_TOTAL: contextvars.ContextVar[Union[int, Callable[[], int], None]] = contextvars.ContextVar(
+    "fx_fp8_denoising_total", default=None)
 #: called with the variant ("fp8" / "native") each step-dispatching graph runs (a pipeline run's record)
 _VARIANT_LISTENER: contextvars.ContextVar[Optional[Callable[[str], None]]] = contextvars.ContextVar(
     "fx_fp8_variant_listener", default=None)
@@ -29,26 +41,68 @@ def _check(step) -> None:
         raise ValueError(f"invalid denoising step {step!r}: expected an integer >= 0 or None")
 
 
-def set_step(step: Optional[int]) -> None:
-    """Publish the current denoising step (0-based across the whole request) for this
-    thread / task; None clears it."""
+def _check_total(step, total) -> None:
+    if total is None:
+        return
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"invalid number of denoising steps total={total!r}: expected an integer >= 1 or None")
+    if step is None:
+        raise ValueError(f"total={total} given without a step: publish the step with it (set_step(i, total={total}))")
+    if step >= total:
+        raise ValueError(f"invalid denoising step {step} for total={total}: steps of a {total}-step run are "
+                         f"0-{total - 1}")
+
+
+def set_step(step: Optional[int], total: Optional[int] = None) -> None:
+    """Publish the current denoising step (0-based across the whole request) and the run's
+    number of steps (`total`, needed by step selectors that count from the end, "last:k")
+    for this thread / task. Both are set: a step published without total has none; None
+    clears both."""
     _check(step)
+    _check_total(step, total)
     _STEP.set(step)
+    _TOTAL.set(total)
 
 
 def current_step() -> Optional[int]:
     return _STEP.get()
 
 
+def current_total() -> Optional[int]:
+    """The run's number of denoising steps published with the step, or None."""
+    total = _TOTAL.get()
+    return total() if callable(total) else total
+
+
 @contextlib.contextmanager
-def denoising_step(step: int):
-    """`with fx_fp8.denoising_step(i): transformer(...)` for custom loops."""
+def denoising_step(step: int, total: Optional[int] = None):
+    """`with fx_fp8.denoising_step(i, total=N): transformer(...)` for custom loops (`total`, the
+    run's number of steps, is needed by step selectors that count from the end: "last:k")."""
     _check(step)
-    token = _STEP.set(step)
+    _check_total(step, total)
+    token, total_token = _STEP.set(step), _TOTAL.set(total)
     try:
         yield
     finally:
+        _TOTAL.reset(total_token)
         _STEP.reset(token)
+
+
+@contextlib.contextmanager
+def pipeline_steps(total: Callable[[], int]):
+    """A pipeline run: step 0 published, and `total()` (which reads the run's number of steps
+    once it is known) as its total; advance_step moves the step within it."""
+    token, total_token = _STEP.set(0), _TOTAL.set(total)
+    try:
+        yield
+    finally:
+        _TOTAL.reset(total_token)
+        _STEP.reset(token)
+
+
+def advance_step(step: int) -> None:
+    """The pipeline's next step; the run's total stays published."""
+    _STEP.set(step)
 
 
 @contextlib.contextmanager
@@ -99,11 +153,22 @@ def variant_for_step(skip_steps, on_unpublished: Callable[[], None], linear_skip
         on_unpublished()
         variant = variant_name(bool(skip_steps), bool(linear_skip_steps), linear_mode)
     else:
-        variant = variant_name(step in skip_steps, step in linear_skip_steps, linear_mode)
+        # the total is read only for selectors that count from the end ("last:k")
+        total = current_total() if _needs_total(skip_steps) or _needs_total(linear_skip_steps) else None
+        variant = variant_name(_selected(skip_steps, step, total), _selected(linear_skip_steps, step, total),
+                               linear_mode)
     listener = _VARIANT_LISTENER.get()
     if listener is not None:
         listener(variant)
     return variant
+
+
+def _needs_total(selector) -> bool:
+    return isinstance(selector, Selector) and selector.needs_total
+
+
+def _selected(selector, step: int, total: Optional[int]) -> bool:
+    return selector.contains(step, total) if isinstance(selector, Selector) else step in selector
 
 
 def step_group(groups) -> Optional[int]:
@@ -118,8 +183,6 @@ def step_group(groups) -> Optional[int]:
     for i in range(0, len(groups), 2):
         if groups[i] <= step <= groups[i + 1]:
             return i // 2
-    from fx_fp8.calibration import format_step_groups  # calibration imports this module
-
     calibrated = format_step_groups(zip(groups[::2], groups[1::2]))
     raise ValueError(f"fx_fp8: denoising step {step} is in none of the step groups ({calibrated}) of the per-step "
                      "activation scales: recalibrate with fx_fp8.calibrate(..., per_step=True) over as many steps "

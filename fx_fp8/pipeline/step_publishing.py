@@ -5,6 +5,12 @@ The pipeline's `__call__` starts the count at 0 (and clears it when it returns o
 calls, advances it by one. Both calls of a classifier-free-guidance step therefore see the same
 step, and the count does not restart when Wan2.2 switches expert (one shared scheduler).
 
+The run's number of steps (for step selectors counting from the end, "last:k") is read from the
+scheduler the first time a selector needs it, once the pipeline has set its timesteps: the
+timesteps left after the pipeline's start index (img2img pipelines start part-way,
+scheduler.set_begin_index), which is the number of scheduler.step calls the run makes. It is read
+once per run, so every call of the run (both calls of a CFG step, both Wan2.2 experts) sees one total.
+
 The step and the record of a run live in context variables (fx_fp8.steps): several compiled
 pipelines may run at once in different threads or asyncio tasks, each seeing its own steps.
 """
@@ -28,13 +34,40 @@ class _Run:
     """One pipeline call in progress, in the context (thread / task) that runs it."""
 
     state: PipelineFP8State
+    scheduler: object = None
     step: int = 0
     scheduler_steps: int = 0
     calls: list = field(default_factory=list)
+    total: Optional[int] = None         # the run's number of steps, once a selector asked for it
 
     def on_variant(self, variant: str) -> None:
         if self.calls:
             self.calls[-1].variants.append(variant)
+
+    def total_steps(self) -> int:
+        if self.total is None:
+            self.total = scheduler_total(self.scheduler)
+        return self.total
+
+
+def scheduler_total(scheduler) -> int:
+    """The number of denoising steps of the run the scheduler was set up for: its timesteps past
+    the begin index an img2img pipeline sets (each is one scheduler.step call)."""
+    timesteps = getattr(scheduler, "timesteps", None)
+    try:
+        n = len(timesteps)
+    except TypeError:
+        n = None
+    begin = getattr(scheduler, "begin_index", None)
+    if isinstance(begin, bool) or not isinstance(begin, (int, type(None))):
+        begin = None  # a scheduler without diffusers' begin_index property
+    total = None if n is None else n - (begin or 0)
+    if total is None or total < 1:
+        raise ValueError(f"fx_fp8: a step selector counts from the end of the run (last:k) but "
+                         f"{type(scheduler).__name__}.timesteps ({timesteps!r:.60}) gives no number of steps "
+                         f"(begin index {begin!r}) at this transformer call: publish it yourself with "
+                         "fx_fp8.set_step(i, total=N) around each step, or use absolute steps")
+    return total
 
 
 #: the pipeline run in progress in this thread / task (nested pipeline calls stack by token)
@@ -79,7 +112,7 @@ def install_scheduler_hook(state: PipelineFP8State, scheduler) -> None:
         if run is not None:  # a scheduler used outside a pipeline call publishes nothing
             run.scheduler_steps += 1
             run.step += 1
-            _steps.set_step(run.step)
+            _steps.advance_step(run.step)
         return out
 
     step_and_advance._fx_fp8_state = state  # type: ignore[attr-defined]
@@ -139,11 +172,11 @@ def _run(pipe, state: PipelineFP8State):
         install_scheduler_hook(state, check_scheduler(pipe))
     # caches enabled on the transformers since compile_pipeline are treated like those given to it
     on_pipeline_run(state)
-    run = _Run(state)
+    run = _Run(state, scheduler=getattr(pipe, "scheduler", None))
     run_token = _RUN.set(run)
     state.running += 1
     try:
-        with _steps.denoising_step(0), _steps.variant_listener(run.on_variant):
+        with _steps.pipeline_steps(run.total_steps), _steps.variant_listener(run.on_variant):
             yield
     finally:
         state.running -= 1
@@ -154,6 +187,12 @@ def _run(pipe, state: PipelineFP8State):
         warnings.warn(f"fx_fp8: {type(pipe).__name__} called its transformer {len(run.calls)} times but never "
                       "pipe.scheduler.step, so every call ran as denoising step 0 and "
                       "diffusion_kv_cache_skip_steps did not select steps", RuntimeWarning, stacklevel=3)
+    if run.total is not None and run.scheduler_steps not in (0, run.total):
+        # last:k was placed with a total the run did not make: say so rather than skip the wrong steps
+        warnings.warn(f"fx_fp8: {type(pipe).__name__} made {run.scheduler_steps} scheduler steps but its scheduler "
+                      f"gave {run.total} as the run's number of steps, so the step selectors counting from the end "
+                      "(last:k) selected other steps than the last ones: publish the total yourself "
+                      "(fx_fp8.set_step(i, total=N)) or use absolute steps", RuntimeWarning, stacklevel=3)
 
 
 @contextlib.contextmanager

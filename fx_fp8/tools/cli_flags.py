@@ -45,13 +45,15 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--sensitive", choices=["native", "weight_only", "fp8"], default=None,
                    help="how the known-sensitive layers run: native, weight_only (W8A16, the default) or fp8")
     g.add_argument("--quantization-skip-steps", metavar="SEL", default=None,
-                   help="denoising steps whose linears do not run W8A8, e.g. '0,1,28,29' (quantization_config.skip_steps)")
+                   help="denoising steps whose linears do not run W8A8, e.g. '0,1,28,29' or 'first:2,last:2' "
+                        "(quantization_config.skip_steps)")
     g.add_argument("--quantization-skip-steps-mode", choices=["weight_only", "native"], default=None,
                    help="what the linears run on those steps: weight_only (W8A16, default) or native")
     g.add_argument("--diffusion-kv-cache-dtype", choices=["fp8", "auto", "none"], default=None,
                    help="fp8 = FP8 attention (Q/K/V quantized); auto/none = native attention")
     g.add_argument("--diffusion-kv-cache-skip-steps", metavar="SEL", default=None,
-                   help="denoising steps whose attention stays native, e.g. '0,1' or '0-3,27'")
+                   help="denoising steps whose attention stays native, e.g. '0,1', '0-3,27' or 'first:2,last:2' "
+                        "(last:k counts from the run's end)")
     g.add_argument("--diffusion-kv-cache-skip-layers", metavar="SEL", default=None,
                    help="transformer layers whose attention stays native, e.g. '0,1,57'")
     g.add_argument("--lowering", choices=list(LOWERINGS), default=None,

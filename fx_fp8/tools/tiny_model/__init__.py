@@ -29,6 +29,8 @@ from .shapes import (
 )
 
 TINY_MODEL_DIR: Path = Path(__file__).resolve().parent / "weights"
+#: the model's own fx_fp8 config (its step policy), next to its weights
+TINY_MODEL_CONFIG: Path = TINY_MODEL_DIR / "fx_fp8.yaml"
 
 
 def load_tiny_pipeline(torch_dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
@@ -44,6 +46,7 @@ __all__ = [
     "COLORS",
     "DEFAULT_NUM_INFERENCE_STEPS",
     "SHAPES",
+    "TINY_MODEL_CONFIG",
     "TINY_MODEL_DIR",
     "TinyPromptEncoder",
     "TinyShapesPipeline",
