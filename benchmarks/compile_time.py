@@ -7,12 +7,17 @@ by side in one run:
   inductor   torch.compile(..., backend="inductor")
   fp8-off    backend="fp8" with both features off, Inductor downstream
   fp8-on     backend="fp8" with its defaults (FP8 attention + FP8 linears), Inductor downstream
-and prints, per model and mode, CPU seconds of the compiling call, wall seconds, the number
+and prints, per model and mode, CPU seconds from the torch.compile call through the compiling
+first call (plain Inductor imports its compiler in torch.compile, fx_fp8 in the first call), of
+the first call alone and of a second call (running, not compiling), wall seconds, the number
 of Inductor compiles (FX graph cache hits + misses + bypasses), the AOTAutograd cache
 outcome and the peak RSS above the built model. The same script runs on a GPU unchanged
 (--device cuda).
 
     python benchmarks/compile_time.py [--models flux wan] [--mode regional full] [--device cpu] [--no-results]
+    # warm rows only, three interleaved runs each, on caches an earlier cold run left in DIR:
+    python benchmarks/compile_time.py --cache-dir DIR --starts cold ...   # once
+    python benchmarks/compile_time.py --cache-dir DIR --starts warm --repeat 3
 """
 from __future__ import annotations
 
@@ -82,16 +87,27 @@ def worker(model: str, backend: str, mode: str, device: str) -> dict:
 
     m, kw = _build(model, device)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    compiled = _compile(m, backend, mode)
+    # timed from the torch.compile call: plain Inductor imports its compiler there (about 190
+    # modules), fx_fp8 on its first call; a process pays that import either way
     cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+    compiled = _compile(m, backend, mode)
+    cpu_call0 = _cpu_seconds()
     with torch.no_grad():
         compiled(**kw)
     if device == "cuda":
         torch.cuda.synchronize()
-    cpu, wall = _cpu_seconds() - cpu0, time.perf_counter() - wall0
+    cpu, wall, call = _cpu_seconds() - cpu0, time.perf_counter() - wall0, _cpu_seconds() - cpu_call0
+    # the first call also runs the model once: a second call says how much of it is running (FP8 on
+    # CPU runs the reference kernels, slower than Inductor's fused code; on a GPU the FP8 kernels)
+    steady0 = _cpu_seconds()
+    with torch.no_grad():
+        compiled(**kw)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    steady = _cpu_seconds() - steady0
     ind, aot = counters["inductor"], counters["aot_autograd"]
     return {
-        "cpu_s": cpu, "wall_s": wall,
+        "cpu_s": cpu, "wall_s": wall, "call_cpu_s": call, "steady_cpu_s": steady,
         "inductor_compiles": ind["fxgraph_cache_miss"] + ind["fxgraph_cache_hit"] + ind["fxgraph_cache_bypass"],
         "fx_hit": ind["fxgraph_cache_hit"], "fx_bypass": ind["fxgraph_cache_bypass"],
         "aot_hit": aot["autograd_cache_hit"], "aot_miss": aot["autograd_cache_miss"],
@@ -101,6 +117,13 @@ def worker(model: str, backend: str, mode: str, device: str) -> dict:
 
 
 def _run_worker(model, backend, mode, device, cache_dir) -> dict:
+    r = _run_worker_once(model, backend, mode, device, cache_dir)
+    print(f"    CPU {r['cpu_s']:.2f} s, first call {r['call_cpu_s']:.2f} s, second call {r['steady_cpu_s']:.2f} s",
+          file=sys.stderr, flush=True)
+    return r
+
+
+def _run_worker_once(model, backend, mode, device, cache_dir) -> dict:
     # compile in-process (no worker pool) so the CPU seconds include Inductor's own work
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_COMPILE_THREADS="1",
                PYTHONWARNINGS="ignore")
@@ -111,10 +134,32 @@ def _run_worker(model, backend, mode, device, cache_dir) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _row(model, mode, backend, start, r, ref, runs) -> list:
+    ratio = f"{r['cpu_s'] / ref['cpu_s']:.2f}x" if ref else "n/a"
+    call_ratio = f"{r['call_cpu_s'] / ref['call_cpu_s']:.2f}x" if ref else "n/a"
+    return [model, mode, backend, start, f"{r['cpu_s']:.1f}", ratio, f"{r['call_cpu_s']:.1f}", call_ratio,
+            f"{r['steady_cpu_s']:.2f}", f"{r['wall_s']:.1f}", r["inductor_compiles"],
+            f"{r['fx_hit']}/{r['fx_bypass']}", f"{r['aot_hit']}/{r['aot_miss']}/{r['aot_bypass']}",
+            r["dynamo_graphs"], f"{r['peak_rss_mb']:.0f}", runs]
+
+
+def _median_run(results: list) -> dict:
+    """The run with the median CPU seconds (other processes only ever add time)."""
+    return sorted(results, key=lambda r: r["cpu_s"])[(len(results) - 1) // 2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["flux", "wan"], choices=["flux", "wan"])
     ap.add_argument("--mode", nargs="+", default=["regional"], choices=["regional", "full"])
+    ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
+                    help="ratios are against the inductor row, so keep it in")
+    ap.add_argument("--starts", nargs="+", default=["cold", "warm"], choices=["cold", "warm"],
+                    help="warm alone needs --cache-dir holding an earlier cold run's caches")
+    ap.add_argument("--cache-dir", help="keep the compile caches in DIR/<model>-<mode>-<backend> (default: a "
+                    "temporary directory per model, mode and backend, removed at the end)")
+    ap.add_argument("--repeat", type=int, default=1, help="warm runs per row, backends interleaved; the row shows "
+                    "the run with the median CPU seconds (a cold run is cold once)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-results", action="store_true", help="print only; do not append to benchmarks/RESULTS.md")
     ap.add_argument("--worker", nargs=4, metavar=("MODEL", "BACKEND", "MODE", "DEVICE"), help=argparse.SUPPRESS)
@@ -122,27 +167,45 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(*args.worker)))
         return
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
+    if "cold" not in args.starts and not args.cache_dir:
+        ap.error("--starts warm without cold needs --cache-dir (a directory an earlier cold run filled)")
 
     from tabulate import tabulate
 
     rows = []
-    for model in args.models:
-        for mode in args.mode:
-            base = {}
-            for backend in BACKENDS:
-                with tempfile.TemporaryDirectory(prefix="fx_fp8_cache_") as cache:
-                    for start in ("cold", "warm"):
-                        print(f"... {model} {mode} {backend} {start}", file=sys.stderr, flush=True)
-                        r = _run_worker(model, backend, mode, args.device, cache)
-                        base.setdefault(start, r) if backend == "inductor" else None
-                        ref = base[start]
-                        rows.append([model, mode, backend, start, f"{r['cpu_s']:.1f}",
-                                     f"{r['cpu_s'] / ref['cpu_s']:.2f}x", f"{r['wall_s']:.1f}", r["inductor_compiles"],
-                                     f"{r['fx_hit']}/{r['fx_bypass']}",
-                                     f"{r['aot_hit']}/{r['aot_miss']}/{r['aot_bypass']}", r["dynamo_graphs"],
-                                     f"{r['peak_rss_mb']:.0f}"])
-    headers = ["model", "mode", "backend", "start", "CPU s", "vs inductor", "wall s", "Inductor compiles",
-               "FX cache hit/bypass", "AOT cache hit/miss/bypass", "Dynamo graphs", "peak RSS MB"]
+    with tempfile.TemporaryDirectory(prefix="fx_fp8_cache_") as tmp:
+        root = args.cache_dir or tmp
+        for model in args.models:
+            for mode in args.mode:
+                caches = {b: os.path.join(root, f"{model}-{mode}-{b}") for b in args.backends}
+                results: dict = {}
+                if "cold" in args.starts:
+                    for backend in args.backends:
+                        if os.path.isdir(caches[backend]) and os.listdir(caches[backend]):
+                            sys.exit(f"{caches[backend]} is not empty: a cold run needs an empty cache directory")
+                        print(f"... {model} {mode} {backend} cold", file=sys.stderr, flush=True)
+                        results[backend, "cold"] = [_run_worker(model, backend, mode, args.device, caches[backend])]
+                if "warm" in args.starts:
+                    for backend in args.backends:
+                        if not (os.path.isdir(caches[backend]) and os.listdir(caches[backend])):
+                            sys.exit(f"{caches[backend]} is empty: run the cold start first")
+                    for i in range(args.repeat):  # interleaved: every backend sees the same machine load
+                        for backend in args.backends:
+                            print(f"... {model} {mode} {backend} warm ({i + 1}/{args.repeat})", file=sys.stderr,
+                                  flush=True)
+                            results.setdefault((backend, "warm"), []).append(
+                                _run_worker(model, backend, mode, args.device, caches[backend]))
+                for backend in args.backends:
+                    for start in args.starts:
+                        runs = results[backend, start]
+                        ref = results.get(("inductor", start))
+                        rows.append(_row(model, mode, backend, start, _median_run(runs),
+                                         _median_run(ref) if ref else None, len(runs)))
+    headers = ["model", "mode", "backend", "start", "CPU s", "vs inductor", "first call CPU s", "vs inductor",
+               "second call CPU s", "wall s", "Inductor compiles",
+               "FX cache hit/bypass", "AOT cache hit/miss/bypass", "Dynamo graphs", "peak RSS MB", "runs"]
     table = tabulate(rows, headers=headers, tablefmt="github")
     print(table)
     if not args.no_results:
@@ -152,8 +215,10 @@ def main() -> None:
             f.write(f"\n## Compile time: regional and whole-model, cold and warm ({datetime.date.today()})\n\n"
                     f"`python benchmarks/compile_time.py --models {' '.join(args.models)} --mode {' '.join(args.mode)}`"
                     f" on {platform.machine()} ({os.cpu_count()} CPUs), device {args.device}, torch "
-                    f"{torch.__version__}. One process per row; warm = a new process with the cold row's "
-                    "Inductor cache directory. CPU s = the compiling first call.\n\n" + table + "\n")
+                    f"{torch.__version__}. One process per run; warm = a new process with the cold run's "
+                    "Inductor cache directory; with several runs the row is the median. CPU s = torch.compile "
+                    "(or compile_repeated_blocks) and the compiling first call; first call CPU s = the call "
+                    "alone; second call CPU s = a call that compiles nothing.\n\n" + table + "\n")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ Per graph Dynamo hands over:
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from typing import Callable, Optional
@@ -22,21 +23,31 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
-from fx_fp8.calibration import check_scales_match, load_activation_scales
+from fx_fp8.activation_scales import load_activation_scales
+from fx_fp8.linear_scales import check_scales_match
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
 from fx_fp8.passes import CompileContext, PassManager
+from fx_fp8.passes.base import FactsContext, NotReusable
+from fx_fp8.passes.linear import apply_weight_action
 from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.graph.fx_utils import fill_example_values
 from fx_fp8.graph.dynamo_internals import (compiling_under, current_tracing_context, fake_inputs, generate_code_now,
                                            lazy_graph_module, runtime_instance)
-from fx_fp8.graph.names import (INSTANCE_KEY, OWNERS, LayerMap, instance_holding, module_name, module_names_of,
-                                 rename_instance, resolve_graph)
+from fx_fp8.graph.fx_utils import placeholder_index
+from fx_fp8.graph.names import (INSTANCE_KEY, NAME_KEY, OWNERS, RESOLVED_KEY, LayerMap, instance_holding,
+                                instance_module_name, module_name, module_names_of, rename_instance, resolve_graph)
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.rules import is_plain_linear
 from fx_fp8.steps import variant_for_step
 from fx_fp8.weights import QuantizedLinear, watch_weights
+
+#: tests set it: an instance that reuses another's decisions also runs the passes, and any
+#: difference (report rows, weights, notes, warnings, decisions) raises
+CHECK_REUSE = False
+#: block instances planned in this process: by running the passes, or by reusing an equal instance's decisions
+INSTANCE_PLANS = {"passes": 0, "reused": 0}
 
 #: torch.compile options that configure the backend rather than the FP8 config
 BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode")
@@ -256,34 +267,126 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     # so the compile caches key it as they key a compile made inside Dynamo
     fake_args = fake_inputs(tracing_context, example_inputs)
 
-    def plan(inputs: list, model_, owner_, rename: Optional[tuple] = None) -> Callable:
-        """Passes for every step variant of the graph, its names moved from one instance to
-        another by `rename` (reports to owner_'s record), then the downstream compile unless an
-        instance with the same decisions already has one."""
-        record = ModelRecord.of(owner_)
-        rewritten, decisions = {}, []
+    passes = PassManager().pass_types
+    placeholders = placeholder_index(gm)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    own_instance = gm.meta.get(INSTANCE_KEY) or ""
+    templates: dict = {}  # instance facts -> _Template: decisions already made for an instance with these facts
+
+    def facts_of(inputs: list, name: str) -> Optional[tuple]:
+        """What every pass's decisions read that can differ between instances
+        (FXPass.instance_facts), for instance `name`, evaluated on its names without copying
+        the graph; None when a pass cannot say."""
+        if backend_opts.get("dump_graphs"):  # graph dumps are per instance
+            return None
+        fc = FactsContext(config=config, layer_map=layer_map, static_scales=static_scales, sensitive=sensitive,
+                          gm=gm, example_inputs=inputs, placeholders=placeholders)
+        facts = []
+        try:
+            for node in gm.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                module = instance_module_name(node, own_instance, name)
+                for pass_type in passes:
+                    f = pass_type.instance_facts(fc, node, module)
+                    if f is not None:
+                        facts.append((node.name, pass_type.name, f))
+        except NotReusable:
+            return None
+        return tuple(facts)
+
+    def run_passes(inputs: list, name: str, warn: Callable[[str], None]) -> dict:
+        """{variant: (report, rewritten graph, compile context)} for instance `name`."""
+        out = {}
         for variant in variants:
             graph_copy = _copy_graph(gm)
-            if rename is not None:
-                rename_instance(graph_copy, *rename)
+            rename_instance(graph_copy, own_instance, name)
             report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant)
             ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=config,
                                  lowering=get_lowering(lowering), report=report, layer_map=layer_map,
-                                 warn=record.warn, step_variant=variant, static_scales=static_scales,
+                                 warn=warn, step_variant=variant, static_scales=static_scales,
                                  analysis={"sensitive": {n: sensitive[n.name] for n in graph_copy.graph.nodes
                                                          if n.name in sensitive}},
                                  dumps=[] if backend_opts.get("dump_graphs") else None)
-            PassManager().run(ctx)
+            PassManager(passes).run(ctx)
             report.layer_map = layer_map.as_dict()
-            _warn_about_selectors(ctx, config, record)
             if ctx.dumps is not None:
                 report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
                 report.graphs = dict(ctx.dumps)
+            out[variant] = (report, graph_copy, ctx)
+        return out
+
+    def reuse(template: "_Template", inputs: list, name: str) -> dict:
+        """run_passes' result for instance `name`, from an instance with equal facts: its
+        rewritten graphs, its report rows renamed, its weight side effects redone on this
+        instance's weights. NotReusable where a name cannot be carried over."""
+        if not template.portable_warnings and template.name != name:
+            raise NotReusable("the template instance's passes warned, naming its layers")
+        renamed: dict = {}
+
+        def rename(spelling: str) -> str:  # the template's name of a resolved module -> this instance's
+            if spelling not in renamed:
+                if spelling not in template.nodes_of:
+                    raise NotReusable(f"module {spelling!r} names no node of the graph")
+                renamed[spelling] = instance_module_name(nodes[template.nodes_of[spelling]], own_instance, name)
+            return renamed[spelling]
+
+        qcfg_ = config.quantization_config
+        out = {}
+        for variant, (t_report, graph, t_ctx) in template.variants.items():
+            report = CompileReport(backend=backend, lowering=lowering, downstream=downstream, step_variant=variant,
+                                   layer_map=dict(t_report.layer_map), weights=dict(t_report.weights),
+                                   notes=list(t_report.notes))
+            for e in t_report.entries:
+                module = rename(e.module) if e.name_resolved else e.module
+                report.entries.append(dataclasses.replace(e, module=module, layer=layer_map.layer_of(module)))
+            for action in t_ctx.weight_actions:
+                module = instance_module_name(nodes[action.node], own_instance, name)
+                apply_weight_action(action, inputs[action.slot], module, qcfg_, static_scales)
+            ctx = CompileContext(gm=graph, example_inputs=inputs, config=config, lowering=t_ctx.lowering,
+                                 report=report, layer_map=layer_map, warn=t_ctx.warn, step_variant=variant,
+                                 static_scales=static_scales, placeholders=placeholders,
+                                 unmatched_ignored_layers=list(t_ctx.unmatched_ignored_layers))
+            out[variant] = (report, graph, ctx)
+        return out
+
+    def plan(inputs: list, model_, owner_, rename: Optional[tuple] = None) -> Callable:
+        """Passes for every step variant of the graph, its names moved from one instance to
+        another by `rename` (reports to owner_'s record), then the downstream compile unless an
+        instance with the same decisions already has one. An instance whose facts equal an
+        earlier instance's reuses that one's decisions without running the passes."""
+        record = ModelRecord.of(owner_)
+        name = rename[1] if rename is not None else own_instance
+        facts = facts_of(inputs, name)
+        template = templates.get(facts) if facts is not None else None
+        planned = warned = full = None
+        if template is not None:
+            try:
+                planned = reuse(template, inputs, name)
+                warned = template.warnings
+            except NotReusable:
+                planned = None
+        if planned is None or CHECK_REUSE:
+            messages: list[str] = []
+            full = run_passes(inputs, name, messages.append)
+            if planned is not None:
+                _check_reuse(planned, full, warned, messages, name)
+            else:
+                planned, warned = full, messages
+                if facts is not None and facts not in templates:
+                    candidate = _Template.of(name, full, messages, gm)
+                    if candidate is not None:
+                        templates[facts] = candidate
+        INSTANCE_PLANS["reused" if planned is not full else "passes"] += 1
+        for message in warned:
+            record.warn(message)
+        rewritten, keys = {}, {}
+        for variant, (report, graph, ctx) in planned.items():
+            _warn_about_selectors(layer_map, ctx.unmatched_ignored_layers, config, record)
             record.add(report)
             RECENT.add(report)
-            decisions.append(tuple((e.node, e.action, e.reason) for e in report.entries))
-            rewritten[variant] = graph_copy
-        keys = dict(zip(variants, decisions))
+            keys[variant] = tuple((e.node, e.action, e.reason) for e in report.entries)
+            rewritten[variant] = graph
 
         def compile_variant(variant, inputs_) -> Callable:
             key = (variant, keys[variant])
@@ -333,14 +436,65 @@ def _anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Opti
     return None, ""
 
 
-def _warn_about_selectors(ctx: CompileContext, config: FP8Config, record: ModelRecord) -> None:
-    n = ctx.layer_map.num_layers
+def _warn_about_selectors(layer_map: LayerMap, unmatched_ignored_layers: list, config: FP8Config,
+                          record: ModelRecord) -> None:
+    n = layer_map.num_layers
     beyond = config.diffusion_kv_cache_skip_layers.at_least(n)
     if config.attention_enabled and beyond:
         record.warn(f"fx_fp8: diffusion_kv_cache_skip_layers names layers {beyond} but the model has {n} layers"
                     + (f" (0-{n - 1})" if n else ""))
-    if ctx.unmatched_ignored_layers:
-        record.warn(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {ctx.unmatched_ignored_layers}")
+    if unmatched_ignored_layers:
+        record.warn(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {unmatched_ignored_layers}")
+
+
+@dataclasses.dataclass
+class _Template:
+    """An instance whose passes ran, kept for instances with equal facts to reuse."""
+
+    name: str                     # its instance name
+    variants: dict                # variant -> (report, rewritten graph, compile context)
+    warnings: list                # what its passes warned
+    nodes_of: dict                # module name as it spells it -> the graph node it names
+    portable_warnings: bool       # no warning names one of its modules: the same words for every instance
+
+    @classmethod
+    def of(cls, name: str, variants: dict, warnings: list, gm: torch.fx.GraphModule) -> Optional["_Template"]:
+        """None when its decisions cannot be carried to another instance: a weight side effect
+        that is not redone per instance, or two nodes' modules spelled alike here but not elsewhere."""
+        if any(a is None or a.slot is None for _, _, ctx in variants.values() for a in ctx.weight_actions):
+            return None
+        nodes_of, originals = {}, {}
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or not node.meta.get(RESOLVED_KEY) or NAME_KEY not in node.meta:
+                continue
+            spelling = instance_module_name(node, gm.meta.get(INSTANCE_KEY) or "", name)
+            if originals.setdefault(spelling, node.meta[NAME_KEY]) != node.meta[NAME_KEY]:
+                return None
+            nodes_of.setdefault(spelling, node.name)
+        portable = not any(spelling and spelling in message for message in warnings for spelling in nodes_of)
+        return cls(name, variants, list(warnings), nodes_of, portable)
+
+
+def _check_reuse(reused: dict, full: dict, reused_warnings: list, warnings: list, name: str) -> None:
+    """CHECK_REUSE: the reused decisions must be exactly what the passes decide."""
+    problems = []
+    if sorted(reused_warnings) != sorted(warnings):
+        problems.append(f"warnings {reused_warnings} != {warnings}")
+    for variant, (report, graph, ctx) in full.items():
+        r_report, r_graph, r_ctx = reused[variant]
+        if [e.to_dict() for e in r_report.entries] != [e.to_dict() for e in report.entries]:
+            problems.append(f"variant {variant}: report rows differ: "
+                            f"{[e.to_dict() for e in r_report.entries if e not in report.entries][:2]}")
+        for attr in ("weights", "notes", "layer_map"):
+            if getattr(r_report, attr) != getattr(report, attr):
+                problems.append(f"variant {variant}: {attr} differ")
+        if r_ctx.unmatched_ignored_layers != ctx.unmatched_ignored_layers:
+            problems.append(f"variant {variant}: unmatched ignored_layers differ")
+        shape = [[(n.op, str(n.target), n.name) for n in g.graph.nodes] for g in (r_graph, graph)]
+        if shape[0] != shape[1]:
+            problems.append(f"variant {variant}: rewritten graphs differ")
+    if problems:
+        raise AssertionError(f"fx_fp8: instance {name!r} reused decisions that differ from its passes': {problems}")
 
 
 def fp8_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[dict] = None, mode: Optional[str] = None):

@@ -54,6 +54,17 @@ class FP8AttentionPass(FXPass):
         self.on = ctx.config.attention_enabled
         self.unknown_layer_nodes: list[str] = []
 
+    @classmethod
+    def instance_facts(cls, fc, node, module):
+        """The layer selector's answer (with the layer itself when it skips: its reason names
+        it) and whether the layer is known; the rest of the decision reads the graph and the
+        config, the same for every instance."""
+        if attention_form(node) is None:
+            return None
+        layer = fc.layer_map.layer_of(module)
+        skipped = layer is not None and layer in fc.config.diffusion_kv_cache_skip_layers
+        return ("attention", layer if skipped else None, layer is None, is_resolved(node))
+
     def _native_reason(self, node, form: AttentionForm, args: dict, module: str, users) -> Optional[str]:
         if not self.on:
             return f"attention quantization off (diffusion_kv_cache_dtype={self.ctx.config.diffusion_kv_cache_dtype!r})"

@@ -31,10 +31,30 @@ class CompileContext:
     dumps: Optional[list] = None              # [(stage, python code)] when a dump was asked for
     placeholders: dict = None
     unmatched_ignored_layers: list = field(default_factory=list)
+    # what the passes did to the instance's own weights (quantized copies, attached scales): redone
+    # for another instance that reuses these decisions (see FXPass.instance_facts)
+    weight_actions: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.placeholders is None:
             self.placeholders = placeholder_index(self.gm)
+
+
+class NotReusable(Exception):
+    """An instance's decisions cannot be shown equal to another's without running the passes."""
+
+
+@dataclass
+class FactsContext:
+    """What FXPass.instance_facts reads: the compile's settings and one instance's inputs."""
+
+    config: FP8Config
+    layer_map: LayerMap
+    static_scales: Optional[dict]
+    sensitive: dict                           # {node name: structural reason}, one per graph
+    gm: torch.fx.GraphModule
+    example_inputs: list
+    placeholders: dict
 
 
 class FXPass:
@@ -50,6 +70,17 @@ class FXPass:
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         raise NotImplementedError
+
+    @classmethod
+    def instance_facts(cls, fc: FactsContext, node: torch.fx.Node, module: str):
+        """Everything this pass's decision and report row for `node` read that can differ
+        between the instances one graph runs for, `module` being the node's name in this
+        instance (names and layer indices themselves excluded: the report is renamed). Two
+        instances whose facts are equal for every node get the same decisions, so the backend
+        reuses one's rewritten graph and renamed report for the other instead of running the
+        passes. None: the node is not one this pass decides. Raise NotReusable when unsure
+        (a pass that does not say runs for every instance)."""
+        raise NotReusable(f"pass {cls.name!r} declares no instance facts")
 
     def erase(self, gm: torch.fx.GraphModule, node: torch.fx.Node) -> None:
         self.erased.add(node.name)

@@ -37,10 +37,10 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fx_fp8.calibration import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
-                                smoothed_static_scale, step_scale_table)
+from fx_fp8.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
+                                  smoothed_static_scale, step_scale_table)
 from fx_fp8.ops import quant
-from fx_fp8.passes.base import FXPass
+from fx_fp8.passes.base import FXPass, NotReusable
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
 from fx_fp8.patterns import first_match
@@ -86,6 +86,30 @@ def _reads_step_scale(node) -> bool:
 def restore_leading_dims(y, x):
     """[M, N] -> x.shape[:-1] + (N,)."""
     return y.unflatten(0, x.shape[:-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightAction:
+    """What the pass does to one instance's weight: its quantized copy, and its calibrated
+    static scale. Kept in CompileContext.weight_actions, so an instance that reuses another's
+    decisions gets the same done to its own weight (apply_weight_action)."""
+
+    slot: Optional[int]          # the weight's graph input; None: not an input (cannot be redone per instance)
+    node: str                    # the linear's node in the graph
+    module: str                  # the linear's name in the instance the pass ran for
+    method: str
+    granularity: str
+    block: Optional[tuple]
+    static: bool                 # attach the layer's calibrated activation scale
+
+
+def apply_weight_action(action: WeightAction, weight: torch.Tensor, module: str, qcfg, scales):
+    """Quantize `weight` (linear `module`) as `action` says, attach its static scale; (wq, ws)."""
+    wq, ws = quantized_weight(weight, action.method, action.granularity, action.block, name=module)
+    if action.static:
+        attach_static_input_scale(weight, method_scale(scales[module], qcfg.method), module,
+                                  step_scale_table(scales, module, lambda v: method_scale(v, qcfg.method)))
+    return wq, ws
 
 
 class Linear:
@@ -147,6 +171,30 @@ class FP8LinearPass(FXPass):
         check_per_step_supported(self.scales, self.alpha)
         # per-step static scales: the graph reads the scale of the published step's group per call
         self.per_step = bool(getattr(self.scales, "per_step", False))
+
+    @classmethod
+    def instance_facts(cls, fc, node, module):
+        """What _decide / _prepared read through the linear's name or the instance's inputs:
+        the ignored_layers pattern it matches, the rules' plan for its name (sensitive name
+        patterns, shape, size), whether its weight is a real tensor, whether the calibration
+        has its static scale. Smoothing vectors come from each instance's own weights and
+        statistics: never reused."""
+        if node.op != "call_function":
+            return None
+        qcfg, on = fc.config.quantization_config, fc.config.linear_enabled
+        if node.target in PREPARED_TARGETS:
+            return ("prepared", first_match(qcfg.ignored_layers, module) if on else None)
+        if node.target not in LINEAR_TARGETS:
+            return None
+        if on and qcfg.smoothing_alpha is not None:
+            raise NotReusable("smoothing_alpha: each instance's smoothing comes from its own weights")
+        args = call_args(node, ["input", "weight", "bias"], {"bias": None})
+        w = meta_val(args["weight"])
+        plan = (linear_plan(module, w.shape[1], w.shape[0], w.dtype, qcfg, fc.sensitive.get(node.name))
+                if w is not None and w.dim() == 2 else None)
+        real = real_tensor(args["weight"], fc.gm, fc.example_inputs, fc.placeholders) is not None
+        scaled = fc.static_scales is None or module in fc.static_scales
+        return ("linear", first_match(qcfg.ignored_layers, module), plan, real, scaled)
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         weights = self.ctx.report.weights
@@ -214,11 +262,13 @@ class FP8LinearPass(FXPass):
             amax = self.channel[module]
             check_channel_amax(module, amax, real_w.shape[1])
         else:
-            wq, ws = quantized_weight(real_w, method, granularity, block, name=module)
+            weight = args["weight"]
+            action = WeightAction(self.ctx.placeholders.get(weight) if weight.op == "placeholder" else None,
+                                  node.name, module, method, granularity, tuple(block) if block else None,
+                                  static=q.activation_scheme == "static" and not weight_only)
+            self.ctx.weight_actions.append(action)
+            wq, ws = apply_weight_action(action, real_w, module, q, self.scales)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
-            if q.activation_scheme == "static" and not weight_only:
-                attach_static_input_scale(real_w, method_scale(self.scales[module], q.method), module,
-                                          step_scale_table(self.scales, module, lambda v: method_scale(v, q.method)))
         item = Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=method,
                       weight_granularity=granularity, weight_block=block, act=q.act_granularity,
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
@@ -324,6 +374,7 @@ class FP8LinearPass(FXPass):
             sm = Smoothing.make(quant.smoothing_factors(amax, wmax, self.alpha), self.alpha,
                                 device=todo[0].real_weight.device)
         weights = self.ctx.report.weights
+        self.ctx.weight_actions.append(None)  # a group's smoothing: not redone per instance (instance_facts)
         for m in todo:
             attach_smoothing(m.real_weight, sm, m.module)
             wq, ws = quantized_weight(m.real_weight, q.method, q.weight_granularity, q.weight_block_size, sm,

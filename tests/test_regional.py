@@ -12,6 +12,14 @@ from fx_fp8.graph import names
 from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
 
 BLOCKS = 6
+#: these tests check the analysis' decisions: sensitive layers found by structure read "...; kept native"
+NATIVE = {"quantization_config": {"sensitive": "native"}}
+
+
+@pytest.fixture(autouse=True)
+def _check_reuse(monkeypatch):
+    """Every instance that reuses another's decisions also runs the passes here, and must agree."""
+    monkeypatch.setattr(backend, "CHECK_REUSE", True)
 
 
 def _toy(seed=0):
@@ -36,7 +44,7 @@ def test_every_block_keeps_its_modulation_native_and_blocks_share_one_compile(do
     graphs = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         native = model(**kw)
-        out = _regional(model)(**kw)
+        out = _regional(model, **NATIVE)(**kw)
     reports = fx_fp8.get_reports(model)
     entries = _entries(reports)
     # the one-graph compile keeps every block's adaLN modulation native: so must each block alone

@@ -217,6 +217,26 @@ def resolve_graph(gm: torch.fx.GraphModule, example_inputs, *, model=None, owner
     return model, owner
 
 
+def rename_name(name: str, old: str, new: str) -> str:
+    """A resolved module name of instance `old`'s graph, as instance `new` spells it (names
+    outside `old` stay as they are)."""
+    if old == new:
+        return name
+    if old == "":
+        return f"{new}.{name}" if name else new
+    if name == old or name.startswith(old + "."):
+        return new + name[len(old):]
+    return name
+
+
+def instance_module_name(node: torch.fx.Node, old: str, new: str) -> str:
+    """module_name(node) after rename_instance(gm, old, new), without copying the graph."""
+    name = node.meta.get(NAME_KEY)
+    if name is None or not node.meta.get(RESOLVED_KEY):
+        return module_name(node)
+    return rename_name(name, old, new)
+
+
 def rename_instance(gm: torch.fx.GraphModule, old: str, new: str) -> None:
     """Move the resolved names of gm's nodes from module instance `old` to `new` (another
     instance of the same class, which Dynamo may run the same graph for)."""
@@ -224,12 +244,8 @@ def rename_instance(gm: torch.fx.GraphModule, old: str, new: str) -> None:
         return
     for node in gm.graph.nodes:
         name = node.meta.get(NAME_KEY)
-        if name is None or not node.meta.get(RESOLVED_KEY):
-            continue
-        if old == "":
-            node.meta[NAME_KEY] = f"{new}.{name}" if name else new
-        elif name == old or name.startswith(old + "."):
-            node.meta[NAME_KEY] = new + name[len(old):]
+        if name is not None and node.meta.get(RESOLVED_KEY):
+            node.meta[NAME_KEY] = rename_name(name, old, new)
     gm.meta[INSTANCE_KEY] = new
 
 
@@ -322,7 +338,8 @@ class LayerMap:
         for name, mod in model.named_modules():
             if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) > 0:
                 blocks = [f"{name}.{i}" for i in range(len(mod))]
-                if any(_holds_attention(b) for b in mod) or any(a.startswith(tuple(b + "." for b in blocks))
+                inside = tuple(b + "." for b in blocks)  # an attention node may be named after the block itself
+                if any(_holds_attention(b) for b in mod) or any(a in blocks or a.startswith(inside)
                                                                   for a in attention_modules):
                     if not any(name.startswith(other + ".") for other in sizes):  # nested lists: the outer one counts
                         sizes[name] = len(mod)
