@@ -3,7 +3,8 @@
 Builds the Flux transformer of benchmarks/linear_memory.py (hidden 3072, 24 heads x 128,
 random bf16 weights; 1 double + 1 single block by default), saves it with save_pretrained
 (bf16), then prepares it (default config: the sensitive embedders, adaLN modulation and final
-layer stay bf16; and, as a second row, quantize_sensitive=True) and saves it with
+layer weight-only, INT8 with 32-column scales; as a second row, sensitive: native (bf16); as a
+third, quantize_sensitive=True) and saves it with
 save_quantized. Measured side by side in one run: bytes on disk of each folder (every file in
 it), and load time of load_quantized vs from_pretrained(torch_dtype=bf16) of the bf16 folder
 (best of --repeat, alternating, page cache warm; from_pretrained maps the file lazily, so its
@@ -92,7 +93,9 @@ def main(argv=None):
         _, t_save_bf16 = timed(lambda: model.save_pretrained(bf16_dir))
         kw = inputs()
         variants = {}
-        for label, overrides in (("default config (sensitive layers bf16)", {}),
+        for label, overrides in (("default config (sensitive layers weight-only INT8)", {}),
+                                 ("sensitive: native (sensitive layers bf16)",
+                                  {"quantization_config": {"sensitive": "native"}}),
                                  ("quantize_sensitive=True", {"quantization_config": {"quantize_sensitive": True}})):
             if model is None:
                 model = build()

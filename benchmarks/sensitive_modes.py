@@ -13,13 +13,16 @@ measured three ways, and weight-only with several weight storages:
            then mean / median / max per mode and the classes where a mode is worse than
            sensitive: native by more than --worse (relative).
   --tiny   the shipped tiny model, default config (FP8 attention + linears) with each mode:
-           PSNR / SSIM against native over --num-prompts prompts x seeds (benchmarks/tiny_quality.py).
+           PSNR / SSIM against native over --num-prompts prompts x seeds (benchmarks/tiny_quality.py),
+           or over a whole held-out set (--prompt-set heldout / confirm), with the per-image
+           difference to the first mode (paired).
   --bytes  live weight bytes after prepare_model on a bf16 Flux-like model (width 3072,
            --double + --single blocks; benchmarks/linear_memory.py's model), as a fraction of bf16.
 
     python benchmarks/sensitive_modes.py --zoo --tiny --bytes          # everything (15-30 min on 2 shared cores)
     python benchmarks/sensitive_modes.py --zoo --models flux wan sd3 --inputs 1
     python benchmarks/sensitive_modes.py --tiny --num-prompts 4 --modes native wo-int8-ch
+    python benchmarks/sensitive_modes.py --tiny --prompt-set heldout --modes native wo-int8-g32
     python benchmarks/sensitive_modes.py --zoo --models <half of the classes> > a.txt   # (and the other half > b.txt)
     python benchmarks/sensitive_modes.py --merge a.txt b.txt                            # one table from both
 
@@ -183,7 +186,7 @@ def paired(diffs) -> str:
     return f"{d.mean():+.3g} +- {2 * se:.2g}"
 
 
-def tiny_table(modes: list[str], num_prompts: int, steps: int | None) -> str:
+def tiny_table(modes: list[str], num_prompts: int, steps: int | None, prompt_set: str = "tuning") -> str:
     import numpy as np
 
     import tiny_quality as tq
@@ -191,7 +194,11 @@ def tiny_table(modes: list[str], num_prompts: int, steps: int | None) -> str:
     from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline
 
     steps = steps or DEFAULT_NUM_INFERENCE_STEPS
-    cases = tq.prompts_and_seeds(num_prompts)
+    from fx_fp8.tools.tiny_model.prompt_sets import prompt_cases
+
+    # the tuning set's first num_prompts cases; a held-out set is taken whole
+    cases = tq.prompts_and_seeds(num_prompts) if prompt_set == "tuning" else prompt_cases(prompt_set)
+    num_prompts = len(cases)
     pipe = load_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     native = tq.generate(pipe, cases, steps)
@@ -215,7 +222,7 @@ def tiny_table(modes: list[str], num_prompts: int, steps: int | None) -> str:
                      paired(psnr - first[1]) if mode != first[0] else "-",
                      paired(ssim - first[2]) if mode != first[0] else "-"])
         print(f"tiny {mode}: {psnr.mean():.2f} dB, SSIM {ssim.mean():.4f}", file=sys.stderr, flush=True)
-    return (f"{num_prompts} prompts x seeds, {steps} steps, default config (FP8 attention + FP8 linears) with each "
+    return (f"{num_prompts} {prompt_set} prompts x seeds, {steps} steps, default config (FP8 attention + FP8 linears) with each "
             f"mode, against the native model; paired = per-image difference to {modes[0]}, mean +- 2 SE\n\n"
             + tabulate(rows, headers=["mode", "W8A8 linears", "weight-only", "PSNR dB (mean)", "PSNR min",
                                       "SSIM (mean)", "SSIM min", "meets 30 dB / 0.97", f"paired dPSNR vs {modes[0]}",
@@ -256,6 +263,8 @@ def main(argv=None) -> int:
                    help="zoo: quantization_config.min_features (default the config's, 32; 16 makes more linears eligible)")
     p.add_argument("--worse", type=float, default=0.10, help="zoo: 'worse' means error > (1 + this) x native's")
     p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--prompt-set", choices=("tuning", "heldout", "confirm"), default="tuning",
+                   help="--tiny: the tuning set's first --num-prompts cases, or a whole held-out set")
     p.add_argument("--num-inference-steps", type=int, default=None)
     p.add_argument("--double", type=int, default=2)
     p.add_argument("--single", type=int, default=2)
@@ -295,7 +304,8 @@ def main(argv=None) -> int:
               f"from {(args.modes or ZOO_MODES)[0]})\n")
         print(zoo_tables(rows, modes, args.worse) + "\n")
     if args.tiny:
-        print("## tiny model: " + tiny_table(args.modes or TINY_MODES, args.num_prompts, args.num_inference_steps)
+        print("## tiny model: " + tiny_table(args.modes or TINY_MODES, args.num_prompts, args.num_inference_steps,
+                                             args.prompt_set)
               + "\n")
     if args.bytes:
         print("## bytes: " + bytes_table(args.modes or BYTES_MODES, args.double, args.single) + "\n")

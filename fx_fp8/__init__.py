@@ -4,7 +4,8 @@
     torch.compile(transformer, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0,1"})
 """
 from fx_fp8.ops import library  # noqa: F401  registers torch.ops.fx_fp8.*
-from fx_fp8.calibration import calibrate, load_activation_scales, save_activation_scales
+from fx_fp8.activation_scales import load_activation_scales, save_activation_scales
+from fx_fp8.calibration import calibrate
 from fx_fp8.config import AttentionQuantConfig, FP8Config, QuantizationConfig
 from fx_fp8.report import CompileReport, ReportEntry, clear_reports, get_reports
 from fx_fp8.selectors import parse_selector

@@ -31,10 +31,10 @@ DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
 SKIP_STEPS_MODES = ("native", "weight_only")
 #: how the sensitive linears (embedders, adaLN modulation, final projection) run
 SENSITIVE_MODES = ("native", "weight_only", "fp8")
-#: native until prepared weight-only layers keep diffusers' hooks (context parallelism's output
-#: hook on proj_out) and group offload's references; weight_only measures as good at 0.52x weight
-#: bytes (benchmarks/sensitive_modes.py, RESULTS.md 2026-12-02)
-DEFAULT_SENSITIVE = "native"
+#: weight-only with INT8 weights, one scale per output channel and 32 input columns: on the shipped tiny
+#: model and the zoo as good as native sensitive layers, 0.521x weight bytes on a bf16 Flux (0.666x
+#: native); benchmarks/sensitive_modes.py, RESULTS.md 2026-12-02
+DEFAULT_SENSITIVE = "weight_only"
 
 def _check_choice(name: str, value, choices) -> Any:
     if isinstance(value, str):
@@ -143,10 +143,10 @@ class QuantizationConfig:
       and changes nothing: the sensitive layers are always kept.
     quantize_sensitive: also quantize the sensitive layers (everything eligible
       then runs quantized except `ignored_layers`); a synonym of sensitive="fp8".
-    sensitive: how the sensitive layers run: "native" (default), "weight_only"
-      (quantized weights stored as weight_only_method / weight_only_group_size
-      say, activations in the model's precision: W8A16) or "fp8" (quantized
-      like every other linear, W8A8 with `method`).
+    sensitive: how the sensitive layers run: "weight_only" (default: quantized
+      weights stored as weight_only_method / weight_only_group_size say,
+      activations in the model's precision: W8A16), "native" or "fp8"
+      (quantized like every other linear, W8A8 with `method`).
     weight_only_method: storage of weight-only (W8A16) layers, "int8" (default)
       or "fp8" (None: `method`); a device whose weight-only matmul takes one
       storage only (NPU: int8) uses that one.
@@ -211,7 +211,7 @@ class QuantizationConfig:
         sensitive = "fp8" if self.quantize_sensitive else (sensitive or DEFAULT_SENSITIVE)
         set_("sensitive", sensitive)
         set_("quantize_sensitive", sensitive == "fp8")
-        set_("skip_steps", parse_selector(self.skip_steps, what="quantization_config.skip_steps"))
+        set_("skip_steps", parse_selector(self.skip_steps, what="quantization_config.skip_steps", relative=True))
         mode = _check_choice("quantization_config.skip_steps_mode", self.skip_steps_mode, SKIP_STEPS_MODES)
         set_("skip_steps_mode", mode)
         if self.weight_only_method is not None:
@@ -314,7 +314,7 @@ class FP8Config:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
         set_("diffusion_kv_cache_dtype", _check_choice("diffusion_kv_cache_dtype", self.diffusion_kv_cache_dtype, KV_CACHE_DTYPES))
         set_("quantization", _check_choice("quantization", self.quantization, QUANTIZATION_METHODS))
-        set_("diffusion_kv_cache_skip_steps", parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps"))
+        set_("diffusion_kv_cache_skip_steps", parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps", relative=True))
         set_("diffusion_kv_cache_skip_layers", parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"))
         set_("quantization_config", _from_mapping(QuantizationConfig, self.quantization_config, "quantization_config"))
         set_("attention", _from_mapping(AttentionQuantConfig, self.attention, "attention"))
@@ -377,6 +377,12 @@ class FP8Config:
         lin = self.quantization_config.skip_steps if self.linear_step_skips else Selector()
         mode = self.quantization_config.skip_steps_mode
         combos = [(False, False)]  # steps past both selectors' ends
+        if a.needs_total or lin.needs_total:  # "last:k": the pairs some run length shows
+            from fx_fp8.selectors import step_patterns
+
+            seen = step_patterns(a, lin)
+            combos += [c for c in ((True, False), (True, True), (False, True)) if c in seen]
+            return tuple(variant_name(x, y, mode) for x, y in combos)
         if _ranges_differ(a, lin):
             combos.append((True, False))
         if _ranges_intersect(a, lin):
@@ -513,7 +519,7 @@ class FP8Config:
             qc["activation_scales"] = os.fspath(qc["activation_scales"])
         elif isinstance(qc["activation_scales"], Mapping) and not isinstance(qc["activation_scales"], dict):
             # the object calibrate returns: its JSON form
-            from fx_fp8.calibration import load_activation_scales
+            from fx_fp8.activation_scales import load_activation_scales
 
             qc["activation_scales"] = load_activation_scales(qc["activation_scales"]).to_json()
         return {
@@ -576,7 +582,7 @@ def _pop_step_shortcuts(data: dict) -> dict:
     for flat, inner in STEP_SHORTCUTS.items():
         value = data.pop(flat, None)
         if value is not None:
-            out[inner] = parse_selector(value, what=flat) if inner == "skip_steps" else value
+            out[inner] = parse_selector(value, what=flat, relative=True) if inner == "skip_steps" else value
     return out
 
 
@@ -590,7 +596,7 @@ def _apply_step_shortcuts(data: dict, shortcuts: dict) -> None:
         flat = next(k for k, v in STEP_SHORTCUTS.items() if v == inner)
         given = qc.get(inner)
         if inner == "skip_steps" and given is not None:
-            given = parse_selector(given, what="quantization_config.skip_steps")
+            given = parse_selector(given, what="quantization_config.skip_steps", relative=True)
             if not given:
                 given = None
         if given is not None and given != value:

@@ -6,19 +6,34 @@ are given: the model is traced once on them.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from fx_fp8.calibration import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
-                                load_activation_scales, method_scale, smoothed_static_scale, step_scale_table)
+from fx_fp8.activation_scales import load_activation_scales
+from fx_fp8.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
+                                  method_scale, smoothed_static_scale, step_scale_table)
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_plan
 from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, watch_weights
+
+
+#: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
+#: compile_pipeline rebuilds over the new modules after preparing (fx_fp8/pipeline/offload.py)
+REBUILT_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
+
+
+def hooks_lost_by_replacing(module: nn.Module) -> list[str]:
+    """Names of the diffusers hooks on `module` that replacing it would lose (context parallelism's
+    output gather on proj_out, TaylorSeer's lite mode): they live on the module object and its
+    patched forward, which a new module does not have."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return [h for h in getattr(registry, "hooks", None) or {} if h not in REBUILT_HOOKS]
 
 
 def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensitive: Optional[dict] = None,
@@ -41,9 +56,12 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     With per-step static scales (fx_fp8.calibrate(..., per_step=True)) each layer keeps its scale
     per step group (`input_step_scales`), looked up from the published step per call.
     Sensitive layers with quantization_config.sensitive "weight_only" become weight-only
-    (W8A16) QuantizedLinear modules (`weight_only` is true; per-channel scales).
+    (W8A16) QuantizedLinear modules (`weight_only` is true; scales as weight_only_group_size says).
+    A linear carrying diffusers hooks (other than group offloading's) is not replaced, since the
+    hooks would be lost: it stays an nn.Linear with its hooks and original weight, the backend
+    quantizes it at compile time, and `hooked` ({name: reason}) and a warning say so.
     Returns {"quantized": [names], "weight_only": [names among them], "native": {name: reason},
-    "bytes_before", "bytes_after", "method"}.
+    "hooked": {name: reason}, "bytes_before", "bytes_after", "method"}.
     Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
     """
     if not isinstance(model, nn.Module):
@@ -51,7 +69,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
-    result = {"quantized": [], "weight_only": [], "native": {}, "bytes_before": 0, "bytes_after": 0,
+    result = {"quantized": [], "weight_only": [], "native": {}, "hooked": {}, "bytes_before": 0, "bytes_after": 0,
               "method": qcfg.method}
     if not cfg.linear_enabled:
         return result
@@ -74,7 +92,23 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     for name, module in linears:
         kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
                                    sensitive.get(name))
-        if kind == "weight_only":  # W8A16: per-channel scales, the storage the device's weight-only matmul takes
+        if kind == "quantized":
+            if scales is not None and name not in scales:
+                kind, reason = "native", "no static activation scale for this layer (recalibrate)"
+            elif channel is not None and name not in channel:
+                kind, reason = "native", ("no channel statistics for smoothing_alpha in the calibration (recalibrate "
+                                          "with fx_fp8.calibrate)")
+        if kind == "native":
+            result["native"][name] = reason
+            continue
+        hooks = hooks_lost_by_replacing(module)
+        if hooks:
+            result["hooked"][name] = (
+                f"carries diffusers hooks {hooks}: not replaced (the hooks would be lost); the backend quantizes it "
+                f"at compile time ({'weight-only' if kind == 'weight_only' else qcfg.method}) and it keeps its "
+                "original weight")
+            continue
+        if kind == "weight_only":  # W8A16: weight_only_method / weight_only_group_size storage, as the device's weight-only matmul takes it
             lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
             method = get_lowering(lowering).weight_only_method(qcfg.weight_only_method or qcfg.method)
             granularity, block = quant.weight_only_layout(qcfg.weight_only_group_size)
@@ -83,14 +117,6 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             plan.append((name, module, QuantizedLinear(
                 wq, ws, module.bias, method=method, weight_granularity=granularity, weight_block=block,
                 act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
-            continue
-        reason = reason if kind == "native" else None
-        if reason is None and scales is not None and name not in scales:
-            reason = "no static activation scale for this layer (recalibrate)"
-        if reason is None and channel is not None and name not in channel:
-            reason = "no channel statistics for smoothing_alpha in the calibration (recalibrate with fx_fp8.calibrate)"
-        if reason is not None:
-            result["native"][name] = reason
             continue
         device = module.weight.device
         with torch.no_grad():
@@ -128,9 +154,14 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             result["weight_only"].append(name)
     watch_weights(model)  # the native linears too: a weight written later is seen
     if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
-        from fx_fp8.checkpoint import guard
+        from fx_fp8.state_guard import guard
 
-        guard(model, result["native"])
+        guard(model, {**result["native"], **result["hooked"]})  # save_quantized records why they are full precision
+    if result["hooked"]:
+        names = list(result["hooked"])
+        warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
+                      f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
+                      "and they keep their original weights", stacklevel=2)
     return result
 
 

@@ -240,9 +240,9 @@ def carry_state(old: torch.Tensor, new: torch.Tensor) -> None:
     """`new` is `old` moved (same bytes, another device or object): it keeps old's record, and
     a prepared weight's accepted digest (no byte is read)."""
     st = _STATES.get(old)
-    if st is None or new is old:
+    if st is None:
         return
-    moved = state_of(new, st.name)
+    moved = st if new is old else state_of(new, st.name)  # the same object moved through .data: its own record
     moved.smoothing = dict(st.smoothing)
     moved.input_scale = st.input_scale.to(new.device) if st.input_scale is not None else None
     if st.input_step_scales is not None:
@@ -253,7 +253,7 @@ def carry_state(old: torch.Tensor, new: torch.Tensor) -> None:
 
 def attach_static_input_scale(weight: torch.Tensor, scale: float, name: str = "", steps=None) -> None:
     """Keep the calibrated activation scale of the linear that owns `weight`; `steps`:
-    (flat step groups, [scale per group]) for per-step scales (calibration.step_scale_table)."""
+    (flat step groups, [scale per group]) for per-step scales (linear_scales.step_scale_table)."""
     st = state_of(weight, name)
     st.input_scale = torch.tensor(scale, dtype=torch.float32, device=weight.device)
     st.input_step_scales = None if steps is None else (
@@ -349,7 +349,13 @@ class QuantizedLinear(nn.Module):
                     moved = fn(t)  # only its device is kept: a dtype cast would destroy the quantized data
                     moved = moved if moved.dtype == t.dtype else t.to(moved.device)
                     if isinstance(t, nn.Parameter):
-                        moved = WatchedParameter(moved.detach(), requires_grad=False)
+                        # the same Parameter object where the storage allows, as nn.Module._apply: group
+                        # offloading and optimizers hold parameters by identity, a new object leaves theirs stale
+                        if moved is not t and torch._has_compatible_shallow_copy_type(t, moved):
+                            t.data = moved.detach()
+                            moved = t
+                        elif moved is not t:
+                            moved = WatchedParameter(moved.detach(), requires_grad=False)
                     carry_state(t, moved)
                     t = moved
                 store[name] = t

@@ -15,7 +15,7 @@ from fx_fp8.config import FP8Config
 
 class Block(nn.Module):
     """One attention block: qkv linear, SDPA, output linear; then the model's final projection
-    (kept native by the sensitive-layer defaults)."""
+    (a sensitive layer: weight-only under the default `sensitive`)."""
 
     def __init__(self, dim=64, heads=2):
         super().__init__()
@@ -84,7 +84,7 @@ def test_entry_points_without_importing_fx_fp8():
     assert len(res["npu_warnings"]) == 2 and all("'reference'" in w for w in res["npu_warnings"])
     assert [r[:2] for r in res["reports"]] == [["fp8", "reference"], ["fp8_npu", "reference"], ["fp8_npu", "reference"]]
     for _, _, summary in res["reports"]:
-        assert summary == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 1}}
+        assert summary == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0, "weight-only": 1}}
 
 
 def summary_for(block, **compile_kw):
@@ -101,7 +101,8 @@ def summary_for(block, **compile_kw):
 
 def test_no_options_applies_both(block):
     report, out = summary_for(block)
-    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 1}}
+    # the default runs the sensitive final projection weight-only
+    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0, "weight-only": 1}}
     assert (report.backend, report.lowering, report.downstream) == ("fp8", "reference", "eager")
     assert 1e-4 < rel_err(out, block[0](block[1]).detach()) < 0.05
 
@@ -167,7 +168,7 @@ def test_report_serialises(block):
 def test_downstream_compilers(block, downstream):
     report, out = summary_for(block, options={"downstream": downstream})
     assert report.downstream == downstream
-    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 1}}
+    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0, "weight-only": 1}}
     if downstream == "inductor":
         _, eager_out = summary_for(block, options={"downstream": "eager"})
         # same custom ops, opaque to Inductor: the numerics match the eager downstream

@@ -123,10 +123,12 @@ def test_compile_pipeline_with_cache_dit(name):
         else:
             assert e.action == "fp8", (module, e.reason)
     assert not [e for e in rows if not e.name_resolved]
-    prepared_native = pipeline_state(pipe).prepared["transformer"]["native"]
-    for layer in SENSITIVE[name]:
-        assert layer in prepared_native
-        assert all(e.action == "native" for e in rows if e.op == "linear" and e.module == layer)
+    prepared = pipeline_state(pipe).prepared["transformer"]
+    for layer in SENSITIVE[name]:   # weight-only by default (native where too small to quantize)
+        action = "weight-only" if layer in prepared["weight_only"] else "native"
+        assert layer in prepared["weight_only"] or "sensitive" not in prepared["native"][layer], layer
+        assert all(e.action == action for e in rows if e.op == "linear" and e.module == layer)
+    assert set(SENSITIVE[name]) & set(prepared["weight_only"])
     # FP8's error on top of the cache is FP8's usual error
     assert _rel(out, native) <= 1.5 * _rel(fp8_only, plain) + 0.01
 

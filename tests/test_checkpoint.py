@@ -16,7 +16,7 @@ import fx_fp8
 from fx_fp8.checkpoint import QUANT_NAME, WEIGHTS_NAME
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
 
 def flux(seed=0, dtype=torch.float32, layers=1):
@@ -53,14 +53,19 @@ def layers_of(model):
 def test_round_trip_is_bit_identical(method, dtype, tmp_path):
     model = flux(dtype=dtype)
     kw = example_inputs("flux", model, dtype=dtype)
-    result = fx_fp8.prepare_model(model, quantization=method)
+    # fp8: the default, sensitive layers weight-only; int8: sensitive layers native, so native reasons travel
+    sensitive = "native" if method == "int8" else "weight_only"
+    result = fx_fp8.prepare_model(model, quantization=method, quantization_config={"sensitive": sensitive})
+    assert bool(result["native"]) == (sensitive == "native") and bool(result["weight_only"]) == (sensitive != "native")
     ref = run(model, kw)
     fx_fp8.save_quantized(model, tmp_path)
     assert sorted(os.listdir(tmp_path)) == sorted(["config.json", QUANT_NAME, WEIGHTS_NAME])
     record = json.loads((tmp_path / QUANT_NAME).read_text())
     assert sorted(record["layers"]) == sorted(result["quantized"]) and set(record["native"]) == set(result["native"])
     assert all(record["native"][n] == r for n, r in result["native"].items())  # reasons travel too
-    assert {r["method"] for r in record["layers"].values()} == {method}
+    assert {n for n, r in record["layers"].items() if r["weight_only"]} == set(result["weight_only"])
+    assert {r["method"] for r in record["layers"].values() if not r["weight_only"]} == {method}
+    assert {r["method"] for r in record["layers"].values() if r["weight_only"]} <= {"int8"}  # the default storage
 
     loaded = fx_fp8.load_quantized(tmp_path)
     assert type(loaded) is type(model) and not loaded.training
@@ -91,7 +96,11 @@ def test_round_trip_with_static_scales_and_smoothing(method, scheme, tmp_path):
         qc["smoothing_alpha"] = 0.5
     fx_fp8.prepare_model(model, quantization=method, quantization_config=qc)
     layers = layers_of(model)
-    assert all(s == (scheme == "static") and sm == (method == "int8") for *_, s, sm in layers.values())
+    # the W8A8 layers; the default weight-only sensitive layers have no activation scale or smoothing
+    w8a8 = [v for v in layers.values() if v[3] != WEIGHT_ONLY]
+    assert w8a8 and len(w8a8) < len(layers)
+    assert all(s == (scheme == "static") and sm == (method == "int8") for *_, s, sm in w8a8)
+    assert all(not s and not sm for *_, s, sm in (v for v in layers.values() if v[3] == WEIGHT_ONLY))
     kw = example_inputs("flux", model, seed=5)
     ref = run(model, kw)
     fx_fp8.save_quantized(torch.compile(model, backend="fp8"), tmp_path)  # a compiled model saves what it wraps
@@ -110,9 +119,11 @@ def test_load_into_a_model_you_built_and_with_device_and_dtype(tmp_path):
     assert fx_fp8.load_quantized(tmp_path, model=other) is other
     assert layers_of(other) == layers_of(model) and torch.equal(run(other, kw), ref)
     half = fx_fp8.load_quantized(tmp_path, type(model), device="cpu", dtype=torch.bfloat16)
-    q = next(m for m in half.modules() if isinstance(m, QuantizedLinear))
+    q = next(m for m in half.modules() if isinstance(m, QuantizedLinear) and not m.weight_only)
     assert q.weight.dtype == torch.float8_e4m3fn and q.weight_scale.dtype == torch.float32 and q.orig_dtype == torch.bfloat16
-    assert half.proj_out.weight.dtype == torch.bfloat16
+    # proj_out: a sensitive layer, weight-only INT8 by default; its bias follows the dtype
+    assert half.proj_out.weight_only and half.proj_out.weight.dtype == torch.int8
+    assert half.proj_out.orig_dtype == half.proj_out.bias.dtype == torch.bfloat16
     assert rel_err(run(half, example_inputs("flux", half, dtype=torch.bfloat16)), ref) < 0.05
     with pytest.raises(ValueError, match="holds a FluxTransformer2DModel, not a SD3Transformer2DModel"):
         from diffusers import SD3Transformer2DModel

@@ -123,13 +123,15 @@ def test_inspect_table_and_json_match_the_graph(tiny_counts, capsys):
 
     summary = data["summary"]
     assert summary["nodes"]["attention"] == {"fp8": 3, "native": 1}
-    assert summary["nodes"]["linear"]["fp8"] + summary["nodes"]["linear"]["native"] == tiny_counts["linear"]
+    # the sensitive layers run weight-only by default: a column of their own
+    assert sum(summary["nodes"]["linear"].values()) == tiny_counts["linear"]
+    assert summary["nodes"]["linear"]["weight-only"] > 0
     w = summary["weights"]
     assert w["model_bytes_after"] < w["model_bytes_before"]
     assert w["quantized_linear_bytes_after"] * 3 < w["quantized_linear_bytes_before"]  # fp8 + scales vs fp32
     # the table's summary block shows the same numbers
-    srows = {r[0]: (int(r[1]), int(r[2])) for r in table_rows(table, header_start="op ")[:2]}
-    assert srows == {op: (c["fp8"], c["native"]) for op, c in summary["nodes"].items()}
+    srows = {r[0]: tuple(int(v) for v in r[1:4]) for r in table_rows(table, header_start="op ")[:2]}
+    assert srows == {op: (c["fp8"], c.get("weight-only", 0), c["native"]) for op, c in summary["nodes"].items()}
     assert "variant native (skipped steps): attention 0 fp8 / 4 native" in table
 
 

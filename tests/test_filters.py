@@ -6,7 +6,7 @@ import torch.nn as nn
 import fx_fp8
 from fx_fp8.config import FP8Config, QuantizationConfig
 from fx_fp8.patterns import first_match, matches, validate_pattern
-from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason
+from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason, linear_plan
 
 NAME = "transformer_blocks.7.img_mlp.net.0.proj"
 
@@ -63,14 +63,18 @@ def test_ignored_beats_eligibility():
 
 def test_user_list_adds_to_the_sensitive_layers():
     sensitive = "time_text_embed.linear_1"
-    for qc in (QuantizationConfig(), QuantizationConfig(ignored_layers=["img_mlp"]), QuantizationConfig(ignored_layers=[])):
-        reason = linear_native_reason(sensitive, 64, 64, torch.float32, qc)
+    for kw in ({}, {"ignored_layers": ["img_mlp"]}, {"ignored_layers": []}):
+        # pinned to native: the native reason names what the analysis found
+        reason = linear_native_reason(sensitive, 64, 64, torch.float32, QuantizationConfig(sensitive="native", **kw))
         assert reason.startswith("known sensitive layer (pattern 'time_text_embed')"), reason
+        # the default runs it weight-only, for the same reason
+        kind, why = linear_plan(sensitive, 64, 64, torch.float32, QuantizationConfig(**kw))
+        assert kind == "weight_only" and why.startswith("known sensitive layer (pattern 'time_text_embed')"), why
     opt_in = QuantizationConfig(ignored_layers=["img_mlp"], quantize_sensitive=True)
     assert linear_native_reason(sensitive, 64, 64, torch.float32, opt_in) is None
     assert linear_native_reason("a.img_mlp.fc", 64, 64, torch.float32, opt_in) == "ignored_layers pattern 'img_mlp'"
     # a structural reason found in the graph is reported instead of the name pattern
-    assert linear_native_reason("blocks.0.mod", 64, 64, torch.float32, QuantizationConfig(),
+    assert linear_native_reason("blocks.0.mod", 64, 64, torch.float32, QuantizationConfig(sensitive="native"),
                                 sensitive="adaLN modulation").startswith("adaLN modulation; kept native")
 
 

@@ -59,6 +59,8 @@ def one_linear(in_f: int, out_f: int) -> nn.Module:
 
 def options(method="int8", alpha=None, scales=None, scheme="dynamic", **qc):
     qcfg = {"activation_scheme": scheme, "activation_scales": scales, "smoothing_alpha": alpha, **qc}
+    if "sensitive" not in qc and "quantize_sensitive" not in qc:
+        qcfg["sensitive"] = "native"  # smoothing is about W8A8 layers; weight-only ones (the default's) never smooth
     return {"quantization": method, "diffusion_kv_cache_dtype": None, "quantization_config": qcfg,
             "lowering": "reference", "downstream": "eager"}
 

@@ -72,22 +72,24 @@ def test_defaults_quantize_every_eligible_linear(family):
     for name, lin in linears.items():
         hit = first_match(SENSITIVE_LAYER_PATTERNS, name)
         e = got[name]
-        if hit is not None:
-            # the structural reason (fx_fp8/graph/sensitive.py) wins over the name pattern where both apply
-            assert e.action == "native" and e.reason.startswith(
+        if hit is not None and big_enough(lin):
+            # the structural reason (fx_fp8/graph/sensitive.py) wins over the name pattern where both apply;
+            # the default runs sensitive layers weight-only (W8A16)
+            assert e.action == "weight-only" and e.reason.startswith(
                 (f"known sensitive layer (pattern {hit!r})", "timestep conditioning", "adaLN modulation",
                  "final projection")), (name, e.reason)
-            assert "quantize_sensitive: true" in e.reason
+            assert "weight-only (sensitive: weight_only)" in e.reason
         elif not big_enough(lin):
             assert e.action == "native" and ("min_features" in e.reason or "multiples of 16" in e.reason), (name, e.reason)
         else:
             assert e.action == "fp8", (name, e.reason)
             assert e.reason.startswith("reference: FP8 W8A8, channel weight scales, dynamic per-token activations")
-    # the sensitive layers of every family are among the native ones
-    native_names = [n for n, e in got.items() if e.action == "native"]
-    assert any("embed" in n or n in ("img_in", "txt_in") for n in native_names)
-    assert any("proj_out" == n or "final_layer" in n for n in native_names)
-    assert report.count("linear", "fp8") >= 15
+    # the sensitive layers of every family are among the unquantized-activation ones (weight-only, or
+    # native where too small)
+    kept = [n for n, e in got.items() if e.action in ("native", "weight-only")]
+    assert any("embed" in n or n in ("img_in", "txt_in") for n in kept)
+    assert any("proj_out" == n or "final_layer" in n for n in kept)
+    assert report.count("linear", "fp8") >= 15 and report.count("linear", "weight-only") >= 3
     err = rel_err(out, native)
     assert 1e-4 < err < 0.05, err
     assert report.weights["original_copy_kept"] is True
@@ -112,7 +114,9 @@ def test_quantize_sensitive_quantizes_all_eligible(family):
 
 
 def test_qwen_ignored_img_mlp_adds_to_the_sensitive_layers():
-    report, out, native, linears = run_pass("qwen-image", ignored_layers=["img_mlp"])
+    # pinned to native sensitive layers: the test is about which layers stay native
+    report, out, native, linears = run_pass("qwen-image", ignored_layers=["img_mlp"],
+                                            quantization_config={"sensitive": "native"})
     got = decisions(report)
     img_mlp = {n for n in linears if ".img_mlp." in n}
     assert len(img_mlp) == 4  # 2 blocks x (net.0.proj, net.2)
@@ -125,8 +129,13 @@ def test_qwen_ignored_img_mlp_adds_to_the_sensitive_layers():
     assert all(got[n].reason == "ignored_layers pattern 'img_mlp'" for n in img_mlp)
     assert got["txt_in"].action == "native" and {"txt_in", "norm_out.linear"} <= sensitive
     # "@defaults" (older configs) changes nothing: the sensitive layers are always kept
-    report2, _, _, _ = run_pass("qwen-image", ignored_layers=["img_mlp", "@defaults"])
+    report2, _, _, _ = run_pass("qwen-image", ignored_layers=["img_mlp", "@defaults"],
+                                quantization_config={"sensitive": "native"})
     assert {n for n, e in decisions(report2).items() if e.action == "native"} == native
+    # the default: the same list, the sensitive layers weight-only instead of native
+    got = decisions(run_pass("qwen-image", ignored_layers=["img_mlp"])[0])
+    assert {n for n, e in got.items() if e.action == "native"} == img_mlp | small
+    assert {n for n, e in got.items() if e.action == "weight-only"} == sensitive - small
 
 
 def test_flux_qkv_share_one_activation_quantization():

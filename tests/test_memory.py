@@ -29,6 +29,15 @@ def linear_weight_bytes(model, names):
     return {n: model.get_submodule(n).weight.numel() * 2 for n in names}
 
 
+#: the default sensitive layers (sensitive: weight_only): INT8 weights, one fp32 scale per 32 input
+#: columns = (1 + 4 / 32) / 2 of their bf16 bytes
+WEIGHT_ONLY_RATIO = (1 + 4 / 32) / 2
+
+
+def stored_bytes(model, names):
+    return sum(model.get_submodule(n).weight.numel() + model.get_submodule(n).weight_scale.numel() * 4 for n in names)
+
+
 def run_steps(compiled, kw, steps):
     with torch.no_grad():
         for i in steps:
@@ -47,13 +56,18 @@ def test_prepare_model_frees_bf16_weights():
     bf16_bytes = linear_weight_bytes(model, eligible)
 
     result = fx_fp8.prepare_model(model)
-    quantized = result["quantized"]
+    quantized, weight_only = result["quantized"], result["weight_only"]
     assert len(quantized) >= 15 and set(quantized) | set(result["native"]) == set(eligible)
     assert all(isinstance(model.get_submodule(n), QuantizedLinear) for n in quantized)
+    # the default: the sensitive layers are weight-only, the others FP8 with per-channel scales
+    assert {"x_embedder", "proj_out"} <= set(weight_only) <= set(quantized)
+    w8a8 = [n for n in quantized if n not in weight_only]
     q_before = sum(bf16_bytes[n] for n in quantized)
-    q_after = sum(model.get_submodule(n).weight.numel() + model.get_submodule(n).weight_scale.numel() * 4 for n in quantized)
+    q_after = stored_bytes(model, quantized)
     assert result["bytes_before"] == q_before and result["bytes_after"] == q_after
-    assert q_after <= 0.52 * q_before, q_after / q_before
+    assert stored_bytes(model, w8a8) <= 0.52 * sum(bf16_bytes[n] for n in w8a8)
+    assert stored_bytes(model, weight_only) <= WEIGHT_ONLY_RATIO * sum(bf16_bytes[n] for n in weight_only)
+    assert q_after <= 0.53 * q_before, q_after / q_before
 
     compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0"})
     out = run_steps(compiled, kw, [0])  # compiles both step variants
@@ -72,7 +86,7 @@ def test_prepare_model_frees_bf16_weights():
     assert [r.step_variant for r in reports] == ["fp8", "native"]
     for r in reports:
         assert r.weights["original_copy_kept"] is False and r.weights["quantized_linear_bytes_before"] == 0
-        assert r.count("linear", "fp8") == len(quantized)
+        assert r.count("linear", "fp8") == len(w8a8) and r.count("linear", "weight-only") == len(weight_only)
         assert all("prepared weights" in e.reason for e in r.entries if e.op == "linear" and e.action == "fp8")
 
 
@@ -87,7 +101,8 @@ def test_without_prepare_model_the_original_is_kept():
     w = report.weights
     assert w["original_copy_kept"] is True
     assert any("still holds its original weights" in n and "prepare_model" in n for n in report.notes)
-    assert 0 < w["quantized_linear_bytes_after"] <= 0.52 * w["quantized_linear_bytes_before"]
+    # FP8 per-channel (<= 0.52x) and, by default, the sensitive layers weight-only (0.5625x): 0.526x measured
+    assert 0 < w["quantized_linear_bytes_after"] <= 0.53 * w["quantized_linear_bytes_before"]
     # the FP8 copies come on top of the BF16 originals
     assert fx_fp8.reachable_tensor_bytes(compiled) == total_before + w["quantized_linear_bytes_after"]
 
@@ -111,13 +126,18 @@ def test_prepare_model_respects_config():
     res = fx_fp8.prepare_model(model, ignored_layers=["ff"])
     assert all(".ff." not in n for n in res["quantized"])
     assert res["native"]["transformer_blocks.0.ff.net.2"] == "ignored_layers pattern 'ff'"
-    assert type(model.get_submodule("x_embedder")) is nn.Linear  # sensitive: kept even with an explicit list
+    # sensitive: weight-only by default, even with an explicit list
+    assert "x_embedder" not in res["native"] and "x_embedder" in res["weight_only"]
+    assert model.get_submodule("x_embedder").weight_only
+    pinned, _ = bf16_flux()
+    res = fx_fp8.prepare_model(pinned, ignored_layers=["ff"], quantization_config={"sensitive": "native"})
+    assert type(pinned.get_submodule("x_embedder")) is nn.Linear and res["weight_only"] == []
     assert res["native"]["x_embedder"].startswith("known sensitive layer")
     with pytest.raises(ValueError, match="already prepared"):  # a prepared model is not prepared twice
         fx_fp8.prepare_model(model, quantization_config={"quantize_sensitive": True})
     fresh, _ = bf16_flux()
     fx_fp8.prepare_model(fresh, quantization_config={"quantize_sensitive": True})
-    assert type(fresh.get_submodule("x_embedder")) is QuantizedLinear
+    assert type(fresh.get_submodule("x_embedder")) is QuantizedLinear and not fresh.get_submodule("x_embedder").weight_only
     with pytest.raises(ValueError, match="did you mean"):
         fx_fp8.prepare_model(bf16_flux()[0], ignored_layer=["ff"])
 
@@ -169,7 +189,8 @@ def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
     with torch.no_grad():
         a(**kw), b(**kw)
         first = len(calls)
-        assert first > 0 and set(calls) == {"channel", "tensor"}
+        # "block": the sensitive layers' weight-only 32-column groups, shared by both configs
+        assert first > 0 and set(calls) == {"channel", "tensor", "block"}
         for _ in range(10):
             a(**kw), b(**kw)
     assert len(calls) == first  # 20 steady calls: no re-quantization
@@ -191,15 +212,22 @@ def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
         qc = {"activation_scales": fx_fp8.calibrate(model, [kw]), "smoothing_alpha": 0.5}
     bf16_bytes = linear_weight_bytes(model, [n for n, m in model.named_modules() if type(m) is nn.Linear])
     result = fx_fp8.prepare_model(model, quantization="int8", quantization_config=qc)
-    quantized = result["quantized"]
+    quantized, weight_only = result["quantized"], result["weight_only"]
     assert len(quantized) >= 15 and result["method"] == "int8"
-    layers = [model.get_submodule(n) for n in quantized]
+    # the W8A8 layers; the sensitive ones are weight-only by default (INT8, 32-column groups, never smoothed)
+    w8a8 = [n for n in quantized if n not in weight_only]
+    assert {"x_embedder", "proj_out"} <= set(weight_only) <= set(quantized)
+    layers = [model.get_submodule(n) for n in w8a8]
     assert all(m.weight.dtype == torch.int8 and (m.input_smoothing is not None) == smoothing for m in layers)
-    q_before = sum(bf16_bytes[n] for n in quantized)
-    q_after = sum(m.weight.numel() + m.weight_scale.numel() * 4
-                  + (m.input_smoothing.numel() * 4 if smoothing else 0) for m in layers)
+    assert all(model.get_submodule(n).weight.dtype == torch.int8 and model.get_submodule(n).input_smoothing is None
+               for n in weight_only)
+    w8a8_before, w8a8_after = sum(bf16_bytes[n] for n in w8a8), sum(
+        m.weight.numel() + m.weight_scale.numel() * 4 + (m.input_smoothing.numel() * 4 if smoothing else 0) for m in layers)
+    assert w8a8_after <= 0.52 * w8a8_before, w8a8_after / w8a8_before
+    wo_before, wo_after = sum(bf16_bytes[n] for n in weight_only), stored_bytes(model, weight_only)
+    assert wo_after <= WEIGHT_ONLY_RATIO * wo_before, wo_after / wo_before
+    q_before, q_after = w8a8_before + wo_before, w8a8_after + wo_after
     assert result["bytes_before"] == q_before and result["bytes_after"] == q_after
-    assert q_after <= 0.52 * q_before, q_after / q_before
     assert fx_fp8.reachable_tensor_bytes(model) == total_before - q_before + q_after
     print(f"\nbf16 Flux (width 256), int8{' + smoothing' if smoothing else ''}: quantized linears {q_before} -> "
           f"{q_after} bytes ({q_after / q_before:.3f}x)")
@@ -207,7 +235,8 @@ def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
         warnings.simplefilter("ignore")
         out = output_tensor(torch.compile(model, backend="fp8", options={"quantization": "int8"})(**kw))
     (report,) = fx_fp8.get_reports()
-    assert report.count("linear", "int8") == len(quantized) and report.count("linear", "fp8") == 0
+    assert report.count("linear", "int8") == len(w8a8) and report.count("linear", "fp8") == 0
+    assert report.count("linear", "weight-only") == len(weight_only)
     assert 1e-4 < float((out.float() - ref).norm() / ref.norm()) < 0.05
 
 

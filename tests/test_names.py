@@ -59,8 +59,10 @@ def check_model_names(compiled, skipped):
                              "time_text_embed.timestep_embedder.linear_1", "transformer_blocks.1.norm1.linear")
                  if n in lin]
     assert "norm_out.linear" in sensitive and "transformer_blocks.1.norm1.linear" in sensitive
-    for name in sensitive:
-        assert lin[name].action == "native", (name, lin[name].reason)
+    for name in sensitive:   # weight-only by default (native where too small or not a multiple of 16)
+        assert lin[name].action in ("weight-only", "native") and "sensitive" in lin[name].reason \
+            or "multiples of 16" in lin[name].reason or "small layer" in lin[name].reason, (name, lin[name].reason)
+    assert lin["norm_out.linear"].action == "weight-only"
     assert lin["transformer_blocks.1.attn.to_q"].action == "fp8"
     assert all(e.name_resolved for e in lin.values())
 

@@ -16,7 +16,7 @@ import fx_fp8
 from fx_fp8.config import AttentionQuantConfig, FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.patterns import matches, validate_pattern
-from fx_fp8.rules import linear_native_reason
+from fx_fp8.rules import linear_native_reason, linear_plan
 
 
 class Two(nn.Module):
@@ -265,9 +265,13 @@ def test_per_tensor_and_group_quantization_of_empty_inputs():
 # -- sensitive layers of the original Wan layout ----------------------------------------------------
 @pytest.mark.parametrize("name", ["head.head", "img_emb.proj.1", "text_embedding.0", "time_projection.1"])
 def test_wan_animate2_sensitive_names(name):
-    qc = FP8Config().quantization_config
+    qc = FP8Config.from_kwargs(quantization_config={"sensitive": "native"}).quantization_config  # names what is found
     assert "kept native" in linear_native_reason(name, 128, 128, torch.float32, qc)
     assert linear_native_reason("blocks.0.head.head", 128, 128, torch.float32, qc) is None
+    # the default runs the same layers weight-only, and only them
+    default = FP8Config().quantization_config
+    assert linear_plan(name, 128, 128, torch.float32, default)[0] == "weight_only"
+    assert linear_plan("blocks.0.head.head", 128, 128, torch.float32, default) == ("quantized", None)
 
 
 def _wan_animate2():
@@ -284,11 +288,14 @@ def _wan_animate2():
     return bench.build(), lambda: bench.inputs(0)
 
 
-def _wan_animate2_run(model, inputs):
+def _wan_animate2_run(model, inputs, sensitive="native"):
+    """Pinned to sensitive: native by default: these tests are about which layers the analysis finds."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = model(**inputs())[0][0]
-        c = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+        options = {"quantization": "fp8"} if sensitive is None else {"quantization": "fp8",
+                                                                     "quantization_config": {"sensitive": sensitive}}
+        c = torch.compile(model, backend="fp8", options=options)
         out = c(**inputs())[0][0]
     rows = {e.module: e for r in fx_fp8.get_reports(c) for e in r.entries if e.op == "linear"}
     return rows, ((out - ref).norm() / ref.norm()).item()
@@ -301,6 +308,13 @@ def test_wan_animate2_with_graph_breaks_keeps_sensitive_layers_native():
         assert rows[name].action == "native" and "sensitive" in rows[name].reason
     assert rows["blocks.0.ffn.0"].action == "fp8"
     assert rel < 0.035, rel  # 0.054 with the final projection and the image embedder in FP8
+    # the default config runs the same layers weight-only
+    torch._dynamo.reset()
+    rows, rel = _wan_animate2_run(*_wan_animate2(), sensitive=None)
+    for name in ("head.head", "img_emb.proj.1", "img_emb.proj.3"):
+        assert rows[name].action == "weight-only" and "sensitive" in rows[name].reason
+    assert rows["blocks.0.ffn.0"].action == "fp8"
+    assert rel < 0.035, rel
 
 
 @pytest.mark.slow

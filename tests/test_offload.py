@@ -83,13 +83,35 @@ def _native(form: str):
 
 
 # -- group offloading -----------------------------------------------------------------------
-def test_prepare_model_then_group_offload_matches_native_offload():
-    ref = _native("leaf_level")
+@pytest.mark.parametrize("form", ["leaf_level", "block_level"])
+def test_prepare_model_then_group_offload_matches_native_offload(form):
+    """block_level: the top-level layers (embedders, proj_out: weight-only by default) are moved by
+    their module and listed among the group's parameters too; both must stay the model's tensors."""
+    ref = _native(form)
     pipe, kwargs = _flux()
     fx_fp8.prepare_model(pipe.transformer)
-    _enable(pipe, "leaf_level")
+    _enable(pipe, form)
     assert 0 < _rel(_run(pipe, kwargs), ref) < 0.05
     _check_groups(pipe.transformer)
+
+
+def test_moving_a_quantized_linear_keeps_its_parameter_objects():
+    """Group offloading (its parameter lists), optimizers and hooks hold parameters by identity:
+    .to() moves a QuantizedLinear's weight in place, as nn.Linear's, and keeps its accepted bytes."""
+    from fx_fp8.weights import check_prepared_weight
+
+    model = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16))
+    fx_fp8.prepare_model(model)
+    q = model[0]
+    weight, bias = q.weight, q.bias
+    model.to(CPU)
+    assert q.weight is weight and q.bias is bias and isinstance(q, QuantizedLinear)
+    fresh = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16))
+    fx_fp8.prepare_model(fresh)
+    weight = fresh[0].weight
+    fresh.to(CPU).half()   # the bias and output dtype change; the quantized weight stays, accepted
+    assert fresh[0].weight is weight and weight.dtype == torch.float8_e4m3fn and fresh[0].bias.dtype == torch.float16
+    check_prepared_weight(weight)
 
 
 @pytest.mark.slow

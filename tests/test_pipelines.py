@@ -295,7 +295,9 @@ def test_restore_without_kept_weights_refuses_unless_told_to_keep_fp8_linears():
         restore_pipeline(pipe, linears="fp8")
     restore_pipeline(pipe, linears="quantized")
     assert isinstance(pipe.transformer.to_qkv, QuantizedLinear)
-    assert type(pipe.transformer.to_out) is nn.Linear  # the final projection: found by structure, kept native
+    # the final projection: found by structure, weight-only by default (kept out of W8A8)
+    assert isinstance(pipe.transformer.to_out, QuantizedLinear) and pipe.transformer.to_out.weight_only
+    assert not pipe.transformer.to_qkv.weight_only
     pipe()  # still runs, eagerly
     with pytest.raises(ValueError, match="not compiled"):
         restore_pipeline(pipe)

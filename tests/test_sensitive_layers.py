@@ -51,8 +51,17 @@ def linear_entries(compiled) -> dict:
     return out
 
 
+#: these tests are about which layers the analysis finds: with sensitive: native a found layer reads
+#: "<structural reason>; kept native" (the default, weight_only, runs the same layers W8A16)
+NATIVE_SENSITIVE = {"sensitive": "native"}
+
+
 def compile_run(model, kwargs, *, dynamic=False, **options):
-    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8", **options}, dynamic=dynamic)
+    qc = dict(options.pop("quantization_config", {}))
+    if "sensitive" not in qc and "quantize_sensitive" not in qc:
+        qc.update(NATIVE_SENSITIVE)
+    options = {"quantization": "fp8", "quantization_config": qc, **options}
+    compiled = torch.compile(model, backend="fp8", options=options, dynamic=dynamic)
     with torch.no_grad():
         out = compiled(**kwargs)
     return compiled, out
@@ -204,7 +213,8 @@ def test_dynamic_shapes_give_the_same_decisions():
     static, _ = compile_run(model, toy_inputs())
     want = {n: (e.action, structural(e)) for n, e in linear_entries(static).items()}
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"}, dynamic=True)
+    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8", "quantization_config": NATIVE_SENSITIVE},
+                             dynamic=True)
     with torch.no_grad():
         for batch, side in ((2, 8), (3, 6)):  # batch and tokens symbolic; no recompile
             kw = toy_inputs(batch=batch, side=side)
@@ -225,9 +235,12 @@ def test_analysis_never_raises_and_claims_nothing_it_cannot_see():
 
 def test_prepare_model_with_example_inputs_finds_them_by_structure():
     model, kw = toy(), toy_inputs()
-    result = fx_fp8.prepare_model(model, quantization="fp8", example_inputs=kw)
+    result = fx_fp8.prepare_model(model, quantization="fp8", example_inputs=kw, quantization_config=NATIVE_SENSITIVE)
     assert "blocks.0.ada" not in result["quantized"]
     assert result["native"]["blocks.0.ada"].startswith("adaLN modulation")
+    # the default makes what the structure finds weight-only
+    default = fx_fp8.prepare_model(toy(), quantization="fp8", example_inputs=kw)
+    assert "blocks.0.ada" in default["weight_only"] and "blocks.0.ada" not in default["native"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compile_run(model, kw)
@@ -251,7 +264,7 @@ def test_compile_pipeline_prepares_by_structure_on_the_first_call():
                 kw["x"] = self.scheduler.step(self.transformer(**kw), i, kw["x"])
             return kw["x"]
 
-    pipe = compile_pipeline(Pipe(), quantization="fp8")
+    pipe = compile_pipeline(Pipe(), quantization="fp8", quantization_config=NATIVE_SENSITIVE)
     assert pipeline_state(pipe).prepared == {}  # nothing yet: prepared with the first call's inputs
     with torch.no_grad():
         pipe()
@@ -489,7 +502,7 @@ def test_families_keep_todays_native_set(family):
         model(**kw)
     compiled, _ = compile_run(model, kw)
     entries = linear_entries(compiled)
-    qcfg = FP8Config.from_kwargs(quantization="fp8").quantization_config
+    qcfg = FP8Config.from_kwargs(quantization="fp8", quantization_config=NATIVE_SENSITIVE).quantization_config
     modules = dict(model.named_modules())
     today = {n for n in entries if linear_native_reason(n, modules[n].in_features, modules[n].out_features,
                                                         modules[n].weight.dtype, qcfg) is not None}

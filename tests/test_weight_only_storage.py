@@ -39,7 +39,8 @@ def qc(**kw):
 
 def test_defaults_and_validation():
     q = qc()  # the measured weight-only storage (benchmarks/sensitive_modes.py): INT8, one scale per 32 columns
-    assert (q.sensitive, q.weight_only_method, q.weight_only_group_size) == ("native", "int8", 32)
+    # the default: sensitive layers weight-only in that storage
+    assert (q.sensitive, q.weight_only_method, q.weight_only_group_size) == ("weight_only", "int8", 32)
     q = qc(weight_only_method="FP8", weight_only_group_size=None)
     assert (q.weight_only_method, q.weight_only_group_size) == ("fp8", None)
     with pytest.raises(ValueError, match="invalid quantization_config.weight_only_method 'int4'"):

@@ -2,9 +2,11 @@
 
 Order (compile_pipeline's setup): prepare (FP8 weights), then the cache hooks (so that, under context
 parallelism, they see each rank's shard), then context parallelism, then torch.compile, then the
-cache hooks' wrapped modules compiled as regions (cache_hooks.py, cache_dit.py). Preparing after
-the parallel hooks would drop diffusers' gather hook on proj_out, so everything that would fail or
-lose a hook is refused first (check_pipeline_options).
+cache hooks' wrapped modules compiled as regions (cache_hooks.py, cache_dit.py). Hooks applied in
+this order sit on the prepared modules. A transformer that carries diffusers hooks already (the
+user's cache, or `fx-fp8 compare`'s context parallelism of the native run, which diffusers cannot
+undo) keeps them: prepare_model leaves a hooked linear unreplaced and the backend quantizes it at
+compile time (prepare.hooks_lost_by_replacing). What would fail is refused first (check_pipeline_options).
 """
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ from fx_fp8.pipeline.cache_hooks import (CacheRegions, compile_cache_regions, en
 from fx_fp8.pipeline.context_parallel import check_parallel_target, enable_context_parallel
 from fx_fp8.pipeline.launch import check_accelerator, init_distributed
 from fx_fp8.pipeline.options import CACHE_BACKENDS, PipelineOptions
-from fx_fp8.rules import is_plain_linear, linear_native_reason
 
 
 @dataclass
@@ -34,26 +35,6 @@ class TransformerExtras:
     fbc_synced: int = 0
     compile_fn: Any = None              # how cache regions are compiled (torch.compile with the pipeline's backend)
     warned_unknown: bool = False
-
-
-#: diffusers hooks compile_pipeline rebuilds after preparing (group offloading re-applied over the new linears)
-_REBUILT_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
-
-
-def check_before_prepare(model: nn.Module, prepare: bool, cfg) -> None:
-    """prepare_model replaces nn.Linear modules: a diffusers hook on one of them (a context-parallel
-    gather on proj_out, TaylorSeer's lite mode) would be lost silently. Refuse instead."""
-    if not prepare or not cfg.linear_enabled:
-        return
-
-    qcfg = cfg.quantization_config
-    for name, m in getattr(model, "_orig_mod", model).named_modules():
-        hooks = [h for h in getattr(getattr(m, "_diffusers_hook", None), "hooks", {}) if h not in _REBUILT_HOOKS]
-        if is_plain_linear(m) and hooks \
-                and linear_native_reason(name, m.in_features, m.out_features, m.weight.dtype, qcfg) is None:
-            raise ValueError(f"linear {name!r} carries diffusers hooks {hooks} and prepare_model "
-                             "would replace it, losing them: pass parallel_config / cache_backend to compile_pipeline "
-                             "instead of enabling them yourself (fx_fp8 applies them after preparing), or prepare=False")
 
 
 def check_pipeline_options(opts: PipelineOptions, models: list, cfg, *, prepare: bool, compile_kwargs: Mapping) -> None:
@@ -81,7 +62,6 @@ def check_pipeline_options(opts: PipelineOptions, models: list, cfg, *, prepare:
                              f"and cache_backend {opts.cache_backend!r} was given: pass one of them")
         if opts.parallel.enabled:
             check_parallel_target(model, opts.parallel)
-        check_before_prepare(model, prepare, cfg)
     if opts.parallel.enabled:
         init_distributed(opts.parallel)
         check_accelerator()
