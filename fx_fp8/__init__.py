@@ -6,7 +6,9 @@
 from fx_fp8.ops import library  # noqa: F401  registers torch.ops.fx_fp8.*
 from fx_fp8.activation_scales import load_activation_scales, save_activation_scales
 from fx_fp8.calibration import calibrate
-from fx_fp8.config import AttentionQuantConfig, FP8Config, QuantizationConfig
+from fx_fp8.attention_config import AttentionQuantConfig
+from fx_fp8.config import FP8Config
+from fx_fp8.quantization_config import QuantizationConfig
 from fx_fp8.report import CompileReport, ReportEntry, clear_reports, get_reports
 from fx_fp8.selectors import parse_selector
 from fx_fp8.steps import current_step, denoising_step, set_step

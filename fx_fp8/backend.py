@@ -12,12 +12,13 @@ Per graph Dynamo hands over:
      on its first call;
   4. the reports go to the compiled model (fx_fp8.get_reports(compiled)) and to
      the bounded recent-compiles log.
+
+What runs per call lives in fx_fp8/dispatch.py (step variant, module instance); the reuse of
+one instance's decisions by instances with equal facts in fx_fp8/instance_plans.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
 from typing import Callable, Optional
 
 import torch
@@ -33,14 +34,14 @@ from fx_fp8.passes.linear import apply_weight_action
 from fx_fp8.graph.attention_forms import is_attention
 from fx_fp8.graph.fx_utils import fill_example_values
 from fx_fp8.graph.dynamo_internals import (compiling_under, current_tracing_context, fake_inputs, generate_code_now,
-                                           lazy_graph_module, runtime_instance)
+                                           lazy_graph_module)
 from fx_fp8.graph.fx_utils import placeholder_index
-from fx_fp8.graph.names import (INSTANCE_KEY, NAME_KEY, OWNERS, RESOLVED_KEY, LayerMap, instance_holding,
-                                instance_module_name, module_name, module_names_of, rename_instance, resolve_graph)
+from fx_fp8.graph.names import INSTANCE_KEY, LayerMap, instance_module_name, module_name, rename_instance, resolve_graph
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
+from fx_fp8.dispatch import InstanceDispatch, StepDispatch, find_anchor
+from fx_fp8.instance_plans import Template, check_reuse
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.rules import is_plain_linear
-from fx_fp8.steps import variant_for_step
 from fx_fp8.weights import QuantizedLinear, watch_weights
 
 #: tests set it: an instance that reuses another's decisions also runs the passes, and any
@@ -48,6 +49,9 @@ from fx_fp8.weights import QuantizedLinear, watch_weights
 CHECK_REUSE = False
 #: block instances planned in this process: by running the passes, or by reusing an equal instance's decisions
 INSTANCE_PLANS = {"passes": 0, "reused": 0}
+
+# the names these had before they moved out of this module
+_anchor, _Template, _check_reuse = find_anchor, Template, check_reuse
 
 #: torch.compile options that configure the backend rather than the FP8 config
 BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode")
@@ -138,102 +142,6 @@ def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
     return LayerMap.from_graph(attention, [module_name(n) for n in gm.graph.nodes])
 
 
-class StepDispatch:
-    """The step variants of one graph (at most four), picked per call from the published step.
-    Every variant's passes ran at compile time (its report exists); its downstream compile
-    happens on its first call, so only the variants a run uses are compiled."""
-
-    def __init__(self, variants: dict, config: FP8Config, record: ModelRecord, compile_variant: Callable):
-        self.variants = variants                      # variant -> compiled callable, or None until first used
-        self.attention_steps = config.diffusion_kv_cache_skip_steps if config.attention_step_skips else ()
-        qcfg = config.quantization_config
-        self.linear_steps = qcfg.skip_steps if config.linear_step_skips else ()
-        self.linear_mode = qcfg.skip_steps_mode
-        self.record = record
-        self.compile_variant = compile_variant
-        self.calls = dict.fromkeys(variants, 0)
-        self.lock = threading.Lock()
-
-    def _unpublished(self) -> None:
-        keys = [k for k, on in (("diffusion_kv_cache_skip_steps", self.attention_steps),
-                                ("quantization_config.skip_steps", self.linear_steps)) if on]
-        self.record.warn(
-            f"fx_fp8: {' and '.join(keys)} set but no denoising step was published "
-            "(use fx_fp8.compile_pipeline, fx_fp8.set_step(i) or `with fx_fp8.denoising_step(i):`); "
-            "running the skipped-step graph for these calls")
-
-    def __call__(self, *args):
-        variant = variant_for_step(self.attention_steps, self._unpublished, self.linear_steps, self.linear_mode)
-        fn = self.variants[variant]
-        if fn is None:
-            with self.lock:
-                fn = self.variants[variant]
-                if fn is None:
-                    fn = self.variants[variant] = self.compile_variant(variant, list(args))
-        self.calls[variant] += 1
-        return fn(*args)
-
-
-class InstanceDispatch:
-    """One Dynamo graph, run for several module instances: every block of a class (regional
-    compilation, graph breaks, hooks), two transformers of one class (Wan2.2's experts), a
-    second model compiled on its own. fx_fp8's decisions and records depend on the instance:
-    its layer index, its name, its model's record, its weights' static scales and smoothing.
-
-    The instance is known from a parameter the graph is called with (the `anchor` slot of the
-    inputs), by identity: one dict lookup per call, no stack walk. A parameter seen for the
-    first time is resolved to (model, instance) once, the passes run for it, and the compiled
-    artifact of an instance that decides the same way is reused (one downstream compile per
-    distinct set of decisions). A graph that reads no parameter falls back to the Python stack
-    (fx_fp8.graph.dynamo_internals.runtime_instance)."""
-
-    def __init__(self, gm, instance: str, anchor_slot: Optional[int], anchor: str, first, plan, models: list):
-        self.gm, self.instance, self.plan = gm, instance, plan
-        self.anchor_slot, self.anchor = anchor_slot, anchor
-        self.models = models                          # [(model, owner)] seen so far
-        self.by_param: dict[int, tuple] = {}          # id(anchor parameter) -> (weakref, callable)
-        self.by_name: dict[str, Callable] = {}        # instance name -> callable (graphs without parameters)
-        self.lock = threading.Lock()
-        self.first = first
-        self.names = module_names_of(models[0][0]) if anchor_slot is None else None
-
-    def remember(self, param, fn) -> None:
-        self.by_param[id(param)] = (weakref.ref(param), fn)
-
-    def __call__(self, *args):
-        if self.anchor_slot is None:
-            return self._by_stack(args)
-        param = args[self.anchor_slot]
-        entry = self.by_param.get(id(param))
-        if entry is None or entry[0]() is not param:
-            with self.lock:
-                entry = self.by_param.get(id(param))
-                if entry is None or entry[0]() is not param:
-                    self.remember(param, self._build_for_param(param, list(args)))
-                    entry = self.by_param[id(param)]
-        return entry[1](*args)
-
-    def _build_for_param(self, param, inputs: list):
-        found = instance_holding(param, self.anchor, self.models)
-        if found is None:  # not a parameter of any model we can name: the first instance's decisions
-            return self.first
-        model, owner, path = found
-        if all(model is not m for m, _ in self.models):
-            self.models.append((model, owner))
-        return self.plan(inputs, model, owner, (self.instance, path))
-
-    def _by_stack(self, args):
-        path = runtime_instance(self.names)
-        fn = self.by_name.get(path) if path is not None else self.first
-        if fn is None:
-            with self.lock:
-                fn = self.by_name.get(path)
-                if fn is None:
-                    model, owner = self.models[0]
-                    fn = self.by_name[path] = self.plan(list(args), model, owner, (self.instance, path))
-        return fn(*args)
-
-
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict] = None,
                   mode: Optional[str] = None, model=None, owner=None):
     """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python
@@ -271,7 +179,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     placeholders = placeholder_index(gm)
     nodes = {n.name: n for n in gm.graph.nodes}
     own_instance = gm.meta.get(INSTANCE_KEY) or ""
-    templates: dict = {}  # instance facts -> _Template: decisions already made for an instance with these facts
+    templates: dict = {}  # instance facts -> Template: decisions already made for an instance with these facts
 
     def facts_of(inputs: list, name: str) -> Optional[tuple]:
         """What every pass's decisions read that can differ between instances
@@ -316,7 +224,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             out[variant] = (report, graph_copy, ctx)
         return out
 
-    def reuse(template: "_Template", inputs: list, name: str) -> dict:
+    def reuse(template: "Template", inputs: list, name: str) -> dict:
         """run_passes' result for instance `name`, from an instance with equal facts: its
         rewritten graphs, its report rows renamed, its weight side effects redone on this
         instance's weights. NotReusable where a name cannot be carried over."""
@@ -370,11 +278,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             messages: list[str] = []
             full = run_passes(inputs, name, messages.append)
             if planned is not None:
-                _check_reuse(planned, full, warned, messages, name)
+                check_reuse(planned, full, warned, messages, name)
             else:
                 planned, warned = full, messages
                 if facts is not None and facts not in templates:
-                    candidate = _Template.of(name, full, messages, gm)
+                    candidate = Template.of(name, full, messages, gm)
                     if candidate is not None:
                         templates[facts] = candidate
         INSTANCE_PLANS["reused" if planned is not full else "passes"] += 1
@@ -410,7 +318,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     if model is None:
         return first
     instance = gm.meta.get(INSTANCE_KEY) or ""
-    anchor_slot, anchor = _anchor(example_inputs, model, instance)
+    anchor_slot, anchor = find_anchor(example_inputs, model, instance)
     dispatch = InstanceDispatch(gm, instance, anchor_slot, anchor, first, plan, [(model, owner)])
     if anchor_slot is not None:
         dispatch.remember(example_inputs[anchor_slot], first)
@@ -419,21 +327,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     dispatch.by_name[instance] = first
     return dispatch
 
-
-def _anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:
-    """(input slot, name relative to `instance` of the module holding it) of the first
-    parameter of `model` the graph is called with; (None, "") when it reads none."""
-    for i, t in enumerate(example_inputs):
-        holder = OWNERS.holder(model, t) if isinstance(t, torch.nn.Parameter) else None
-        if holder is None:
-            continue
-        if not instance:
-            return i, holder
-        if holder == instance:
-            return i, ""
-        if holder.startswith(instance + "."):
-            return i, holder[len(instance) + 1:]
-    return None, ""
 
 
 def _warn_about_selectors(layer_map: LayerMap, unmatched_ignored_layers: list, config: FP8Config,
@@ -446,55 +339,6 @@ def _warn_about_selectors(layer_map: LayerMap, unmatched_ignored_layers: list, c
     if unmatched_ignored_layers:
         record.warn(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {unmatched_ignored_layers}")
 
-
-@dataclasses.dataclass
-class _Template:
-    """An instance whose passes ran, kept for instances with equal facts to reuse."""
-
-    name: str                     # its instance name
-    variants: dict                # variant -> (report, rewritten graph, compile context)
-    warnings: list                # what its passes warned
-    nodes_of: dict                # module name as it spells it -> the graph node it names
-    portable_warnings: bool       # no warning names one of its modules: the same words for every instance
-
-    @classmethod
-    def of(cls, name: str, variants: dict, warnings: list, gm: torch.fx.GraphModule) -> Optional["_Template"]:
-        """None when its decisions cannot be carried to another instance: a weight side effect
-        that is not redone per instance, or two nodes' modules spelled alike here but not elsewhere."""
-        if any(a is None or a.slot is None for _, _, ctx in variants.values() for a in ctx.weight_actions):
-            return None
-        nodes_of, originals = {}, {}
-        for node in gm.graph.nodes:
-            if node.op != "call_function" or not node.meta.get(RESOLVED_KEY) or NAME_KEY not in node.meta:
-                continue
-            spelling = instance_module_name(node, gm.meta.get(INSTANCE_KEY) or "", name)
-            if originals.setdefault(spelling, node.meta[NAME_KEY]) != node.meta[NAME_KEY]:
-                return None
-            nodes_of.setdefault(spelling, node.name)
-        portable = not any(spelling and spelling in message for message in warnings for spelling in nodes_of)
-        return cls(name, variants, list(warnings), nodes_of, portable)
-
-
-def _check_reuse(reused: dict, full: dict, reused_warnings: list, warnings: list, name: str) -> None:
-    """CHECK_REUSE: the reused decisions must be exactly what the passes decide."""
-    problems = []
-    if sorted(reused_warnings) != sorted(warnings):
-        problems.append(f"warnings {reused_warnings} != {warnings}")
-    for variant, (report, graph, ctx) in full.items():
-        r_report, r_graph, r_ctx = reused[variant]
-        if [e.to_dict() for e in r_report.entries] != [e.to_dict() for e in report.entries]:
-            problems.append(f"variant {variant}: report rows differ: "
-                            f"{[e.to_dict() for e in r_report.entries if e not in report.entries][:2]}")
-        for attr in ("weights", "notes", "layer_map"):
-            if getattr(r_report, attr) != getattr(report, attr):
-                problems.append(f"variant {variant}: {attr} differ")
-        if r_ctx.unmatched_ignored_layers != ctx.unmatched_ignored_layers:
-            problems.append(f"variant {variant}: unmatched ignored_layers differ")
-        shape = [[(n.op, str(n.target), n.name) for n in g.graph.nodes] for g in (r_graph, graph)]
-        if shape[0] != shape[1]:
-            problems.append(f"variant {variant}: rewritten graphs differ")
-    if problems:
-        raise AssertionError(f"fx_fp8: instance {name!r} reused decisions that differ from its passes': {problems}")
 
 
 def fp8_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[dict] = None, mode: Optional[str] = None):

@@ -81,9 +81,9 @@ def _diffusion_engine_args(data: Mapping, where: str, warn: bool) -> dict:
     engine_args = diffusion[0].get("engine_args") or {}
     if not isinstance(engine_args, Mapping):
         raise ValueError(f"{where}: engine_args of stage {diffusion[0].get('stage_id')} must be a mapping")
-    from fx_fp8.config import _TOP_KEYS  # the schema's keys (config imports this module)
+    from fx_fp8.config_keys import TOP_KEYS  # the schema's keys (config_keys imports this module)
 
-    known = set(_TOP_KEYS) | set(LEGACY_KEYS) | set(PIPELINE_KEYS)  # pipeline keys: see from_mapping
+    known = set(TOP_KEYS) | set(LEGACY_KEYS) | set(PIPELINE_KEYS)  # pipeline keys: see from_mapping
     ours = {k: v for k, v in engine_args.items() if k in known}
     others = sorted(k for k in engine_args if k not in known)
     if others and warn:

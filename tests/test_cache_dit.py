@@ -219,12 +219,12 @@ def test_unknown_transformer_and_parallel_are_refused_before_any_change():
     pipe, _ = _pipeline("tiny")
     opts = PipelineOptions(cache_backend="cache_dit", parallel={"ulysses_degree": 2})
     with pytest.raises(ValueError, match="cache_backend 'cache_dit' with parallel_config is not supported"):
-        check_pipeline_options(opts, [pipe.transformer], fx_fp8.FP8Config(), prepare=True, compile_kwargs={})
+        check_pipeline_options(opts, [pipe.transformer], compile_kwargs={})
 
     class Unknown(torch.nn.Module):
         pass
 
     opts = PipelineOptions(cache_backend="cache_dit")
     with pytest.raises(ValueError, match="cache-dit has no block adapter for Unknown"):
-        check_pipeline_options(opts, [Unknown()], fx_fp8.FP8Config(), prepare=True, compile_kwargs={})
+        check_pipeline_options(opts, [Unknown()], compile_kwargs={})
     assert not fcd.is_cache_dit_enabled(pipe.transformer)

@@ -451,15 +451,13 @@ def test_ring_without_a_flash_kernel_is_refused():
 def test_heads_must_divide_by_ulysses_degree():
     from fx_fp8.pipeline.apply_options import check_pipeline_options
     from fx_fp8.pipeline.options import PipelineOptions
-    from fx_fp8.config import FP8Config
     from fx_fp8.tools.families import build_tiny_transformer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("flux")   # 2 heads
     with pytest.raises(ValueError, match="ulysses_degree 4 does not divide FluxTransformer2DModel's 2 attention heads"):
-        check_pipeline_options(PipelineOptions(parallel={"ulysses_degree": 4}), [model],
-                               FP8Config(), prepare=True, compile_kwargs={})
+        check_pipeline_options(PipelineOptions(parallel={"ulysses_degree": 4}), [model], compile_kwargs={})
 
 
 def test_cli_flags_map_onto_pipeline_options(tmp_path):

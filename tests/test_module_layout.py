@@ -40,6 +40,16 @@ MOVED = {
     "fx_fp8.checkpoint": {
         "fx_fp8.state_guard": ["guard", "quantized_layers", "unguard"],
     },
+    "fx_fp8.config": {
+        "fx_fp8.attention_config": ["ATTENTION_GRANULARITIES", "ATTENTION_KERNELS", "AttentionQuantConfig"],
+        "fx_fp8.quantization_config": ["DEFAULTS_TOKEN", "DEFAULT_SENSITIVE", "QUANTIZATION_METHODS", "SENSITIVE_MODES",
+                                       "SKIP_STEPS_MODES", "QuantizationConfig"],
+        "fx_fp8.config_keys": ["STEP_SHORTCUTS"],
+    },
+    "fx_fp8.backend": {
+        "fx_fp8.dispatch": ["InstanceDispatch", "StepDispatch", "find_anchor"],
+        "fx_fp8.instance_plans": ["Template", "check_reuse"],
+    },
 }
 CASES = [(old, new, name) for old, parts in MOVED.items() for new, names in parts.items() for name in names]
 
@@ -49,8 +59,33 @@ def test_moved_name_is_importable_from_its_old_module(old, new, name):
     assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
 
 
+def test_config_keeps_its_own_concern():
+    """FP8Config's nested settings, its flat-key rules and its value checks live in their own modules;
+    the dataclasses built from the old module are the new modules' classes."""
+    from fx_fp8 import config
+
+    assert config.QuantizationConfig.__module__ == "fx_fp8.quantization_config"
+    assert config.AttentionQuantConfig.__module__ == "fx_fp8.attention_config"
+    assert type(config.FP8Config().quantization_config) is config.QuantizationConfig
+    assert config.TOP_KEYS is importlib.import_module("fx_fp8.config_keys").TOP_KEYS
+
+
 def test_the_old_private_names_tests_import_still_resolve():
     from fx_fp8.tools import sensitivity, sensitivity_items, sensitivity_steps
 
     assert sensitivity._check_step_edges is sensitivity_steps.check_step_edges
     assert sensitivity._items is sensitivity_items.items_from_reports
+
+
+def test_backend_keeps_what_tests_patch_and_its_old_private_names():
+    """compile_graph reads CHECK_REUSE, INSTANCE_PLANS and _downstream_compile from fx_fp8.backend's globals
+    (tests monkeypatch them there), so they stay defined in that module; the private names the split made
+    public are the new modules' objects."""
+    from fx_fp8 import backend, dispatch, instance_plans
+
+    for name in ("CHECK_REUSE", "INSTANCE_PLANS", "_downstream_compile", "compile_graph"):
+        assert name in backend.compile_graph.__globals__ and backend.compile_graph.__globals__ is vars(backend)
+    assert not hasattr(dispatch, "CHECK_REUSE") and not hasattr(instance_plans, "CHECK_REUSE")
+    assert backend._anchor is dispatch.find_anchor
+    assert backend._Template is instance_plans.Template
+    assert backend._check_reuse is instance_plans.check_reuse

@@ -7,7 +7,7 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8 import backend
+from fx_fp8 import backend, dispatch
 from fx_fp8.graph import names
 from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
 
@@ -74,7 +74,7 @@ def test_no_stack_walk_per_call(monkeypatch):
             raise AssertionError("the compiled graph walked the Python stack on a call")
 
         monkeypatch.setattr(names, "find_compiled_model", forbidden)
-        monkeypatch.setattr(backend, "runtime_instance", forbidden)
+        monkeypatch.setattr(dispatch, "runtime_instance", forbidden)  # InstanceDispatch reads it there
         model(**kw)
         model(**kw)
 

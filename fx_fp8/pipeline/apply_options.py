@@ -37,7 +37,7 @@ class TransformerExtras:
     warned_unknown: bool = False
 
 
-def check_pipeline_options(opts: PipelineOptions, models: list, cfg, *, prepare: bool, compile_kwargs: Mapping) -> None:
+def check_pipeline_options(opts: PipelineOptions, models: list, *, compile_kwargs: Mapping) -> None:
     """Everything compile_pipeline can find wrong with the pipeline options before it changes anything;
     with context parallelism it also joins the torchrun job (torch.distributed.init_process_group)."""
     for model in models:

@@ -95,8 +95,8 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         _check_regional(transformers, popts)
     options = {"config": cfg}
     compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
-    # refuse what would fail or lose hooks (and join the torchrun job), before any change
-    check_pipeline_options(popts, list(transformers.values()), cfg, prepare=prepare, compile_kwargs=compile_kwargs)
+    # refuse what would fail (and join the torchrun job), before any change
+    check_pipeline_options(popts, list(transformers.values()), compile_kwargs=compile_kwargs)
 
     # everything is checked: only now change the transformers
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
