@@ -4,8 +4,9 @@
     python examples/make_readme_picture.py                                       # writes outputs/native_vs_fp8.png
     python examples/make_readme_picture.py --out docs/images/native_vs_fp8.png   # the README's picture
 
-The FP8 images come from `fx_fp8.compile_pipeline(pipe)` with the default config (FP8 attention
-and FP8 linears; the CPU reference lowering, which computes the device kernels' numerics), with
+The FP8 images come from `fx_fp8.compile_pipeline(pipe, TINY_MODEL_CONFIG)`, the shipped model's own
+config as the main example runs it (FP8 attention except on the first and last 2 steps, FP8 linears,
+sensitive layers weight-only; the CPU reference lowering, which computes the device kernels' numerics), with
 the same prompts and noise seeds as the native images. The difference column is |native - FP8|
 amplified --gain times (clipped). Each 32x32 image is upscaled with nearest neighbour (--scale).
 """
@@ -21,7 +22,7 @@ import torch
 
 import fx_fp8
 from fx_fp8.tools.image_metrics import compare_images, side_by_side
-from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, load_tiny_pipeline
+from fx_fp8.tools.tiny_model import DEFAULT_NUM_INFERENCE_STEPS, TINY_MODEL_CONFIG, load_tiny_pipeline
 
 PROMPTS = (
     ("a red circle on a blue background", 0),
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     pipe = load_tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     native = generate(pipe, PROMPTS)
-    fx_fp8.compile_pipeline(pipe)
+    fx_fp8.compile_pipeline(pipe, TINY_MODEL_CONFIG)
     fp8 = generate(pipe, PROMPTS)
     for (prompt, _), a, b in zip(PROMPTS, native, fp8):
         m = compare_images(a, b)
