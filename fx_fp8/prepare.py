@@ -16,11 +16,11 @@ from fx_fp8.activation_scales import load_activation_scales
 from fx_fp8.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
                                   method_scale, smoothed_static_scale, step_scale_table)
 from fx_fp8.config import FP8Config
-from fx_fp8.ops import quant
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_plan
-from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, watch_weights
+from fx_fp8.weight_recipe import WeightRecipe, group_smoothing
+from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, mark_left_by_prepare, watch_weights
 
 
 #: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
@@ -88,7 +88,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     if qcfg.smoothing_alpha is not None:
         channel = channel_stats(qcfg.activation_scales)
         check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
-    plan = []
+    plan, hooked = [], []
     for name, module in linears:
         kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
                                    sensitive.get(name))
@@ -103,6 +103,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             continue
         hooks = hooks_lost_by_replacing(module)
         if hooks:
+            hooked.append(module)
             result["hooked"][name] = (
                 f"carries diffusers hooks {hooks}: not replaced (the hooks would be lost); the backend quantizes it "
                 f"at compile time ({'weight-only' if kind == 'weight_only' else qcfg.method}) and it keeps its "
@@ -110,27 +111,24 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             continue
         if kind == "weight_only":  # W8A16: weight_only_method / weight_only_group_size storage, as the device's weight-only matmul takes it
             lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
-            method = get_lowering(lowering).weight_only_method(qcfg.weight_only_method or qcfg.method)
-            granularity, block = quant.weight_only_layout(qcfg.weight_only_group_size)
-            with torch.no_grad():
-                wq, ws = quant.quantize_weight(module.weight.detach(), granularity, block, method)
+            recipe = WeightRecipe.weight_only(qcfg, get_lowering(lowering))
+            wq, ws = recipe.quantize(module.weight)
             plan.append((name, module, QuantizedLinear(
-                wq, ws, module.bias, method=method, weight_granularity=granularity, weight_block=block,
-                act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
+                wq, ws, module.bias, method=recipe.method, weight_granularity=recipe.granularity,
+                weight_block=recipe.block, act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
             continue
         device = module.weight.device
-        with torch.no_grad():
-            w, inverse, static, steps = module.weight.detach(), None, None, None
-            if channel is not None:
-                check_channel_amax(name, channel[name], module.in_features)
-                s = quant.smoothing_factors(channel[name], w.abs().amax(dim=0).float(), qcfg.smoothing_alpha)
-                w, inverse = w.float() * s.to(device), (1.0 / s).to(device)
-                if scales is not None:
-                    static = smoothed_static_scale(channel[name], inverse, qcfg.method)
-            elif scales is not None:
-                static = method_scale(scales[name], qcfg.method)
-                steps = step_scale_table(scales, name, lambda v: method_scale(v, qcfg.method))
-            wq, ws = quant.quantize_weight(w, qcfg.weight_granularity, qcfg.weight_block_size, qcfg.method)
+        smoothing = inverse = static = steps = None
+        if channel is not None:  # per layer: prepare_model sees no graph, so no activation-quantization groups
+            check_channel_amax(name, channel[name], module.in_features)
+            smoothing = group_smoothing([(channel[name], module.weight)], qcfg.smoothing_alpha, device)
+            inverse = smoothing.inverse
+            if scales is not None:
+                static = smoothed_static_scale(channel[name], inverse, qcfg.method)
+        elif scales is not None:
+            static = method_scale(scales[name], qcfg.method)
+            steps = step_scale_table(scales, name, lambda v: method_scale(v, qcfg.method))
+        wq, ws = WeightRecipe.w8a8(qcfg).quantize(module.weight, smoothing)
         input_scale = torch.tensor(static, dtype=torch.float32, device=device) if static is not None else None
         step_kw = {} if steps is None else dict(  # per-step scales: a buffer the published step indexes
             input_step_groups=steps[0], input_step_scales=torch.tensor(steps[1], dtype=torch.float32, device=device))
@@ -153,6 +151,8 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         if new.weight_only:
             result["weight_only"].append(name)
     watch_weights(model)  # the native linears too: a weight written later is seen
+    for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
+        mark_left_by_prepare(module.weight, name, reason)
     if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
         from fx_fp8.state_guard import guard
 

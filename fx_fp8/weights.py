@@ -1,15 +1,19 @@
 """Quantized weights are model state: quantized once per weight version, owned by that weight.
 
-Two ways a quantized weight comes to exist:
-* `fx_fp8.prepare_model(model, config)` (fx_fp8/prepare.py; recommended, `compile_pipeline` calls it)
-  replaces eligible linears by QuantizedLinear modules that hold only the
-  FP8/INT8 weight and its fp32 scales, as a parameter and buffers the graph
-  reads like any other. The original weights are freed.
-* `torch.compile(model, backend="fp8")` alone quantizes each weight at compile
-  time and keeps the copy in the weight's WeightState (one entry per
-  method/granularity/smoothing), found at run time from the weight tensor the
-  graph is called with, so every graph of the model, both step variants and
-  another instance of the same class each use their own weight's copy.
+Every quantized weight is made by fx_fp8.weight_recipe.WeightRecipe.quantize (one recipe,
+one smoothing rule); this module is where the results live. They have two homes, because
+there are two kinds of model:
+* A prepared model owns its FP8/INT8 weights. `fx_fp8.prepare_model(model, config)`
+  (fx_fp8/prepare.py; recommended, `compile_pipeline` calls it) replaces eligible linears
+  by QuantizedLinear modules that hold only the quantized weight, its fp32 scales and (with
+  smoothing) 1/s, as a parameter and buffers: module state that the graph reads, the state
+  dict saves and `.to()` moves like any other. The original weights are freed.
+* An unprepared model keeps its own weights, and the backend keeps a copy per weight
+  version. `torch.compile(model, backend="fp8")` alone quantizes each weight at compile
+  time into the weight's WeightState: a side table keyed by the weight tensor (never
+  attributes on the model's Parameter), one entry per recipe/smoothing, found at run time
+  from the weight the graph is called with, so every graph of the model, both step variants
+  and another instance of the same class each use their own weight's copy.
 
 Weights change after compiling (LoRA fusion, loaders, EMA swaps), often through
 `.data`, which bumps no version counter. Each weight the backend quantizes (and
@@ -36,8 +40,8 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import resolve_lowering_name
+from fx_fp8.weight_recipe import Smoothing, WeightRecipe, recipe
 
 QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
 #: a QuantizedLinear's act_granularity when it is weight-only (W8A16): activations stay unquantized
@@ -84,23 +88,6 @@ def fingerprint(weight: torch.Tensor) -> tuple:
     return (weight._version, weight.data_ptr(), weight.__dict__.get("_data_uses", 0), weight.dtype, weight.device)
 
 
-@dataclass(frozen=True, eq=False)
-class Smoothing:
-    """SmoothQuant factors of one activation-quantization group: the weight columns are
-    multiplied by `factors` (s) before quantization, the activation by `inverse` (1/s)."""
-
-    alpha: float
-    factors: torch.Tensor   # s, fp32 [in_features]
-    inverse: torch.Tensor   # 1/s, fp32 [in_features], on the weight's device
-    key: tuple              # ("smooth", alpha, digest of s): part of the quantized copy's cache key
-
-    @classmethod
-    def make(cls, factors: torch.Tensor, alpha: float, device=None) -> "Smoothing":
-        s = factors.detach().float().cpu().contiguous()
-        digest = hashlib.sha1(s.numpy().tobytes()).hexdigest()[:16]
-        return cls(float(alpha), s, (1.0 / s).to(device or "cpu"), ("smooth", float(alpha), digest))
-
-
 @dataclass(eq=False)
 class WeightState:
     """What fx_fp8 keeps for one weight tensor: its quantized copies, its group's smoothing,
@@ -113,6 +100,7 @@ class WeightState:
     input_step_scales: Optional[tuple] = None        # per-step scales: (flat step groups, fp32 [n_groups])
     prepared: Optional[tuple] = None                 # (fingerprint, digest) of a prepared weight's accepted bytes
     quantizations: int = 0                           # how often a copy of this weight was (re)made
+    left_by_prepare: str = ""                        # why prepare_model left its linear unreplaced (hooks)
 
 
 #: weight tensor -> WeightState; an entry lives as long as its weight (or until released)
@@ -131,26 +119,32 @@ def state_of(weight: torch.Tensor, name: str = "") -> WeightState:
     return st
 
 
-def quantized_weight(weight: torch.Tensor, method: str, granularity: str, block,
-                     smoothing: Optional[Smoothing] = None, name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """(quantized weight, fp32 scale) of `weight` (of W * s with `smoothing`), made once per
-    (method, granularity, block[, smoothing]) and weight fingerprint."""
-    key = (method, granularity, tuple(block) if block else None)
-    if smoothing is not None:
-        key = key + (smoothing.key,)
+def quantized_weight(weight: torch.Tensor, recipe: WeightRecipe, smoothing: Optional[Smoothing] = None,
+                     name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """(quantized weight, fp32 scale) of `weight` (of W * s with `smoothing`) by `recipe`, made
+    once per recipe (and smoothing) and weight fingerprint, kept in the weight's WeightState."""
+    key = recipe.key + ((smoothing.key,) if smoothing is not None else ())
     st = state_of(weight, name)
     fp = fingerprint(weight)
     entry = st.copies.get(key)
     if entry is None or entry[0] != fp:
-        with torch.no_grad():
-            w = weight.detach()
-            if smoothing is not None:
-                w = w.float() * smoothing.factors.to(w.device)
-            wq, ws = quant.quantize_weight(w, granularity, key[2], method)
+        wq, ws = recipe.quantize(weight, smoothing)
         entry = st.copies[key] = (fp, wq, ws)
         st.quantizations += 1
         QUANTIZATIONS["count"] += 1
     return entry[1], entry[2]
+
+
+def mark_left_by_prepare(weight: torch.Tensor, name: str, reason: str) -> None:
+    """prepare_model left the linear owning `weight` unreplaced (`reason`): the backend quantizes
+    it at compile time and says why the model still holds that original weight."""
+    state_of(weight, name).left_by_prepare = reason
+
+
+def left_by_prepare(weight: torch.Tensor) -> str:
+    """Why prepare_model left the linear owning `weight` unreplaced ("" if it did not)."""
+    st = _STATES.get(weight)
+    return st.left_by_prepare if st is not None else ""
 
 
 def _digest(weight: torch.Tensor) -> str:
@@ -205,10 +199,9 @@ def smoothing_of(weight: torch.Tensor, alpha: float) -> Smoothing:
     return entry
 
 
-def smoothed_quantized_weight(weight: torch.Tensor, alpha: float, method: str, granularity: str,
-                              block) -> tuple[torch.Tensor, torch.Tensor]:
+def smoothed_quantized_weight(weight: torch.Tensor, alpha: float, recipe: WeightRecipe) -> tuple[torch.Tensor, torch.Tensor]:
     """The quantized W * s of `weight` for its recorded smoothing of `alpha` (run time)."""
-    return quantized_weight(weight, method, granularity, block, smoothing_of(weight, alpha))
+    return quantized_weight(weight, recipe, smoothing_of(weight, alpha))
 
 
 def quantized_copies(weight: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -319,6 +312,11 @@ class QuantizedLinear(nn.Module):
         self.orig_dtype = orig_dtype
 
     @property
+    def recipe(self) -> WeightRecipe:
+        """How this layer's weight was quantized (a full-precision load is quantized the same way)."""
+        return recipe(self.method, self.weight_granularity, tuple(self.weight_block) or None)
+
+    @property
     def weight_only(self) -> bool:
         """W8A16: the quantized weight is dequantized into a matmul with unquantized activations."""
         return self.act_granularity == WEIGHT_ONLY
@@ -420,11 +418,7 @@ class QuantizedLinear(nn.Module):
                 if prefix + key not in state_dict and getattr(self, key) is not None:
                     state_dict[prefix + key] = getattr(self, key)
             inverse = state_dict.get(prefix + "input_smoothing")
-            with torch.no_grad():
-                wf = w.detach().float()
-                if inverse is not None:
-                    wf = wf * (1.0 / inverse.detach().float().to(wf.device))
-                wq, ws = quant.quantize_weight(wf, self.weight_granularity, self.weight_block or None, self.method)
+            wq, ws = self.recipe.quantize(w, Smoothing.from_inverse(inverse) if inverse is not None else None)
             state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = wq, ws
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)

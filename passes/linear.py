@@ -48,7 +48,8 @@ from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason, linear_plan
 from fx_fp8.report import dims_of
 from fx_fp8.shapes import shape_str
 from fx_fp8.steps import linear_skip_mode
-from fx_fp8.weights import Smoothing, attach_smoothing, attach_static_input_scale, quantized_weight
+from fx_fp8.weight_recipe import Smoothing, WeightRecipe, group_smoothing
+from fx_fp8.weights import attach_smoothing, attach_static_input_scale, left_by_prepare, quantized_weight
 
 LINEAR_TARGETS = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
 PREPARED_TARGETS = {torch.ops.fx_fp8.quantized_linear, torch.ops.fx_fp8.quantized_linear.default}
@@ -97,15 +98,13 @@ class WeightAction:
     slot: Optional[int]          # the weight's graph input; None: not an input (cannot be redone per instance)
     node: str                    # the linear's node in the graph
     module: str                  # the linear's name in the instance the pass ran for
-    method: str
-    granularity: str
-    block: Optional[tuple]
+    recipe: WeightRecipe
     static: bool                 # attach the layer's calibrated activation scale
 
 
 def apply_weight_action(action: WeightAction, weight: torch.Tensor, module: str, qcfg, scales):
     """Quantize `weight` (linear `module`) as `action` says, attach its static scale; (wq, ws)."""
-    wq, ws = quantized_weight(weight, action.method, action.granularity, action.block, name=module)
+    wq, ws = quantized_weight(weight, action.recipe, name=module)
     if action.static:
         attach_static_input_scale(weight, method_scale(scales[module], qcfg.method), module,
                                   step_scale_table(scales, module, lambda v: method_scale(v, qcfg.method)))
@@ -127,6 +126,7 @@ class Linear:
         self.input_smoothing, self.real_weight, self.channel_amax = input_smoothing, real_weight, channel_amax
         self.smoothing: Optional[Smoothing] = None
         self.dims: list = []  # input shapes as numbers, for the report's FLOPs
+        self.left_by_prepare = False  # prepare_model left this unprepared linear (it carries diffusers hooks)
         self.why = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
 
     @property
@@ -166,6 +166,8 @@ class FP8LinearPass(FXPass):
         self.alpha = self.qcfg.smoothing_alpha if self.on else None
         self.skip_mode = linear_skip_mode(ctx.step_variant) if self.on else None
         self.skipped_prepared: list[str] = []  # prepared linears run weight-only on native-skipped steps
+        self.compile_quantized: list[str] = []  # unprepared linears whose weights this compile quantizes
+        self.left_by_prepare: list[str] = []  # among them, those prepare_model left unreplaced (their hooks)
         # {linear name: max |x| per input channel} (raises, naming the key, when the calibration has none)
         self.channel = channel_stats(self.qcfg.activation_scales) if self.alpha is not None else None
         check_per_step_supported(self.scales, self.alpha)
@@ -252,10 +254,10 @@ class FP8LinearPass(FXPass):
         weights = self.ctx.report.weights
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
         weights["original_copy_kept"] = True
-        method, granularity, block = q.method, q.weight_granularity, q.weight_block_size
-        if kind == "weight_only":  # W8A16: per-channel scales, in the storage the device's weight-only matmul takes
-            method = self.ctx.lowering.weight_only_method(q.weight_only_method or q.method)
-            granularity, block = quant.weight_only_layout(q.weight_only_group_size)
+        # W8A16 sensitive layers: the storage the device's weight-only matmul takes
+        recipe = WeightRecipe.weight_only(q, self.ctx.lowering) if kind == "weight_only" else WeightRecipe.w8a8(q)
+        method, granularity = recipe.method, recipe.granularity
+        block = recipe.block if kind == "weight_only" else q.weight_block_size
         weight_only = kind == "weight_only" or self.skip_mode == "weight_only" or self._weight_only(w, method)
         amax = None
         if self.channel is not None and not weight_only:  # smoothed: quantized per group, in _smooth
@@ -264,8 +266,7 @@ class FP8LinearPass(FXPass):
         else:
             weight = args["weight"]
             action = WeightAction(self.ctx.placeholders.get(weight) if weight.op == "placeholder" else None,
-                                  node.name, module, method, granularity, tuple(block) if block else None,
-                                  static=q.activation_scheme == "static" and not weight_only)
+                                  node.name, module, recipe, static=q.activation_scheme == "static" and not weight_only)
             self.ctx.weight_actions.append(action)
             wq, ws = apply_weight_action(action, real_w, module, q, self.scales)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
@@ -274,6 +275,8 @@ class FP8LinearPass(FXPass):
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
         item.why = why if kind == "weight_only" else (step_why if self.skip_mode else "")
         item.dims = dims
+        item.left_by_prepare = bool(left_by_prepare(real_w))
+        (self.left_by_prepare if item.left_by_prepare else self.compile_quantized).append(module)
         return item
 
     def _reason(self, node, args, module, x, w) -> Optional[str]:
@@ -367,18 +370,13 @@ class FP8LinearPass(FXPass):
         if not todo:
             return
         q = self.qcfg
-        with torch.no_grad():
-            amax = functools.reduce(torch.maximum, [m.channel_amax for m in todo])
-            wmax = functools.reduce(torch.maximum, [m.real_weight.detach().abs().amax(dim=0).float().cpu()
-                                                    for m in todo])
-            sm = Smoothing.make(quant.smoothing_factors(amax, wmax, self.alpha), self.alpha,
-                                device=todo[0].real_weight.device)
+        sm = group_smoothing([(m.channel_amax, m.real_weight) for m in todo], self.alpha)
+        recipe = WeightRecipe.w8a8(q)
         weights = self.ctx.report.weights
         self.ctx.weight_actions.append(None)  # a group's smoothing: not redone per instance (instance_facts)
         for m in todo:
             attach_smoothing(m.real_weight, sm, m.module)
-            wq, ws = quantized_weight(m.real_weight, q.method, q.weight_granularity, q.weight_block_size, sm,
-                                      m.module)
+            wq, ws = quantized_weight(m.real_weight, recipe, sm, m.module)
             weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
             if m.act == "static":
                 attach_static_input_scale(m.real_weight, smoothed_static_scale(m.channel_amax, sm.inverse, q.method),
@@ -452,6 +450,8 @@ class FP8LinearPass(FXPass):
     def _describe(self, m: Linear) -> str:
         w = m.weight_granularity + (f" {m.weight_block}" if m.weight_granularity == "block" else "")
         src = "prepared weights" if m.prepared else "weights quantized at compile"
+        if m.left_by_prepare:
+            src += " (prepare_model left it: it carries diffusers hooks)"
         name = self.ctx.lowering.name
         if m.weight_only:
             return f"{m.why + '; ' if m.why else ''}{name}: weight-only {m.method.upper()} ({w} scales), {src}"
@@ -466,9 +466,14 @@ class FP8LinearPass(FXPass):
 
     def _notes(self, matched: set, disagreeing: list) -> None:
         report = self.ctx.report
-        if report.weights.get("original_copy_kept"):
+        if self.compile_quantized:
             report.notes.append("quantized weights were made at compile time; the model still holds its original "
                                 "weights (call fx_fp8.prepare_model(model, config) before torch.compile to free them)")
+        if self.left_by_prepare:
+            names = self.left_by_prepare
+            report.notes.append(f"prepare_model left {len(names)} linear(s) unreplaced because they carry diffusers "
+                                f"hooks (replacing them would lose the hooks): {', '.join(names[:8])}; their weights "
+                                "are quantized at compile time and the model keeps their original weights")
         if self.on:
             unmatched = [p for p in self.qcfg.ignored_layers if p not in matched]
             if unmatched:
@@ -479,10 +484,13 @@ class FP8LinearPass(FXPass):
                           f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
                           "(or reload the original weights) to keep them native")
         if self.sensitive_prepared:
-            self.ctx.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) the default rules "
-                          f"keep native: {', '.join(self.sensitive_prepared[:8])}; prepared linears run as prepared. "
-                          "Give prepare_model example_inputs (it then finds them by structure), or list them in "
-                          "quantization_config.ignored_layers when calling prepare_model")
+            mode = self.qcfg.sensitive
+            would = "weight-only (W8A16)" if mode == "weight_only" else "native"
+            self.ctx.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) W8A8 that this "
+                          f"compile finds sensitive by the graph's structure: {', '.join(self.sensitive_prepared[:8])}; "
+                          f"with quantization_config.sensitive {mode!r} they would run {would}, but prepared "
+                          "linears run as prepared (W8A8). Give prepare_model example_inputs (it then finds them by "
+                          "structure), or list them in quantization_config.ignored_layers when calling prepare_model")
         if self.skipped_prepared:
             self.ctx.warn(f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
                           f"linear(s) were quantized by prepare_model (their original weights are gone): they run "

@@ -40,6 +40,9 @@ MOVED = {
     "fx_fp8.checkpoint": {
         "fx_fp8.state_guard": ["guard", "quantized_layers", "unguard"],
     },
+    "fx_fp8.weights": {
+        "fx_fp8.weight_recipe": ["Smoothing"],
+    },
     "fx_fp8.config": {
         "fx_fp8.attention_config": ["ATTENTION_GRANULARITIES", "ATTENTION_KERNELS", "AttentionQuantConfig"],
         "fx_fp8.quantization_config": ["DEFAULTS_TOKEN", "DEFAULT_SENSITIVE", "QUANTIZATION_METHODS", "SENSITIVE_MODES",

@@ -29,7 +29,7 @@ import torch
 
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8 import steps, weights
+from fx_fp8 import steps, weight_recipe, weights
 
 
 # -- attention ------------------------------------------------------------------------------
@@ -101,13 +101,13 @@ def _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_b
     """A prepared (quantized) weight with its scale (checked unchanged since it was prepared),
     or the model's own weight: then its quantized copy (of W * s with smoothing), made at
     compile time and remade once whenever the weight changed (fx_fp8.weights)."""
-    block = tuple(weight_block) or None
     if weight_scale is not None:
         weights.check_prepared_weight(weight)
         return weight, weight_scale
+    recipe = weight_recipe.recipe(method, weight_granularity, tuple(weight_block) or None)
     if smoothing_alpha is not None:
-        return weights.smoothed_quantized_weight(weight, smoothing_alpha, method, weight_granularity, block)
-    return weights.quantized_weight(weight, method, weight_granularity, block)
+        return weights.smoothed_quantized_weight(weight, smoothing_alpha, recipe)
+    return weights.quantized_weight(weight, recipe)
 
 
 @torch.library.custom_op("fx_fp8::scaled_mm", mutates_args=())

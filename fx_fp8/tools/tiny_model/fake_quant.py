@@ -4,7 +4,9 @@ Used by ``examples/train_tiny_dit.py --fp8-aware`` to fine-tune the shipped tiny
 that it survives the default FP8 recipe.  The forward values are those of
 :mod:`fx_fp8.ops.quant` (the numerics every lowering reproduces): the same scales, the same
 clamp + cast to ``float8_e4m3fn``, the same Hadamard rotation and K smoothing, the same
-P quantization; only the fp32 summation order of the matmuls may differ.  Gradients pass
+P quantization; weights go through the one weight recipe (fx_fp8.weight_recipe, with the
+config's method and granularity, as prepare_model and the linear pass quantize them); only
+the fp32 summation order of the matmuls may differ.  Gradients pass
 straight through the rounding (``x + (xq - x).detach()``); the float math around it
 (smoothing, rotation, softmax, scale products) stays differentiable.
 
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.rules import attention_call_reason, linear_plan, short_keys_reason
+from fx_fp8.weight_recipe import WeightRecipe
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -28,18 +31,20 @@ def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
     return x + (xq - x).detach()
 
 
-def fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
-    """Per-row (last dim) e4m3 quantize -> dequantize, as quant.quantize_per_row."""
+def fake_quant_rows(x: torch.Tensor, method: str = "fp8") -> torch.Tensor:
+    """Per-row (last dim) quantize -> dequantize, as quant.quantize_per_row."""
     with torch.no_grad():
-        q, s = quant.quantize_per_row(x.detach())
+        q, s = quant.quantize_per_row(x.detach(), method)
         deq = q.float() * s
     return _ste(x.float(), deq)
 
 
-def fake_quant_weight(w: torch.Tensor, granularity: str, block=None) -> torch.Tensor:
+def fake_quant_weight(w: torch.Tensor, granularity="channel", block=None) -> torch.Tensor:
+    """Weight quantize -> dequantize through the one weight recipe (fx_fp8.weight_recipe) that
+    prepare_model and the linear pass use; `granularity` may be a WeightRecipe itself (FP8 otherwise)."""
+    recipe = granularity if isinstance(granularity, WeightRecipe) else WeightRecipe("fp8", granularity, block)
     with torch.no_grad():
-        q, s = quant.quantize_weight(w.detach(), granularity, block)
-        deq = quant.dequantize_weight(q, s, granularity, block)
+        deq = recipe.dequantize(*recipe.quantize(w))
     return _ste(w.float(), deq)
 
 
@@ -81,12 +86,17 @@ def quantized_linear_names(model: torch.nn.Module, config: FP8Config) -> list[st
 
 
 def _fake_linear_forward(module: torch.nn.Linear, qcfg):
+    recipe = WeightRecipe.w8a8(qcfg)
+
     def forward(x):
         if qcfg.activation_granularity != "token" or qcfg.activation_scheme != "dynamic":
             raise ValueError(f"fake quantization implements dynamic per-token activations, got "
                              f"{qcfg.activation_scheme!r}/{qcfg.activation_granularity!r}")
-        w = fake_quant_weight(module.weight, qcfg.weight_granularity, qcfg.weight_block_size)
-        xd = fake_quant_rows(x.reshape(-1, x.shape[-1]))
+        if qcfg.smoothing_alpha is not None:
+            raise ValueError(f"fake quantization does not simulate quantization_config.smoothing_alpha="
+                             f"{qcfg.smoothing_alpha!r} (it needs a calibration): train without it")
+        w = fake_quant_weight(module.weight, recipe)
+        xd = fake_quant_rows(x.reshape(-1, x.shape[-1]), recipe.method)
         out = (xd @ w.t()).to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
         return out if module.bias is None else out + module.bias
     return forward
