@@ -153,6 +153,15 @@ def torch_logs():
     else:
         os.environ["TORCH_LOGS"] = original
     _init_logs()
+    # "+fx_fp8" names a module logger, which _init_logs leaves at DEBUG with its handler (on this
+    # test's closed stderr): later tests would format a graph dump on every pass
+    import logging
+
+    for name in ["fx_fp8", *[n for n in logging.root.manager.loggerDict if n.startswith("fx_fp8.")]]:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.NOTSET)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
 
 
 @pytest.mark.slow
