@@ -28,6 +28,7 @@ from fx_fp8.activation_scales import load_activation_scales
 from fx_fp8.linear_scales import check_scales_match
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import get_lowering, npu_available, resolve_lowering_name
+from fx_fp8.patterns import matches
 from fx_fp8.passes import CompileContext, PassManager
 from fx_fp8.passes.base import FactsContext, NotReusable
 from fx_fp8.passes.linear import apply_weight_action
@@ -290,7 +291,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             record.warn(message)
         rewritten, keys = {}, {}
         for variant, (report, graph, ctx) in planned.items():
-            _warn_about_selectors(layer_map, ctx.unmatched_ignored_layers, config, record)
+            _warn_about_selectors(layer_map, ctx.unmatched_ignored_layers, config, record, model_)
             record.add(report)
             RECENT.add(report)
             keys[variant] = tuple((e.node, e.action, e.reason) for e in report.entries)
@@ -330,14 +331,24 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
 
 
 def _warn_about_selectors(layer_map: LayerMap, unmatched_ignored_layers: list, config: FP8Config,
-                          record: ModelRecord) -> None:
+                          record: ModelRecord, model=None) -> None:
     n = layer_map.num_layers
     beyond = config.diffusion_kv_cache_skip_layers.at_least(n)
     if config.attention_enabled and beyond:
         record.warn(f"fx_fp8: diffusion_kv_cache_skip_layers names layers {beyond} but the model has {n} layers"
                     + (f" (0-{n - 1})" if n else ""))
-    if unmatched_ignored_layers:
-        record.warn(f"fx_fp8: ignored_layers patterns matched no linear in this graph: {unmatched_ignored_layers}")
+    typos = _matching_no_linear_of(model, unmatched_ignored_layers)
+    if typos:
+        record.warn(f"fx_fp8: ignored_layers patterns matched no linear of the model: {typos}")
+
+
+def _matching_no_linear_of(model, patterns: list) -> list:
+    """Of the patterns a graph did not match, those that name no linear anywhere in the model:
+    a pattern for another block (regional compilation) or another graph piece is not a mistake."""
+    if model is None or not patterns:
+        return list(patterns)
+    names = [n for n, m in model.named_modules() if is_plain_linear(m) or isinstance(m, QuantizedLinear)]
+    return [p for p in patterns if not any(matches(p, n) for n in names)]
 
 
 

@@ -98,7 +98,7 @@ def test_a_skipped_layer_gets_its_own_plan_and_runs_native_attention(plans, kern
 def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
     model, kw = _toy(), toy_inputs()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # other blocks' graphs hold no blocks.3.fc1: warned
+        warnings.simplefilter("ignore")
         _run(model, kw, quantization_config={"ignored_layers": [pattern]})
     entries = _entries(fx_fp8.get_reports(model))
     for i in range(BLOCKS):
@@ -109,6 +109,18 @@ def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
     # one pattern naming every block: one plan; naming one block: that block plans on its own
     assert plans == ({"passes": 1, "reused": BLOCKS - 1} if len(native) == BLOCKS else
                      {"passes": 2, "reused": BLOCKS - 2})
+
+
+def test_a_pattern_for_one_block_is_not_warned_about_but_a_typo_is(plans):
+    """Block by block, "blocks.3.fc1" matches no linear in the other blocks' graphs: that is no
+    mistake (it names a linear of the model). A pattern naming nothing in the model still is."""
+    model, kw = _toy(), toy_inputs()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _run(model, kw, quantization_config={"ignored_layers": ["blocks.3.fc1", "blocks.3.fc9"]})
+    unmatched = [str(w.message) for w in record if "matched no linear" in str(w.message)]
+    assert unmatched and all("['blocks.3.fc9']" in m and "of the model" in m for m in unmatched), unmatched
+    assert _entries(fx_fp8.get_reports(model))["blocks.3.fc1"].action == "native"
 
 
 def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
