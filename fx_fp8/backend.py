@@ -19,6 +19,7 @@ one instance's decisions by instances with equal facts in fx_fp8/instance_plans.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable, Optional
 
 import torch
@@ -342,13 +343,21 @@ def _warn_about_selectors(layer_map: LayerMap, unmatched_ignored_layers: list, c
         record.warn(f"fx_fp8: ignored_layers patterns matched no linear of the model: {typos}")
 
 
+#: model -> {patterns: those naming no linear of it}: every block instance asks the same question
+_TYPOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _matching_no_linear_of(model, patterns: list) -> list:
     """Of the patterns a graph did not match, those that name no linear anywhere in the model:
     a pattern for another block (regional compilation) or another graph piece is not a mistake."""
     if model is None or not patterns:
         return list(patterns)
-    names = [n for n, m in model.named_modules() if is_plain_linear(m) or isinstance(m, QuantizedLinear)]
-    return [p for p in patterns if not any(matches(p, n) for n in names)]
+    names = tuple(n for n, m in model.named_modules() if is_plain_linear(m) or isinstance(m, QuantizedLinear))
+    known = _TYPOS.setdefault(model, {})
+    key = (tuple(patterns), names)  # the model's linears may change (LoRA, prepare): asked again then
+    if key not in known:
+        known[key] = [p for p in patterns if not any(matches(p, n) for n in names)]
+    return list(known[key])
 
 
 
