@@ -14,7 +14,7 @@ from fx_fp8.selectors import parse_selector
 from fx_fp8.steps import current_step, denoising_step, set_step
 from fx_fp8.prepare import prepare_model
 from fx_fp8.checkpoint import load_quantized, save_quantized
-from fx_fp8.weights import reachable_tensor_bytes
+from fx_fp8.weights import reachable_tensor_bytes, refresh_weights
 from fx_fp8.pipeline.compile import compile_pipeline  # (diffusers: lazily)
 from fx_fp8.pipeline.restore import restore_pipeline
 from fx_fp8.pipeline.state import pipeline_state
@@ -26,5 +26,5 @@ __all__ = [
     "AttentionQuantConfig", "CompileReport", "FP8Config", "QuantizationConfig", "ReportEntry",
     "calibrate", "clear_reports", "compile_pipeline", "current_step", "denoising_step", "get_reports",
     "load_activation_scales", "load_quantized", "parse_selector", "pipeline_state", "prepare_model", "publish_steps",
-    "reachable_tensor_bytes", "restore_pipeline", "save_activation_scales", "save_quantized", "set_step",
+    "reachable_tensor_bytes", "refresh_weights", "restore_pipeline", "save_activation_scales", "save_quantized", "set_step",
 ]

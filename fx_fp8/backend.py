@@ -44,7 +44,8 @@ from fx_fp8.dispatch import InstanceDispatch, StepDispatch, find_anchor
 from fx_fp8.instance_plans import Template, check_reuse
 from fx_fp8.report import RECENT, CompileReport, ModelRecord
 from fx_fp8.rules import is_plain_linear
-from fx_fp8.weights import QuantizedLinear, watch_weights
+from fx_fp8.weight_feeds import Fed, Resolver
+from fx_fp8.weights import QuantizedLinear
 
 #: tests set it: an instance that reuses another's decisions also runs the passes, and any
 #: difference (report rows, weights, notes, warnings, decisions) raises
@@ -161,8 +162,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     if static_scales is not None and model is not None:
         check_scales_match(static_scales, [n for n, m in model.named_modules()
                                            if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
-    if model is not None and config.linear_enabled:
-        watch_weights(model)  # before Dynamo guards on their type: every instance then shares this graph
     layer_map = _layer_map(gm, model)
     # graph analyses, once per Dynamo graph, keyed by node name (stable across the graph's copies)
     # (a block compiled on its own holds no final projection: see holds_model_output)
@@ -205,8 +204,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             return None
         return tuple(facts)
 
-    def run_passes(inputs: list, name: str, warn: Callable[[str], None]) -> dict:
-        """{variant: (report, rewritten graph, compile context)} for instance `name`."""
+    def run_passes(inputs: list, name: str, warn: Callable[[str], None], resolver: Resolver) -> dict:
+        """{variant: (report, rewritten graph, compile context)} for instance `name` (its weight
+        states kept where `resolver` finds them: on the instance model's modules)."""
         out = {}
         for variant in variants:
             graph_copy = _copy_graph(gm)
@@ -217,7 +217,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                                  warn=warn, step_variant=variant, static_scales=static_scales,
                                  analysis={"sensitive": {n: sensitive[n.name] for n in graph_copy.graph.nodes
                                                          if n.name in sensitive}},
-                                 dumps=[] if backend_opts.get("dump_graphs") else None)
+                                 dumps=[] if backend_opts.get("dump_graphs") else None, resolver=resolver)
             PassManager(passes).run(ctx)
             report.layer_map = layer_map.as_dict()
             if ctx.dumps is not None:
@@ -226,7 +226,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
             out[variant] = (report, graph_copy, ctx)
         return out
 
-    def reuse(template: "Template", inputs: list, name: str) -> dict:
+    def reuse(template: "Template", inputs: list, name: str, resolver: Resolver) -> dict:
         """run_passes' result for instance `name`, from an instance with equal facts: its
         rewritten graphs, its report rows renamed, its weight side effects redone on this
         instance's weights. NotReusable where a name cannot be carried over."""
@@ -252,11 +252,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                 report.entries.append(dataclasses.replace(e, module=module, layer=layer_map.layer_of(module)))
             for action in t_ctx.weight_actions:
                 module = instance_module_name(nodes[action.node], own_instance, name)
-                apply_weight_action(action, inputs[action.slot], module, qcfg_, static_scales)
+                apply_weight_action(action, inputs[action.slot], module, qcfg_, static_scales, resolver)
             ctx = CompileContext(gm=graph, example_inputs=inputs, config=config, lowering=t_ctx.lowering,
                                  report=report, layer_map=layer_map, warn=t_ctx.warn, step_variant=variant,
                                  static_scales=static_scales, placeholders=placeholders,
-                                 unmatched_ignored_layers=list(t_ctx.unmatched_ignored_layers))
+                                 unmatched_ignored_layers=list(t_ctx.unmatched_ignored_layers),
+                                 resolver=resolver, feeds=t_ctx.feeds)
             out[variant] = (report, graph, ctx)
         return out
 
@@ -267,18 +268,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         earlier instance's reuses that one's decisions without running the passes."""
         record = ModelRecord.of(owner_)
         name = rename[1] if rename is not None else own_instance
+        resolver = Resolver(model_)
         facts = facts_of(inputs, name)
         template = templates.get(facts) if facts is not None else None
         planned = warned = full = None
         if template is not None:
             try:
-                planned = reuse(template, inputs, name)
+                planned = reuse(template, inputs, name, resolver)
                 warned = template.warnings
             except NotReusable:
                 planned = None
         if planned is None or CHECK_REUSE:
             messages: list[str] = []
-            full = run_passes(inputs, name, messages.append)
+            full = run_passes(inputs, name, messages.append, resolver)
             if planned is not None:
                 check_reuse(planned, full, warned, messages, name)
             else:
@@ -290,26 +292,30 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         INSTANCE_PLANS["reused" if planned is not full else "passes"] += 1
         for message in warned:
             record.warn(message)
-        rewritten, keys = {}, {}
+        rewritten, keys, feeds = {}, {}, {}
         for variant, (report, graph, ctx) in planned.items():
             _warn_about_selectors(layer_map, ctx.unmatched_ignored_layers, config, record, model_)
             record.add(report)
             RECENT.add(report)
-            keys[variant] = tuple((e.node, e.action, e.reason) for e in report.entries)
+            keys[variant] = (tuple((e.node, e.action, e.reason) for e in report.entries), ctx.feeds.signature)
             rewritten[variant] = graph
+            feeds[variant] = ctx.feeds
 
         def compile_variant(variant, inputs_) -> Callable:
             key = (variant, keys[variant])
+            plan_feeds = feeds[variant]
             if key not in artifacts:
                 # a variant or instance compiled on its first call runs outside Dynamo: Dynamo's
                 # tracing context (fake mode, shape env) lets Inductor's caches take it
                 # the compile caches need a fake value on every node the passes inserted (only for
                 # a graph that is compiled: an instance that reuses an artifact skips it)
                 fill_example_values(rewritten[variant].graph)
+                examples = (list(inputs_) if fake_args is None else list(fake_args)) + plan_feeds.example_inputs(
+                    fake=fake_args is not None)
                 with compiling_under(tracing_context):
-                    artifacts[key] = _downstream_compile(downstream, rewritten[variant],
-                                                         inputs_ if fake_args is None else fake_args, mode)
-            return artifacts[key]
+                    artifacts[key] = _downstream_compile(downstream, rewritten[variant], examples, mode)
+            feeder = plan_feeds.feeder(list(inputs_), resolver)
+            return artifacts[key] if feeder is None else Fed(artifacts[key], feeder)
 
         if not config.has_step_skips:
             return compile_variant(None, inputs)

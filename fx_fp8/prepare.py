@@ -20,7 +20,8 @@ from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.rules import check_not_prepared, is_plain_linear, linear_plan
 from fx_fp8.weight_recipe import WeightRecipe, group_smoothing
-from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, mark_left_by_prepare, watch_weights
+from fx_fp8.weight_state import state_on
+from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
 
 #: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
@@ -142,7 +143,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         parent_name, _, child = name.rpartition(".")
         _carry_hooks(module, new)
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-        accept_prepared_weight(new.weight, name)
+        new.accept_weight(name)
         result["bytes_before"] += module.weight.numel() * module.weight.element_size()
         result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
         if new.input_smoothing is not None:
@@ -150,9 +151,8 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         result["quantized"].append(name)
         if new.weight_only:
             result["weight_only"].append(name)
-    watch_weights(model)  # the native linears too: a weight written later is seen
     for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
-        mark_left_by_prepare(module.weight, name, reason)
+        state_on(module, "weight", name).left_by_prepare = reason
     if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
         from fx_fp8.state_guard import guard
 

@@ -1,275 +1,35 @@
-"""Quantized weights are model state: quantized once per weight version, owned by that weight.
+"""QuantizedLinear: a prepared linear layer that owns its quantized weight.
 
-Every quantized weight is made by fx_fp8.weight_recipe.WeightRecipe.quantize (one recipe,
-one smoothing rule); this module is where the results live. They have two homes, because
-there are two kinds of model:
-* A prepared model owns its FP8/INT8 weights. `fx_fp8.prepare_model(model, config)`
-  (fx_fp8/prepare.py; recommended, `compile_pipeline` calls it) replaces eligible linears
-  by QuantizedLinear modules that hold only the quantized weight, its fp32 scales and (with
-  smoothing) 1/s, as a parameter and buffers: module state that the graph reads, the state
-  dict saves and `.to()` moves like any other. The original weights are freed.
-* An unprepared model keeps its own weights, and the backend keeps a copy per weight
-  version. `torch.compile(model, backend="fp8")` alone quantizes each weight at compile
-  time into the weight's WeightState: a side table keyed by the weight tensor (never
-  attributes on the model's Parameter), one entry per recipe/smoothing, found at run time
-  from the weight the graph is called with, so every graph of the model, both step variants
-  and another instance of the same class each use their own weight's copy.
+`fx_fp8.prepare_model(model, config)` (fx_fp8/prepare.py; recommended, `compile_pipeline`
+calls it) replaces eligible linears by QuantizedLinear modules that hold only the quantized
+weight (fp8/int8), its fp32 scales and (with smoothing) 1/s, as a parameter and buffers:
+module state that the graph reads, the state dict saves and `.to()` moves like any other. The
+original weights are freed. Every quantized weight is made by
+fx_fp8.weight_recipe.WeightRecipe.quantize. (An unprepared model keeps its own weights; the
+backend's quantized copies of them live on their modules: fx_fp8/weight_state.py.)
 
-Weights change after compiling (LoRA fusion, loaders, EMA swaps), often through
-`.data`, which bumps no version counter. Each weight the backend quantizes (and
-each prepared weight) becomes a WatchedParameter: an nn.Parameter whose `.data`
-accessor counts its uses. A copy is valid for one fingerprint (version counter,
-storage address, `.data` uses, dtype, device) and is remade, once, on the first
-call after the fingerprint moved. A prepared weight has no original to
-re-quantize from: when its fingerprint moves and its bytes changed, the call
-raises naming the layer (a read through `.data` changes no byte and passes).
-
-With SmoothQuant-style smoothing (quantization_config.smoothing_alpha) the
-quantized copy is that of W * s (its key includes alpha and a digest of s), and
-the Smoothing (s and 1/s) is kept in the weight's state per alpha, for the
-fx_fp8::input_smoothing op to read at run time (never baked into a graph:
-Dynamo shares one graph between model instances).
+A prepared weight has no original to re-quantize from: its bytes are accepted together with
+its scales (prepare_model, a state-dict load) and checked not written since, by fingerprint
+once per compiled graph call (fx_fp8/weight_feeds.py) and per eager call, by a byte digest
+when the fingerprint moved or when `fx_fp8.refresh_weights` / compile_pipeline ask; a write
+raises naming the layer.
 """
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn as nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from fx_fp8.ops.lowering import resolve_lowering_name
 from fx_fp8.weight_recipe import Smoothing, WeightRecipe, recipe
+from fx_fp8.weight_state import digest, fingerprint, quantized_copies_of, refresh_copies
 
 QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
 #: a QuantizedLinear's act_granularity when it is weight-only (W8A16): activations stay unquantized
 WEIGHT_ONLY = "weight_only"
-
-
-class WatchedParameter(nn.Parameter):
-    """An nn.Parameter that counts uses of its `.data` accessor (reads and writes alike:
-    `w.data.add_(d)`, `w.data.copy_(v)`, `w.data = v` bump no version counter, so a
-    quantized copy of this weight cannot otherwise tell it is stale)."""
-
-    @property
-    def data(self):
-        self.__dict__["_data_uses"] = self.__dict__.get("_data_uses", 0) + 1
-        return nn.Parameter.data.__get__(self)
-
-    @data.setter
-    def data(self, value):
-        self.__dict__["_data_uses"] = self.__dict__.get("_data_uses", 0) + 1
-        nn.Parameter.data.__set__(self, value)
-
-
-def watch(weight: torch.Tensor) -> bool:
-    """Make `weight` a WatchedParameter in place (same object, same storage); False where it
-    cannot be (a plain tensor or another Parameter subclass): then only in-place writes that
-    bump its version counter are seen."""
-    if type(weight) is WatchedParameter:
-        return True
-    if type(weight) is nn.Parameter:
-        weight.__class__ = WatchedParameter
-        return True
-    return False
-
-
-def watch_weights(model: nn.Module) -> int:
-    """Watch every weight-like (2-D or larger) parameter of `model` (returns how many are
-    watched). Done before Dynamo guards on their type (the backend, prepare_model and
-    compile_pipeline call it), so every instance of a class keeps sharing one graph."""
-    return sum(watch(p) for p in model.parameters() if p.dim() >= 2)
-
-
-def fingerprint(weight: torch.Tensor) -> tuple:
-    """What changes when the weight's values may have changed (cheap: no byte is read)."""
-    return (weight._version, weight.data_ptr(), weight.__dict__.get("_data_uses", 0), weight.dtype, weight.device)
-
-
-@dataclass(eq=False)
-class WeightState:
-    """What fx_fp8 keeps for one weight tensor: its quantized copies, its group's smoothing,
-    its calibrated activation scale, and (for a prepared weight) the digest of its bytes."""
-
-    name: str = ""                                   # the owning linear's name, for messages
-    copies: dict = field(default_factory=dict)       # key -> (fingerprint, wq, ws)
-    smoothing: dict = field(default_factory=dict)    # alpha -> Smoothing
-    input_scale: Optional[torch.Tensor] = None
-    input_step_scales: Optional[tuple] = None        # per-step scales: (flat step groups, fp32 [n_groups])
-    prepared: Optional[tuple] = None                 # (fingerprint, digest) of a prepared weight's accepted bytes
-    quantizations: int = 0                           # how often a copy of this weight was (re)made
-    left_by_prepare: str = ""                        # why prepare_model left its linear unreplaced (hooks)
-
-
-#: weight tensor -> WeightState; an entry lives as long as its weight (or until released)
-_STATES: WeakIdKeyDictionary = WeakIdKeyDictionary()
-#: total (re)quantizations of unprepared weights in this process (tests count re-quantization with it)
-QUANTIZATIONS = {"count": 0}
-
-
-def state_of(weight: torch.Tensor, name: str = "") -> WeightState:
-    st = _STATES.get(weight)
-    if st is None:
-        st = _STATES[weight] = WeightState(name=name)
-        watch(weight)
-    elif name and not st.name:
-        st.name = name
-    return st
-
-
-def quantized_weight(weight: torch.Tensor, recipe: WeightRecipe, smoothing: Optional[Smoothing] = None,
-                     name: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """(quantized weight, fp32 scale) of `weight` (of W * s with `smoothing`) by `recipe`, made
-    once per recipe (and smoothing) and weight fingerprint, kept in the weight's WeightState."""
-    key = recipe.key + ((smoothing.key,) if smoothing is not None else ())
-    st = state_of(weight, name)
-    fp = fingerprint(weight)
-    entry = st.copies.get(key)
-    if entry is None or entry[0] != fp:
-        wq, ws = recipe.quantize(weight, smoothing)
-        entry = st.copies[key] = (fp, wq, ws)
-        st.quantizations += 1
-        QUANTIZATIONS["count"] += 1
-    return entry[1], entry[2]
-
-
-def mark_left_by_prepare(weight: torch.Tensor, name: str, reason: str) -> None:
-    """prepare_model left the linear owning `weight` unreplaced (`reason`): the backend quantizes
-    it at compile time and says why the model still holds that original weight."""
-    state_of(weight, name).left_by_prepare = reason
-
-
-def left_by_prepare(weight: torch.Tensor) -> str:
-    """Why prepare_model left the linear owning `weight` unreplaced ("" if it did not)."""
-    st = _STATES.get(weight)
-    return st.left_by_prepare if st is not None else ""
-
-
-def _digest(weight: torch.Tensor) -> str:
-    data = weight.detach().contiguous().view(torch.uint8).cpu()
-    return hashlib.blake2b(data.numpy().tobytes(), digest_size=16).hexdigest()
-
-
-def accept_prepared_weight(weight: torch.Tensor, name: str = "") -> None:
-    """Record a prepared (FP8/INT8) weight's bytes as valid for its scales: prepare_model and a
-    state-dict load that sets data and scales together call it."""
-    st = state_of(weight, name)
-    st.prepared = (fingerprint(weight), _digest(weight))
-
-
-def check_prepared_weight(weight: torch.Tensor) -> None:
-    """Raise if a prepared weight's bytes changed since they were accepted (a write through
-    `.data` or in place: its scales no longer describe it). Cheap unless its fingerprint moved."""
-    st = _STATES.get(weight)
-    if weight.dtype not in QUANTIZED_DTYPES:
-        raise RuntimeError(
-            f"fx_fp8: prepared layer {st.name if st is not None and st.name else '(unnamed)'} holds a {weight.dtype} "
-            "weight: it was replaced through `.data` after prepare_model. Load full-precision weights with "
-            "model.load_state_dict(...) (prepared layers re-quantize them), or fuse LoRA before prepare_model")
-    if st is None or st.prepared is None:
-        return
-    fp = fingerprint(weight)
-    if st.prepared[0] == fp:
-        return
-    if _digest(weight) == st.prepared[1]:
-        st.prepared = (fp, st.prepared[1])  # read through .data, or moved: same bytes
-        return
-    raise RuntimeError(
-        f"fx_fp8: the quantized weight of prepared layer {st.name or '(unnamed)'} was written after "
-        "prepare_model (its scales describe other bytes). Load full-precision weights with "
-        "model.load_state_dict(...) (prepared layers re-quantize them), fuse LoRA before prepare_model, or "
-        "restore the model and prepare it again")
-
-
-def attach_smoothing(weight: torch.Tensor, smoothing: Smoothing, name: str = "") -> None:
-    """Keep the smoothing of the group the linear owning `weight` belongs to (one per alpha:
-    a later compile with the same alpha replaces it)."""
-    state_of(weight, name).smoothing[smoothing.alpha] = smoothing
-
-
-def smoothing_of(weight: torch.Tensor, alpha: float) -> Smoothing:
-    st = _STATES.get(weight)
-    entry = st.smoothing.get(float(alpha)) if st is not None else None
-    if entry is None:
-        raise RuntimeError(
-            f"fx_fp8: no smoothing (alpha {alpha:g}) recorded for this weight (a graph compiled for another model "
-            "instance?); call fx_fp8.prepare_model(model, config) before torch.compile")
-    return entry
-
-
-def smoothed_quantized_weight(weight: torch.Tensor, alpha: float, recipe: WeightRecipe) -> tuple[torch.Tensor, torch.Tensor]:
-    """The quantized W * s of `weight` for its recorded smoothing of `alpha` (run time)."""
-    return quantized_weight(weight, recipe, smoothing_of(weight, alpha))
-
-
-def quantized_copies(weight: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The quantized copies kept for `weight` (for memory accounting; a smoothing's 1/s
-    vector is counted with its copy)."""
-    st = _STATES.get(weight)
-    if st is None:
-        return []
-    copies = [(wq, ws) for _, wq, ws in st.copies.values()]
-    return copies + [(sm.inverse, sm.factors) for sm in st.smoothing.values()]
-
-
-def release_quantized_copies(module: nn.Module) -> int:
-    """Drop every quantized copy, smoothing and static scale the compile path made for the
-    parameters and buffers of `module` (prepared layers keep their own weights). Returns the
-    bytes released; a graph compiled before re-quantizes on its next call."""
-    released = 0
-    for t in list(module.parameters()) + [b for b in module.buffers() if b is not None]:
-        st = _STATES.get(t)
-        if st is None:
-            continue
-        released += sum(wq.numel() * wq.element_size() + ws.numel() * ws.element_size()
-                        for _, wq, ws in st.copies.values())
-        st.copies.clear()  # smoothing vectors and static scales are tiny: a compiled graph still needs them
-    return released
-
-
-def carry_state(old: torch.Tensor, new: torch.Tensor) -> None:
-    """`new` is `old` moved (same bytes, another device or object): it keeps old's record, and
-    a prepared weight's accepted digest (no byte is read)."""
-    st = _STATES.get(old)
-    if st is None:
-        return
-    moved = st if new is old else state_of(new, st.name)  # the same object moved through .data: its own record
-    moved.smoothing = dict(st.smoothing)
-    moved.input_scale = st.input_scale.to(new.device) if st.input_scale is not None else None
-    if st.input_step_scales is not None:
-        moved.input_step_scales = (st.input_step_scales[0], st.input_step_scales[1].to(new.device))
-    if st.prepared is not None:
-        moved.prepared = (fingerprint(new), st.prepared[1])
-
-
-def attach_static_input_scale(weight: torch.Tensor, scale: float, name: str = "", steps=None) -> None:
-    """Keep the calibrated activation scale of the linear that owns `weight`; `steps`:
-    (flat step groups, [scale per group]) for per-step scales (linear_scales.step_scale_table)."""
-    st = state_of(weight, name)
-    st.input_scale = torch.tensor(scale, dtype=torch.float32, device=weight.device)
-    st.input_step_scales = None if steps is None else (
-        tuple(steps[0]), torch.tensor(steps[1], dtype=torch.float32, device=weight.device))
-
-
-def static_step_input_scales(weight: torch.Tensor) -> tuple:
-    """(flat step groups, fp32 [n_groups] scales, all-steps scale) attached to `weight`; a weight
-    with one static scale gives ((), None, scale)."""
-    fallback = static_input_scale(weight)
-    steps = _STATES[weight].input_step_scales
-    return (steps[0], steps[1], fallback) if steps is not None else ((), None, fallback)
-
-
-def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
-    st = _STATES.get(weight)
-    scale = st.input_scale if st is not None else None
-    if scale is None:
-        raise RuntimeError(
-            "fx_fp8: no static activation scale recorded for this weight (a graph compiled for another "
-            "model instance?); call fx_fp8.prepare_model(model, config) before torch.compile"
-        )
-    return scale
+#: attributes in a QuantizedLinear's __dict__: its name for messages, its accepted (fingerprint, digest)
+NAME_ATTR, ACCEPTED_ATTR = "_fx_fp8_name", "_fx_fp8_accepted"
 
 
 class QuantizedLinear(nn.Module):
@@ -295,7 +55,7 @@ class QuantizedLinear(nn.Module):
         # the bias first: diffusers' ModelMixin.dtype is the first floating parameter's, and a quantized
         # (FP8) weight must not become the model's dtype when a prepared layer is its first module
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
-        self.weight = WatchedParameter(weight_q, requires_grad=False)
+        self.weight = nn.Parameter(weight_q, requires_grad=False)
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("input_smoothing", input_smoothing)
@@ -321,9 +81,48 @@ class QuantizedLinear(nn.Module):
         """W8A16: the quantized weight is dequantized into a matmul with unquantized activations."""
         return self.act_granularity == WEIGHT_ONLY
 
+    # -- the accepted bytes ------------------------------------------------------------------------
+    @property
+    def layer_name(self) -> str:
+        return self.__dict__.get(NAME_ATTR) or "(unnamed)"
+
+    def accept_weight(self, name: str = "") -> None:
+        """Record the weight's bytes as the ones its scales describe (prepare_model, a state-dict
+        load that sets data and scales together)."""
+        if name:
+            self.__dict__[NAME_ATTR] = name
+        self.__dict__[ACCEPTED_ATTR] = (fingerprint(self.weight), digest(self.weight))
+
+    def check_weight(self, weight: Optional[torch.Tensor] = None, *, check_bytes: bool = False) -> None:
+        """Raise if the weight was replaced by a full-precision tensor or its bytes changed since
+        they were accepted (its scales no longer describe it). Cheap unless its fingerprint moved
+        (or check_bytes: a digest of the bytes, which also sees writes through `.data`)."""
+        w = self.weight if weight is None else weight
+        if w.dtype not in QUANTIZED_DTYPES:
+            raise RuntimeError(
+                f"fx_fp8: prepared layer {self.layer_name} holds a {w.dtype} weight: it was replaced through "
+                "`.data` after prepare_model. Load full-precision weights with model.load_state_dict(...) (prepared "
+                "layers re-quantize them), or fuse LoRA before prepare_model")
+        accepted = self.__dict__.get(ACCEPTED_ATTR)
+        if accepted is None:
+            return
+        fp = fingerprint(w)
+        if accepted[0] == fp and not check_bytes:
+            return
+        if digest(w) == accepted[1]:
+            self.__dict__[ACCEPTED_ATTR] = (fp, accepted[1])  # moved, or the same bytes written back
+            return
+        raise RuntimeError(
+            f"fx_fp8: the quantized weight of prepared layer {self.layer_name} was written after prepare_model (its "
+            "scales describe other bytes). Load full-precision weights with model.load_state_dict(...) (prepared "
+            "layers re-quantize them), fuse LoRA before prepare_model, or restore the model and prepare it again")
+
     def forward(self, x):
         # Eagerly the lowering follows the device; under fx_fp8's backends the linear pass
-        # rewrites this call into the compiled form for the chosen lowering.
+        # rewrites this call into the compiled form for the chosen lowering (and the compiled
+        # graph's caller checks the weight once per call, outside the graph).
+        if not torch.compiler.is_compiling():
+            self.check_weight()
         scale = self.input_scale
         if self.input_step_scales is not None:  # looked up from the published step per call (no recompile)
             scale = torch.ops.fx_fp8.step_scale(self.input_step_scales, self.input_scale,
@@ -335,6 +134,8 @@ class QuantizedLinear(nn.Module):
         )
 
     def _apply(self, fn, recurse=True):
+        accepted = self.__dict__.get(ACCEPTED_ATTR)
+        accepted = accepted if accepted is not None and accepted[0] == fingerprint(self.weight) else None
         frozen = {}
         for name in self._FROZEN_DTYPE:
             store = self._parameters if name in self._parameters else self._buffers
@@ -353,10 +154,11 @@ class QuantizedLinear(nn.Module):
                             t.data = moved.detach()
                             moved = t
                         elif moved is not t:
-                            moved = WatchedParameter(moved.detach(), requires_grad=False)
-                    carry_state(t, moved)
+                            moved = nn.Parameter(moved.detach(), requires_grad=False)
                     t = moved
                 store[name] = t
+        if accepted is not None:  # the same bytes moved: still accepted, no byte read
+            self.__dict__[ACCEPTED_ATTR] = (fingerprint(self.weight), accepted[1])
         if self.bias is not None:
             self.orig_dtype = self.bias.dtype
         else:
@@ -377,8 +179,7 @@ class QuantizedLinear(nn.Module):
 
     def _check_incoming(self, state_dict, prefix: str) -> Optional[str]:
         """What is wrong with this layer's entries in `state_dict` (None: loadable)."""
-        st = _STATES.get(self.weight)
-        name = prefix[:-1] or (st.name if st is not None and st.name else "(unnamed)")
+        name = prefix[:-1] or self.layer_name
         w, s = state_dict.get(prefix + "weight"), state_dict.get(prefix + "weight_scale")
         if w is None:
             return None if s is None else (f"{name}: a weight_scale without its weight (the scale of a quantized "
@@ -423,13 +224,12 @@ class QuantizedLinear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
         if w is not None and not self.weight.is_meta:  # new bytes and their scales, set together
-            st = _STATES.get(self.weight)
-            accept_prepared_weight(self.weight, prefix[:-1] or (st.name if st is not None else ""))
+            self.accept_weight(prefix[:-1])
 
 
 def reachable_tensor_bytes(obj) -> int:
     """Bytes of every distinct tensor storage reachable from a model or compiled model:
-    parameters, buffers, and the quantized copies kept on its weights."""
+    parameters, buffers, and the quantized copies the backend keeps on its modules."""
     seen, total = set(), 0
 
     def add(t: torch.Tensor):
@@ -444,8 +244,22 @@ def reachable_tensor_bytes(obj) -> int:
     tensors = list(module.parameters()) + list(module.buffers()) if isinstance(module, nn.Module) else []
     for t in tensors:
         add(t)
-    for t in tensors:
-        for wq, ws in quantized_copies(t):
-            add(wq)
-            add(ws)
+    if isinstance(module, nn.Module):
+        for t in quantized_copies_of(module):
+            add(t)
     return total
+
+
+def refresh_weights(model: nn.Module) -> list[str]:
+    """After writing a compiled model's weights through `.data` in place (which no per-call
+    check can see without reading the bytes): re-quantize, in place, every compile-time copy
+    whose source bytes changed, and check every prepared layer's bytes (raising, naming the
+    layer, for one written since prepare_model). Reads each weight once. compile_pipeline
+    runs it at the start of every pipeline call. Returns the names of the re-quantized weights."""
+    module = getattr(model, "_orig_mod", model)
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"refresh_weights expects a torch.nn.Module, got {type(model).__name__}")
+    for m in module.modules():
+        if isinstance(m, QuantizedLinear):
+            m.check_weight(check_bytes=True)
+    return refresh_copies(module)

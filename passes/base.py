@@ -9,9 +9,11 @@ import torch.fx
 
 from fx_fp8.config import FP8Config
 from fx_fp8.ops.lowering import Lowering
+from fx_fp8.graph.dynamo_internals import fake_mode_of
 from fx_fp8.graph.fx_utils import placeholder_index
 from fx_fp8.graph.names import LayerMap, is_resolved
 from fx_fp8.report import CompileReport
+from fx_fp8.weight_feeds import FeedPlan, Resolver
 
 
 @dataclass
@@ -34,10 +36,17 @@ class CompileContext:
     # what the passes did to the instance's own weights (quantized copies, attached scales): redone
     # for another instance that reuses these decisions (see FXPass.instance_facts)
     weight_actions: list = field(default_factory=list)
+    # where the weight states the passes fill live (the instance's model), and the inputs they append
+    resolver: Optional[Resolver] = None
+    feeds: Optional[FeedPlan] = None
 
     def __post_init__(self):
         if self.placeholders is None:
             self.placeholders = placeholder_index(self.gm)
+        if self.resolver is None:
+            self.resolver = Resolver(None)
+        if self.feeds is None:
+            self.feeds = FeedPlan(self.gm.graph, fake_mode_of(self.gm.graph))
 
 
 class NotReusable(Exception):

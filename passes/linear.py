@@ -15,16 +15,23 @@ Prepared QuantizedLinear modules (prepare_model) reach the graph as
 fx_fp8::quantized_linear calls and are rewritten the same way; devices without
 quantized matrix units get fx_fp8::weight_only_linear.
 
+An unprepared linear's weight is quantized now, into a copy its module owns
+(fx_fp8/weight_state.py), and the graph reads that copy through inputs the pass
+appends (fx_fp8/weight_feeds.py: the caller supplies them once per graph call,
+re-quantizing a changed weight in place), never through a lookup at run time.
+The GEMM itself is what the lowering writes (Lowering.emit_gemm): aten ops on
+CUDA (torch._scaled_mm, so Inductor sees it), the fx_fp8::scaled_mm custom op
+on the CPU reference and the NPU.
+
 SmoothQuant-style smoothing (quantization_config.smoothing_alpha): after the
 groups are formed, each group gets one vector s from the calibrated per-channel
 activation maxima and the group's weight columns; every member's weight is
-quantized as W * s (its own cached copy) and the group's activation is
-multiplied by 1/s before its one quantization:
-    inv = fx_fp8::input_smoothing(W_first, alpha)   # 1/s kept on the weight, read per call
-    xq, xs = quantize(x * inv)
-1/s is looked up at run time, never a graph constant (Dynamo shares a graph
-between model instances). Prepared layers carry their own 1/s buffer (per layer:
-they do not share a quantization then).
+quantized as W * s (its own copy) and the group's activation is multiplied by
+1/s before its one quantization:
+    xq, xs = quantize(x * inv)      # inv: 1/s, an appended input (the first member's)
+1/s is an input, never a graph constant (Dynamo shares a graph between model
+instances). Prepared layers carry their own 1/s buffer (per layer: they do not
+share a quantization then).
 """
 from __future__ import annotations
 
@@ -48,8 +55,8 @@ from fx_fp8.rules import FLOAT_DTYPES, linear_native_reason, linear_plan
 from fx_fp8.report import dims_of
 from fx_fp8.shapes import shape_str
 from fx_fp8.steps import linear_skip_mode
+from fx_fp8.weight_feeds import Feed
 from fx_fp8.weight_recipe import Smoothing, WeightRecipe, group_smoothing
-from fx_fp8.weights import attach_smoothing, attach_static_input_scale, left_by_prepare, quantized_weight
 
 LINEAR_TARGETS = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
 PREPARED_TARGETS = {torch.ops.fx_fp8.quantized_linear, torch.ops.fx_fp8.quantized_linear.default}
@@ -102,13 +109,23 @@ class WeightAction:
     static: bool                 # attach the layer's calibrated activation scale
 
 
-def apply_weight_action(action: WeightAction, weight: torch.Tensor, module: str, qcfg, scales):
-    """Quantize `weight` (linear `module`) as `action` says, attach its static scale; (wq, ws)."""
-    wq, ws = quantized_weight(weight, action.recipe, name=module)
+def attach_static_scale(st, value: float, steps, device) -> None:
+    """A linear's calibrated activation scale (and its per-step scales: (flat step groups,
+    [scale per group]), linear_scales.step_scale_table) on its weight's state."""
+    st.input_scale = torch.tensor(value, dtype=torch.float32, device=device)
+    st.input_step_scales = None if steps is None else (
+        tuple(steps[0]), torch.tensor(steps[1], dtype=torch.float32, device=device))
+
+
+def apply_weight_action(action: WeightAction, weight: torch.Tensor, module: str, qcfg, scales, resolver):
+    """Quantize `weight` (linear `module`) as `action` says, into the copy its module owns, and
+    attach its static scale; the copy (made now, or checked against the weight's bytes)."""
+    st = resolver.state(action.slot, weight, module)
+    copy = st.copy(weight, action.recipe, check_bytes=True)
     if action.static:
-        attach_static_input_scale(weight, method_scale(scales[module], qcfg.method), module,
-                                  step_scale_table(scales, module, lambda v: method_scale(v, qcfg.method)))
-    return wq, ws
+        attach_static_scale(st, method_scale(scales[module], qcfg.method),
+                            step_scale_table(scales, module, lambda v: method_scale(v, qcfg.method)), weight.device)
+    return copy
 
 
 class Linear:
@@ -125,6 +142,8 @@ class Linear:
         # calibrated channel maxima, then the group's Smoothing (set by FP8LinearPass._smooth)
         self.input_smoothing, self.real_weight, self.channel_amax = input_smoothing, real_weight, channel_amax
         self.smoothing: Optional[Smoothing] = None
+        self.slot: Optional[int] = None  # an unprepared weight's graph input (its copy is fed from it)
+        self.recipe: Optional[WeightRecipe] = None  # how an unprepared weight is quantized
         self.dims: list = []  # input shapes as numbers, for the report's FLOPs
         self.left_by_prepare = False  # prepare_model left this unprepared linear (it carries diffusers hooks)
         self.why = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
@@ -263,19 +282,20 @@ class FP8LinearPass(FXPass):
         if self.channel is not None and not weight_only:  # smoothed: quantized per group, in _smooth
             amax = self.channel[module]
             check_channel_amax(module, amax, real_w.shape[1])
-        else:
-            weight = args["weight"]
-            action = WeightAction(self.ctx.placeholders.get(weight) if weight.op == "placeholder" else None,
-                                  node.name, module, recipe, static=q.activation_scheme == "static" and not weight_only)
+        slot = self.ctx.placeholders[args["weight"]]
+        if amax is None:
+            action = WeightAction(slot, node.name, module, recipe,
+                                  static=q.activation_scheme == "static" and not weight_only)
             self.ctx.weight_actions.append(action)
-            wq, ws = apply_weight_action(action, real_w, module, q, self.scales)
-            weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
+            copy = apply_weight_action(action, real_w, module, q, self.scales, self.ctx.resolver)
+            weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
         item = Linear(node, module, args["input"], args["weight"], None, args["bias"], None, method=method,
                       weight_granularity=granularity, weight_block=block, act=q.act_granularity,
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
+        item.slot, item.recipe = slot, recipe
         item.why = why if kind == "weight_only" else (step_why if self.skip_mode else "")
         item.dims = dims
-        item.left_by_prepare = bool(left_by_prepare(real_w))
+        item.left_by_prepare = bool(self.ctx.resolver.state(slot, real_w, module).left_by_prepare)
         (self.left_by_prepare if item.left_by_prepare else self.compile_quantized).append(module)
         return item
 
@@ -293,6 +313,9 @@ class FP8LinearPass(FXPass):
             return f"input dtype {x.dtype} not supported"
         if real_tensor(args["weight"], self.ctx.gm, self.ctx.example_inputs, self.ctx.placeholders) is None:
             return "weight is computed inside the graph (not a parameter), cannot pre-quantize"
+        if args["weight"].op != "placeholder":
+            return ("weight is a constant of the graph, not one of its inputs (its quantized copy is fed as an input "
+                    "derived from the weight input)")
         w8a8 = linear_plan(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, self.sensitive.get(node))[0] == "quantized"
         if self.scales is not None and module not in self.scales and w8a8:
             return "no static activation scale for this layer (recalibrate)"
@@ -375,13 +398,14 @@ class FP8LinearPass(FXPass):
         weights = self.ctx.report.weights
         self.ctx.weight_actions.append(None)  # a group's smoothing: not redone per instance (instance_facts)
         for m in todo:
-            attach_smoothing(m.real_weight, sm, m.module)
-            wq, ws = quantized_weight(m.real_weight, recipe, sm, m.module)
-            weights["quantized_linear_bytes_after"] += wq.numel() * wq.element_size() + ws.numel() * 4
+            st = self.ctx.resolver.state(m.slot, m.real_weight, m.module)
+            st.smoothing[sm.alpha] = sm
+            copy = st.copy(m.real_weight, recipe, sm, check_bytes=True)
+            weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
             if m.act == "static":
-                attach_static_input_scale(m.real_weight, smoothed_static_scale(m.channel_amax, sm.inverse, q.method),
-                                          m.module)
-            m.smoothing = sm
+                attach_static_scale(st, smoothed_static_scale(m.channel_amax, sm.inverse, q.method), None,
+                                    m.real_weight.device)
+            m.smoothing, m.recipe = sm, recipe
 
     # -- rewriting ---------------------------------------------------------------------------
     def _rewrite_group(self, gm, members: list[Linear], group: str, replaced: dict) -> None:
@@ -398,19 +422,21 @@ class FP8LinearPass(FXPass):
                 common = dict(method=m.method, weight_granularity=m.weight_granularity, weight_block=m.weight_block,
                               lowering=lowering.name)
                 base_meta = {k: v for k, v in m.node.meta.items() if k not in ("val", "example_value")}
+                wq, ws = (m.weight, m.weight_scale) if m.prepared else (self._fed(m, "wq"), self._fed(m, "ws"))
+                if m.prepared and m.weight.op == "placeholder":  # checked not written, once per call
+                    slot = self.ctx.placeholders.get(m.weight)
+                    if slot is not None and slot not in self.ctx.feeds.prepared:
+                        self.ctx.feeds.prepared.append(slot)
                 if m.weight_only:
                     x = m.x  # a prepared layer's weight is W * s: its input still needs the 1/s
                     if m.input_smoothing is not None:
                         x = insert_function(graph, smooth_input, (m.x, m.input_smoothing), m.node.meta)
                     new = out = graph.call_function(torch.ops.fx_fp8.weight_only_linear.default,
-                                                    (x, m.weight, m.weight_scale, m.bias), common)
+                                                    (x, wq, ws, m.bias), common)
                 else:
-                    extra = {"smoothing_alpha": m.smoothing.alpha} if m.smoothing is not None else {}
-                    new = graph.call_function(torch.ops.fx_fp8.scaled_mm.default,
-                                              (xq, xs, m.weight, m.weight_scale, m.bias),
-                                              dict(common, out_dtype=meta_val(m.x).dtype,
-                                                   fast_accum=self.qcfg.fast_accum, **extra))
-                    new.meta.update(base_meta)
+                    new = lowering.emit_gemm(graph, xq, xs, wq, ws, m.bias, out_dtype=meta_val(m.x).dtype,
+                                             fast_accum=self.qcfg.fast_accum, meta=base_meta, act=m.act,
+                                             weight_val=self._weight_value(m), **common)
                     out = insert_function(graph, restore_leading_dims, (new, m.x), m.node.meta)
                 out.meta.update(m.node.meta)  # same value as the linear it replaces
             m.node.replace_all_uses_with(out)
@@ -421,20 +447,39 @@ class FP8LinearPass(FXPass):
                         reason=self._describe(m), shapes=m.shapes, dims=m.dims,
                         act_quant_group="" if m.weight_only else group)
 
+    def _weight_value(self, m: Linear):
+        """The quantized weight GEMM m reads (its value or fake value): shape and device."""
+        if m.prepared:
+            val = meta_val(m.weight)
+            return val if val is not None else real_tensor(m.weight, self.ctx.gm, self.ctx.example_inputs,
+                                                           self.ctx.placeholders)
+        st = self.ctx.resolver.state(m.slot, m.real_weight, m.module)
+        alpha = m.smoothing.alpha if m.smoothing is not None else None
+        return Feed(m.slot, "wq", m.recipe, alpha).tensor(st, m.real_weight)
+
+    def _fed(self, m: Linear, kind: str) -> torch.fx.Node:
+        """The appended input carrying what the pass derived from unprepared linear m's weight."""
+        alpha = m.smoothing.alpha if m.smoothing is not None and kind in ("wq", "ws", "inverse") else None
+        feed = Feed(m.slot, kind, m.recipe if kind in ("wq", "ws") else None, alpha)
+        st = self.ctx.resolver.state(m.slot, m.real_weight, m.module)
+        return self.ctx.feeds.placeholder(feed, feed.tensor(st, m.real_weight), hint=str(m.slot))
+
     def _quantize(self, graph, m: Linear):
         """(xq, xs) nodes for a group's activation, at the graph's insert point."""
         lowering = self.ctx.lowering
         x = m.x
         inverse = m.input_smoothing  # a prepared layer's 1/s buffer
-        if inverse is None and m.smoothing is not None:  # unprepared: the 1/s attached to the weight, read per call
-            inverse = graph.call_function(torch.ops.fx_fp8.input_smoothing.default, (m.weight,),
-                                          {"alpha": m.smoothing.alpha})
+        if inverse is None and m.smoothing is not None:  # unprepared: its group's 1/s, an appended input
+            inverse = self._fed(m, "inverse")
         if inverse is not None:  # plain torch ops before the quantization (a fused one too, on NPU)
             x = insert_function(graph, smooth_input, (m.x, inverse), m.node.meta)
         scale = m.input_scale
-        if m.act == "static" and scale is None:  # unprepared: the scale attached to the weight
-            op = torch.ops.fx_fp8.static_step_input_scale if self.per_step else torch.ops.fx_fp8.static_input_scale
-            scale = graph.call_function(op.default, (m.weight,))
+        if m.act == "static" and scale is None:  # unprepared: the calibrated scale, an appended input
+            scale = self._fed(m, "input_scale")
+            steps = self.ctx.resolver.state(m.slot, m.real_weight, m.module).input_step_scales
+            if steps is not None:  # the published step's group picks its scale per call (no recompile)
+                scale = graph.call_function(torch.ops.fx_fp8.step_scale.default, (self._fed(m, "step_scales"), scale),
+                                            {"groups": list(steps[0])})
         group = m.weight_block[1] if m.act == "group" else 0
         if lowering.fused_activation_quant:
             node = graph.call_function(
@@ -462,7 +507,9 @@ class FP8LinearPass(FXPass):
             act += f", smoothed (alpha {m.smoothing.alpha:g})"
         elif m.input_smoothing is not None:
             act += ", smoothed"
-        return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}"
+        gemm = self.ctx.lowering.gemm_description(m.method, m.weight_granularity, m.weight_block,
+                                                  self.qcfg.fast_accum, act=m.act, weight_val=self._weight_value(m))
+        return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}" + (f"; {gemm}" if gemm else "")
 
     def _notes(self, matched: set, disagreeing: list) -> None:
         report = self.ctx.report

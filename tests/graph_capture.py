@@ -19,6 +19,13 @@ class Capture:
         return [n for gm, _ in self.graphs for n in gm.graph.nodes if is_attention(n)]
 
 
+def graph_module_of(fn):
+    """The GraphModule behind a callable the eager downstream returned (through the Fed wrapper
+    that appends fx_fp8's inputs)."""
+    fn = getattr(fn, "fn", fn)
+    return fn.__self__
+
+
 def compile_stored(gm, inputs, config, **overrides):
     """Run fx_fp8's backend on a captured graph with `config` (reference lowering, eager
     downstream unless overridden); returns (callable, report)."""

@@ -12,7 +12,7 @@ import torch.nn as nn
 import fx_fp8
 from fx_fp8.calibration import FORMAT
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weights import static_input_scale
+from fx_fp8.weight_state import state_of
 
 STATIC_RUN = textwrap.dedent("""
     import sys, warnings
@@ -183,4 +183,4 @@ def test_int8_static_scales_use_the_int8_range():
         errors[method] = float((out - ref).norm() / ref.norm())
     assert fx_fp8.get_reports()[-1].entries[0].action == "int8"
     assert errors["int8"] < 0.02 and errors["fp8"] < 0.05, errors
-    assert float(static_input_scale(m[0].weight)) == pytest.approx(float(x.abs().max()) / 127.0)
+    assert float(state_of(m, m[0].weight).input_scale) == pytest.approx(float(x.abs().max()) / 127.0)

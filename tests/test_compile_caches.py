@@ -13,14 +13,14 @@ import torch
 from torch._functorch._aot_autograd.autograd_cache import check_node_safe
 
 from fx_fp8.config import FP8Config
-from graph_capture import compile_stored
+from graph_capture import compile_stored, graph_module_of
 from test_linear_pass import traced
 
 
 def test_every_inserted_node_has_an_example_value_and_is_cache_safe():
     _, gm, inputs, _, _ = traced("flux")
     fn, report = compile_stored(gm, inputs, FP8Config.from_kwargs())  # FP8 attention + FP8 linears
-    graph = fn.__self__.graph
+    graph = graph_module_of(fn).graph
     assert report.count("linear", "fp8") > 0 and report.count("attention", "fp8") > 0
     calls = [n for n in graph.nodes if n.op in ("call_function", "call_method")]
     assert all("example_value" in n.meta for n in calls), [n.name for n in calls if "example_value" not in n.meta]

@@ -5,14 +5,14 @@ and gets the per-weight work (quantized copy, static scale) done on its own weig
 here also runs the passes for each reused instance (backend.CHECK_REUSE) and fails on any
 difference; each fact that can differ gets a block that differs, with its report row and the
 kernel that really runs for it."""
-import sys
 import warnings
 
 import pytest
 import torch
 
 import fx_fp8
-from fx_fp8 import backend, weights
+from fx_fp8 import backend
+from fx_fp8.weight_state import state_of
 from fx_fp8.linear_scales import method_scale
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.ops import library
@@ -37,25 +37,36 @@ def plans(monkeypatch):
 def kernels(monkeypatch):
     """What runs: the weights fx_fp8's quantized matmuls read (by op), FP8 attention calls."""
     seen = {"scaled_mm": [], "weight_only_linear": [], "attention": 0}
-    real_weight, real_attention = library._weight_and_scale, library._attention
+    lowering = type(get_lowering("reference"))
+    real_mm, real_wo, real_attention = lowering.scaled_mm, lowering.weight_only_linear, library._attention
 
-    def weight_and_scale(weight, *args, **kwargs):
-        seen[sys._getframe(1).f_code.co_name].append(weight)
-        return real_weight(weight, *args, **kwargs)
+    def scaled_mm(self, xq, xs, wq, *args, **kwargs):
+        seen["scaled_mm"].append(wq)
+        return real_mm(self, xq, xs, wq, *args, **kwargs)
+
+    def weight_only_linear(self, x2d, wq, *args, **kwargs):
+        seen["weight_only_linear"].append(wq)
+        return real_wo(self, x2d, wq, *args, **kwargs)
 
     def attention(*args, **kwargs):
         seen["attention"] += 1
         return real_attention(*args, **kwargs)
 
-    monkeypatch.setattr(library, "_weight_and_scale", weight_and_scale)
+    monkeypatch.setattr(lowering, "scaled_mm", scaled_mm)
+    monkeypatch.setattr(lowering, "weight_only_linear", weight_only_linear)
     monkeypatch.setattr(library, "_attention", attention)
     return seen
 
 
 def _fp8_linears(model, seen) -> set:
-    """Names of the linears whose weight reached fx_fp8::scaled_mm."""
+    """Names of the linears whose quantized copy reached fx_fp8::scaled_mm."""
     ids = {id(w) for w in seen["scaled_mm"]}
-    return {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m.weight) in ids}
+    found = set()
+    for n, m in model.named_modules():
+        st = state_of(model, m.weight) if isinstance(m, torch.nn.Linear) else None
+        if st is not None and any(id(c.wq) in ids for c in st.copies.values()):
+            found.add(n)
+    return found
 
 
 def _run(model, kw, **options):
@@ -76,7 +87,7 @@ def test_alike_instances_run_the_passes_once(plans, kernels, downstream_compiles
         assert {e.layer for e in report.entries} == {i}
     assert {f"blocks.{i}.{p}" for i in range(BLOCKS) for p in ("q", "fc1", "fc2")} <= _fp8_linears(model, kernels)
     for i in range(BLOCKS):  # every block's own weights were quantized, not only the planned one's
-        assert weights.quantized_copies(model.blocks[i].fc1.weight)
+        assert state_of(model, model.blocks[i].fc1.weight).copies
 
 
 def test_a_skipped_layer_gets_its_own_plan_and_runs_native_attention(plans, kernels, downstream_compiles):
@@ -137,7 +148,7 @@ def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
     assert "blocks.3.fc1" not in _fp8_linears(model, kernels) and "blocks.5.fc1" in _fp8_linears(model, kernels)
     assert plans == {"passes": 2, "reused": BLOCKS - 2}
     for i in (0, 1, 2, 4, 5):  # each reused instance's weight carries its own layer's scale
-        got = weights.static_input_scale(model.blocks[i].fc1.weight).item()
+        got = state_of(model, model.blocks[i].fc1.weight).input_scale.item()
         assert got == pytest.approx(method_scale(scales[f"blocks.{i}.fc1"], "fp8"))
 
 

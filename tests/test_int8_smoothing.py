@@ -20,8 +20,13 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weights import QuantizedLinear, quantized_copies, smoothing_of, state_of, static_input_scale
-from graph_capture import Capture, compile_stored
+from fx_fp8.weight_state import quantized_copies_of, state_of
+from fx_fp8.weights import QuantizedLinear
+
+
+def smoothing_of(model, weight, alpha):
+    return state_of(model, weight).smoothing[alpha]
+from graph_capture import Capture, compile_stored, graph_module_of
 from npu_sim import torch_npu_sim  # noqa: F401  (fixture)
 
 ALPHA = 0.5
@@ -115,10 +120,10 @@ def test_smoothing_with_both_methods_and_schemes(method, scheme):
         err[alpha] = rel_mse(y, ref)
     assert err[ALPHA] < err[None] < 0.004, err
     weight = m[0].weight
-    sm = smoothing_of(weight, ALPHA)
+    sm = smoothing_of(m, weight, ALPHA)
     if scheme == "static":
         expected = float((calibration.channel_amax["0"] * sm.inverse).max()) / quant.METHODS[method][1]
-        assert float(static_input_scale(weight)) == pytest.approx(expected, rel=1e-6)
+        assert float(state_of(m, weight).input_scale) == pytest.approx(expected, rel=1e-6)
 
 
 def test_smoothing_factors_formula_and_range():
@@ -181,9 +186,9 @@ def test_calibrated_smoothed_flux_int8_end_to_end(scheme, scaled_mm_methods):
         assert len(qkv) == 1
         # one smoothing vector per group, shared by its members' weights
         ws = [model.get_submodule(f"transformer_blocks.0.attn.{p}").weight for p in ("to_q", "to_k", "to_v")]
-        assert smoothing_of(ws[0], ALPHA) is smoothing_of(ws[1], ALPHA) is smoothing_of(ws[2], ALPHA)
-        assert smoothing_of(model.get_submodule("transformer_blocks.0.ff.net.2").weight, ALPHA) is not \
-            smoothing_of(ws[0], ALPHA)
+        assert smoothing_of(model, ws[0], ALPHA) is smoothing_of(model, ws[1], ALPHA) is smoothing_of(model, ws[2], ALPHA)
+        assert smoothing_of(model, model.get_submodule("transformer_blocks.0.ff.net.2").weight, ALPHA) is not \
+            smoothing_of(model, ws[0], ALPHA)
 
 
 @pytest.mark.slow
@@ -199,13 +204,13 @@ def test_graph_looks_up_smoothing_per_call_and_fuses_into_one_quantization_per_g
     (gm, inputs), = cap.graphs
     cfg = FP8Config.from_kwargs(**options("int8", ALPHA, calibration))
     fn, report = compile_stored(gm, inputs, cfg)
-    graph = fn.__self__.graph
+    graph = graph_module_of(fn).graph
     lookups = [n for n in graph.nodes if n.target is torch.ops.fx_fp8.input_smoothing.default]
     groups = {e.act_quant_group for e in report.entries if e.op == "linear" and e.action == "int8"}
     assert len(lookups) == len(groups) < report.count("linear", "int8")
     assert all(n.args[0].op == "placeholder" and n.kwargs == {"alpha": ALPHA} for n in lookups)
     assert not [n for n in graph.nodes if n.op == "get_attr"]  # no tensor constant was added
-    assert fn.__self__.code.count(".amax(") == len(groups)
+    assert graph_module_of(fn).code.count(".amax(") == len(groups)
     scaled = [n for n in graph.nodes if n.target is torch.ops.fx_fp8.scaled_mm.default]
     assert scaled and all(n.kwargs["smoothing_alpha"] == ALPHA and n.kwargs["method"] == "int8" for n in scaled)
 
@@ -268,16 +273,17 @@ def test_cache_key_includes_the_smoothing():
         for alpha in (None, ALPHA, 0.8):
             torch._dynamo.reset()
             torch.compile(m, backend="fp8", options=options("int8", alpha, calibration))(x)
-    keys = list(state_of(weight).copies)
+    keys = list(state_of(m, weight).copies)
     assert len(keys) == 3 and keys[0] == ("int8", "channel", None)
     assert keys[1][:3] == keys[2][:3] == keys[0]
     assert keys[1][3][:2] == ("smooth", 0.5) and keys[2][3][:2] == ("smooth", 0.8)
     # the smoothed copy is W * s (not W), and its 1/s is counted with the copies
-    sm = smoothing_of(weight, ALPHA)
-    _, wq, ws = state_of(weight).copies[keys[1]]
+    sm = smoothing_of(m, weight, ALPHA)
+    copy = state_of(m, weight).copies[keys[1]]
+    wq, ws = copy.wq, copy.ws
     deq = quant.dequantize_weight(wq, ws, "channel")
     assert rel_err(deq, weight * sm.factors) < 0.03 and rel_err(deq, weight) > 0.5
-    assert len(quantized_copies(weight)) == 3 + 2  # three copies, two smoothings
+    assert len(quantized_copies_of(m)) == 3 * 2 + 2  # three copies (weight, scale), two smoothings' 1/s
 
 
 # -- prepare_model ----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 import fx_fp8
 from fx_fp8 import compile_pipeline, pipeline_state, restore_pipeline
 from fx_fp8.rules import is_plain_linear
-from fx_fp8.weights import QuantizedLinear, quantized_copies, reachable_tensor_bytes
+from fx_fp8.weight_state import quantized_copies_of
+from fx_fp8.weights import QuantizedLinear, reachable_tensor_bytes
 
 
 class SubLinear(nn.Linear):
@@ -137,11 +138,11 @@ def test_restore_releases_the_quantized_copies_of_prepare_false():
     pipe()
     compiled = pipe.transformer
     with_copies = reachable_tensor_bytes(model)
-    copies = [weakref.ref(wq) for p in model.parameters() for wq, _ in quantized_copies(p)]
+    copies = [weakref.ref(t) for t in quantized_copies_of(model) if t.dtype == torch.float8_e4m3fn]
     assert with_copies > native and copies
     restore_pipeline(pipe)
     assert reachable_tensor_bytes(model) == native
-    assert not any(quantized_copies(p) for p in model.parameters())
+    assert not [t for t in quantized_copies_of(model) if t.dtype == torch.float8_e4m3fn]
     torch._dynamo.reset()
     assert reachable_tensor_bytes(model) == native
     del compiled

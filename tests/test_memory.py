@@ -8,7 +8,8 @@ import torch.nn as nn
 import fx_fp8
 from fx_fp8.tools.families import example_inputs, output_tensor
 from fx_fp8.ops import quant
-from fx_fp8.weights import QuantizedLinear, quantized_copies
+from fx_fp8.weight_state import quantized_copies_of, state_of
+from fx_fp8.weights import QuantizedLinear
 
 
 def bf16_flux():
@@ -81,7 +82,7 @@ def test_prepare_model_frees_bf16_weights():
     # calling again, both variants: no BF16 copy comes back, no compile-time FP8 copies either
     run_steps(compiled, kw, [0, 1, 2])
     assert fx_fp8.reachable_tensor_bytes(compiled) == total_after
-    assert not any(quantized_copies(p) for p in model.parameters())
+    assert not quantized_copies_of(model)
     reports = fx_fp8.get_reports(compiled)
     assert [r.step_variant for r in reports] == ["fp8", "native"]
     for r in reports:
@@ -195,7 +196,7 @@ def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
             a(**kw), b(**kw)
     assert len(calls) == first  # 20 steady calls: no re-quantization
     w = model.get_submodule("transformer_blocks.0.attn.to_q").weight
-    assert len(quantized_copies(w)) == 2
+    assert len(state_of(model, w).copies) == 2
 
 
 @pytest.mark.slow

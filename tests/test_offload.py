@@ -98,8 +98,6 @@ def test_prepare_model_then_group_offload_matches_native_offload(form):
 def test_moving_a_quantized_linear_keeps_its_parameter_objects():
     """Group offloading (its parameter lists), optimizers and hooks hold parameters by identity:
     .to() moves a QuantizedLinear's weight in place, as nn.Linear's, and keeps its accepted bytes."""
-    from fx_fp8.weights import check_prepared_weight
-
     model = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16))
     fx_fp8.prepare_model(model)
     q = model[0]
@@ -111,7 +109,7 @@ def test_moving_a_quantized_linear_keeps_its_parameter_objects():
     weight = fresh[0].weight
     fresh.to(CPU).half()   # the bias and output dtype change; the quantized weight stays, accepted
     assert fresh[0].weight is weight and weight.dtype == torch.float8_e4m3fn and fresh[0].bias.dtype == torch.float16
-    check_prepared_weight(weight)
+    fresh[0].check_weight(check_bytes=True)
 
 
 @pytest.mark.slow

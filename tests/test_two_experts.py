@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 import fx_fp8
 from fx_fp8 import pipeline_state
 from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
-from fx_fp8.weights import static_input_scale
+from fx_fp8.weight_state import state_of
 
 STEPS = 5
 
@@ -67,7 +67,7 @@ def test_two_experts_each_their_own_model(prepare):
     if not prepare:
         name = next(e.module for e in reports["transformer_2"][0].entries if e.op == "linear" and e.action == "fp8")
         for expert in experts.values():
-            assert float(static_input_scale(expert.get_submodule(name).weight)) > 0
+            assert float(state_of(expert, expert.get_submodule(name).weight).input_scale) > 0
     assert not [w for w in caught if "no static activation scale" in str(w.message)]
     # no more Dynamo graphs than plain eager compiles of the same run (the prepare trace aside)
     assert counters["stats"]["unique_graphs"] - (2 if prepare else 0) <= eager_graphs

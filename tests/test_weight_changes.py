@@ -1,5 +1,8 @@
 """Weights written after compiling are honoured: re-quantized once per change, never per call,
-or (a prepared layer, whose original is gone) refused naming the layer."""
+or (a prepared layer, whose original is gone) refused naming the layer. A write the per-call
+fingerprint sees (the Parameter's version counter or storage moved) is followed on the next
+call; a write through the `.data` alias in place is not (nothing cheap shows it), and
+fx_fp8.refresh_weights (compile_pipeline runs it once per pipeline call) finds it by digest."""
 import warnings
 
 import pytest
@@ -8,7 +11,7 @@ from torch._dynamo.utils import counters
 
 import fx_fp8
 from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weights import QUANTIZATIONS, WatchedParameter
+from fx_fp8.weight_state import compile_quantizations
 
 TARGET = "transformer_blocks.0.ff.net.2"  # a quantized linear of the tiny Flux (a feed-forward output)
 
@@ -49,50 +52,69 @@ def _write(model, kind: str, delta_scale: float = 0.5):
 
 
 SLOW = pytest.mark.slow
+#: writes the per-call fingerprint sees / writes through the `.data` alias in place, which need refresh_weights
+SEEN_PER_CALL = ("no_grad_inplace", "data_assign", "load_state_dict")
+SEEN_BY_REFRESH = ("data_add", "data_copy", "data_iadd")
 
 
-@pytest.mark.parametrize("kind", ["data_add", *(pytest.param(k, marks=SLOW) for k in (
-    "no_grad_inplace", "data_assign", "data_copy", "data_iadd", "load_state_dict"))])
+@pytest.mark.parametrize("kind", ["no_grad_inplace", *(pytest.param(k, marks=SLOW) for k in SEEN_PER_CALL[1:])])
 def test_weight_writes_after_torch_compile_are_seen(kind):
     model, kw = _flux()
     compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
     with torch.no_grad():
         before = output_tensor(compiled(**kw))
-        assert isinstance(model.get_submodule(TARGET).weight, WatchedParameter)
+        assert type(model.get_submodule(TARGET).weight) is torch.nn.Parameter, "the user's Parameter is untouched"
         frames = counters["stats"]["unique_graphs"]
         report = fx_fp8.get_reports(compiled)[0]   # the weight-only (sensitive) linears' copies count too
         fp8_linears = report.count("linear", "fp8") + report.count("linear", "weight-only")
         _write(model, kind)
         native = output_tensor(model(**kw))
-        n0 = QUANTIZATIONS["count"]
+        n0 = compile_quantizations(model)
         after = output_tensor(compiled(**kw))
-        requantized = QUANTIZATIONS["count"] - n0
+        requantized = compile_quantizations(model) - n0
         again = output_tensor(compiled(**kw))
     assert _rel(native, before) > 0.05, "the write must change the model's output visibly"
     assert _rel(after, native) < 0.05, f"{kind}: the compiled model did not follow the new weights"
     assert requantized == (fp8_linears if kind == "load_state_dict" else 1)
-    assert QUANTIZATIONS["count"] - n0 == requantized, "re-quantized again on a call without a change"
+    assert compile_quantizations(model) - n0 == requantized, "re-quantized again on a call without a change"
     torch.testing.assert_close(again, after)
     assert counters["stats"]["unique_graphs"] == frames, "a weight write must not recompile"
 
 
-@SLOW
-def test_reading_data_requantizes_once_and_changes_nothing():
+@pytest.mark.parametrize("kind", ["data_add", *(pytest.param(k, marks=SLOW) for k in SEEN_BY_REFRESH[1:])])
+def test_writes_through_data_are_found_by_refresh_weights(kind):
     model, kw = _flux()
     compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
     with torch.no_grad():
         before = output_tensor(compiled(**kw))
-        _ = model.get_submodule(TARGET).weight.data.abs().max()  # a read through .data: conservatively a change
-        n0 = QUANTIZATIONS["count"]
+        _write(model, kind)
+        native = output_tensor(model(**kw))
+        n0 = compile_quantizations(model)
+        assert fx_fp8.refresh_weights(model) == [TARGET]
+        assert compile_quantizations(model) - n0 == 1, "only the written weight is re-quantized"
         after = output_tensor(compiled(**kw))
-        compiled(**kw)
-    assert QUANTIZATIONS["count"] - n0 == 1
+        assert fx_fp8.refresh_weights(model) == [], "nothing changed since"
+    assert _rel(native, before) > 0.05
+    assert _rel(after, native) < 0.05, f"{kind}: the compiled model did not follow the new weights"
+
+
+def test_reading_data_requantizes_nothing_and_changes_nothing():
+    model, kw = _flux()
+    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+    with torch.no_grad():
+        before = output_tensor(compiled(**kw))
+        _ = model.get_submodule(TARGET).weight.data.abs().max()  # a read through .data
+        n0 = compile_quantizations(model)
+        after = output_tensor(compiled(**kw))
+        assert fx_fp8.refresh_weights(model) == []
+    assert compile_quantizations(model) == n0
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("compiled_call", [False, pytest.param(True, marks=SLOW)], ids=["eager", "compiled"])
 @pytest.mark.parametrize("kind", ["data_copy", "no_grad_inplace", "data_assign"])
 def test_prepared_weight_written_after_prepare_is_refused_naming_the_layer(kind, compiled_call):
+    """Refused on the next call, or (written in place through `.data`) by refresh_weights."""
     model, kw = _flux()
     fx_fp8.prepare_model(model, quantization="fp8")
     run = torch.compile(model, backend="fp8", options={"quantization": "fp8"}) if compiled_call else model
@@ -107,7 +129,10 @@ def test_prepared_weight_written_after_prepare_is_refused_naming_the_layer(kind,
         else:
             w.data = torch.randn(w.shape)  # full precision values into a prepared layer
         with pytest.raises(RuntimeError, match=TARGET.replace(".", r"\.")):
-            run(**kw)
+            if kind == "data_copy":
+                fx_fp8.refresh_weights(model)
+            else:
+                run(**kw)
 
 
 def test_prepared_weight_read_through_data_and_moved_still_runs():

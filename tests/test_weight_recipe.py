@@ -19,12 +19,12 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8 import weights
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.tools.tiny_model.fake_quant import fake_fp8
 from fx_fp8.weight_recipe import Smoothing, WeightRecipe, group_smoothing
-from fx_fp8.weights import QuantizedLinear, smoothing_of, static_input_scale
+from fx_fp8.weight_state import state_of
+from fx_fp8.weights import QuantizedLinear
 
 ALPHA = 0.5
 
@@ -57,9 +57,9 @@ def options(method, calibration=None, alpha=None, scheme="dynamic", **qc):
             "lowering": "reference", "downstream": "eager"}
 
 
-def only_copy(weight):
-    (entry,) = weights._STATES[weight].copies.values()
-    return entry[1], entry[2]
+def only_copy(model, weight):
+    (entry,) = state_of(model, weight).copies.values()
+    return entry.wq, entry.ws
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -89,15 +89,15 @@ def test_prepare_model_and_the_pass_quantize_to_identical_bytes(method, scheme, 
                                                                                "proj_out": "weight-only"}
     for name in ("lin", "proj_out"):
         prepared, weight = model.get_submodule(name), unprepared.get_submodule(name).weight
-        wq, ws = only_copy(weight)
+        wq, ws = only_copy(unprepared, weight)
         assert same_bytes(prepared.weight.data, wq) and same_bytes(prepared.weight_scale, ws), name
     assert model.proj_out.input_smoothing is None and model.proj_out.weight.dtype == torch.int8  # W8A16 storage
     if alpha is not None:
-        assert same_bytes(model.lin.input_smoothing, smoothing_of(unprepared.lin.weight, alpha).inverse)
+        assert same_bytes(model.lin.input_smoothing, state_of(unprepared, unprepared.lin.weight).smoothing[alpha].inverse)
     else:
         assert model.lin.input_smoothing is None
     if scheme == "static":
-        assert same_bytes(model.lin.input_scale, static_input_scale(unprepared.lin.weight))
+        assert same_bytes(model.lin.input_scale, state_of(unprepared, unprepared.lin.weight).input_scale)
 
 
 def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):

@@ -224,6 +224,50 @@ class CudaLowering(Lowering):
             return self._block_scaled_mm(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype, fast_accum)
         return scaled_mm(xq, x_scale, wq, w_scale, bias, out_dtype, fast_accum=fast_accum)
 
+    # -- compile time: FP8 GEMMs written into the graph as aten ops ------------------------------
+    def emit_gemm(self, graph, xq, xs, wq, ws, bias, *, method, weight_granularity, weight_block, out_dtype,
+                  fast_accum, lowering, meta, act="token", weight_val=None):
+        form = self._graph_gemm(method, weight_granularity, weight_block, out_dtype, fast_accum, act, weight_val,
+                                bias is not None)
+        if form is None:  # INT8, or block scales torch's block-wise GEMM cannot take: the opaque op
+            return super().emit_gemm(graph, xq, xs, wq, ws, bias, method=method, weight_granularity=weight_granularity,
+                                     weight_block=weight_block, out_dtype=out_dtype, fast_accum=fast_accum,
+                                     lowering=lowering, meta=meta)
+        from fx_fp8.graph.fx_utils import insert_function
+
+        args = (xq, xs, wq, ws) + ((bias,) if bias is not None else ())
+        return insert_function(graph, form, args, meta)
+
+    def _graph_gemm(self, method, weight_granularity, weight_block, out_dtype, fast_accum, act, weight_val, has_bias):
+        from fx_fp8.ops import cuda_graph_gemms as g
+
+        if method != "fp8":
+            return None
+        if weight_granularity == "block":
+            k = weight_val.shape[1] if weight_val is not None else None
+            device = weight_val.device if weight_val is not None else None
+            if act != "group" or k is None or self.blockwise_reason(device, weight_block, int(k), False) is not None:
+                return None
+            return g.blockwise_gemm(has_bias, out_dtype)
+        xs_scalar = act in ("static", "tensor")
+        ws_scalar = weight_granularity == "tensor"
+        if xs_scalar and ws_scalar:
+            return g.tensorwise_gemm(has_bias, out_dtype, fast_accum)
+        return g.rowwise_gemm(xs_scalar, ws_scalar, has_bias, out_dtype, fast_accum)
+
+    def gemm_description(self, method, weight_granularity, weight_block, fast_accum, act="token",
+                         weight_val=None) -> str:
+        form = self._graph_gemm(method, weight_granularity, weight_block, torch.bfloat16, fast_accum, act,
+                                weight_val, False)
+        if form is None:
+            return ("torch._int_mm + fused rescale (opaque op)" if method == "int8"
+                    else "block-scaled GEMM through the opaque op (torch's block-wise _scaled_mm cannot take it)")
+        if weight_granularity == "block":
+            return "cuBLASLt block-wise torch._scaled_mm in the graph (fast accumulation off: torch refuses it there)"
+        scales = "tensor-wise" if act in ("static", "tensor") and weight_granularity == "tensor" else "row-wise"
+        return (f"cuBLASLt torch._scaled_mm in the graph ({scales} scales, "
+                f"{'fast' if fast_accum else 'exact'} accumulation)")
+
     def blockwise_reason(self, device, weight_block, k: int, fast_accum: bool = True) -> Optional[str]:
         """None when torch._scaled_mm's blockwise scaling (1x128 x 128x128) can run this GEMM, else why not."""
         if tuple(weight_block) != SCALED_MM_BLOCK:

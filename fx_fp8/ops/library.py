@@ -8,14 +8,16 @@ called `kernel`: Inductor's fallback kernels take that name themselves.)
     fp8_attention        SDPA semantics, Q/K/V quantized to FP8 inside
     fp8_attention_lse    the same, also returning the log-sum-exp (ring attention, aten flash ops)
     quantize_activation  the fused activation quantization of lowerings that have one (NPU)
-    scaled_mm            quantized activation x quantized weight, fp32 scales, bias
+    scaled_mm            quantized activation x quantized weight, fp32 scales, bias (the lowerings whose
+                         GEMM is not written into the graph as aten ops: CPU reference, NPU, CUDA INT8)
     weight_only_linear   quantized weight storage, native matmul (devices without FP8/INT8 units)
     quantized_linear     the eager composite a prepared QuantizedLinear calls; the linear pass
                          rewrites it into the compiled form
-    static_input_scale   the calibrated activation scale kept on a weight (unprepared static scales)
-    static_step_input_scale  the same with per-step scales: the scale of the published step's group
-    step_scale           a prepared layer's per-step scale: its [n_groups] buffer indexed by the published step
-    input_smoothing      the SmoothQuant 1/s vector kept on a weight (unprepared weights with smoothing_alpha)
+    step_scale           per-step static scales: an [n_groups] table indexed by the published step
+
+Every weight these ops read is a graph input: a prepared layer's own parameter, or the quantized
+copy of a model's weight that fx_fp8 appends to the graph (fx_fp8/weight_feeds.py). No op looks
+weight state up at run time.
 
 The ops are inference-only: their autograd formula lets a graph that
 requires grad compile, and raises only if a backward actually runs through them.
@@ -29,7 +31,8 @@ import torch
 
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8 import steps, weight_recipe, weights
+from fx_fp8 import steps
+from fx_fp8.weights import WEIGHT_ONLY
 
 
 # -- attention ------------------------------------------------------------------------------
@@ -97,27 +100,12 @@ def _(x, static_scale, *, method, granularity, group, lowering):
     return (x.new_empty((m, k), dtype=quant.METHODS[method][0]), x.new_empty(scale_shape, dtype=torch.float32))
 
 
-def _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block, smoothing_alpha=None):
-    """A prepared (quantized) weight with its scale (checked unchanged since it was prepared),
-    or the model's own weight: then its quantized copy (of W * s with smoothing), made at
-    compile time and remade once whenever the weight changed (fx_fp8.weights)."""
-    if weight_scale is not None:
-        weights.check_prepared_weight(weight)
-        return weight, weight_scale
-    recipe = weight_recipe.recipe(method, weight_granularity, tuple(weight_block) or None)
-    if smoothing_alpha is not None:
-        return weights.smoothed_quantized_weight(weight, smoothing_alpha, recipe)
-    return weights.quantized_weight(weight, recipe)
-
-
 @torch.library.custom_op("fx_fp8::scaled_mm", mutates_args=())
-def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
+def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
               bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
-              out_dtype: torch.dtype, fast_accum: bool, lowering: str,
-              smoothing_alpha: Optional[float] = None) -> torch.Tensor:
-    """xq [M, K] (quantized) x weight [N, K] -> [M, N] in out_dtype. With `smoothing_alpha`
-    (an unprepared weight of a smoothed group) the weight's quantized W * s is used."""
-    wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block, smoothing_alpha)
+              out_dtype: torch.dtype, fast_accum: bool, lowering: str) -> torch.Tensor:
+    """xq [M, K] (quantized) x quantized weight [N, K] with its fp32 scale -> [M, N] in out_dtype."""
+    wq, ws = weight, weight_scale
     if xq.shape[0] == 0:  # a 0-row input: the GEMMs refuse it, native returns an empty tensor
         return xq.new_zeros((0, wq.shape[0]), dtype=out_dtype)
     out = get_lowering(lowering).scaled_mm(xq, x_scale, wq, ws, bias, method=method,
@@ -133,11 +121,11 @@ def _(xq, x_scale, weight, weight_scale, bias, *, out_dtype, **_):
 
 
 @torch.library.custom_op("fx_fp8::weight_only_linear", mutates_args=())
-def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: Optional[torch.Tensor],
+def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                        bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
                        lowering: str) -> torch.Tensor:
-    """x [..., K] with a quantized weight dequantized for a native matmul -> [..., N]."""
-    wq, ws = _weight_and_scale(weight, weight_scale, method, weight_granularity, weight_block)
+    """x [..., K] with a quantized weight [N, K] dequantized for a native matmul -> [..., N]."""
+    wq, ws = weight, weight_scale
     x2d = x.reshape(-1, x.shape[-1])
     out = get_lowering(lowering).weight_only_linear(x2d, wq, ws, bias, method=method,
                                                     weight_granularity=weight_granularity,
@@ -158,11 +146,10 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     """y = x @ W^T + b for a prepared QuantizedLinear, eagerly: smooth x (x * 1/s, when the
     weight holds W * s), quantize it (dynamic per token / per tensor, or with the static
     `input_scale`), then the lowering's scaled_mm."""
-    weights.check_prepared_weight(weight)
     impl = get_lowering(lowering)
     x2d = x.reshape(-1, x.shape[-1])
     block = tuple(weight_block) or None
-    if act_granularity == weights.WEIGHT_ONLY:  # W8A16: activations stay unquantized
+    if act_granularity == WEIGHT_ONLY:  # W8A16: activations stay unquantized
         if input_smoothing is not None:
             x2d = quant.smooth_activation(x2d, input_smoothing)
         out = impl.weight_only_linear(x2d, weight, weight_scale, bias, method=method,
@@ -187,17 +174,6 @@ def _(x, weight, weight_scale, bias, input_scale, input_smoothing=None, **_):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-@torch.library.custom_op("fx_fp8::static_input_scale", mutates_args=())
-def static_input_scale(weight: torch.Tensor) -> torch.Tensor:
-    """The calibrated activation scale attached to `weight` at compile time (fp32 scalar)."""
-    return weights.static_input_scale(weight).clone()
-
-
-@static_input_scale.register_fake
-def _(weight):
-    return weight.new_empty((), dtype=torch.float32)
-
-
 # Per-step scales: the published step (a ContextVar, read in Python) picks the scale on every call, so
 # changing steps recompiles nothing. A CUDA graph would replay the first step's pick: the tag makes
 # Inductor keep these ops out of captured graphs.
@@ -210,18 +186,6 @@ def _pick_step_scale(groups, table: Optional[torch.Tensor], fallback: torch.Tens
     return (fallback if i is None else table[i]).clone()
 
 
-@torch.library.custom_op("fx_fp8::static_step_input_scale", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def static_step_input_scale(weight: torch.Tensor) -> torch.Tensor:
-    """The calibrated activation scale attached to `weight` for the published step's group (fp32 scalar)."""
-    groups, table, fallback = weights.static_step_input_scales(weight)
-    return _pick_step_scale(groups, table, fallback)
-
-
-@static_step_input_scale.register_fake
-def _(weight):
-    return weight.new_empty((), dtype=torch.float32)
-
-
 @torch.library.custom_op("fx_fp8::step_scale", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def step_scale(scales: torch.Tensor, fallback: torch.Tensor, *, groups: list[int]) -> torch.Tensor:
     """scales[i] (fp32 [n_groups]) for the group i holding the published step (`groups`: flat
@@ -232,19 +196,6 @@ def step_scale(scales: torch.Tensor, fallback: torch.Tensor, *, groups: list[int
 @step_scale.register_fake
 def _(scales, fallback, *, groups):
     return fallback.new_empty((), dtype=torch.float32)
-
-
-@torch.library.custom_op("fx_fp8::input_smoothing", mutates_args=())
-def input_smoothing(weight: torch.Tensor, *, alpha: float) -> torch.Tensor:
-    """1/s, the SmoothQuant factors (fp32 [in_features]) attached to `weight` at compile time for
-    `alpha`: looked up per call, never a graph constant, so a graph Dynamo shares between model
-    instances multiplies each instance's activations by that instance's own 1/s."""
-    return weights.smoothing_of(weight, alpha).inverse.clone()
-
-
-@input_smoothing.register_fake
-def _(weight, *, alpha):
-    return weight.new_empty((weight.shape[1],), dtype=torch.float32)
 
 
 # -- inference only ---------------------------------------------------------------------------

@@ -91,6 +91,26 @@ class Lowering:
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
         raise NotImplementedError
 
+    # -- compile time: the GEMM written into the graph ------------------------------------------
+    def emit_gemm(self, graph, xq, xs, wq, ws, bias, *, method, weight_granularity, weight_block, out_dtype,
+                  fast_accum, lowering, meta, act="token", weight_val=None):
+        """The [M, N] node computing xq (quantized [M, K], scale xs) x wq ([N, K], scale ws) + bias
+        at the graph's insert point (`act`: the activation scales' granularity, "static" for a
+        calibrated scalar; `weight_val`: wq's value or fake value, for its shape and device). By default the opaque fx_fp8::scaled_mm op, which runs this
+        lowering's `scaled_mm`; a lowering whose GEMM the downstream compiler should see writes
+        plain (aten) ops instead."""
+        node = graph.call_function(torch.ops.fx_fp8.scaled_mm.default, (xq, xs, wq, ws, bias),
+                                   dict(method=method, weight_granularity=weight_granularity,
+                                        weight_block=weight_block, out_dtype=out_dtype, fast_accum=fast_accum,
+                                        lowering=lowering))
+        node.meta.update(meta)
+        return node
+
+    def gemm_description(self, method: str, weight_granularity: str, weight_block, fast_accum: bool, act="token",
+                         weight_val=None) -> str:
+        """What runs the GEMM emit_gemm writes, for the report ("" when nothing worth saying)."""
+        return ""
+
 
 def get_lowering(name: str) -> Lowering:
     """The LOWERING object of a lowering module (imported on first use; Python caches modules)."""

@@ -31,7 +31,6 @@ from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS, PipelineFP8Stat
 from fx_fp8.pipeline.step_publishing import call_recorder, check_scheduler, install_scheduler_hook, wrapped_class
 from fx_fp8.prepare import prepare_model
 from fx_fp8.rules import check_not_prepared
-from fx_fp8.weights import watch_weights
 
 BACKENDS = ("fp8", "fp8_npu")
 
@@ -102,8 +101,6 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
                              kept_linears={}, base_class=type(pipe))
     for attr, module in transformers.items():
-        if cfg.linear_enabled:  # before the first trace: two experts of one class then share one graph
-            watch_weights(module)
         if regional:
             module.compile_repeated_blocks(backend=backend, options=options, **compile_kwargs)
             compiled = module
