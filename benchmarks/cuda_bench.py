@@ -7,9 +7,9 @@
     benchmarks/gpu_run.sh quick flux                             # the same on the GPU machine, with its logs
 
 --quick, one table (printed last), a row per (case, contender):
-  linear + bias, bf16, M 4608 on Flux-dev's shapes 3072->3072, 3072->9216, 3072->12288, 12288->3072,
-  15360->3072, each held by an nn.Module: BF16 F.linear (cuBLAS), BF16 Inductor, torchao float8
-  row-wise (quantize_ with Float8DynamicActivationFloat8WeightConfig(PerRow()), then Inductor),
+  linear + bias, bf16 activations [1, 4608, K] on Flux-dev's shapes 3072->3072, 3072->9216,
+  3072->12288, 12288->3072, 15360->3072, each held by an nn.Module: BF16 F.linear (cuBLAS), BF16
+  Inductor, torchao float8 row-wise (quantize_ with Float8DynamicActivationFloat8WeightConfig(PerRow()), then Inductor),
   fx_fp8 (torch.compile(module, backend="fp8")), fx_fp8 prepared (fx_fp8.prepare_model first).
   attention B1 H24 D128 bf16 at S 4608 / 16384 / 32760 (Q, K ~ N(0, 1), V ~ N(0.5, 1)): cuDNN and
   flash BF16 SDPA, fx_fp8 (torch.compile(module calling F.scaled_dot_product_attention, backend="fp8")).
@@ -29,14 +29,18 @@ measured in the same process: "x BF16" = BF16 Inductor ms / row ms (attention: c
 attention (attention) or the BF16 eager model (Flux). fx_fp8 rows say what its report says (how
 many nodes ran FP8, lowering / downstream): a row whose node did not run FP8 says so.
 
-Expected on an H200 from a bare machine (estimates from the previous run's figures, not yet measured
-with this script): --quick 2.5-3.5 min (imports and CUDA start 15 s; 25 linear rows with ~20 small
-Inductor compiles, 100-120 s; 9 attention rows with 3 fx_fp8 compiles including the Triton kernel's
-autotuning, 30-50 s; profiling and timing about 1 s a row); --flux 3.5-4.5 min (imports 15 s; each
-variant builds and initialises its 11.9 B parameters in a few seconds, then compiles two block
-classes, 30-60 s each for BF16, fx_fp8 and torchao, less for reduce-overhead, whose Triton kernels are
-cached by then; every forward after the first 0.1-0.2 s). A run past --budget seconds (default 280)
-skips the rows it cannot finish and still prints its table; SIGTERM (timeout) prints what was measured.
+Expected on an H200 from a bare machine (estimates, not yet measured with this script): --quick
+2.5-3.5 min (imports and CUDA start 15 s; 25 linear rows with 20 small compiles, 100-120 s; 9
+attention rows with 3 fx_fp8 compiles including the Triton kernel's autotuning, 30-60 s; timing and
+profiling about 1 s a row). --flux 2.5-4.5 min: imports 20 s; each variant builds and initialises its
+11.9 B parameters in a few seconds (prepare_model / quantize_ a few more), then compiles what
+regional compilation needs, 3 Dynamo graphs and 3 Inductor compiles (the double block, the first
+single block, whose input strides differ, the other single blocks; the "graphs" column shows it):
+30-60 s for BF16, fx_fp8 and torchao, less for reduce-overhead, whose Triton kernels are cached by
+then; every forward after the first 0.1-0.2 s. Should the compiles be slower, --budget (default 280 s
+a mode) skips the variants that would not finish (the last is reduce-overhead; rerun it with
+`--flux --flux-variants inductor,fx_fp8_ro`) and still prints the table; SIGTERM (timeout) prints
+and saves what was measured, exit status 124.
 
 --dry-run runs every row on CPU at tiny shapes: the reference lowering and eager downstream for
 fx_fp8, the eager backend in place of Inductor, CPU SDPA in place of cuDNN / flash, a 2 + 2 block
@@ -237,14 +241,15 @@ class OneLinear(nn.Module):
 
 
 def linear_case(m: int, k: int, n: int, device: str):
-    """(x, linear, fp64 result) of one seeded M x K -> N linear with bias."""
+    """(x, linear, fp64 result) of one seeded M x K -> N linear with bias; x is [1, M, K], as a
+    transformer block's activations are."""
     torch.manual_seed(0)
-    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    x = torch.randn(1, m, k, device=device, dtype=torch.bfloat16)
     lin = nn.Linear(k, n, device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(n, k, device=device) / math.sqrt(k))
         lin.bias.copy_(torch.randn(n, device=device) / 10)
-    exact = torch.addmm(lin.bias.double(), x.double(), lin.weight.double().t())
+    exact = x.double() @ lin.weight.double().t() + lin.bias.double()
     return x, lin, exact
 
 
@@ -390,7 +395,8 @@ QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linea
                "ms; x torchao: torchao ms / ms. wall: back-to-back calls, synchronised at the end; launch: the CPU's "
                "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
                "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
-               "Linear: M 4608, bias, per-row (per-token) activation and per-channel weight scales; torchao with "
+               "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
+               "torchao with "
                "set_inductor_config=False (the same Inductor config for every row).")
 
 
@@ -459,16 +465,26 @@ def flux_inputs(config: dict, img_side: int, txt: int, device: str, seed: int = 
     return kw
 
 
-def compile_counts() -> tuple[int, int]:
-    """(graphs Dynamo traced, Inductor FX-graph compiles) so far in this process."""
-    from torch._dynamo.utils import counters
+#: --flux-variants keys -> the variants' names, in the order they run: the most wanted first, should
+#: the time budget run out
+FLUX_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": "fx_fp8 prepared",
+                 "torchao": TORCHAO, "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead"}
 
-    return counters["stats"]["unique_graphs"], counters["inductor"]["fxgraph_cache_miss"]
+
+def regional_compile(model: nn.Module, **compile_kwargs) -> None:
+    """Every repeated block compiled on its own, the block class once (diffusers' compile_repeated_blocks,
+    or the same by hand where the installed diffusers lacks it)."""
+    if hasattr(model, "compile_repeated_blocks"):
+        model.compile_repeated_blocks(**compile_kwargs)
+        return
+    for module in model.modules():
+        if type(module).__name__ in ("FluxTransformerBlock", "FluxSingleTransformerBlock"):
+            module.compile(**compile_kwargs)
 
 
-def flux_variants(bench: Bench, torchao, ao_state: str) -> list[tuple[str, Callable, Callable, Callable]]:
-    """(name, prepare(model) -> note, compile(model), note(model)) in the order they run: the most
-    wanted first, should the time budget run out. Every variant builds its own model (same seed)."""
+def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Callable, Callable]]:
+    """(name, prepare(model) -> note, compile(model), note(model)) of the variants --flux-variants asks
+    for, in FLUX_VARIANTS' order. Every variant builds its own model (same seed, same weights)."""
     import fx_fp8
 
     fx = {"options": bench.fx_options} if bench.fx_options else {}
@@ -487,14 +503,14 @@ def flux_variants(bench: Bench, torchao, ao_state: str) -> list[tuple[str, Calla
         torchao_float8_rowwise(model, bench.dry)
         return f"{ao_state}: quantize_ on every nn.Linear"
 
-    return [
-        ("BF16 eager", None, None, None),
-        ("BF16 Inductor", None, lambda m: m.compile_repeated_blocks(backend=bench.bf16_backend), None),
-        ("fx_fp8 prepared", prepared, lambda m: m.compile_repeated_blocks(backend="fp8", **fx), report),
-        (TORCHAO, torchao_quantized, lambda m: m.compile_repeated_blocks(backend=bench.bf16_backend), None),
-        ("fx_fp8 prepared, reduce-overhead", prepared, lambda m: m.compile_repeated_blocks(backend="fp8", **ro),
-         report),
-    ]
+    every = {
+        "eager": (None, None, None),
+        "inductor": (None, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "fx_fp8": (prepared, lambda m: regional_compile(m, backend="fp8", **fx), report),
+        "torchao": (torchao_quantized, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "fx_fp8_ro": (prepared, lambda m: regional_compile(m, backend="fp8", **ro), report),
+    }
+    return [(FLUX_VARIANTS[key], *every[key]) for key in FLUX_VARIANTS if key in bench.args.flux_variants]
 
 
 def bench_flux(bench: Bench) -> None:
@@ -513,7 +529,7 @@ def bench_flux(bench: Bench) -> None:
     torchao, ao_state = torchao_state()
     reference = None
     longest = 0.0
-    for name, prepare, compile_, note in flux_variants(bench, torchao, ao_state):
+    for name, prepare, compile_, note in flux_variants(bench, ao_state):
         if name == TORCHAO and torchao is None:
             bench.add(Row("flux", case, name, ao_state))
             continue
@@ -559,7 +575,7 @@ def compile_counts() -> tuple[int, int, int]:
 
 def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple[Timing, torch.Tensor]:
     """First call (compile), two more (CUDA graphs: warm-up, recording), the output of the fourth
-    (a replay) against `reference`, then back-to-back forwards and one profiled pair."""
+    (a replay) against `reference`, then back-to-back forwards and one profiled forward."""
     before = compile_counts()
     if bench.device == "cuda":
         torch.cuda.synchronize()
@@ -582,7 +598,7 @@ def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple
     if reference is not None:
         row.err = rel(out, reference)
     wall, launch = bench.timer.wall_and_launch(step, 2 if bench.dry else 5)
-    kernel_ms, per_call, kernels = bench.timer.profile(step, 1 if bench.dry else 2)
+    kernel_ms, per_call, kernels = bench.timer.profile(step, 1)  # one forward: thousands of kernels
     if bench.device == "cuda":
         row.extra["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
     return Timing(wall, wall, launch, kernel_ms, per_call, kernels), out
@@ -629,6 +645,9 @@ def parse_args(argv=None):
                     help="seconds per mode before remaining rows are skipped (default 280 on a GPU, none in a dry run)")
     ap.add_argument("--flux-depth", type=_depth, default=None, metavar="DOUBLE,SINGLE",
                     help="blocks of the Flux model (default Flux-dev's 19,38; the dry run's 2,2)")
+    ap.add_argument("--flux-variants", type=_variants, default=tuple(FLUX_VARIANTS), metavar="KEYS",
+                    help=f"comma list of Flux variants to run, from {','.join(FLUX_VARIANTS)} (default: all; "
+                         "the ratios need 'inductor' and 'torchao' in the same run)")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms")
     args = ap.parse_args(argv)
@@ -650,6 +669,15 @@ def _depth(text: str) -> tuple[int, int]:
     if double < 1 or single < 0:
         raise argparse.ArgumentTypeError(f"expected at least one double block and no negative count, got {text!r}")
     return double, single
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in keys if k not in FLUX_VARIANTS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"unknown Flux variants {unknown or text!r}: expected a comma list of "
+                                         f"{', '.join(FLUX_VARIANTS)}")
+    return keys
 
 
 def _on_sigterm(signum, frame):

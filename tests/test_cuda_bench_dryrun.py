@@ -127,12 +127,14 @@ def test_modes_and_budget_defaults():
     assert (gpu.quick, gpu.flux, gpu.budget) == (True, False, 280.0)
     dry = cb.parse_args(["--dry-run"])
     assert (dry.quick, dry.flux, dry.budget) == (True, True, None)
-    flux = cb.parse_args(["--flux", "--flux-depth", "2,1"])
+    flux = cb.parse_args(["--flux", "--flux-depth", "2,1", "--flux-variants", "inductor, fx_fp8_ro"])
     assert (flux.quick, flux.flux, flux.flux_depth) == (False, True, (2, 1))
+    assert flux.flux_variants == ("inductor", "fx_fp8_ro") and gpu.flux_variants == tuple(cb.FLUX_VARIANTS)
 
 
 @pytest.mark.parametrize("argv, message", [(["--flux-depth", "19"], "'19'"), (["--flux-depth", "0,3"], "'0,3'"),
-                                           (["--budget", "-5"], "-5.0")])
+                                           (["--budget", "-5"], "-5.0"),
+                                           (["--flux-variants", "eager,bogus"], "['bogus']")])
 def test_bad_arguments_are_refused_naming_the_value(argv, message, capsys):
     with pytest.raises(SystemExit):
         cb.parse_args(argv)
