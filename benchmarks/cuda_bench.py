@@ -748,4 +748,9 @@ def _quiet():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 124:  # stopped mid-compile: skip the interpreter's shutdown, which may wait on what was cut short
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -13,7 +13,8 @@
 #   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)
 # Each step logs to $OUT/<step>.log; $OUT/gpu_run.log gets the environment and one line per step
 # (exit status, seconds); the benchmarks append their dated sections to $OUT/RESULTS.md.
-# BENCH_ARGS adds arguments to cuda_bench.py (e.g. "--budget 250"; "--dry-run" checks this driver on CPU).
+# BENCH_ARGS adds arguments to cuda_bench.py (e.g. "--budget 250"; "--dry-run" checks this driver on CPU),
+# ATTENTION_ARGS to attention_kernels.py.
 # Exit status: the first failing step's (124: its timeout), 0 when all passed.
 set -u
 
@@ -38,10 +39,6 @@ done
 note() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
 
 install() {
-  if [ -f "$SITE/.installed" ]; then
-    note "wheels already installed in $SITE"
-    return 0
-  fi
   shopt -s nullglob
   local wheels=("$REPO"/.whl/*.whl)
   shopt -u nullglob
@@ -49,7 +46,15 @@ install() {
     note "no wheels in $REPO/.whl: nothing to install"
     return 1
   fi
+  # the wheels' checksums: a warm machine keeps $SITE, and a rebuilt fx_fp8 wheel must replace the old one
+  local signature
+  signature=$(cd "$REPO/.whl" && md5sum -- *.whl)
+  if [ -f "$SITE/.installed" ] && [ "$(cat "$SITE/.installed")" = "$signature" ]; then
+    note "the same wheels are already installed in $SITE"
+    return 0
+  fi
   local t0=$SECONDS
+  rm -rf "$SITE"   # pip install --target does not replace what is there
   if ! ls "$REPO"/.whl/ | grep -qi '^fx_fp8'; then
     note "no fx_fp8 wheel in .whl: building one from $REPO"
     "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/wheel" "$REPO" >>"$LOG" 2>&1 \
@@ -57,7 +62,7 @@ install() {
   fi
   "$PYTHON" -m pip install -q --no-index --no-deps --target "$SITE" "${wheels[@]}" >>"$LOG" 2>&1 || {
     note "pip install into $SITE failed (see above)"; return 1; }
-  touch "$SITE/.installed"
+  echo "$signature" >"$SITE/.installed"
   note "installed ${#wheels[@]} wheels into $SITE in $((SECONDS - t0)) s: $(cd "$REPO/.whl" && ls | tr '\n' ' ')"
 }
 
@@ -87,7 +92,7 @@ run_step() {
     quick)     limit=${QUICK_TIMEOUT:-320};     cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --quick --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
     flux)      limit=${FLUX_TIMEOUT:-320};      cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --flux --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
     pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider "$REPO/tests") ;;
-    attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick --out "$OUT/RESULTS.md") ;;
+    attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
   esac
   if [ "$step" = attention ] && [ ! -f "$REPO/benchmarks/attention_kernels.py" ]; then
     note "step attention: benchmarks/attention_kernels.py is not in this checkout"; return 2
@@ -106,6 +111,7 @@ run_step() {
 }
 
 note "gpu_run.sh ${STEPS[*]}: repository $REPO, output $OUT"
+note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,utilization.gpu --format=csv,noheader 2>&1 | head -3)"
 install || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
