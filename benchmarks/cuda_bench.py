@@ -1,525 +1,756 @@
-"""FP8 vs BF16 on one CUDA GPU (written for an H200; sm90): linears, attention, a Flux-sized transformer.
+"""FP8 against BF16 on one CUDA GPU (an H200, sm90), side by side in one run, through the public API only.
 
-    python benchmarks/cuda_bench.py                                   # GPU: all tables, < 8 min on an H200
-    python benchmarks/cuda_bench.py --out benchmarks/RESULTS.md       # ... and append a dated section
-    python benchmarks/cuda_bench.py --dry-run                         # CPU: every row at tiny shapes
+    python benchmarks/cuda_bench.py --quick                      # linears + attention, <= 5 min from a bare machine
+    python benchmarks/cuda_bench.py --flux                       # full-depth Flux-dev, <= 5 min more
+    python benchmarks/cuda_bench.py --quick --out benchmarks/RESULTS.md   # ... and append a dated section
+    python benchmarks/cuda_bench.py --dry-run                    # CPU, tiny shapes: every row of both modes
+    benchmarks/gpu_run.sh quick flux                             # the same on the GPU machine, with its logs
 
-Tables, each row a shape, each column a contender, then ratios and errors:
-(a) linear [M, K] x [K, N] + bias at M in {4096, 4608, 8192} and Flux's 3072->3072,
-    3072->12288, 12288->3072: BF16 (cuBLAS via F.linear, and Inductor), torchao's
-    float8 row-wise (if torchao imports), fx_fp8 W8A8 FP8 with fast accumulation on
-    and off, fx_fp8 W8A8 INT8. The fx_fp8 columns run what the linear pass emits:
-    per-token activation quantization as torch ops compiled by Inductor, then
-    fx_fp8::scaled_mm (torch._scaled_mm / torch._int_mm + fused rescale).
-(b) attention B1 H24 D128 bf16 at S in {4608, 16384, 32760}: cuDNN and flash BF16
-    SDPA, fx_fp8's Triton FP8 kernel (quantization pre-pass included, and alone),
-    fx_fp8's cuDNN FP8 path (nvidia-cudnn-frontend, per-tensor scales; if usable).
-(c) a Flux-dev-sized FluxTransformer2DModel, 2 double + 2 single blocks, random
-    weights, 4096 image + 512 text tokens: BF16 under Inductor vs backend "fp8"
-    (Inductor downstream). Needs diffusers; skipped with a message otherwise.
-(d) weight-only (W8A16) linears: BF16 F.linear vs fx_fp8's fused Triton dequant + GEMM
-    (FP8 / INT8 per-channel, INT8 per 32-column group) vs the unfused fallback, at
-    Flux's conditioning shapes (M 1-2: weight-streaming GEMVs) and M 4096.
-Times: triton.testing.do_bench (median ms; L2 flushed before every run, one
-synchronize per measurement). Relative errors against fp32 math (linear) or
-BF16 flash SDPA (attention) or the BF16 model (Flux).
+--quick, one table (printed last), a row per (case, contender):
+  linear + bias, bf16 activations [1, 4608, K] on Flux-dev's shapes 3072->3072, 3072->9216,
+  3072->12288, 12288->3072, 15360->3072, each held by an nn.Module: BF16 F.linear (cuBLAS), BF16
+  Inductor, torchao float8 row-wise (quantize_ with Float8DynamicActivationFloat8WeightConfig(PerRow()), then Inductor),
+  fx_fp8 (torch.compile(module, backend="fp8")), fx_fp8 prepared (fx_fp8.prepare_model first).
+  attention B1 H24 D128 bf16 at S 4608 / 16384 / 32760 (Q, K ~ N(0, 1), V ~ N(0.5, 1)): cuDNN and
+  flash BF16 SDPA, fx_fp8 (torch.compile(module calling F.scaled_dot_product_attention, backend="fp8")).
+  Kernel-level attention comparisons are benchmarks/attention_kernels.py's; this is the public-API view.
+--flux, one table (printed last): FluxTransformer2DModel with Flux-dev's config (19 double + 38
+  single blocks, width 3072, 24 heads; built on the meta device, materialised on the GPU with seeded
+  random bf16 weights, never downloaded), 4096 image + 512 text tokens, batch 1, every block compiled
+  on its own (diffusers' compile_repeated_blocks: each block class compiled once, reused by every
+  instance): BF16 eager (the error reference), BF16 Inductor, fx_fp8 prepared (prepare_model, then
+  backend "fp8"), torchao float8 row-wise, fx_fp8 prepared with mode="reduce-overhead" (CUDA graphs).
+  First-call seconds (compile included), ms per forward, peak GPU memory, GPU kernel time per forward.
 
---dry-run runs every row on CPU at tiny shapes (reference lowering for the
-linears, the Triton kernels in Triton's interpreter, torch.compile with the
-eager backend) to check the script end to end, and lists the cells a GPU fills.
-Any row that fails is reported in its table and makes the exit status 1.
+Every row: ms = triton.testing.do_bench median with L2 flushed; wall / launch / kernel ms per call and
+the kernels with their share of GPU time (torch.profiler): see benchmarks/gpu_timing.py. Ratios are
+measured in the same process: "x BF16" = BF16 Inductor ms / row ms (attention: cuDNN BF16 ms / row ms),
+"x torchao" = torchao ms / row ms. err = relative L2 error against fp64 math (linear), fp64
+attention (attention) or the BF16 eager model (Flux). fx_fp8 rows say what its report says (how
+many nodes ran FP8, lowering / downstream): a row whose node did not run FP8 says so.
+
+Expected on an H200 from a bare machine (estimates, not yet measured with this script): --quick
+2.5-3.5 min (imports and CUDA start 15 s; 25 linear rows with 20 small compiles, 100-120 s; 9
+attention rows with 3 fx_fp8 compiles including the Triton kernel's autotuning, 30-60 s; timing and
+profiling about 1 s a row). --flux 2.5-4.5 min: imports 20 s; each variant builds and initialises its
+11.9 B parameters in a few seconds (prepare_model / quantize_ a few more), then compiles what
+regional compilation needs, 3 Dynamo graphs and 3 Inductor compiles (the double block, the first
+single block, whose input strides differ, the other single blocks; the "graphs" column shows it):
+30-60 s for BF16, fx_fp8 and torchao, less for reduce-overhead, whose Triton kernels are cached by
+then; every forward after the first 0.1-0.2 s. Should the compiles be slower, --budget (default 280 s
+a mode) skips the variants that would not finish (the last is reduce-overhead; rerun it with
+`--flux --flux-variants inductor,fx_fp8_ro`) and still prints the table; SIGTERM (timeout) prints
+and saves what was measured, exit status 124.
+
+--dry-run runs every row on CPU at tiny shapes: the reference lowering and eager downstream for
+fx_fp8, the eager backend in place of Inductor, CPU SDPA in place of cuDNN / flash, a 2 + 2 block
+Flux of width 64, torchao with its GPU check bypassed (it then runs its CPU fallback), the
+profiler's outermost aten ops in place of kernels. Any failing cell makes the exit status 1.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
+import copy
+import gc
 import math
 import os
-import platform
-import statistics
-import subprocess
+import signal
 import sys
 import time
 import traceback
 import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_timing import Timer, Timing, append_section, environment, markdown_table  # noqa: E402
+
+#: (K, N) of Flux-dev's linears: attention projections, fused QKV of a single block, the MLP up and
+#: down projections, the single block's output projection (attention + MLP concatenated)
+FLUX_LINEAR_SHAPES = [(3072, 3072), (3072, 9216), (3072, 12288), (12288, 3072), (15360, 3072)]
+TINY_LINEAR_SHAPES = [(128, 128), (128, 384), (128, 512), (512, 128), (640, 128)]
+FLUX_DEV_CONFIG = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                       num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+                       guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=32,
+                        num_attention_heads=2, joint_attention_dim=64, pooled_projection_dim=64,
+                        guidance_embeds=True, axes_dims_rope=(8, 12, 12))
+
+BF16_EAGER, BF16_INDUCTOR, TORCHAO = "BF16 F.linear (cuBLAS)", "BF16 Inductor", "torchao float8 row-wise"
+FX_FP8, FX_FP8_PREPARED = "fx_fp8", "fx_fp8 prepared"
+CUDNN_BF16, FLASH_BF16 = "cuDNN BF16 SDPA", "flash BF16 SDPA"
+
+
+class Terminated(BaseException):
+    """SIGTERM (a `timeout`): stop measuring, print and save what was measured. A BaseException so
+    that a cell's `except Exception` does not swallow it."""
+
+
+@dataclass
+class Row:
+    section: str                 # "linear" | "attention" | "flux"
+    case: str
+    contender: str
+    timing: object = None        # Timing, or a message (error / skipped / not installed)
+    first_s: Optional[float] = None
+    err: Optional[float] = None
+    flop: Optional[float] = None
+    note: str = ""               # fx_fp8's report summary, torchao's state
+    extra: dict = field(default_factory=dict)  # flux: peak / weights GiB, graphs compiled
+
+    @property
+    def ms(self) -> Optional[float]:
+        return self.timing.ms if isinstance(self.timing, Timing) else None
 
 
 class Bench:
-    """Timing, error recording and the list of cells a GPU run fills, for one run."""
+    """One run: device, timer, time budget, rows and failed cells."""
 
     def __init__(self, args):
         self.args = args
         self.dry = args.dry_run
         self.device = "cpu" if self.dry else "cuda"
-        self.lowering = "reference" if self.dry else "cuda"
+        self.timer = Timer(self.device, args.warmup, args.rep)
+        self.bf16_backend = "eager" if self.dry else "inductor"
+        # fx_fp8 picks the cuda lowering and Inductor from the tensors; on CPU: the reference and eager
+        self.fx_options = {"lowering": "reference", "downstream": "eager"} if self.dry else None
+        self.rows: list[Row] = []
         self.errors: list[str] = []
-        self.gpu_cells: list[str] = []
+        self.deadline = None
+        self.started = time.perf_counter()
 
-    def ms(self, fn) -> float:
-        """Median milliseconds of fn()."""
-        if self.dry:
-            fn()
-            times = []
-            for _ in range(2):
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-            return statistics.median(times)
-        from triton.testing import do_bench
+    # -- time budget ----------------------------------------------------------------------------
+    def start_mode(self, budget_s: Optional[float]) -> None:
+        self.started = time.perf_counter()
+        self.deadline = self.started + budget_s if budget_s else None
 
-        return do_bench(fn, warmup=self.args.warmup, rep=self.args.rep, return_mode="median")
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
 
-    def compile(self, fn):
-        """Inductor on the GPU; the eager backend in a dry run (Dynamo and the custom ops, no codegen)."""
-        return torch.compile(fn, backend="eager" if self.dry else "inductor", dynamic=False)
+    def fits(self, needed_s: float) -> bool:
+        return self.deadline is None or time.perf_counter() + needed_s <= self.deadline
 
-    def cell(self, label: str, run):
-        """run() -> value; an exception becomes an 'error: ...' cell (and a failing exit status)."""
+    # -- cells ----------------------------------------------------------------------------------
+    def cell(self, label: str, run: Callable):
+        """run() -> value; an exception becomes an 'error: ...' value (and a failing exit status)."""
         try:
             return run()
-        except Exception as e:  # report and keep benchmarking the other cells
-            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
-            self.errors.append(f"{label}: {msg}\n{traceback.format_exc(limit=4)}")
+        except Exception as e:  # report and go on with the other cells
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            self.errors.append(f"{label}: {msg}\n{traceback.format_exc(limit=6)}")
             return f"error: {msg}"
 
-    def on_gpu(self, what: str) -> None:
-        if self.dry:
-            self.gpu_cells.append(what)
+    def add(self, row: Row) -> Row:
+        self.rows.append(row)
+        print(progress_line(self, row), flush=True)
+        return row
+
+    def measured(self, section: str, case: str, contender: str, make: Callable, *, exact=None, flop=None,
+                 note: Callable = None) -> Row:
+        """One row: make() -> a no-argument callable; its first call (the compile) is timed apart,
+        its output compared with `exact`, then Timer.measure; note(fn) describes what ran."""
+        row = Row(section, case, contender, flop=flop)
+
+        def run():
+            fn = make()
+            t0 = time.perf_counter()
+            out = fn()
+            self.timer.sync()
+            row.first_s = time.perf_counter() - t0
+            if exact is not None:
+                row.err = rel(out, exact)
+            if note is not None:
+                row.note = note(fn)
+            return self.timer.measure(fn)
+
+        row.timing = self.cell(f"{section} {case} {contender}", run)
+        return self.add(row)
 
 
-def rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def fmt(v) -> str:
-    if isinstance(v, float):
-        if v != v:
-            return "-"
-        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
+def progress_line(bench: Bench, row: Row) -> str:
+    t = row.timing
+    head = f"[{bench.elapsed():5.0f} s] {row.section} {row.case} | {row.contender}"
+    if not isinstance(t, Timing):
+        return f"{head} | {t}"
+    first = f", first call {row.first_s:.1f} s" if row.first_s is not None else ""
+    err = f", err {row.err:.2%}" if row.err is not None else ""
+    return (f"{head} | {t.ms:.3f} ms (wall {t.wall_ms:.3f}, launch {t.launch_ms:.3f}, kernels {t.kernel_ms:.3f})"
+            f"{first}{err} | {t.top_kernels()}" + (f" | {row.note}" if row.note else ""))
 
 
-def table(title: str, header: list[str], rows: list[list], notes: list[str] = ()) -> str:
-    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes)
+def fx_fp8_summary(compiled, op: str) -> str:
+    """What fx_fp8's reports say ran: modules whose `op` ran FP8 out of all (a module compiled in
+    several graphs, a recompiled block, counts once), lowering / downstream."""
+    import fx_fp8
+
+    reports = fx_fp8.get_reports(compiled)
+    if not reports:
+        return "no fx_fp8 report (did the backend run?)"
+    actions = {e.module: e.action for r in reports for e in r.entries if e.op == op}
+    fp8 = sum(a == "fp8" for a in actions.values())
+    where = ", ".join(sorted({f"{r.lowering}/{r.downstream}" for r in reports}))
+    text = f"{op} fp8 {fp8}/{len(actions)} ({where})"
+    if not fp8:
+        reasons = "; ".join(sorted({e.reason for r in reports for e in r.entries if e.op == op}))
+        text += f": NOT FP8 ({reasons[:200]})"
+    return text
 
 
-def ratio(a, b):
-    return a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
-
-
-def best(*vals):
-    nums = [v for v in vals if isinstance(v, float) and v == v]
-    return min(nums) if nums else float("nan")
-
-
-# -- (a) linear ---------------------------------------------------------------------------------
-def _torchao_linear(w, bias):
-    """torchao's float8 dynamic activation x float8 weight, row-wise scales (its default FP8 inference recipe)."""
-    from torchao.quantization import PerRow, quantize_
-
-    try:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig as Config
-        config = Config(granularity=PerRow())
-    except ImportError:  # torchao < 0.10
-        from torchao.quantization import float8_dynamic_activation_float8_weight
-
-        config = float8_dynamic_activation_float8_weight(granularity=PerRow())
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=True, device=w.device, dtype=w.dtype)
-    with torch.no_grad():
-        lin.weight.copy_(w)
-        lin.bias.copy_(bias)
-    quantize_(lin, config)
-    return lin
-
-
-def _fx_fp8_linear(bench, w, bias, method: str, fast_accum: bool):
-    """What fx_fp8's linear pass emits for a dynamic per-token W8A8 linear: activation quantization as
-    torch ops (Inductor fuses them), then fx_fp8::scaled_mm with the prepared weight."""
-    import fx_fp8  # noqa: F401  registers torch.ops.fx_fp8
-    from fx_fp8.ops import quant
-
-    wq, ws = quant.quantize_weight(w, "channel", method=method)
-    lowering = bench.lowering
-
-    def linear(x):
-        xq, xs = quant.quantize_per_row(x, method)
-        return torch.ops.fx_fp8.scaled_mm(xq, xs, wq, ws, bias, method=method, weight_granularity="channel",
-                                          weight_block=[], out_dtype=x.dtype, fast_accum=fast_accum,
-                                          lowering=lowering)
-
-    return bench.compile(linear)
-
-
-def bench_linear(bench: Bench) -> str:
-    dev, dt = bench.device, torch.bfloat16
-    ms_list = [64] if bench.dry else [4096, 4608, 8192]
-    shapes = [(128, 128), (128, 256), (256, 128)] if bench.dry else [(3072, 3072), (3072, 12288), (12288, 3072)]
+# -- torchao --------------------------------------------------------------------------------------
+def torchao_state() -> tuple[Optional[object], str]:
     try:
         import torchao
-        torchao_state = f"torchao {torchao.__version__}"
     except Exception as e:
-        torchao, torchao_state = None, f"not installed ({type(e).__name__})"
-    rows = []
-    for m in ms_list:
-        for k, n in shapes:
-            torch._dynamo.reset()  # a fresh cache per shape: no recompile limit, no stale guards
-            x, w, bias, exact, label = _linear_case(m, k, n, dev, dt)
-            flop = 2.0 * m * k * n
-            outs = {}
-
-            def timed(name, make):
-                def run():
-                    fn = make()
-                    with torch.no_grad():
-                        outs[name] = fn()
-                        return bench.ms(fn)
-                return bench.cell(f"linear {label} {name}", run)
-
-            t_mm = timed("bf16", lambda: (lambda: F.linear(x, w, bias)))
-            bench.on_gpu(f"(a) {label} BF16 Inductor (dry run: eager backend)")
-            t_ind = timed("bf16_inductor", lambda: (lambda f=bench.compile(lambda t: F.linear(t, w, bias)): f(x)))
-            if torchao is None:
-                t_ao = torchao_state
-            else:
-                t_ao = timed("torchao", lambda: (lambda f=bench.compile(_torchao_linear(w, bias)): f(x)))
-            bench.on_gpu(f"(a) {label} fx_fp8 FP8 / INT8 (dry run: reference lowering, eager backend)")
-            t_fast = timed("fp8_fast", lambda: (lambda f=_fx_fp8_linear(bench, w, bias, "fp8", True): f(x)))
-            t_exact = timed("fp8_exact", lambda: (lambda f=_fx_fp8_linear(bench, w, bias, "fp8", False): f(x)))
-            t_int8 = timed("int8", lambda: (lambda f=_fx_fp8_linear(bench, w, bias, "int8", False): f(x)))
-            t_bf16 = best(t_mm, t_ind)
-            err = {name: rel(o, exact) for name, o in outs.items()}
-            rows.append([label, t_mm, t_ind, t_ao, t_fast, t_exact, t_int8,
-                         flop / t_fast / 1e9 if isinstance(t_fast, float) else "-",
-                         ratio(t_bf16, t_ao), ratio(t_bf16, t_fast), ratio(t_bf16, t_exact), ratio(t_bf16, t_int8),
-                         err.get("bf16", "-"), err.get("torchao", "-"), err.get("fp8_fast", "-"),
-                         err.get("int8", "-")])
-    header = ["M x K -> N", "BF16 mm ms", "BF16 Inductor ms", "torchao FP8 row ms", "fx_fp8 FP8 fast ms",
-              "fx_fp8 FP8 exact-acc ms", "fx_fp8 INT8 ms", "fx_fp8 FP8 fast TFLOP/s", "x torchao",
-              "x FP8 fast", "x FP8 exact", "x INT8", "err BF16", "err torchao", "err FP8", "err INT8"]
-    notes = ["x = best BF16 ms / ms (speedup); err = ||out - fp32 math|| / ||fp32 math||; activation quantization "
-             "included in every quantized column; per-channel weight scales, per-token activations."]
-    if torchao is None:
-        notes.append(f"torchao: {torchao_state}")
-    return table("(a) linear + bias, bf16 activations", header, rows, notes)
+        return None, f"torchao not installed ({type(e).__name__})"
+    return torchao, f"torchao {torchao.__version__}"
 
 
-# -- (d) weight-only (W8A16) linear ----------------------------------------------------------------
-#: (M, K, N): Flux's conditioning linears (one token per image; M 2 = a CFG batch) read 3072 x 18432
-#: (double-block adaLN), 3072 x 9216 (single-block adaLN) weights; M 4096 = a skipped step's linears
-WEIGHT_ONLY_SHAPES = [(1, 3072, 18432), (2, 3072, 9216), (4096, 3072, 3072), (4096, 3072, 12288)]
+def torchao_float8_rowwise(module: nn.Module, dry: bool) -> nn.Module:
+    """torchao's float8 dynamic-activation, float8-weight inference recipe with row-wise scales,
+    applied to every nn.Linear of `module` in place. set_inductor_config=False: torchao would otherwise
+    switch on coordinate-descent tuning in Inductor's global config, for every later compile of the run."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    if dry:  # torchao refuses to quantize without an sm89+ GPU; on CPU its tensors run a fallback
+        import torchao.quantization.quant_api as quant_api
+
+        quant_api._check_hardware_support = lambda granularity: None
+    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
+    return module
 
 
-def bench_weight_only(bench: Bench) -> str:
-    from fx_fp8.ops import quant
-    from fx_fp8.ops.cuda import CudaLowering, unfused_weight_only_linear
+# -- linears ----------------------------------------------------------------------------------------
+class OneLinear(nn.Module):
+    """An nn.Linear held by a module, as a model holds it: what torch.compile and prepare_model see."""
 
-    dev, dt = bench.device, torch.bfloat16
-    shapes = [(1, 96, 160), (70, 128, 96)] if bench.dry else WEIGHT_ONLY_SHAPES
-    storages = [("fp8", "channel", None), ("int8", "channel", None), ("int8", "block", (1, 32))]
-    low = CudaLowering()  # the fused Triton kernel: on the GPU, or in the interpreter in a dry run
-    rows = []
-    for m, k, n in shapes:
-        x, w, bias, exact, label = _linear_case(m, k, n, dev, dt)
-        outs = {}
-        timed = _timer(bench, outs, f"weight-only {label}")
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.proj = linear
 
-        t_bf16 = timed("bf16", lambda: F.linear(x, w, bias))
-        row = [label, t_bf16]
-        fused_times = []
-        for method, gran, block in storages:
-            wq, ws = quant.quantize_weight(w, gran, block, method)
-            tag = f"{method}-{'g' + str(block[1]) if block else 'ch'}"
-            bench.on_gpu(f"(d) {label} fused W8A16 {tag} (dry run: Triton interpreter)")
-            t_fused = timed(f"fused {tag}", lambda: low.weight_only_linear(
-                x, wq, ws, bias, method=method, weight_granularity=gran, weight_block=block))
-            t_unfused = timed(f"unfused {tag}", lambda: unfused_weight_only_linear(x, wq, ws, bias, gran, block))
-            fused_times.append(t_fused)
-            out = outs.get(f"fused {tag}")
-            row += [t_fused, t_unfused, ratio(t_unfused, t_fused), rel(out, exact) if out is not None else "-"]
-        # weight bytes streamed per ms by the fastest fused storage: what the small-M rows are bound by
-        row += [n * k / best(*fused_times) / 1e6 if m <= 16 else "-", ratio(t_bf16, fused_times[0])]
-        rows.append(row)
-    header = ["M x K -> N", "BF16 F.linear ms"]
-    for tag in ("fp8-ch", "int8-ch", "int8-g32"):
-        header += [f"fused {tag} ms", f"unfused {tag} ms", f"x fused {tag}", f"err {tag}"]
-    header += ["fused weight GB/s (M <= 16)", "x fused fp8-ch vs BF16"]
-    notes = ["fused = fx_fp8's Triton W8A16 kernel (fx_fp8.ops.triton_w8a16: weight codes widened in the tile loop); "
-             "unfused = dequantize the whole weight to bf16, then F.linear (the fallback); x fused = unfused ms / "
-             "fused ms; err = ||out - fp32 math of the bf16 weight|| / ||fp32 math|| (includes the weight "
-             "quantization). Tile sizes are untuned (triton_w8a16.tile_config)."]
-    return table("(d) weight-only (W8A16) linear + bias, bf16 activations", header, rows, notes)
+    def forward(self, x):
+        return self.proj(x)
 
 
-def _linear_case(m: int, k: int, n: int, dev, dt):
-    """(x, w, bias, the fp32 result, label) of one seeded M x K -> N linear."""
+def linear_case(m: int, k: int, n: int, device: str):
+    """(x, linear, fp64 result) of one seeded M x K -> N linear with bias; x is [1, M, K], as a
+    transformer block's activations are."""
     torch.manual_seed(0)
-    x = torch.randn(m, k, device=dev, dtype=dt)
-    w = (torch.randn(n, k, device=dev) / math.sqrt(k)).to(dt)
-    bias = (torch.randn(n, device=dev) / 10).to(dt)
-    return x, w, bias, x.float() @ w.float().t() + bias.float(), f"{m}x{k}->{n}"
+    x = torch.randn(1, m, k, device=device, dtype=torch.bfloat16)
+    lin = nn.Linear(k, n, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, device=device) / math.sqrt(k))
+        lin.bias.copy_(torch.randn(n, device=device) / 10)
+    exact = x.double() @ lin.weight.double().t() + lin.bias.double()
+    return x, lin, exact
 
 
-def _timer(bench: "Bench", outs: dict, prefix: str):
-    """timed(name, fn): one benchmark cell `prefix name` that keeps fn's output in outs[name]."""
-    def timed(name, fn):
-        def run():
-            with torch.no_grad():
-                outs[name] = fn()
-                return bench.ms(fn)
-        return bench.cell(f"{prefix} {name}", run)
-    return timed
+def bench_linears(bench: Bench) -> None:
+    m = 64 if bench.dry else 4608
+    shapes = TINY_LINEAR_SHAPES if bench.dry else FLUX_LINEAR_SHAPES
+    torchao, ao_state = torchao_state()
+    longest = 0.0
+    for k, n in shapes:
+        case = f"{m}x{k}->{n}"
+        if not bench.fits(longest):
+            for name in (BF16_EAGER, BF16_INDUCTOR, TORCHAO, FX_FP8, FX_FP8_PREPARED):
+                bench.add(Row("linear", case, name, "skipped: time budget"))
+            continue
+        t0 = time.perf_counter()
+        torch._dynamo.reset()  # a fresh cache per shape: no recompile limit, no stale guards
+        x, lin, exact = linear_case(m, k, n, bench.device)
+        flop = 2.0 * m * k * n
+        fresh = lambda: OneLinear(copy.deepcopy(lin))  # noqa: E731  each contender owns its weights
+
+        def compiled(module, backend, options=None):
+            c = torch.compile(module, backend=backend, **({"options": options} if options else {}))
+            return lambda: c(x)
+
+        def fx_fp8(prepare: bool):
+            import fx_fp8 as fx
+
+            module = fresh()
+            if prepare:
+                fx.prepare_model(module)
+            c = torch.compile(module, backend="fp8", **({"options": bench.fx_options} if bench.fx_options else {}))
+            run = lambda: c(x)  # noqa: E731
+            run.compiled = c
+            return run
+
+        report = lambda fn: fx_fp8_summary(fn.compiled, "linear")  # noqa: E731
+        common = dict(exact=exact, flop=flop)
+        bench.measured("linear", case, BF16_EAGER, lambda: (lambda: F.linear(x, lin.weight, lin.bias)), **common)
+        bench.measured("linear", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend), **common)
+        if torchao is None:
+            bench.add(Row("linear", case, TORCHAO, ao_state))
+        else:
+            bench.measured("linear", case, TORCHAO,
+                           lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend),
+                           note=lambda fn: ao_state, **common)
+        bench.measured("linear", case, FX_FP8, lambda: fx_fp8(False), note=report, **common)
+        bench.measured("linear", case, FX_FP8_PREPARED, lambda: fx_fp8(True), note=report, **common)
+        longest = max(longest, time.perf_counter() - t0)
 
 
-# -- (b) attention --------------------------------------------------------------------------------
-def _sdpa(backend_name: str, dry: bool):
-    def run(q, k, v):
-        if dry:  # CPU: the math backend stands in
-            return F.scaled_dot_product_attention(q, k, v)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+# -- attention --------------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """A module that calls F.scaled_dot_product_attention, as diffusers' attention processors do."""
 
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def sdpa_with(backend_name: str, dry: bool, q, k, v):
+    """BF16 SDPA pinned to one backend (CPU SDPA in a dry run)."""
+    if dry:
+        return lambda: F.scaled_dot_product_attention(q, k, v)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def run():
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
             return F.scaled_dot_product_attention(q, k, v)
     return run
 
 
-def bench_attention(bench: Bench) -> str:
-    from fx_fp8.config import FP8Config
-    from fx_fp8.ops import cudnn_attention, triton_quant
-    from fx_fp8.ops.lowering import get_lowering
-    from fx_fp8.ops.triton_fp8_attention import fp8_flash_attention
+def attention_fp64(q, k, v, chunk: int = 512) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(D)) V in float64, a query chunk at a time (memory: H x chunk x S)."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    kd, vd = k.double(), v.double()
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for i in range(0, q.shape[-2], chunk):
+        s = (q[..., i:i + chunk, :].double() @ kd.transpose(-1, -2)) * scale
+        out[..., i:i + chunk, :] = torch.softmax(s, dim=-1) @ vd
+    return out
 
-    dev, dt = bench.device, torch.bfloat16
+
+def bench_attention(bench: Bench) -> None:
     heads, d = (2, 64) if bench.dry else (24, 128)
-    seqs = [200, 300] if bench.dry else [4608, 16384, 32760]
-    cfg = FP8Config().attention
-    kw = dict(attn_mask=None, softmax_scale=1 / math.sqrt(d), granularity=cfg.granularity, q_block=cfg.q_block,
-              kv_block=cfg.kv_block, hadamard=cfg.hadamard, smooth_k=cfg.smooth_k, quantize_p=cfg.quantize_p,
-              p_scale=cfg.p_scale, return_lse=False)
-    low = get_lowering("cuda")  # Triton kernels: on the GPU, or in the interpreter in a dry run
-    cudnn_cfg = FP8Config.load(None, attention={"kernel": "cudnn", "granularity": "tensor"}).attention
-    rows, notes = [], []
+    seqs = [64, 128, 200] if bench.dry else [4608, 16384, 32760]
+    longest = 0.0
     for s in seqs:
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(1, heads, s, d, device=dev, dtype=dt) for _ in range(3))
-        v = v + 0.5  # zero-mean V under near-flat attention averages to ~0 and inflates relative errors
-        flop = 4.0 * heads * s * s * d
-        outs = {}
-        timed = _timer(bench, outs, f"attention S={s}")
+        case = f"B1 H{heads} S{s} D{d}"
+        if not bench.fits(longest):
+            for name in (CUDNN_BF16, FLASH_BF16, FX_FP8):
+                bench.add(Row("attention", case, name, "skipped: time budget"))
+            continue
+        t0 = time.perf_counter()
+        torch._dynamo.reset()
+        g = torch.Generator(device=bench.device).manual_seed(0)
+        q, k = (torch.randn(1, heads, s, d, device=bench.device, generator=g, dtype=torch.bfloat16) for _ in "qk")
+        v = (torch.randn(1, heads, s, d, device=bench.device, generator=g) + 0.5).to(torch.bfloat16)
+        exact = attention_fp64(q, k, v)
+        common = dict(exact=exact, flop=4.0 * heads * s * s * d)
 
-        bench.on_gpu(f"(b) S={s} cuDNN / flash BF16 SDPA (dry run: CPU math SDPA)")
-        t_cudnn16 = timed("cudnn_bf16", lambda: _sdpa("CUDNN_ATTENTION", bench.dry)(q, k, v))
-        t_flash = timed("flash_bf16", lambda: _sdpa("FLASH_ATTENTION", bench.dry)(q, k, v))
-        bench.on_gpu(f"(b) S={s} fx_fp8 Triton FP8 (dry run: Triton interpreter)")
-        t_fp8 = timed("triton_fp8", lambda: low.attention(q, k, v, kernel="triton", **kw))
+        def fx_fp8():
+            c = torch.compile(Attention(), backend="fp8", **({"options": bench.fx_options} if bench.fx_options else {}))
+            run = lambda: c(q, k, v)  # noqa: E731
+            run.compiled = c
+            return run
 
-        def kernel_alone():
-            pre = triton_quant.prepare_qkv(q, k, v, granularity=kw["granularity"], q_block=kw["q_block"],
-                                           kv_block=kw["kv_block"], hadamard=kw["hadamard"], smooth_k=kw["smooth_k"])
-            return lambda: fp8_flash_attention(*pre[:6], s_q=s, s_k=s, softmax_scale=kw["softmax_scale"],
-                                               q_block=kw["q_block"], kv_block=kw["kv_block"],
-                                               quantize_p=kw["quantize_p"], p_scale=kw["p_scale"], out_dtype=dt)
-        t_kernel = bench.cell(f"attention S={s} triton kernel alone", lambda: bench.ms(kernel_alone()))
-        reason = None if bench.dry else cudnn_attention.attention_reason(q, k, v, cudnn_cfg)
-        if bench.dry:
-            t_cudnn8 = "GPU only"
-            bench.on_gpu(f"(b) S={s} fx_fp8 cuDNN FP8 (needs a GPU and nvidia-cudnn-frontend)")
-        elif reason:
-            t_cudnn8 = "not available"
-            if reason not in notes:
-                notes.append(f"fx_fp8 cuDNN FP8: {reason}")
-        else:
-            ckw = dict(kw, granularity="tensor")
-            t_cudnn8 = timed("cudnn_fp8", lambda: low.attention(q, k, v, kernel="cudnn", **ckw))
-        ref = outs.get("flash_bf16")
-        err = {n: rel(o, ref) if ref is not None else "-" for n, o in outs.items() if n in ("triton_fp8", "cudnn_fp8")}
-        t_bf16 = best(t_cudnn16, t_flash)
-        tflops = lambda t: flop / t / 1e9 if isinstance(t, float) else "-"  # noqa: E731
-        rows.append([s, t_cudnn16, t_flash, t_fp8, t_kernel, t_cudnn8, tflops(t_bf16), tflops(t_fp8),
-                     tflops(t_cudnn8), ratio(t_bf16, t_fp8), ratio(t_bf16, t_kernel), ratio(t_bf16, t_cudnn8),
-                     err.get("triton_fp8", "-"), err.get("cudnn_fp8", "-")])
-    header = ["S", "cuDNN BF16 ms", "flash BF16 ms", "Triton FP8 ms", "Triton kernel alone ms", "cuDNN FP8 ms",
-              "BF16 TFLOP/s", "Triton FP8 TFLOP/s", "cuDNN FP8 TFLOP/s", "x Triton FP8", "x kernel alone",
-              "x cuDNN FP8", "err Triton FP8", "err cuDNN FP8"]
-    notes.insert(0, f"B=1, H={heads}, D={d}, bf16; Q, K ~ N(0, 1), V ~ N(0.5, 1). Triton FP8: {cfg.granularity} "
-                    f"scales q{cfg.q_block}/kv{cfg.kv_block}, Hadamard={cfg.hadamard}, smooth K={cfg.smooth_k}, "
-                    f"P quantized={cfg.quantize_p}, quantization pre-pass included (kernel alone: without it). "
-                    "cuDNN FP8: per-tensor scales + Hadamard + smooth K, FP8 output. x = best BF16 ms / ms; "
-                    "err = ||out - flash BF16|| / ||flash BF16||.")
-    return table("(b) attention (SDPA, non-causal)", header, rows, notes)
+        bench.measured("attention", case, CUDNN_BF16, lambda: sdpa_with("CUDNN_ATTENTION", bench.dry, q, k, v),
+                       **common)
+        bench.measured("attention", case, FLASH_BF16, lambda: sdpa_with("FLASH_ATTENTION", bench.dry, q, k, v),
+                       **common)
+        bench.measured("attention", case, FX_FP8, fx_fp8, note=lambda fn: fx_fp8_summary(fn.compiled, "attention"),
+                       **common)
+        del exact
+        longest = max(longest, time.perf_counter() - t0)
 
 
-# -- (c) Flux-sized transformer ---------------------------------------------------------------------
-def bench_flux(bench: Bench) -> str:
-    title = "(c) Flux-sized transformer forward"
-    try:
-        import diffusers
-    except Exception as e:
-        return f"### {title}\n\nskipped: diffusers not importable ({type(e).__name__}: {e})\n"
-    import copy
+# -- the quick table ----------------------------------------------------------------------------------
+def quick_table(rows: list[Row]) -> str:
+    base = {}  # case -> the ms the ratios divide: BF16 Inductor (linear), cuDNN BF16 (attention)
+    peer = {}
+    for r in rows:
+        if r.ms is not None and r.contender in (BF16_INDUCTOR, CUDNN_BF16):
+            base[r.case] = r.ms
+        if r.ms is not None and r.contender == TORCHAO:
+            peer[r.case] = r.ms
+    out = []
+    for r in rows:
+        t = r.timing
+        if not isinstance(t, Timing):
+            out.append([r.case, r.contender, t] + ["-"] * 11 + [r.note])
+            continue
+        x_base = base[r.case] / t.ms if r.case in base else None
+        x_peer = peer[r.case] / t.ms if r.case in peer and r.contender not in (BF16_EAGER, BF16_INDUCTOR) else None
+        out.append([r.case, r.contender, t.ms, x_base, x_peer, r.flop / t.ms / 1e9 if r.flop else None,
+                    t.wall_ms, t.launch_ms, t.kernel_ms, t.busy, t.kernels_per_call, r.first_s, r.err,
+                    t.top_kernels(), r.note])
+    header = ["case", "contender", "ms", "x BF16", "x torchao", "TFLOP/s", "wall ms/call", "launch ms/call",
+              "kernel ms/call", "GPU busy", "kernels/call", "first call s", "err", "kernels (share of kernel time)",
+              "what ran"]
+    return markdown_table(header, out)
 
-    import fx_fp8
 
-    dev, dt = bench.device, torch.bfloat16
-    if bench.dry:
-        dims = dict(attention_head_dim=32, num_attention_heads=2, joint_attention_dim=64, pooled_projection_dim=64,
-                    in_channels=16, axes_dims_rope=(8, 12, 12))
-        img_side, txt = 8, 16
-    else:  # Flux-dev dims
-        dims = dict(attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-                    pooled_projection_dim=768, in_channels=64, axes_dims_rope=(16, 56, 56))
-        img_side, txt = 64, 512
-    double, single = bench.args.flux_double, bench.args.flux_single
-    torch.manual_seed(0)
+QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linear) or cuDNN BF16 ms (attention) / "
+               "ms; x torchao: torchao ms / ms. wall: back-to-back calls, synchronised at the end; launch: the CPU's "
+               "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
+               "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
+               "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
+               "torchao with "
+               "set_inductor_config=False (the same Inductor config for every row).")
+
+
+# -- Flux ---------------------------------------------------------------------------------------------
+def build_flux(config: dict, device: str, seed: int = 0) -> nn.Module:
+    """FluxTransformer2DModel from `config`, built on the meta device and materialised on `device` in
+    bf16 with seeded random weights: nothing is downloaded."""
+    import diffusers
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = diffusers.FluxTransformer2DModel(patch_size=1, num_layers=double, num_single_layers=single,
-                                                 guidance_embeds=True, **dims).to(dev, dt).eval()
-    img = img_side * img_side
-    g = torch.Generator(device=dev).manual_seed(0)
-    kwargs = dict(
-        hidden_states=torch.randn(1, img, dims["in_channels"], device=dev, dtype=dt, generator=g),
-        encoder_hidden_states=torch.randn(1, txt, dims["joint_attention_dim"], device=dev, dtype=dt, generator=g),
-        pooled_projections=torch.randn(1, dims["pooled_projection_dim"], device=dev, dtype=dt, generator=g),
-        timestep=torch.full((1,), 0.5, device=dev, dtype=dt), guidance=torch.full((1,), 3.5, device=dev, dtype=dt),
-        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(img_side)), torch.arange(float(img_side)),
-                                           indexing="ij"), -1).reshape(-1, 3).to(dev),
-        txt_ids=torch.zeros(txt, 3, device=dev), return_dict=False)
-    fp8_model = copy.deepcopy(model)
-    prepared = bench.cell("flux prepare_model", lambda: fx_fp8.prepare_model(fp8_model))
-    options = {"lowering": "reference", "downstream": "eager"} if bench.dry else {}
-    bench.on_gpu("(c) Flux BF16 / fx_fp8 under Inductor (dry run: eager backend, reference lowering)")
-    rows, results = [], {}
+        with torch.device("meta"):
+            model = diffusers.FluxTransformer2DModel(**config)
+        return materialise(model.to(torch.bfloat16), device, seed).eval()
+
+
+def _norm_params(module: nn.Module) -> bool:
+    names = {n for n, _ in module.named_parameters(recurse=False)}
+    return "weight" in names and names <= {"weight", "bias"}
+
+
+def materialise(model: nn.Module, device: str, seed: int = 0) -> nn.Module:
+    """A meta-device model on `device` with seeded random weights: each module's own
+    reset_parameters (nn.Linear, nn.LayerNorm: torch's default initialisation), norm scales
+    (RMSNorm-like modules without one) 1. Anything else is an error naming it, never left undefined."""
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise ValueError(f"materialise cannot initialise buffers {buffers[:5]}: to_empty leaves them undefined")
+    unknown = [f"{name} ({type(m).__name__})" for name, m in model.named_modules()
+               if any(True for _ in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters")
+               and not (type(m).__name__.endswith("Norm") and _norm_params(m))]
+    if unknown:
+        raise ValueError(f"materialise does not know how to initialise {unknown[:5]}")
+    model = model.to_empty(device=device)
+    torch.manual_seed(seed)
     with torch.no_grad():
-        eager = model(**kwargs)[0]
-        for name, m, backend, opts in (("BF16", model, "eager" if bench.dry else "inductor", None),
-                                       ("fx_fp8", fp8_model, "fp8", options)):
-            def run(m=m, backend=backend, opts=opts, name=name):
-                compiled = torch.compile(m, backend=backend, **({"options": opts} if opts else {}))
-                t0 = time.perf_counter()
-                results[name] = compiled(**kwargs)[0]
-                first = time.perf_counter() - t0
-                return bench.ms(lambda: compiled(**kwargs)), first, compiled
-            res = bench.cell(f"flux {name}", run)
-            results[name + "_timing"] = res
-    base, fp8 = results.get("BF16_timing"), results.get("fx_fp8_timing")
-    t_base = base[0] if isinstance(base, tuple) else base
-    for name, res in (("BF16 torch.compile" + (" (eager backend)" if bench.dry else " (Inductor)"), base),
-                      ("fx_fp8 backend 'fp8'", fp8)):
-        if isinstance(res, tuple):
-            key = "BF16" if name.startswith("BF16") else "fx_fp8"
-            rows.append([name, res[0], ratio(t_base, res[0]), res[1], rel(results[key], eager)])
-        else:
-            rows.append([name, res, "-", "-", "-"])
-    extra = ""
-    if isinstance(fp8, tuple):
-        try:
-            report = fx_fp8.get_reports(fp8[2])[-1]
-            extra = (f"; lowering {report.lowering}, downstream {report.downstream}, attention FP8 "
-                     f"{report.count(op='attention', action='fp8')}/{report.count(op='attention')}")
-        except Exception as e:  # the report API is the lead's: say what went wrong, keep the timings
-            extra = f"; report unavailable ({type(e).__name__}: {e})"
-    linears = (f"{len(prepared['quantized'])} linears quantized, {len(prepared['native'])} native"
-               if isinstance(prepared, dict) else f"prepare_model: {prepared}")
-    head = (f"{double} double + {single} single blocks (Flux-dev: 19 + 38), hidden "
-            f"{dims['num_attention_heads'] * dims['attention_head_dim']}, {img} image + {txt} text tokens, batch 1, "
-            f"random weights; {linears}{extra}")
-    return table(f"{title}: {head}", ["variant", "ms / forward", "x vs BF16", "first call (compile) s",
-                                      "rel err vs eager BF16"], rows)
+        for module in model.modules():
+            own = dict(module.named_parameters(recurse=False))
+            if not own:
+                continue
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+            else:
+                own["weight"].fill_(1.0)
+                if "bias" in own:
+                    own["bias"].zero_()
+    return model
 
 
-# -- environment and main ---------------------------------------------------------------------------
-def environment(bench: Bench) -> list[str]:
-    lines = [f"date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-             f"host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-             f"torch: {torch.__version__}"]
-    for mod in ("triton", "torchao", "diffusers", "cudnn"):
-        try:
-            m = __import__(mod)
-            lines.append(f"{mod if mod != 'cudnn' else 'nvidia-cudnn-frontend'}: {getattr(m, '__version__', '?')}")
-        except Exception:
-            lines.append(f"{mod if mod != 'cudnn' else 'nvidia-cudnn-frontend'}: not installed")
+def flux_inputs(config: dict, img_side: int, txt: int, device: str, seed: int = 0) -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+    bf16 = torch.bfloat16
+    ids = torch.zeros(img_side, img_side, 3, device=device)
+    ids[..., 1] = torch.arange(img_side, device=device)[:, None]
+    ids[..., 2] = torch.arange(img_side, device=device)[None, :]
+    kw = dict(hidden_states=torch.randn(1, img_side * img_side, config["in_channels"], device=device, generator=g,
+                                        dtype=bf16),
+              encoder_hidden_states=torch.randn(1, txt, config["joint_attention_dim"], device=device, generator=g,
+                                                dtype=bf16),
+              pooled_projections=torch.randn(1, config["pooled_projection_dim"], device=device, generator=g,
+                                             dtype=bf16),
+              timestep=torch.full((1,), 0.5, device=device, dtype=bf16),
+              img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(txt, 3, device=device), return_dict=False)
+    if config.get("guidance_embeds"):
+        kw["guidance"] = torch.full((1,), 3.5, device=device, dtype=bf16)
+    return kw
+
+
+#: --flux-variants keys -> the variants' names, in the order they run: the most wanted first, should
+#: the time budget run out
+FLUX_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": "fx_fp8 prepared",
+                 "torchao": TORCHAO, "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead"}
+
+
+def regional_compile(model: nn.Module, **compile_kwargs) -> None:
+    """Every repeated block compiled on its own, the block class once (diffusers' compile_repeated_blocks,
+    or the same by hand where the installed diffusers lacks it)."""
+    if hasattr(model, "compile_repeated_blocks"):
+        model.compile_repeated_blocks(**compile_kwargs)
+        return
+    for module in model.modules():
+        if type(module).__name__ in ("FluxTransformerBlock", "FluxSingleTransformerBlock"):
+            module.compile(**compile_kwargs)
+
+
+def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Callable, Callable]]:
+    """(name, prepare(model) -> note, compile(model), note(model)) of the variants --flux-variants asks
+    for, in FLUX_VARIANTS' order. Every variant builds its own model (same seed, same weights)."""
+    import fx_fp8
+
+    fx = {"options": bench.fx_options} if bench.fx_options else {}
+    ro = ({"options": {**bench.fx_options, "mode": "reduce-overhead"}} if bench.fx_options
+          else {"mode": "reduce-overhead"})  # torch.compile takes mode or options, not both
+
+    def report(model):
+        return fx_fp8_summary(model, "linear") + "; " + fx_fp8_summary(model, "attention")
+
+    def prepared(model):
+        r = fx_fp8.prepare_model(model)
+        return (f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
+                f"weight-only), {len(r['native'])} native")
+
+    def torchao_quantized(model):
+        torchao_float8_rowwise(model, bench.dry)
+        return f"{ao_state}: quantize_ on every nn.Linear"
+
+    every = {
+        "eager": (None, None, None),
+        "inductor": (None, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "fx_fp8": (prepared, lambda m: regional_compile(m, backend="fp8", **fx), report),
+        "torchao": (torchao_quantized, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "fx_fp8_ro": (prepared, lambda m: regional_compile(m, backend="fp8", **ro), report),
+    }
+    return [(FLUX_VARIANTS[key], *every[key]) for key in FLUX_VARIANTS if key in bench.args.flux_variants]
+
+
+def bench_flux(bench: Bench) -> None:
     try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        lines.append(f"fx_fp8 git: {rev or '?'}")
-    except Exception:
-        pass
-    if bench.dry:
-        lines.append("device: CPU dry run (tiny shapes; timings meaningless)")
-    else:
-        p = torch.cuda.get_device_properties(0)
-        lines += [f"GPU: {p.name} (sm{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)",
-                  f"CUDA: {torch.version.cuda}", f"cuDNN: {torch.backends.cudnn.version()}"]
-    return lines
+        import diffusers  # noqa: F401
+    except Exception as e:
+        bench.add(Row("flux", "model", "all", f"skipped: diffusers not importable ({type(e).__name__}: {e})"))
+        return
+    config = dict(TINY_FLUX_CONFIG if bench.dry else FLUX_DEV_CONFIG)
+    if bench.args.flux_depth:
+        config["num_layers"], config["num_single_layers"] = bench.args.flux_depth
+    img_side, txt = (8, 16) if bench.dry else (64, 512)
+    case = (f"{config['num_layers']}+{config['num_single_layers']} blocks, width "
+            f"{config['num_attention_heads'] * config['attention_head_dim']}, {img_side * img_side}+{txt} tokens")
+    kwargs = flux_inputs(config, img_side, txt, bench.device)
+    torchao, ao_state = torchao_state()
+    reference = None
+    longest = 0.0
+    for name, prepare, compile_, note in flux_variants(bench, ao_state):
+        if name == TORCHAO and torchao is None:
+            bench.add(Row("flux", case, name, ao_state))
+            continue
+        if not bench.fits(longest):
+            bench.add(Row("flux", case, name, "skipped: time budget"))
+            continue
+        t0 = time.perf_counter()
+        row = Row("flux", case, name)
+
+        def run(prepare=prepare, compile_=compile_, note=note, row=row):
+            model = build_flux(config, bench.device)
+            notes = [prepare(model)] if prepare else []
+            row.extra["build s"] = time.perf_counter() - t0
+            if compile_ is not None:
+                compile_(model)
+            timing, out = measure_model(bench, row, lambda: model(**kwargs)[0], reference)
+            row.note = "; ".join(notes + ([note(model)] if note else []))
+            return timing, out
+
+        result = bench.cell(f"flux {name}", run)
+        if isinstance(result, tuple):
+            row.timing, out = result
+            if reference is None and name == "BF16 eager":
+                reference = out
+        else:
+            row.timing = result
+        bench.add(row)
+        torch._dynamo.reset()  # the next variant compiles the same block classes afresh (recompile limit)
+        gc.collect()
+        if bench.device == "cuda":
+            torch.cuda.empty_cache()
+        longest = max(longest, time.perf_counter() - t0)
+
+
+def compile_counts() -> tuple[int, int, int]:
+    """(graphs Dynamo traced, Inductor FX-graph compiles, FX-graph cache hits) so far in this process."""
+    from torch._dynamo.utils import counters
+
+    ind = counters["inductor"]
+    return counters["stats"]["unique_graphs"], ind["fxgraph_cache_miss"] + ind["fxgraph_cache_bypass"], \
+        ind["fxgraph_cache_hit"]
+
+
+def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple[Timing, torch.Tensor]:
+    """First call (compile), two more (CUDA graphs: warm-up, recording), the output of the fourth
+    (a replay) against `reference`, then back-to-back forwards and one profiled forward."""
+    before = compile_counts()
+    if bench.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        row.extra["weights GiB"] = torch.cuda.memory_allocated() / 2**30
+
+    def step():
+        torch.compiler.cudagraph_mark_step_begin()  # one forward = one CUDA-graph step (a no-op without)
+        return forward()
+
+    t0 = time.perf_counter()
+    step()
+    bench.timer.sync()
+    row.first_s = time.perf_counter() - t0
+    after = compile_counts()
+    row.extra["graphs"] = f"{after[0] - before[0]} / {after[1] - before[1]} (+{after[2] - before[2]} cached)"
+    for _ in range(2):
+        step()
+    out = step().clone()  # a replay's output is overwritten by the next one
+    if reference is not None:
+        row.err = rel(out, reference)
+    wall, launch = bench.timer.wall_and_launch(step, 2 if bench.dry else 5)
+    kernel_ms, per_call, kernels = bench.timer.profile(step, 1)  # one forward: thousands of kernels
+    if bench.device == "cuda":
+        row.extra["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    return Timing(wall, wall, launch, kernel_ms, per_call, kernels), out
+
+
+def flux_table(rows: list[Row]) -> str:
+    by = {r.contender: r.ms for r in rows if r.ms is not None}
+    base, peer = by.get("BF16 Inductor"), by.get(TORCHAO)
+    out = []
+    for r in rows:
+        t = r.timing
+        if not isinstance(t, Timing):
+            out.append([r.contender, t] + ["-"] * 12 + [r.note])
+            continue
+        e = r.extra
+        out.append([r.contender, t.ms, base / t.ms if base else None,
+                    peer / t.ms if peer and r.contender != "BF16 eager" else None,
+                    r.first_s, e.get("build s"), e.get("graphs"), e.get("peak GiB"), e.get("weights GiB"),
+                    t.launch_ms, t.kernel_ms if t.kernel_ms > 0 else None, t.busy if t.kernel_ms > 0 else None,
+                    r.err, t.top_kernels(), r.note])
+    header = ["variant", "ms / forward", "x BF16 Inductor", "x torchao", "first call s", "build s",
+              "graphs: Dynamo / Inductor", "peak GiB", "weights GiB", "launch ms", "kernel ms", "GPU busy",
+              "err vs BF16 eager", "kernels (share of kernel time)", "what ran"]
+    return markdown_table(header, out)
+
+
+FLUX_NOTES = ("ms / forward: 5 back-to-back forwards after 4 (compile, warm-up, CUDA-graph recording, a replay: err), "
+              "synchronised at the end. first call: compile of every block class included (regional: "
+              "compile_repeated_blocks). build: meta-device model materialised with random weights, then "
+              "torchao's quantize_ or fx_fp8's prepare_model. graphs: new Dynamo graphs / Inductor FX-graph "
+              "compiles at the first call. peak: max allocated from the first call on; weights: allocated before it. "
+              "kernel ms: GPU kernel time per forward (torch.profiler; '-' when the profiler saw none, as it may "
+              "inside CUDA graphs). err: relative L2 error of the output against BF16 eager on the same weights.")
+
+
+# -- main -----------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="linears and attention (the default with no mode)")
+    ap.add_argument("--flux", action="store_true", help="the full-depth Flux-dev model")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every row, to check the script")
+    ap.add_argument("--out", help="append a dated markdown section with the tables to this file")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds per mode before remaining rows are skipped (default 280 on a GPU, none in a dry run)")
+    ap.add_argument("--flux-depth", type=_depth, default=None, metavar="DOUBLE,SINGLE",
+                    help="blocks of the Flux model (default Flux-dev's 19,38; the dry run's 2,2)")
+    ap.add_argument("--flux-variants", type=_variants, default=tuple(FLUX_VARIANTS), metavar="KEYS",
+                    help=f"comma list of Flux variants to run, from {','.join(FLUX_VARIANTS)} (default: all; "
+                         "the ratios need 'inductor' and 'torchao' in the same run)")
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms")
+    args = ap.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        ap.error(f"--budget must be positive seconds, got {args.budget}")
+    if not args.quick and not args.flux:
+        args.quick = True
+        args.flux = args.dry_run  # a dry run checks both modes; a GPU run without a mode is --quick
+    if args.budget is None and not args.dry_run:
+        args.budget = 280.0
+    return args
+
+
+def _depth(text: str) -> tuple[int, int]:
+    try:
+        double, single = (int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DOUBLE,SINGLE block counts like 19,38, got {text!r}") from None
+    if double < 1 or single < 0:
+        raise argparse.ArgumentTypeError(f"expected at least one double block and no negative count, got {text!r}")
+    return double, single
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in keys if k not in FLUX_VARIANTS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"unknown Flux variants {unknown or text!r}: expected a comma list of "
+                                         f"{', '.join(FLUX_VARIANTS)}")
+    return keys
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: run every row, list what a GPU fills")
-    ap.add_argument("--out", help="append a dated markdown section with the tables to this file")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: linear,attention,flux,weight_only")
-    ap.add_argument("--flux-double", type=int, default=2, help="double-stream blocks of the Flux-sized model")
-    ap.add_argument("--flux-single", type=int, default=2, help="single-stream blocks of the Flux-sized model")
-    ap.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
-    ap.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms")
-    args = ap.parse_args(argv)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    sections = {"linear", "attention", "flux", "weight_only"}
-    if skip - sections:
-        ap.error(f"--skip: unknown sections {sorted(skip - sections)}")
-    if args.dry_run:
-        # the Triton kernels read TRITON_INTERPRET when they are decorated: before fx_fp8's kernels are imported
-        if "fx_fp8.ops.triton_quant" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            print("cuda_bench.py --dry-run: run it in a fresh process (Triton kernels already loaded)", file=sys.stderr)
-            return 2
-        os.environ["TRITON_INTERPRET"] = "1"
-    elif not torch.cuda.is_available():
+    args = parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
         print("cuda_bench.py needs a CUDA GPU (sm89+ for FP8); use --dry-run to check the script on CPU",
               file=sys.stderr)
         return 2
-    import fx_fp8  # noqa: F401  registers torch.ops.fx_fp8 (after TRITON_INTERPRET is settled)
-
     bench = Bench(args)
-    env = environment(bench)
+    env = environment(bench.device)
     print("\n".join(f"- {x}" for x in env) + "\n", flush=True)
-    parts = []
-    t_start = time.perf_counter()
-    for name, fn in (("linear", bench_linear), ("attention", bench_attention), ("flux", bench_flux),
-                     ("weight_only", bench_weight_only)):
-        if name in skip:
-            continue
-        t0 = time.perf_counter()
-        text = bench.cell(f"section {name}", lambda fn=fn: fn(bench))
-        text = text if text.startswith("#") else f"### {name}\n\n{text}\n"
-        text += f"\n({name}: {time.perf_counter() - t0:.0f} s wall)\n"
-        print(text, flush=True)
-        parts.append(text)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    modes = [m for m in ("quick", "flux") if getattr(args, m)]
+    parts, status, t_start = [], 0, time.perf_counter()
+    try:
+        with torch.no_grad(), _quiet():
+            for mode in modes:
+                first = len(bench.rows)
+                bench.start_mode(args.budget)
+                try:
+                    if mode == "quick":
+                        bench_linears(bench)
+                        bench_attention(bench)
+                    else:
+                        bench_flux(bench)
+                finally:
+                    parts.append(render(mode, bench.rows[first:], bench.elapsed()))
+    except Terminated:
+        status = 124
+        parts = parts or [""]
+        parts[-1] += "\n(stopped by SIGTERM: the rows above are what was measured)\n"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     total = time.perf_counter() - t_start
-    print(f"total: {total:.0f} s")
-    if bench.dry:
-        print("\nA GPU run fills these cells (the dry run ran a CPU stand-in):")
-        for c in dict.fromkeys(bench.gpu_cells):
-            print(f"  - {c}")
+    for part in parts:
+        print("\n" + part, flush=True)
     if bench.errors:
+        status = status or 1
         print(f"\n{len(bench.errors)} cell(s) failed:", file=sys.stderr)
         for e in bench.errors:
             print(e, file=sys.stderr)
     if args.out:
         command = "python benchmarks/cuda_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        head = f"## cuda_bench.py — {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n"
-        body = "".join(f"- {x}\n" for x in env) + f"- command: `{command.strip()}`\n- wall: {total:.0f} s\n\n"
-        with open(args.out, "a") as f:
-            f.write("\n" + head + body + "\n".join(parts))
+        append_section(args.out, "cuda_bench.py " + " ".join(f"--{m}" for m in modes), env, command, total,
+                       "\n".join(parts))
         print(f"appended to {args.out}")
-    return 1 if bench.errors else 0
+    return status
+
+
+def render(mode: str, rows: list[Row], seconds: float) -> str:
+    if mode == "quick":
+        return (f"### cuda_bench --quick: linears and attention, bf16 ({seconds:.0f} s)\n\n"
+                + quick_table(rows) + "\n" + QUICK_NOTES + "\n")
+    return (f"### cuda_bench --flux: {rows[0].case if rows else 'Flux'}, regional compile ({seconds:.0f} s)\n\n"
+            + flux_table(rows) + "\n" + FLUX_NOTES + "\n")
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Library warnings once, not per row (diffusers' dtype notes, torchao's deprecations)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("once")
+        yield
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 124:  # stopped mid-compile: skip the interpreter's shutdown, which may wait on what was cut short
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
