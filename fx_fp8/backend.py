@@ -131,11 +131,31 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A GraphModule sharing gm's submodules and constants, with its own copy of the graph
     (node meta copied). Its Python code is generated lazily, on first call, if ever: the
     downstream compiler reads the graph, and regenerating a large graph's code is the main
-    cost of a backend call that changed nothing."""
+    cost of a backend call that changed nothing. It keeps what marks a graph as Dynamo's
+    (gm.meta, the placeholders' sources, `_param_name_to_source`): AOTAutograd reads them to
+    tell which inputs keep their address, so CUDA graphs do not copy parameters every replay."""
     new = torch.fx.Graph()
     out = new.graph_copy(gm.graph, {})
     new.output(out)
-    return lazy_graph_module(gm, new)
+    copy = lazy_graph_module(gm, new)
+    copy.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        copy._param_name_to_source = gm._param_name_to_source
+    for old, node in zip(gm.graph.find_nodes(op="placeholder"), new.find_nodes(op="placeholder")):
+        if hasattr(old, "_dynamo_source"):
+            node._dynamo_source = old._dynamo_source
+    return copy
+
+
+def _kept_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The copy of Dynamo's graph the backend keeps (other instances and step variants are planned
+    from it after this call returns), without Dynamo's record of each placeholder's example input:
+    that holds a weak reference to the user's tensor, and torch's swap-based conversion (FSDP2,
+    DTensor, tensor subclasses) refuses to swap a parameter anything references weakly."""
+    kept = _copy_graph(gm)
+    for node in kept.graph.find_nodes(op="placeholder"):
+        node.meta.pop("grapharg", None)
+    return kept
 
 
 def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
@@ -152,6 +172,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     config, backend_opts = config_from_options(options)
     mode = mode or backend_opts.get("mode")
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
+    gm = _kept_graph(gm)
     device = _graph_device(example_inputs)
     first_record = ModelRecord.of(owner)
     lowering = choose_lowering(backend, config, device, first_record.warn)
@@ -329,7 +350,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     anchor_slot, anchor = find_anchor(example_inputs, model, instance)
     dispatch = InstanceDispatch(gm, instance, anchor_slot, anchor, first, plan, [(model, owner)])
     if anchor_slot is not None:
-        dispatch.remember(example_inputs[anchor_slot], first)
+        dispatch.remember(example_inputs[anchor_slot], first, model)
     elif not instance:
         return first  # the model's own graph without parameters: nothing tells instances apart
     dispatch.by_name[instance] = first

@@ -16,6 +16,7 @@ from fx_fp8.graph.dynamo_internals import runtime_instance
 from fx_fp8.graph.names import OWNERS, instance_holding, module_names_of
 from fx_fp8.report import ModelRecord
 from fx_fp8.steps import variant_for_step
+from fx_fp8.weight_state import OWNERS as OWNERS_BY_TENSOR
 
 
 class StepDispatch:
@@ -71,36 +72,49 @@ class InstanceDispatch:
         self.gm, self.instance, self.plan = gm, instance, plan
         self.anchor_slot, self.anchor = anchor_slot, anchor
         self.models = models                          # [(model, owner)] seen so far
-        self.by_param: dict[int, tuple] = {}          # id(anchor parameter) -> (weakref, callable)
+        self.by_param: dict[int, tuple] = {}          # id(anchor parameter) -> ((module ref, attr), callable)
         self.by_name: dict[str, Callable] = {}        # instance name -> callable (graphs without parameters)
         self.lock = threading.Lock()
         self.first = first
         self.names = module_names_of(models[0][0]) if anchor_slot is None else None
 
-    def remember(self, param, fn) -> None:
-        self.by_param[id(param)] = (weakref.ref(param), fn)
+    def remember(self, param, fn, model) -> None:
+        """Route calls with `param` at the anchor slot to `fn`. The entry holds the module that
+        owns `param` weakly and checks it still holds `param`: no reference of any kind on the
+        user's parameter (torch's swap-based conversion refuses to swap a weakly referenced one)."""
+        owner = OWNERS_BY_TENSOR.owner(model, param)
+        self.by_param[id(param)] = ((weakref.ref(owner[0]), owner[1]) if owner is not None else None, fn)
+
+    @staticmethod
+    def _holds(entry, param) -> bool:
+        if entry is None or entry[0] is None:
+            return False
+        module = entry[0][0]()
+        return module is not None and module._parameters.get(entry[0][1]) is param
 
     def __call__(self, *args):
         if self.anchor_slot is None:
             return self._by_stack(args)
         param = args[self.anchor_slot]
         entry = self.by_param.get(id(param))
-        if entry is None or entry[0]() is not param:
+        if not self._holds(entry, param):
             with self.lock:
                 entry = self.by_param.get(id(param))
-                if entry is None or entry[0]() is not param:
-                    self.remember(param, self._build_for_param(param, list(args)))
+                if not self._holds(entry, param):
+                    fn, model = self._build_for_param(param, list(args))
+                    self.remember(param, fn, model)
                     entry = self.by_param[id(param)]
         return entry[1](*args)
 
-    def _build_for_param(self, param, inputs: list):
+    def _build_for_param(self, param, inputs: list) -> tuple:
+        """(callable, model) for an anchor parameter seen for the first time."""
         found = instance_holding(param, self.anchor, self.models)
         if found is None:  # not a parameter of any model we can name: the first instance's decisions
-            return self.first
+            return self.first, self.models[0][0]
         model, owner, path = found
         if all(model is not m for m, _ in self.models):
             self.models.append((model, owner))
-        return self.plan(inputs, model, owner, (self.instance, path))
+        return self.plan(inputs, model, owner, (self.instance, path)), model
 
     def _by_stack(self, args):
         path = runtime_instance(self.names)

@@ -132,7 +132,7 @@ class Feeder:
 
     def __init__(self, feeds: list[Feed], prepared: list[int], inputs: list, resolver: Resolver):
         slots = sorted({f.slot for f in feeds})
-        self.slots = [(s, _weak(resolver.state(s, inputs[s]))) for s in slots]
+        self.slots = [(s, weakref.ref(resolver.state(s, inputs[s]))) for s in slots]
         index = {s: i for i, s in enumerate(slots)}
         self.feeds = [(index[f.slot], f) for f in feeds]
         self.prepared = []
@@ -142,6 +142,8 @@ class Feeder:
                 self.prepared.append((s, weakref.ref(module)))
         # weights that no module holds keep their state here (a strong reference)
         self.keep = [resolver.orphans[s] for s in slots if s in resolver.orphans]
+        self._out: Optional[list] = None
+        self._made_of: tuple = ()
 
     def extras(self, args) -> list:
         states = []
@@ -151,12 +153,17 @@ class Feeder:
                 raise RuntimeError("fx_fp8: the module owning a quantized weight of this compiled graph was deleted "
                                    "or replaced; compile the model again")
             st.sync(args[slot])
-            states.append((st, args[slot]))
+            states.append(st)
         for slot, ref in self.prepared:
             module = ref()
             if module is not None:
                 module.check_weight(args[slot])
-        return [f.tensor(*states[i]) for i, f in self.feeds]
+        # the tensors to append are looked up again only when a state made new ones
+        made_of = tuple(st.generation for st in states)
+        if self._out is None or made_of != self._made_of:
+            self._out = [f.tensor(states[i], args[f.slot]) for i, f in self.feeds]
+            self._made_of = made_of
+        return self._out
 
 
 def _weak(st: WeightState) -> Callable[[], Optional[WeightState]]:

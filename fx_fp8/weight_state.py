@@ -107,6 +107,7 @@ class WeightState:
     left_by_prepare: str = ""                        # why prepare_model left its linear unreplaced (hooks)
     source: Optional[tuple] = None
     source_digest: Optional[str] = None
+    generation: int = 0                              # bumped whenever a copy's tensors may be new objects
 
     def copy(self, weight: torch.Tensor, recipe: WeightRecipe, smoothing: Optional[Smoothing] = None, *,
              check_bytes: bool = False) -> QuantizedCopy:
@@ -118,6 +119,7 @@ class WeightState:
         if entry is None:
             wq, ws = recipe.quantize(weight, smoothing)
             entry = self.copies[key] = QuantizedCopy(recipe, smoothing, wq, ws)
+            self.generation += 1
             if self.source_digest is None:  # the bytes every copy is now of (refresh_copies compares)
                 self.source_digest = digest(weight)
         return entry
@@ -142,6 +144,7 @@ class WeightState:
         with torch.no_grad():
             for c in self.copies.values():
                 c.refresh(weight)
+        self.generation += 1
         return bool(self.copies)
 
     def released_bytes(self) -> int:
@@ -242,6 +245,7 @@ def release_quantized_copies(module: nn.Module) -> int:
         released += st.released_bytes()
         st.copies.clear()  # smoothing vectors and static scales are tiny: a compiled graph still needs them
         st.source = st.source_digest = None
+        st.generation += 1
     return released
 
 

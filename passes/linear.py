@@ -115,6 +115,7 @@ def attach_static_scale(st, value: float, steps, device) -> None:
     st.input_scale = torch.tensor(value, dtype=torch.float32, device=device)
     st.input_step_scales = None if steps is None else (
         tuple(steps[0]), torch.tensor(steps[1], dtype=torch.float32, device=device))
+    st.generation += 1  # new tensors: feeders look them up again
 
 
 def apply_weight_action(action: WeightAction, weight: torch.Tensor, module: str, qcfg, scales, resolver):
@@ -400,6 +401,7 @@ class FP8LinearPass(FXPass):
         for m in todo:
             st = self.ctx.resolver.state(m.slot, m.real_weight, m.module)
             st.smoothing[sm.alpha] = sm
+            st.generation += 1
             copy = st.copy(m.real_weight, recipe, sm, check_bytes=True)
             weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
             if m.act == "static":

@@ -48,3 +48,30 @@ def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monke
     assert step.variants == {"native": compiles[0][3], "fp8": compiles[1][3]}
     assert step.calls == {"fp8": 1, "native": 1}
     assert rel_err(skipped, native) < 0.05 and 0 < rel_err(fp8, native) < 0.05
+
+
+def test_parameters_and_appended_weights_are_static_inputs_of_the_compiled_graph(monkeypatch):
+    """CUDA graphs copy every input AOTAutograd does not know keeps its address into their own
+    buffers on each replay. The graphs fx_fp8 hands Inductor must still read as Dynamo's (its
+    meta, the placeholders' sources), so parameters and the quantized weights fx_fp8 appends are
+    static inputs and only activations are copied."""
+    import torch.nn as nn
+    from torch._functorch import aot_autograd
+
+    seen = []
+    real = aot_autograd._try_get_metadata_from_dynamo
+
+    def spy(mod, *args, **kwargs):
+        out = real(mod, *args, **kwargs)
+        seen.append(([n.name for n in mod.graph.find_nodes(op="placeholder")], list(out[1])))
+        return out
+
+    monkeypatch.setattr(aot_autograd, "_try_get_metadata_from_dynamo", spy)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+    with torch.no_grad():
+        torch.compile(model, backend="fp8", options={"downstream": "inductor"})(torch.randn(4, 64))
+    (names, static), = seen
+    fed = [i for i, n in enumerate(names) if n.startswith("fx_fp8_")]
+    params = [i for i, n in enumerate(names) if "weight" in n or "bias" in n and not n.startswith("fx_fp8_")]
+    assert len(fed) == 4 and len(params) == 4
+    assert sorted(static) == sorted(fed + params), (names, static)

@@ -160,3 +160,25 @@ def test_second_model_of_one_class_has_its_own_record_and_copies():
     for out, native in zip(outs, natives):
         assert 1e-5 < _rel(out, native) < 0.05
     assert len(fx_fp8.get_reports(compiled[0])) == 1 and len(fx_fp8.get_reports(compiled[1])) == 1
+
+
+def test_swap_based_module_conversion_works_after_compiling():
+    """torch's swap-based conversion (the path FSDP2, DTensor and tensor subclasses take) swaps
+    parameter objects in place: nothing of fx_fp8's may hold a weakref on, or have changed the
+    class of, a user's parameter."""
+    model, kw = _flux()
+    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
+    previous = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with torch.no_grad():
+            before = output_tensor(compiled(**kw))
+            state = {k: v.clone() for k, v in model.state_dict().items()}
+            model.to(torch.float64)
+            assert model.get_submodule(TARGET).weight.dtype == torch.float64
+            model.to(torch.float32)
+            model.load_state_dict(state)
+            after = output_tensor(compiled(**kw))
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(previous)
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
