@@ -324,23 +324,26 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
 
         def compile_variant(variant, inputs_) -> Callable:
             key = (variant, keys[variant])
-            plan_feeds = feeds[variant]
             if key not in artifacts:
                 # a variant or instance compiled on its first call runs outside Dynamo: Dynamo's
                 # tracing context (fake mode, shape env) lets Inductor's caches take it
                 # the compile caches need a fake value on every node the passes inserted (only for
                 # a graph that is compiled: an instance that reuses an artifact skips it)
                 fill_example_values(rewritten[variant].graph)
-                examples = (list(inputs_) if fake_args is None else list(fake_args)) + plan_feeds.example_inputs(
+                examples = (list(inputs_) if fake_args is None else list(fake_args)) + feeds[variant].example_inputs(
                     fake=fake_args is not None)
                 with compiling_under(tracing_context):
                     artifacts[key] = _downstream_compile(downstream, rewritten[variant], examples, mode)
-            feeder = plan_feeds.feeder(list(inputs_), resolver)
-            return artifacts[key] if feeder is None else Fed(artifacts[key], feeder)
+            return fed(variant, artifacts[key], inputs_)
+
+        def fed(variant, artifact, inputs_) -> Callable:
+            """The artifact called with this instance's appended inputs (once per call, outside it)."""
+            feeder = feeds[variant].feeder(list(inputs_), resolver)
+            return artifact if feeder is None else Fed(artifact, feeder)
 
         if not config.has_step_skips:
             return compile_variant(None, inputs)
-        ready = {v: artifacts.get((v, keys[v])) for v in variants}
+        ready = {v: (fed(v, artifacts[(v, keys[v])], inputs) if (v, keys[v]) in artifacts else None) for v in variants}
         return StepDispatch(ready, config, record, compile_variant)
 
     first = plan(list(example_inputs), model, owner)

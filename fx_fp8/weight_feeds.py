@@ -110,11 +110,15 @@ class Resolver:
     of the model holds, e.g. a tensor passed as an argument)."""
 
     def __init__(self, model):
-        self.model = model
+        self._model = weakref.ref(model) if isinstance(model, torch.nn.Module) else None  # compiled graphs outlive models
         self.orphans: dict[int, WeightState] = {}
 
+    def owner(self, weight: torch.Tensor):
+        model = self._model() if self._model is not None else None
+        return OWNERS.owner(model, weight) if model is not None else None
+
     def state(self, slot: int, weight: torch.Tensor, name: str = "") -> WeightState:
-        owner = OWNERS.owner(self.model, weight)
+        owner = self.owner(weight)
         if owner is None:
             st = self.orphans.get(slot)
             if st is None:
@@ -123,7 +127,7 @@ class Resolver:
         return state_on(owner[0], owner[1], name)
 
     def module(self, weight: torch.Tensor):
-        owner = OWNERS.owner(self.model, weight)
+        owner = self.owner(weight)
         return owner[0] if owner is not None else None
 
 
@@ -131,8 +135,9 @@ class Feeder:
     """One instance's feeds for one rewritten graph: per call, `extras(args)`."""
 
     def __init__(self, feeds: list[Feed], prepared: list[int], inputs: list, resolver: Resolver):
+        self.resolver = resolver
         slots = sorted({f.slot for f in feeds})
-        self.slots = [(s, weakref.ref(resolver.state(s, inputs[s]))) for s in slots]
+        self.slots = [[s, *self._resolve(s, inputs[s])] for s in slots]
         index = {s: i for i, s in enumerate(slots)}
         self.feeds = [(index[f.slot], f) for f in feeds]
         self.prepared = []
@@ -140,34 +145,53 @@ class Feeder:
             module = resolver.module(inputs[s])
             if module is not None and hasattr(module, "check_weight"):
                 self.prepared.append((s, weakref.ref(module)))
-        # weights that no module holds keep their state here (a strong reference)
-        self.keep = [resolver.orphans[s] for s in slots if s in resolver.orphans]
         self._out: Optional[list] = None
         self._made_of: tuple = ()
 
+    def _resolve(self, slot: int, weight: torch.Tensor) -> list:
+        """[state (a weak reference, or the state itself for a weight no module holds: then this
+        feeder keeps it), owner module (weakly) or None, attribute]."""
+        owner = self.resolver.owner(weight)
+        st = self.resolver.state(slot, weight)
+        if owner is None:
+            return [lambda st=st: st, None, None]
+        return [weakref.ref(st), weakref.ref(owner[0]), owner[1]]
+
+    def _state(self, entry: list, weight: torch.Tensor) -> WeightState:
+        slot, ref, owner, attr = entry
+        st = ref()
+        if st is not None and (st.source is None or st.source[0] == id(weight)):
+            return st
+        if owner is not None:  # another tensor at this slot: the same module's new parameter, or not its
+            module = owner()
+            if module is not None and (module._parameters.get(attr) is weight or module._buffers.get(attr) is weight):
+                return st
+            if self.resolver.owner(weight) is None:
+                raise RuntimeError(
+                    f"fx_fp8: a compiled graph was called with a weight its model instance does not hold (input "
+                    f"{slot}, shape {list(weight.shape)}; its quantized copy belongs to another module). Call the "
+                    "compiled model itself (its dispatch picks each instance's copies), or compile this model again")
+            entry[1:] = self._resolve(slot, weight)  # a parameter moved to another module of the model
+            return entry[1]()
+        return st
+
     def extras(self, args) -> list:
         states = []
-        for slot, ref in self.slots:
-            st = ref()
-            if st is None:
-                raise RuntimeError("fx_fp8: the module owning a quantized weight of this compiled graph was deleted "
-                                   "or replaced; compile the model again")
-            st.sync(args[slot])
+        for entry in self.slots:
+            weight = args[entry[0]]
+            st = self._state(entry, weight)
+            st.sync(weight)
             states.append(st)
         for slot, ref in self.prepared:
             module = ref()
             if module is not None:
                 module.check_weight(args[slot])
         # the tensors to append are looked up again only when a state made new ones
-        made_of = tuple(st.generation for st in states)
+        made_of = tuple((id(st), st.generation) for st in states)
         if self._out is None or made_of != self._made_of:
             self._out = [f.tensor(states[i], args[f.slot]) for i, f in self.feeds]
             self._made_of = made_of
         return self._out
-
-
-def _weak(st: WeightState) -> Callable[[], Optional[WeightState]]:
-    return weakref.ref(st)
 
 
 class Fed:

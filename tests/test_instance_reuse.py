@@ -192,4 +192,4 @@ def test_a_warning_that_names_no_layer_is_carried_to_every_instance(plans, kerne
     assert plans == {"passes": 1, "reused": BLOCKS - 1}
     assert sum("no FP8 matrix units here (test)" in str(w.message) for w in caught) == 1  # once per model
     assert not kernels["scaled_mm"] and {id(w) for w in kernels["weight_only_linear"]} >= {
-        id(model.blocks[i].fc1.weight) for i in range(BLOCKS)}
+        id(c.wq) for i in range(BLOCKS) for c in state_of(model, model.blocks[i].fc1.weight).copies.values()}
