@@ -30,7 +30,6 @@ MODELOPT_FP8 = "ModelOpt FP8 checkpoint"
 #: module classes whose forward dequantizes a pre-quantized weight, by class name (what Dynamo's
 #: nn_module_stack shows): the source the report names
 KNOWN_SOURCES = {"BFLFP8RLinear": BFL_FP8R}
-ACTIVATION_GRANULARITIES = ("token", "tensor")
 
 #: adopted weight (a QuantizedLinear's Parameter) -> where its bytes came from
 _ORIGINS: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -92,7 +91,8 @@ def _bfl_plan(name: str, module: nn.Module, problems: list) -> Optional[tuple]:
     if w.is_meta or (s is not None and s.is_meta):
         problems.append(f"{name}: BFLFP8RLinear whose weights were never loaded (meta tensors)")
     elif w.dtype != FP8_WEIGHT_DTYPE or tuple(w.shape) != (n, k):
-        problems.append(f"{name}: BFLFP8RLinear weight {w.dtype} {list(w.shape)}, expected {FP8_WEIGHT_DTYPE} [{n}, {k}]")
+        problems.append(f"{name}: BFLFP8RLinear weight {w.dtype} {list(w.shape)}, expected {FP8_WEIGHT_DTYPE} "
+                        f"[{n}, {k}]")
     elif s is None or s.dtype != torch.float32 or tuple(s.shape) != (n,):
         problems.append(f"{name}: BFLFP8RLinear weight_scale "
                         f"{'missing' if s is None else f'{s.dtype} {list(s.shape)}'}, expected torch.float32 [{n}]")
@@ -136,8 +136,8 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
     return w, s, i, bias, dtype, describe_origin(MODELOPT_FP8, g, i is not None), g
 
 
-def adopt_prequantized(model: nn.Module, state_dict: Optional[Mapping] = None, *,
-                       activation_granularity: str = "token") -> dict:
+def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Mapping] = None,
+                       **overrides) -> dict:
     """Swap a model's pre-quantized FP8 linears for QuantizedLinear modules holding the very same
     weight tensors (no copy, no re-quantization: the stored bytes are what the FP8 GEMMs read).
 
@@ -148,29 +148,36 @@ def adopt_prequantized(model: nn.Module, state_dict: Optional[Mapping] = None, *
       QuantizedLinear holding `<name>.weight` itself (float8_e4m3fn [N, K]), its scale (per tensor or
       per channel), `<name>.input_scale` as its static activation scale when present, and
       `<name>.bias` (else the module's bias). The other entries are not read: load them with
-      `model.load_state_dict({k: v for k, v in state_dict.items() if k not in result["state_dict_keys"]}, strict=False)`.
-    Layers without a static input scale quantize activations dynamically, `activation_granularity`
-    ("token" or "tensor"). A layer carrying diffusers or accelerate hooks is not swapped (the hooks
-    would be lost): `kept` says so and the backend still rewrites its dequantizing forward.
-    Every layer is checked before the model is touched: an error names each bad entry and leaves
-    the model as it was.
-    Returns {"adopted": {name: origin}, "kept": {name: reason}, "state_dict_keys": [keys read]}.
+      `model.load_state_dict({k: v for k, v in state_dict.items() if k not in used}, strict=False)`,
+      `used` being the result's "state_dict_keys".
+    `config` (and `overrides`) decide as for prepare_model (fx_fp8.rules, by name: no graph is
+    traced): a sensitive layer with quantization_config.sensitive "weight_only" (the default) becomes
+    a weight-only QuantizedLinear (the stored weight, unquantized activations); a layer kept native
+    (quantization off, ignored_layers, sensitive "native", too small) is not swapped: a BFLFP8RLinear
+    stays as it is (its forward dequantizes), an export's layer gets W * scale in its own weight's
+    dtype. Layers without a static input scale quantize activations dynamically, as
+    quantization_config.activation_granularity says. A layer carrying diffusers or accelerate hooks
+    is not swapped either (the hooks would be lost). Every layer is checked before the model is
+    touched: an error names each bad entry and leaves the model as it was.
+    Returns {"adopted": {name: origin}, "weight_only": [names among them], "kept": {name: reason},
+    "state_dict_keys": [keys read]}.
     """
+    from fx_fp8.config import FP8Config
     from fx_fp8.prepare import _carry_hooks
+    from fx_fp8.rules import linear_plan
     from fx_fp8.state_guard import guard
-    from fx_fp8.weights import QuantizedLinear, accept_prepared_weight, watch_weights
+    from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, watch_weights
 
     if not isinstance(model, nn.Module):
         raise ValueError(f"adopt_prequantized expects a torch.nn.Module, got {type(model).__name__}")
-    if activation_granularity not in ACTIVATION_GRANULARITIES:
-        raise ValueError(f"invalid activation_granularity {activation_granularity!r}: expected one of "
-                         f"{ACTIVATION_GRANULARITIES}")
     if state_dict is not None and not isinstance(state_dict, Mapping):
         raise ValueError(f"state_dict must be a mapping of tensors (a ModelOpt FP8 export), got "
                          f"{type(state_dict).__name__}")
+    cfg = FP8Config.load(config, **overrides)
+    qcfg = cfg.quantization_config
     model = getattr(model, "_orig_mod", model)
     modules = dict(model.named_modules())
-    plans, problems, kept, used = {}, [], {}, []
+    plans, problems, used = {}, [], []
     for name, module in modules.items():
         if _is_bfl_fp8r(module):
             plan = _bfl_plan(name, module, problems)
@@ -191,18 +198,30 @@ def adopt_prequantized(model: nn.Module, state_dict: Optional[Mapping] = None, *
     if problems:
         raise ValueError("fx_fp8: adopt_prequantized found layers it cannot adopt (nothing was changed):\n  "
                          + "\n  ".join(problems))
-    swaps = []
+    swaps, kept, dequantized = [], {}, []
     for name, (w, s, i, bias, dtype, origin, g) in plans.items():
-        reason = _kept_reason(modules[name])
-        if reason:
-            kept[name] = reason
+        module = modules[name]
+        kind, why = ("native", "linear quantization off (quantization=None)") if not cfg.linear_enabled else \
+            linear_plan(name, w.shape[1], w.shape[0], dtype, qcfg)
+        hooks = _kept_reason(module)
+        if kind == "native" or hooks:
+            kept[name] = hooks or why
+            if not _is_bfl_fp8r(module):  # an export's layer: its weight, dequantized, is what runs natively
+                weight = (w.float() * canonical_weight_scale(s, g)).to(dtype)
+                dequantized.append((module, weight, bias))
+                kept[name] += f"; {origin} dequantized into its weight ({dtype})"
             continue
-        input_scale = i.detach().float().reshape(()) if i is not None else None
+        weight_only = kind == "weight_only"
+        input_scale = i.detach().float().reshape(()) if i is not None and not weight_only else None
         new = QuantizedLinear(w.detach(), canonical_weight_scale(s, g), bias, method="fp8", weight_granularity=g,
-                              weight_block=None, act_granularity=activation_granularity,
-                              input_scale=input_scale, orig_dtype=dtype)
-        swaps.append((name, modules[name], new, origin))
+                              weight_block=None, act_granularity=WEIGHT_ONLY if weight_only else
+                              qcfg.activation_granularity, input_scale=input_scale, orig_dtype=dtype)
+        swaps.append((name, module, new, origin))
     # every layer checked and built: only now change the model
+    for module, weight, bias in dequantized:
+        module.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            module.bias = nn.Parameter(bias.detach().to(weight.dtype), requires_grad=False)
     for name, old, new, origin in swaps:
         parent, _, child = name.rpartition(".")
         _carry_hooks(old, new)
@@ -211,5 +230,7 @@ def adopt_prequantized(model: nn.Module, state_dict: Optional[Mapping] = None, *
         _ORIGINS[new.weight] = origin
     watch_weights(model)
     if swaps:
-        guard(model, {})
-    return {"adopted": {name: origin for name, _, _, origin in swaps}, "kept": kept, "state_dict_keys": used}
+        guard(model, kept)  # save_quantized records why the kept layers are full precision
+    return {"adopted": {name: origin for name, _, _, origin in swaps},
+            "weight_only": [name for name, _, new, _ in swaps if new.weight_only],
+            "kept": kept, "state_dict_keys": used}

@@ -32,9 +32,11 @@ The rewritten node carries the weight's origin in node.meta[WEIGHT_ORIGIN] (pass
 (per-tensor weight scales, static input scale)". Prepared fx_fp8::quantized_linear calls whose
 weight fx_fp8.adopt_prequantized swapped in get the same key.
 
-A linear the config keeps native (quantization off, ignored_layers, a sensitive layer run native
-or weight-only, a natively skipped step, what the lowering cannot take) is left as the module's
-forward computes it: the stored weight dequantized for a native matmul (that is already weight-only).
+A sensitive layer run weight-only (quantization_config.sensitive "weight_only", the default)
+becomes a prepared weight-only call (act_granularity "weight_only": the stored weight, unquantized
+activations, any static input scale unused). A linear the config keeps native (quantization off,
+ignored_layers, a sensitive layer run native, a natively skipped step, what the lowering cannot
+take) is left as the module's forward computes it: the stored weight dequantized for a native matmul.
 """
 from __future__ import annotations
 
@@ -52,10 +54,12 @@ from fx_fp8.ops.formats import FP8_MAX
 from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
 from fx_fp8.passes.linear import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.patterns import first_match
-from fx_fp8.prequantized import SCALE_DTYPES, describe_origin, source_of_class, weight_origin
+from fx_fp8.prequantized import (SCALE_DTYPES, describe_origin, scale_granularity, source_of_class,
+                                 weight_origin)
 from fx_fp8.rules import FLOAT_DTYPES, linear_plan
 from fx_fp8.shapes import concrete
 from fx_fp8.steps import linear_skip_mode
+from fx_fp8.weights import WEIGHT_ONLY
 
 FP8_WEIGHT = torch.float8_e4m3fn
 MUL_TARGETS = {operator.mul, torch.mul}
@@ -210,16 +214,12 @@ def _dequantized_weight(weight_arg) -> Optional[tuple]:
         n, k = concrete(wv.shape[0]), concrete(wv.shape[1])
         if n is None or k is None or tuple(out.shape) != (n, k):
             continue
-        dims = [concrete(d) for d in sv.shape]
-        numel = None if None in dims else int(torch.Size(dims).numel())
-        reaching = tuple(concrete(d) for d in operand.shape)
-        if numel == 1 and len(reaching) <= 2 and all(d == 1 for d in reaching):
-            granularity = "tensor"
-        elif numel == n and reaching == (n, 1) and sv.dim() in (1, 2):
-            granularity = "channel"
-        else:
-            continue
-        return w, s, granularity, chain + w_chain + s_chain
+        stored = tuple(concrete(d) for d in sv.shape)
+        granularity = scale_granularity(stored, n) if None not in stored else None
+        reaching = tuple(concrete(d) for d in operand.shape)  # what multiplies W: row i must get S[i]
+        if (granularity == "tensor" and len(reaching) <= 2 and all(d == 1 for d in reaching)) or (
+                granularity == "channel" and reaching == (n, 1)):
+            return w, s, granularity, chain + w_chain + s_chain
     return None
 
 
@@ -294,6 +294,12 @@ def _linear_weight(node) -> torch.fx.Node:
     return call_args(node, ["input", "weight", "bias"], {"bias": None})["weight"]
 
 
+def _compute_dtype(m: "Match") -> torch.dtype:
+    """The dtype the module dequantizes its weight to (what the rules' dtype check reads)."""
+    w = meta_val(_linear_weight(m.linear))
+    return w.dtype if w is not None else torch.float32
+
+
 def find_prequantized(node: torch.fx.Node) -> Optional[Match]:
     """The pre-quantized linear `node` is, or None (see the module docstring for what matches)."""
     if node.op != "call_function" or node.target not in LINEAR_TARGETS:
@@ -342,9 +348,9 @@ class PrequantizedLinearPass(FXPass):
         m = find_prequantized(node)
         if m is None:
             return None
-        w, wq = meta_val(_linear_weight(m.linear)), meta_val(m.weight)
+        wq = meta_val(m.weight)
         return ("prequantized", first_match(qcfg.ignored_layers, module),
-                linear_plan(module, wq.shape[1], wq.shape[0], w.dtype, qcfg, fc.sensitive.get(node.name)))
+                linear_plan(module, wq.shape[1], wq.shape[0], _compute_dtype(m), qcfg, fc.sensitive.get(node.name)))
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         matches = []
@@ -367,20 +373,23 @@ class PrequantizedLinearPass(FXPass):
         if origin is not None:
             node.meta[WEIGHT_ORIGIN] = origin
 
-    def _keep_reason(self, m: Match) -> Optional[str]:
-        """Why the linear stays the module's own dequantizing forward (None: rewrite it)."""
+    def _plan(self, m: Match) -> tuple[Optional[str], Optional[str]]:
+        """("quantized" or "weight_only", None), or (None, why the linear stays the module's own
+        dequantizing forward)."""
         if not self.on:
-            return "linear quantization off"
+            return None, "linear quantization off"
         if self.skip_mode == "native":
-            return "natively skipped step"
+            return None, "natively skipped step"
         module = module_name(m.linear)
-        wq, x, w = meta_val(m.weight), meta_val(m.x), meta_val(_linear_weight(m.linear))
-        kind, why = linear_plan(module, wq.shape[1], wq.shape[0], w.dtype, self.qcfg, self.sensitive.get(m.linear))
-        if kind != "quantized":
-            return why
+        wq, x = meta_val(m.weight), meta_val(m.x)
+        kind, why = linear_plan(module, wq.shape[1], wq.shape[0], _compute_dtype(m), self.qcfg,
+                                self.sensitive.get(m.linear))
+        if kind == "native":
+            return None, why
         if x is None or x.dtype not in FLOAT_DTYPES:
-            return f"input dtype {getattr(x, 'dtype', None)}"
-        return self.ctx.lowering.linear_reason(x, wq, self._fp8_config(m.granularity))
+            return None, f"input dtype {getattr(x, 'dtype', None)}"
+        reason = self.ctx.lowering.linear_reason(x, wq, self._fp8_config(m.granularity))
+        return (None, reason) if reason is not None else (kind, None)
 
     def _fp8_config(self, granularity: str):
         """This compile's quantization config with the stored weights' method and granularity (what
@@ -394,18 +403,22 @@ class PrequantizedLinearPass(FXPass):
 
     def _rewrite(self, gm, m: Match) -> bool:
         m.linear.meta[WEIGHT_ORIGIN] = m.origin  # a kept linear's row can say where its weight came from too
-        if self._keep_reason(m) is not None:
+        kind, _ = self._plan(m)
+        if kind is None:
             return False
+        # a sensitive layer run weight-only (W8A16) takes the stored weight with unquantized activations
+        weight_only = kind == "weight_only"
+        act = WEIGHT_ONLY if weight_only else self.qcfg.activation_granularity
         graph = gm.graph
         with graph.inserting_before(m.linear):
             to_scale = channel_scale if m.granularity == "channel" else tensor_scale
             scale = insert_function(graph, to_scale, (m.scale,), m.linear.meta)
             input_scale = (insert_function(graph, tensor_scale, (m.input_scale,), m.linear.meta)
-                           if m.input_scale is not None else None)
+                           if m.input_scale is not None and not weight_only else None)
             new = graph.call_function(
                 torch.ops.fx_fp8.quantized_linear.default, (m.x, m.weight, scale, m.bias, input_scale, None),
-                dict(method="fp8", weight_granularity=m.granularity, weight_block=[],
-                     act_granularity=self.qcfg.activation_granularity, lowering=self.ctx.lowering.name))
+                dict(method="fp8", weight_granularity=m.granularity, weight_block=[], act_granularity=act,
+                     lowering=self.ctx.lowering.name))
         new.meta.update(m.linear.meta)  # the same value, module and names as the linear it replaces
         if m.linear in self.sensitive:
             self.sensitive[new] = self.sensitive[m.linear]

@@ -33,7 +33,7 @@ def test_bfl_modules_become_quantized_linears_sharing_their_tensors():
     result = fx_fp8.adopt_prequantized(model)
     assert result == {"adopted": {"layers.0": "BFL fp8r checkpoint (per-channel weight scales)",
                                   "layers.1": "BFL fp8r checkpoint (per-channel weight scales)"},
-                      "kept": {}, "state_dict_keys": []}
+                      "weight_only": [], "kept": {}, "state_dict_keys": []}
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, QuantizedLinear) and layer.weight_granularity == "channel"
         assert layer.weight.data_ptr() == sd[f"layers.{i}.weight"].data_ptr() and layer.weight.dtype == FP8
@@ -80,7 +80,7 @@ def test_modelopt_export_becomes_quantized_linears_holding_its_tensors(tmp_path,
     save_file(export, tmp_path / "model.safetensors")
     sd = load_file(tmp_path / "model.safetensors")
     model = float_stack(DIMS, seed=1)  # other weights: everything comes from the file
-    result = fx_fp8.adopt_prequantized(model, sd)
+    result = fx_fp8.adopt_prequantized(model, state_dict=sd)
     model.load_state_dict({k: v for k, v in sd.items() if k not in result["state_dict_keys"]}, strict=False)
     granularity = "channel" if per_channel else "tensor"
     suffix = ", static input scale" if static else ""
@@ -105,7 +105,7 @@ def test_modelopt_export_becomes_quantized_linears_holding_its_tensors(tmp_path,
 def test_only_the_layers_the_export_quantizes_are_adopted():
     model = float_stack(DIMS)
     sd = modelopt_state_dict(model, per_channel=True, names={"layers.1"})  # layers.0 excluded from quantization
-    result = fx_fp8.adopt_prequantized(model, sd)
+    result = fx_fp8.adopt_prequantized(model, state_dict=sd)
     assert list(result["adopted"]) == ["layers.1"]
     assert type(model.layers[0]) is nn.Linear and isinstance(model.layers[1], QuantizedLinear)
 
@@ -132,7 +132,7 @@ def test_bad_entries_are_named_and_change_nothing(change, message):
     model = float_stack(DIMS)
     weights = [layer.weight for layer in model.layers]
     with pytest.raises(ValueError, match="nothing was changed") as err:
-        fx_fp8.adopt_prequantized(model, _export(**change))
+        fx_fp8.adopt_prequantized(model, state_dict=_export(**change))
     assert message in str(err.value)
     assert [type(layer) for layer in model.layers] == [nn.Linear, nn.Linear]
     assert [layer.weight for layer in model.layers] == weights
@@ -160,7 +160,7 @@ def test_unloaded_bfl_module_is_refused():
 @pytest.mark.parametrize("kwargs,message", [
     ({"model": "not a model"}, "expects a torch.nn.Module, got str"),
     ({"state_dict": [1, 2]}, "state_dict must be a mapping of tensors"),
-    ({"activation_granularity": "group"}, "invalid activation_granularity 'group'"),
+    ({"quantization_config": {"activation_granularity": "group"}}, "activation_granularity"),
 ])
 def test_bad_arguments(kwargs, message):
     args = {"model": float_stack(DIMS), **kwargs}
@@ -170,7 +170,8 @@ def test_bad_arguments(kwargs, message):
 
 def test_a_model_without_prequantized_layers_is_left_alone():
     model = float_stack(DIMS)
-    assert fx_fp8.adopt_prequantized(model, {}) == {"adopted": {}, "kept": {}, "state_dict_keys": []}
+    assert fx_fp8.adopt_prequantized(model, state_dict={}) == {"adopted": {}, "weight_only": [], "kept": {},
+                                                                "state_dict_keys": []}
     assert [type(layer) for layer in model.layers] == [nn.Linear, nn.Linear]
     assert "save_pretrained" not in model.__dict__ and "_fx_fp8_prepared" not in model.__dict__
 
@@ -185,3 +186,47 @@ def test_adopted_weights_written_later_are_caught():
     with pytest.raises(RuntimeError, match="prepared layer layers.1 was written"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model(torch.randn(2, DIMS[0], dtype=torch.bfloat16))
+
+
+class WithProjOut(nn.Module):
+    """A block linear and a final projection (a sensitive layer by name)."""
+
+    def __init__(self, block, proj_out):
+        super().__init__()
+        self.block, self.proj_out = block, proj_out
+
+    def forward(self, x):
+        return self.proj_out(self.block(x))
+
+
+def test_the_config_decides_as_for_prepare_model():
+    """A sensitive layer runs weight-only on the stored weight (the default), or is kept native;
+    ignored_layers and quantization off keep layers as they are."""
+    stack = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
+    model = WithProjOut(stack.layers[0], stack.layers[1])
+    weight = model.proj_out.weight
+    result = fx_fp8.adopt_prequantized(model)
+    assert result["weight_only"] == ["proj_out"] and set(result["adopted"]) == {"block", "proj_out"}
+    assert model.proj_out.weight_only and model.proj_out.weight.data_ptr() == weight.data_ptr()
+    assert not model.block.weight_only
+
+    for options, kept in [({"quantization_config": {"sensitive": "native"}}, {"proj_out"}),
+                          ({"ignored_layers": ["block"]}, {"block"}), ({"quantization": None}, {"block", "proj_out"})]:
+        stack = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
+        model = WithProjOut(stack.layers[0], stack.layers[1])
+        result = fx_fp8.adopt_prequantized(model, **options)
+        assert set(result["kept"]) == kept, options
+        assert {n for n, m in model.named_children() if type(m).__name__ == "BFLFP8RLinear"} == kept
+
+
+def test_an_export_layer_kept_native_gets_its_dequantized_weight():
+    model = float_stack(DIMS)
+    sd = modelopt_state_dict(model, per_channel=True)
+    result = fx_fp8.adopt_prequantized(model, state_dict=sd, ignored_layers=["layers.0"])
+    assert list(result["adopted"]) == ["layers.1"] and "layers.0.weight" in result["state_dict_keys"]
+    assert result["kept"]["layers.0"] == ("ignored_layers pattern 'layers.0'; ModelOpt FP8 checkpoint (per-channel "
+                                          "weight scales) dequantized into its weight (torch.bfloat16)")
+    layer = model.layers[0]
+    assert type(layer) is nn.Linear and layer.weight.dtype == torch.bfloat16
+    expected = (sd["layers.0.weight"].float() * sd["layers.0.weight_scale"][:, None]).to(torch.bfloat16)
+    assert torch.equal(layer.weight, expected)

@@ -57,7 +57,8 @@ def run_pass(gm, inputs, **options):
     cfg = FP8Config.from_kwargs(**{"quantization": "fp8", **options})
     names = [module_name(n) for n in graph.graph.nodes]
     ctx = CompileContext(gm=graph, example_inputs=inputs, config=cfg, lowering=get_lowering("reference"),
-                         report=CompileReport(backend="fp8", lowering="reference", downstream="eager", step_variant=None),
+                         report=CompileReport(backend="fp8", lowering="reference", downstream="eager",
+                                              step_variant=None),
                          layer_map=LayerMap.from_graph([], names), warn=lambda m: None, analysis={"sensitive": {}})
     manager = PassManager([PrequantizedLinearPass])
     manager.run(ctx)
@@ -239,22 +240,22 @@ def test_layers_the_config_keeps_native_stay_the_modules_forward(bfl, options, k
     assert all(n.meta[WEIGHT_ORIGIN] == BFL_ORIGIN for n in linears)  # the row can still say what they hold
 
 
-def _scaled_mm_weights(monkeypatch):
-    """The weights every reference scaled_mm call receives (the tensors themselves)."""
+def _gemm_weights(monkeypatch, kind="scaled_mm"):
+    """The weights every reference `kind` call (scaled_mm / weight_only_linear) receives (the tensors themselves)."""
     seen = []
-    real = ReferenceLowering.scaled_mm
+    real = getattr(ReferenceLowering, kind)
 
-    def recording(self, xq, xs, wq, ws, bias, **kw):
-        seen.append(wq)
-        return real(self, xq, xs, wq, ws, bias, **kw)
+    def recording(self, x, *args, **kw):
+        seen.append(args[1] if kind == "scaled_mm" else args[0])
+        return real(self, x, *args, **kw)
 
-    monkeypatch.setattr(ReferenceLowering, "scaled_mm", recording)
+    monkeypatch.setattr(ReferenceLowering, kind, recording)
     return seen
 
 
 def test_compiled_bfl_model_runs_fp8_gemms_on_the_checkpoint_bytes(bfl, monkeypatch):
     model, sd, x = bfl
-    seen = _scaled_mm_weights(monkeypatch)
+    seen = _gemm_weights(monkeypatch)
     made = QUANTIZATIONS["count"]
     with torch.no_grad():
         eager = model(x)
@@ -274,17 +275,19 @@ def test_compiled_bfl_model_runs_fp8_gemms_on_the_checkpoint_bytes(bfl, monkeypa
     assert rel(first.reshape(-1, DIMS[1]), expected) < 0.005  # bf16 output rounding only
 
 
-def test_compiled_static_modelopt_layer_matches_its_eager_forward_exactly():
+def test_compiled_static_modelopt_layer_matches_its_eager_forward_exactly(monkeypatch):
     """fp32, static input scale: the module's eager forward fake-quantizes x with the stored scale and
     multiplies by the dequantized stored weight; the FP8 GEMM multiplies the same e4m3 codes with the
     same scales, so only the summation order differs."""
     x = torch.randn(4, 6, DIMS[0])
     sd = modelopt_state_dict(float_stack(DIMS[:2], dtype=torch.float32), per_channel=False, static_x=x)
     model = modelopt_stack(sd, 1)
+    seen = _gemm_weights(monkeypatch)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         eager = model(x)
         out = torch.compile(model, backend="fp8")(x)
+    assert [w.data_ptr() for w in seen] == [sd["layers.0.weight"].data_ptr()]  # an FP8 GEMM ran, on the stored bytes
     assert rel(out, eager) < 1e-5
     layer = model.layers[0]
     truth = fake_quant_input(x, layer.input_scale).double() @ (layer.weight.double() * layer.weight_scale.double()).t()
@@ -325,10 +328,10 @@ def test_no_prepare_model_warning_for_checkpoint_layouts():
 
 
 def test_flux_loaded_through_diffusers_bfl_path(tmp_path, monkeypatch):
-    """A tiny Flux written as an fp8r checkpoint and loaded by diffusers' from_single_file with
-    BFLQuantizationConfig: every block linear runs an FP8 GEMM on the checkpoint's bytes, the
-    sensitive layers (embedders, modulation, final projection; unquantized in this checkpoint) as
-    the defaults say."""
+    """A tiny Flux written as an fp8r checkpoint (its block linears) and loaded by diffusers'
+    from_single_file with BFLQuantizationConfig: every block linear runs an FP8 GEMM on the
+    checkpoint's bytes except the adaLN modulation, which (sensitive) runs weight-only on them; the
+    embedders and final projection, bf16 in this checkpoint, weight-only as the defaults say."""
     from diffusers.quantizers.bfl.utils import BFLFP8RLinear
 
     from fx_fp8.tools.families import example_inputs
@@ -337,7 +340,7 @@ def test_flux_loaded_through_diffusers_bfl_path(tmp_path, monkeypatch):
     bfl = {n: m for n, m in model.named_modules() if isinstance(m, BFLFP8RLinear)}
     assert len(bfl) == 40
     kw = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in example_inputs("flux", model).items()}
-    seen = _scaled_mm_weights(monkeypatch)
+    seen, seen_wo = _gemm_weights(monkeypatch), _gemm_weights(monkeypatch, "weight_only_linear")
     made = QUANTIZATIONS["count"]
     compiled = torch.compile(model, backend="fp8")
     with torch.no_grad():
@@ -346,9 +349,36 @@ def test_flux_loaded_through_diffusers_bfl_path(tmp_path, monkeypatch):
     report = fx_fp8.get_reports(compiled)[-1]
     rows = {e.module: e for e in report.entries if e.op == "linear"}
     fp8 = {n for n, e in rows.items() if e.action == "fp8"}
-    sensitive = {n for n in bfl if n.endswith(("norm1.linear", "norm1_context.linear", "norm.linear"))}
-    assert fp8 == set(bfl) - sensitive and sensitive  # modulation stays the module's dequantizing forward
-    ptrs = {w.data_ptr() for w in seen}
-    assert ptrs == {sd[f"{n}.weight"].data_ptr() for n in fp8}
-    assert QUANTIZATIONS["count"] - made == sum(e.action == "weight-only" for e in rows.values())
-    assert rel(out, eager) < 0.1
+    weight_only = {n for n, e in rows.items() if e.action == "weight-only"}
+    modulation = {n for n in bfl if n.endswith(("norm1.linear", "norm1_context.linear", "norm.linear"))}
+    assert fp8 == set(bfl) - modulation and len(modulation) == 6
+    assert modulation <= weight_only  # sensitive: weight-only, on the stored weight
+    assert {w.data_ptr() for w in seen} == {sd[f"{n}.weight"].data_ptr() for n in fp8}
+    assert {sd[f"{n}.weight"].data_ptr() for n in modulation} <= {w.data_ptr() for w in seen_wo}
+    # only the sensitive layers the checkpoint left in bf16 (embedders, final projection) were quantized here
+    assert QUANTIZATIONS["count"] - made == len(weight_only - modulation) == 8
+    assert rows["proj_out"].action == "weight-only" and not any(e.action == "native" for e in rows.values())
+    assert rel(out, eager) < 0.03  # measured 0.0098: FP8 activations (linears and attention)
+
+
+class SensitiveBFL(nn.Module):
+    """A BFL fp8r layer named like a final projection (a sensitive layer)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.proj_out = layer
+
+    def forward(self, x):
+        return self.proj_out(x)
+
+
+@pytest.mark.parametrize("sensitive,act", [("weight_only", "weight_only"), ("fp8", "token"), ("native", None)])
+def test_sensitive_layers_follow_the_config_on_the_stored_weight(bfl, sensitive, act):
+    model = SensitiveBFL(bfl[0].layers[0])
+    gm, inputs = capture(model, bfl[2])
+    after, rewritten = run_pass(gm, inputs, quantization_config={"sensitive": sensitive})
+    nodes = prepared_nodes(after)
+    assert rewritten == len(nodes) == (0 if act is None else 1)
+    if act is not None:
+        assert nodes[0].kwargs["act_granularity"] == act
+        assert placeholder_tensor(after, inputs, nodes[0].args[1]) is model.proj_out.weight
