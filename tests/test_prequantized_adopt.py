@@ -230,3 +230,32 @@ def test_an_export_layer_kept_native_gets_its_dequantized_weight():
     assert type(layer) is nn.Linear and layer.weight.dtype == torch.bfloat16
     expected = (sd["layers.0.weight"].float() * sd["layers.0.weight_scale"][:, None]).to(torch.bfloat16)
     assert torch.equal(layer.weight, expected)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bfl_layers_and_adopted_layers():
+    """On a GPU with FP8 tensor cores BFLFP8RLinear.forward runs its own torch._scaled_mm (no linear
+    in the graph: nothing for fx_fp8 to see); adopted, the same weights run fx_fp8's CUDA GEMMs and
+    agree with BFL's own FP8 path. Without FP8 tensor cores the pass rewrites them (weight-only)."""
+    sd = {k: v.cuda() for k, v in bfl_checkpoint(float_stack(DIMS)).items()}
+    model = bfl_stack(sd, 2, DIMS).cuda()
+    x = torch.randn(4, 33, DIMS[0], dtype=torch.bfloat16, device="cuda")
+    fp8_cores = torch.cuda.get_device_capability() >= (8, 9)
+    compiled = torch.compile(model, backend="fp8")
+    with torch.no_grad():
+        own = model(x)
+        bare = compiled(x)
+    rows = [e for e in fx_fp8.get_reports(compiled)[-1].entries if e.op == "linear"]
+    assert [e.action for e in rows] == ([] if fp8_cores else ["weight-only", "weight-only"])
+    assert rel(bare, own) < 0.02
+    torch._dynamo.reset()
+    fx_fp8.adopt_prequantized(model)
+    assert [layer.weight.data_ptr() for layer in model.layers] == \
+        [sd[f"layers.{i}.weight"].data_ptr() for i in range(2)]
+    compiled = torch.compile(model, backend="fp8")
+    with torch.no_grad():
+        adopted = compiled(x)
+    rows = [e for e in fx_fp8.get_reports(compiled)[-1].entries if e.op == "linear"]
+    assert [e.action for e in rows] == (["fp8", "fp8"] if fp8_cores else ["weight-only", "weight-only"])
+    assert rel(adopted, own) < 0.05  # both per-row FP8 activations (BFL's own path, or its dequantized forward)
