@@ -107,9 +107,12 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
     if prefix + ".weight_scale_2" in sd or (w is not None and w.dtype == torch.uint8):
         problems.append(f"{prefix}: NVFP4 layout (weight_scale_2 / packed uint8 weight): only FP8 is run here")
         return None
-    if not isinstance(module, nn.Linear):
-        problems.append(f"{prefix}: the checkpoint quantizes it but the model has "
-                        f"{'no module of that name' if module is None else f'a {type(module).__name__} there'}")
+    from fx_fp8.rules import is_plain_linear
+
+    if not is_plain_linear(module):
+        what = "no module of that name" if module is None else f"a {type(module).__name__} there" + (
+            " with its own forward" if isinstance(module, nn.Linear) else "")
+        problems.append(f"{prefix}: the checkpoint quantizes it but the model has {what}")
         return None
     n, k = module.out_features, module.in_features
     if w is None or w.dtype != FP8_WEIGHT_DTYPE or tuple(w.shape) != (n, k):
@@ -173,6 +176,9 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     if state_dict is not None and not isinstance(state_dict, Mapping):
         raise ValueError(f"state_dict must be a mapping of tensors (a ModelOpt FP8 export), got "
                          f"{type(state_dict).__name__}")
+    if isinstance(config, Mapping) and any(isinstance(v, torch.Tensor) for v in config.values()):
+        raise ValueError("adopt_prequantized: the second argument is the fx_fp8 config; pass a checkpoint's tensors "
+                         "as state_dict=...")
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
     model = getattr(model, "_orig_mod", model)

@@ -139,6 +139,19 @@ def test_bad_entries_are_named_and_change_nothing(change, message):
     assert "save_pretrained" not in model.__dict__
 
 
+def test_a_linear_with_its_own_forward_is_refused():
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = float_stack(DIMS)
+    model.layers[1] = Scaled(DIMS[1], DIMS[2]).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="layers.1: the checkpoint quantizes it but the model has a Scaled there "
+                                         "with its own forward"):
+        fx_fp8.adopt_prequantized(model, state_dict=modelopt_state_dict(model, per_channel=True))
+    assert type(model.layers[0]) is nn.Linear
+
+
 def test_a_hooked_module_is_kept_and_said_so():
     model = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
     model.layers[0]._hf_hook = object()  # accelerate's offload hook lives on the module object
@@ -160,6 +173,7 @@ def test_unloaded_bfl_module_is_refused():
 @pytest.mark.parametrize("kwargs,message", [
     ({"model": "not a model"}, "expects a torch.nn.Module, got str"),
     ({"state_dict": [1, 2]}, "state_dict must be a mapping of tensors"),
+    ({"config": {"layers.0.weight": torch.zeros(1)}}, "pass a checkpoint's tensors as state_dict="),
     ({"quantization_config": {"activation_granularity": "group"}}, "activation_granularity"),
 ])
 def test_bad_arguments(kwargs, message):
