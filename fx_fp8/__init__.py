@@ -13,6 +13,7 @@ from fx_fp8.report import CompileReport, ReportEntry, clear_reports, get_reports
 from fx_fp8.selectors import parse_selector
 from fx_fp8.steps import current_step, denoising_step, set_step
 from fx_fp8.prepare import prepare_model
+from fx_fp8.prequantized import adopt_prequantized
 from fx_fp8.checkpoint import load_quantized, save_quantized
 from fx_fp8.weights import reachable_tensor_bytes, refresh_weights
 from fx_fp8.pipeline.compile import compile_pipeline  # (diffusers: lazily)
@@ -24,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionQuantConfig", "CompileReport", "FP8Config", "QuantizationConfig", "ReportEntry",
-    "calibrate", "clear_reports", "compile_pipeline", "current_step", "denoising_step", "get_reports",
+    "adopt_prequantized", "calibrate", "clear_reports", "compile_pipeline", "current_step", "denoising_step", "get_reports",
     "load_activation_scales", "load_quantized", "parse_selector", "pipeline_state", "prepare_model", "publish_steps",
     "reachable_tensor_bytes", "refresh_weights", "restore_pipeline", "save_activation_scales", "save_quantized", "set_step",
 ]

@@ -15,6 +15,10 @@ from fx_fp8.graph.names import LayerMap, is_resolved
 from fx_fp8.report import CompileReport
 from fx_fp8.weight_feeds import FeedPlan, Resolver
 
+#: node.meta key: where a prepared linear's quantized weight came from ("BFL fp8r checkpoint (per-channel
+#: weight scales)", ...), set by the pre-quantized pass (passes/prequantized.py) for the linear pass's report
+WEIGHT_ORIGIN = "fx_fp8_weight_origin"
+
 
 @dataclass
 class CompileContext:

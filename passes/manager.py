@@ -16,12 +16,13 @@ from torch._dynamo.utils import lazy_format_graph_code
 from fx_fp8.passes.attention import FP8AttentionPass
 from fx_fp8.passes.base import CompileContext, FXPass
 from fx_fp8.passes.linear import FP8LinearPass
+from fx_fp8.passes.prequantized import PrequantizedLinearPass
 
 log = logging.getLogger("fx_fp8.passes")
 
 
 def default_passes() -> list[type[FXPass]]:
-    return [FP8AttentionPass, FP8LinearPass]
+    return [FP8AttentionPass, PrequantizedLinearPass, FP8LinearPass]
 
 
 class PassManager:

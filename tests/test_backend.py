@@ -152,7 +152,7 @@ def test_unknown_option_did_you_mean(block):
 def test_dump_graphs_option(block):
     report, _ = summary_for(block, options={"dump_graphs": True})
     stages = list(report.graphs)
-    assert stages == ["before", "after_fp8_attention", "after_quantized_linear"]
+    assert stages == ["before", "after_fp8_attention", "after_prequantized_linear", "after_quantized_linear"]
     assert "fp8_attention" not in report.graphs["before"] and "fx_fp8.fp8_attention" in report.graphs["after_fp8_attention"]
 
 
