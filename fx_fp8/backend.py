@@ -203,14 +203,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     own_instance = gm.meta.get(INSTANCE_KEY) or ""
     templates: dict = {}  # instance facts -> Template: decisions already made for an instance with these facts
 
-    def facts_of(inputs: list, name: str) -> Optional[tuple]:
+    def facts_of(inputs: list, name: str, resolver: Resolver) -> Optional[tuple]:
         """What every pass's decisions read that can differ between instances
         (FXPass.instance_facts), for instance `name`, evaluated on its names without copying
         the graph; None when a pass cannot say."""
         if backend_opts.get("dump_graphs"):  # graph dumps are per instance
             return None
         fc = FactsContext(config=config, layer_map=layer_map, static_scales=static_scales, sensitive=sensitive,
-                          gm=gm, example_inputs=inputs, placeholders=placeholders)
+                          gm=gm, example_inputs=inputs, placeholders=placeholders, resolver=resolver)
         facts = []
         try:
             for node in gm.graph.nodes:
@@ -290,7 +290,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         record = ModelRecord.of(owner_)
         name = rename[1] if rename is not None else own_instance
         resolver = Resolver(model_)
-        facts = facts_of(inputs, name)
+        facts = facts_of(inputs, name, resolver)
         template = templates.get(facts) if facts is not None else None
         planned = warned = full = None
         if template is not None:

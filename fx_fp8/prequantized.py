@@ -21,7 +21,6 @@ from typing import Mapping, Optional
 
 import torch
 import torch.nn as nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -30,10 +29,6 @@ MODELOPT_FP8 = "ModelOpt FP8 checkpoint"
 #: module classes whose forward dequantizes a pre-quantized weight, by class name (what Dynamo's
 #: nn_module_stack shows): the source the report names
 KNOWN_SOURCES = {"BFLFP8RLinear": BFL_FP8R}
-
-#: adopted weight (a QuantizedLinear's Parameter) -> where its bytes came from
-_ORIGINS: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
 
 def describe_origin(source: str, weight_granularity: str, static_input: bool) -> str:
     """'BFL fp8r checkpoint (per-channel weight scales)', 'ModelOpt FP8 checkpoint (per-tensor
@@ -47,9 +42,9 @@ def source_of_class(class_name: str) -> str:
     return KNOWN_SOURCES.get(class_name) or f"pre-quantized FP8 weights of {class_name or 'an unnamed module'}"
 
 
-def weight_origin(weight) -> Optional[str]:
-    """Where an adopted weight's bytes came from (None: not adopted)."""
-    return _ORIGINS.get(weight) if isinstance(weight, torch.Tensor) else None
+def weight_origin(module) -> Optional[str]:
+    """Where an adopted layer's weight bytes came from (None: not adopted)."""
+    return getattr(module, "origin", None) if isinstance(module, nn.Module) else None
 
 
 def scale_granularity(shape, out_features: int) -> Optional[str]:
@@ -169,7 +164,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     from fx_fp8.prepare import _carry_hooks
     from fx_fp8.rules import linear_plan
     from fx_fp8.state_guard import guard
-    from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear, accept_prepared_weight, watch_weights
+    from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
     if not isinstance(model, nn.Module):
         raise ValueError(f"adopt_prequantized expects a torch.nn.Module, got {type(model).__name__}")
@@ -221,7 +216,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
         input_scale = i.detach().float().reshape(()) if i is not None and not weight_only else None
         new = QuantizedLinear(w.detach(), canonical_weight_scale(s, g), bias, method="fp8", weight_granularity=g,
                               weight_block=None, act_granularity=WEIGHT_ONLY if weight_only else
-                              qcfg.activation_granularity, input_scale=input_scale, orig_dtype=dtype)
+                              qcfg.activation_granularity, input_scale=input_scale, orig_dtype=dtype, origin=origin)
         swaps.append((name, module, new, origin))
     # every layer checked and built: only now change the model
     for module, weight, bias in dequantized:
@@ -232,9 +227,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
         parent, _, child = name.rpartition(".")
         _carry_hooks(old, new)
         setattr(model.get_submodule(parent) if parent else model, child, new)
-        accept_prepared_weight(new.weight, name)
-        _ORIGINS[new.weight] = origin
-    watch_weights(model)
+        new.accept_weight(name)
     if swaps:
         guard(model, kept)  # save_quantized records why the kept layers are full precision
     return {"adopted": {name: origin for name, _, _, origin in swaps},

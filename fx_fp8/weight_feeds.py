@@ -113,7 +113,9 @@ class Resolver:
         self._model = weakref.ref(model) if isinstance(model, torch.nn.Module) else None  # compiled graphs outlive models
         self.orphans: dict[int, WeightState] = {}
 
-    def owner(self, weight: torch.Tensor):
+    def owner(self, weight):
+        if not isinstance(weight, torch.Tensor):
+            return None
         model = self._model() if self._model is not None else None
         return OWNERS.owner(model, weight) if model is not None else None
 

@@ -44,12 +44,13 @@ class QuantizedLinear(nn.Module):
     def __init__(self, weight_q, weight_scale, bias, *, method, weight_granularity, weight_block, act_granularity,
                  input_scale: Optional[torch.Tensor] = None, orig_dtype=torch.bfloat16,
                  input_smoothing: Optional[torch.Tensor] = None, input_step_scales: Optional[torch.Tensor] = None,
-                 input_step_groups=None):
+                 input_step_groups=None, origin: Optional[str] = None):
         """`input_smoothing`: 1/s (fp32 [in_features]) when the weight was quantized as W * s
         (SmoothQuant): the input is multiplied by it before it is quantized.
         `input_step_scales` (fp32 [n_groups]) with `input_step_groups` (flat [first0, last0, ...]):
         per-step static scales; the group of the published step picks the scale per call
-        (`input_scale` when no step is published)."""
+        (`input_scale` when no step is published). `origin`: where the weight's bytes came from
+        when they were not quantized here (a pre-quantized checkpoint; the report names it)."""
         super().__init__()
         self.in_features, self.out_features = weight_q.shape[1], weight_q.shape[0]
         # the bias first: diffusers' ModelMixin.dtype is the first floating parameter's, and a quantized
@@ -70,6 +71,7 @@ class QuantizedLinear(nn.Module):
         self.weight_block = list(weight_block or [])
         self.act_granularity = act_granularity
         self.orig_dtype = orig_dtype
+        self.origin = origin
 
     @property
     def recipe(self) -> WeightRecipe:

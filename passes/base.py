@@ -68,6 +68,7 @@ class FactsContext:
     gm: torch.fx.GraphModule
     example_inputs: list
     placeholders: dict
+    resolver: Optional[Resolver] = None       # the instance's model: which module holds a weight
 
 
 class FXPass:

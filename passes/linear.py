@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from fx_fp8.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
                                   smoothed_static_scale, step_scale_table)
 from fx_fp8.ops import quant
-from fx_fp8.passes.base import FXPass, NotReusable
+from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass, NotReusable
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
 from fx_fp8.patterns import first_match
@@ -344,7 +344,9 @@ class FP8LinearPass(FXPass):
         smoothed = args["input_smoothing"] is not None
         prepared_wo = act == WEIGHT_ONLY
         why = self.sensitive.get(node)  # prepare_model without example inputs decides by name; the graph knows better
-        if prepared_wo:
+        if WEIGHT_ORIGIN in node.meta:
+            pass  # a pre-quantized checkpoint's own layout: it runs as stored, nothing to disagree with
+        elif prepared_wo:
             if not self.on or q.sensitive != "weight_only":
                 disagreeing.append(module)
         elif ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity,
@@ -496,7 +498,7 @@ class FP8LinearPass(FXPass):
 
     def _describe(self, m: Linear) -> str:
         w = m.weight_granularity + (f" {m.weight_block}" if m.weight_granularity == "block" else "")
-        src = "prepared weights" if m.prepared else "weights quantized at compile"
+        src = m.node.meta.get(WEIGHT_ORIGIN, "prepared weights") if m.prepared else "weights quantized at compile"
         if m.left_by_prepare:
             src += " (prepare_model left it: it carries diffusers hooks)"
         name = self.ctx.lowering.name

@@ -344,7 +344,8 @@ class PrequantizedLinearPass(FXPass):
         qcfg = fc.config.quantization_config
         if node.target in PREPARED_TARGETS:
             w = call_args(node, ["x", "weight"], {}).get("weight")
-            return ("adopted", weight_origin(real_tensor(w, fc.gm, fc.example_inputs, fc.placeholders)))
+            return ("adopted", weight_origin(fc.resolver.module(real_tensor(w, fc.gm, fc.example_inputs,
+                                                                            fc.placeholders))))
         m = find_prequantized(node)
         if m is None:
             return None
@@ -369,7 +370,8 @@ class PrequantizedLinearPass(FXPass):
 
     def _label_adopted(self, node) -> None:
         w = call_args(node, ["x", "weight"], {}).get("weight")
-        origin = weight_origin(real_tensor(w, self.ctx.gm, self.ctx.example_inputs, self.ctx.placeholders))
+        origin = weight_origin(self.ctx.resolver.module(real_tensor(w, self.ctx.gm, self.ctx.example_inputs,
+                                                                    self.ctx.placeholders)))
         if origin is not None:
             node.meta[WEIGHT_ORIGIN] = origin
 

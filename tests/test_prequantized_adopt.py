@@ -11,8 +11,9 @@ import fx_fp8
 from fx_fp8.config import FP8Config
 from fx_fp8.passes.base import WEIGHT_ORIGIN
 from fx_fp8.prequantized import weight_origin
-from fx_fp8.weights import QUANTIZATIONS, QuantizedLinear
-from graph_capture import Capture, compile_stored
+from fx_fp8.weight_state import compile_quantizations
+from fx_fp8.weights import QuantizedLinear
+from graph_capture import Capture, compile_stored, graph_module_of
 from prequantized_layouts import FP8, bfl_checkpoint, bfl_stack, float_stack, modelopt_stack, modelopt_state_dict
 
 DIMS = (64, 96, 64)
@@ -39,7 +40,7 @@ def test_bfl_modules_become_quantized_linears_sharing_their_tensors():
         assert layer.weight.data_ptr() == sd[f"layers.{i}.weight"].data_ptr() and layer.weight.dtype == FP8
         assert layer.weight_scale.data_ptr() == scales[i].data_ptr() and layer.weight_scale.shape == (DIMS[i + 1], 1)
         assert layer.input_scale is None and layer.act_granularity == "token"
-        assert weight_origin(layer.weight) == result["adopted"][f"layers.{i}"]
+        assert weight_origin(layer) == result["adopted"][f"layers.{i}"]
     with torch.no_grad():
         after = model(x)
     assert rel(after, before) < 0.08  # per-token FP8 activations against the bf16 dequantized forward
@@ -54,17 +55,17 @@ def test_compiled_adopted_layers_read_the_adopted_weights_and_name_their_origin(
     with torch.no_grad():
         torch.compile(model, backend=cap, fullgraph=True)(x)
     (gm, inputs), = cap.graphs
-    made = QUANTIZATIONS["count"]
+    made = compile_quantizations(model)
     fn, report = compile_stored(gm, inputs, FP8Config.from_kwargs(quantization="fp8"))
-    placeholders = [n for n in fn.__self__.graph.nodes if n.op == "placeholder"]
-    mm = [n for n in fn.__self__.graph.nodes if n.op == "call_function" and n.target == SCALED_MM]
+    placeholders = [n for n in graph_module_of(fn).graph.nodes if n.op == "placeholder"]
+    mm = [n for n in graph_module_of(fn).graph.nodes if n.op == "call_function" and n.target == SCALED_MM]
     assert [inputs[placeholders.index(n.args[2])].data_ptr() for n in mm] == \
         [sd[f"layers.{i}.weight"].data_ptr() for i in range(2)]
     assert all(n.meta[WEIGHT_ORIGIN] == "BFL fp8r checkpoint (per-channel weight scales)" for n in mm)
     assert [e.action for e in report.entries if e.op == "linear"] == ["fp8", "fp8"]
     with torch.no_grad():
         fn(*inputs)
-    assert QUANTIZATIONS["count"] == made
+    assert compile_quantizations(model) == made
 
 
 @pytest.mark.parametrize("per_channel,static,scale_shape", [
@@ -191,15 +192,22 @@ def test_a_model_without_prequantized_layers_is_left_alone():
 
 
 def test_adopted_weights_written_later_are_caught():
-    """The adopted bytes are accepted with their scales, as prepare_model's are: a write through
-    .data afterwards raises naming the layer instead of running with stale scales."""
+    """The adopted bytes are accepted with their scales, as prepare_model's are: a write afterwards
+    raises naming the layer instead of running with stale scales (on the next call; through the
+    `.data` alias in place, at fx_fp8.refresh_weights, which compile_pipeline runs per call)."""
+    model = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
+    fx_fp8.adopt_prequantized(model)
+    with torch.no_grad():
+        model.layers[1].weight.copy_(torch.zeros(DIMS[2], DIMS[1]).to(FP8))
+    with pytest.raises(RuntimeError, match="prepared layer layers.1 was written"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(torch.randn(2, DIMS[0], dtype=torch.bfloat16))
     model = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
     fx_fp8.adopt_prequantized(model)
     with torch.no_grad():
         model.layers[1].weight.data.copy_(torch.zeros(DIMS[2], DIMS[1]).to(FP8))
-    with pytest.raises(RuntimeError, match="prepared layer layers.1 was written"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model(torch.randn(2, DIMS[0], dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="prepared layer layers.1 was written"):
+        fx_fp8.refresh_weights(model)
 
 
 class WithProjOut(nn.Module):
