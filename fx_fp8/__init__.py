@@ -28,8 +28,13 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     if name == "DiffusersConfig":  # needs diffusers: imported on first use only
-        from fx_fp8.diffusers_quantizer import DiffusersConfig
-
+        try:
+            from fx_fp8.diffusers_quantizer import DiffusersConfig
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] != "diffusers":
+                raise
+            raise ImportError(f"fx_fp8.DiffusersConfig needs diffusers and accelerate ({e}): install them, e.g. "
+                              "the [diffusers] extra") from e
         return DiffusersConfig
     raise AttributeError(f"module 'fx_fp8' has no attribute {name!r}")
 

@@ -336,6 +336,10 @@ class FxFp8Quantizer(DiffusersQuantizer):
         return state_dict, {}
 
     @property
+    def supports_parallel_loading(self) -> bool:
+        return False  # threads would quantize several layers at once: more than one full-precision layer held
+
+    @property
     def is_serializable(self) -> bool:
         return True
 

@@ -25,7 +25,7 @@ from fx_fp8.config import FP8Config
 from fx_fp8.ops.formats import METHODS
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.rules import linear_plan
-from fx_fp8.weight_recipe import WeightRecipe, recipe
+from fx_fp8.weight_recipe import WeightRecipe
 from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
 #: linear_plan's kinds of a quantized layer
@@ -127,8 +127,3 @@ def empty_quantized_linear(in_features: int, out_features: int, bias: bool, dtyp
     b = torch.empty(out_features, dtype=dtype, device=meta) if bias else None
     return QuantizedLinear(wq, ws, b, method=weight_recipe.method, weight_granularity=weight_recipe.granularity,
                            weight_block=weight_recipe.block, act_granularity=act_granularity, orig_dtype=dtype)
-
-
-def recipe_of(layer: QuantizedLinear) -> tuple[WeightRecipe, str]:
-    """(WeightRecipe, act_granularity) a QuantizedLinear was made with."""
-    return recipe(layer.method, layer.weight_granularity, tuple(layer.weight_block) or None), layer.act_granularity
