@@ -9,7 +9,7 @@ decides and builds one layer:
 * the recipe: WeightRecipe.w8a8 / WeightRecipe.weight_only, as prepare_model takes them;
 * the quantized weight: WeightRecipe.quantize applied to slices of rows, moved to the target
   device one slice at a time, so the device never holds the full-precision layer and the
-  float32 workspace of quantizing stays a fraction of one layer. Per-channel and block
+  float32 workspace of quantizing stays a fraction of one layer (ROW_SLICES, SLICE_ELEMENTS). Per-channel and block
   scales are computed row by row (block: whole blocks of rows), so the slices give exactly
   the bytes of quantizing the layer whole; per-tensor scales need the whole layer at once.
 Nothing here imports diffusers.
@@ -30,9 +30,11 @@ from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
 #: linear_plan's kinds of a quantized layer
 W8A8, WEIGHT_ONLY_KIND = "quantized", "weight_only"
-#: a layer is quantized in about this many slices of rows (each slice's float32 workspace is
-#: then about 1/8 of the layer's bf16 bytes)
+#: a layer is quantized in at least this many slices of rows, each of at most SLICE_ELEMENTS weights
+#: (quantizing a slice makes about three float32 copies of it: 12 MiB at most, and at most 3/8 of the
+#: layer's bf16 bytes; 0.11 of Flux's largest layer, 3072 -> 18432)
 ROW_SLICES = 16
+SLICE_ELEMENTS = 2**20
 
 
 def check_load_time_config(cfg: FP8Config) -> None:
@@ -68,13 +70,15 @@ def layer_recipe(kind: str, cfg: FP8Config, device) -> tuple[WeightRecipe, str]:
     return WeightRecipe.w8a8(qcfg), qcfg.act_granularity
 
 
-def slice_rows(weight_recipe: WeightRecipe, out_features: int, slices: int = ROW_SLICES) -> int:
-    """Rows per slice: a multiple of the scale block's rows, about out_features / slices; every
-    row at once for per-tensor scales (one scale over the whole weight)."""
+def slice_rows(weight_recipe: WeightRecipe, out_features: int, in_features: int, slices: int = ROW_SLICES) -> int:
+    """Rows per slice: a multiple of the scale block's rows, at most out_features / slices and
+    SLICE_ELEMENTS weights (at least one block of rows); every row at once for per-tensor scales
+    (one scale over the whole weight)."""
     if weight_recipe.granularity == "tensor":
         return max(out_features, 1)
     unit = weight_recipe.block[0] if weight_recipe.granularity == "block" else 1
-    return max(unit, math.ceil(math.ceil(out_features / slices) / unit) * unit)
+    rows = min(math.ceil(out_features / slices), SLICE_ELEMENTS // max(in_features, 1))
+    return max(unit, math.ceil(rows / unit) * unit)
 
 
 def quantize_by_rows(weight_recipe: WeightRecipe, weight: torch.Tensor, device=None,
@@ -84,7 +88,7 @@ def quantize_by_rows(weight_recipe: WeightRecipe, weight: torch.Tensor, device=N
     if weight.dim() != 2:
         raise ValueError(f"a weight to quantize must be [out, in], got shape {list(weight.shape)}")
     device = weight.device if device is None else torch.device(device)
-    rows = slice_rows(weight_recipe, weight.shape[0], slices)
+    rows = slice_rows(weight_recipe, weight.shape[0], weight.shape[1], slices)
     if rows >= weight.shape[0]:
         return weight_recipe.quantize(weight.to(device))
     wq = torch.empty(weight.shape, dtype=METHODS[weight_recipe.method][0], device=device)

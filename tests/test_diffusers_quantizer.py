@@ -364,3 +364,33 @@ def test_loading_holds_one_full_precision_layer_at_a_time(tmp_path):
         bf16 = fx_fp8.reachable_tensor_bytes(ref)
         fx_fp8.prepare_model(ref)
     assert mem.peak >= bf16 > final + 1.5 * largest
+
+
+# -- the docs ------------------------------------------------------------------------------------------------
+def test_the_docs_snippet_runs(flux_pipeline_folder, tmp_path, monkeypatch):
+    """docs/diffusers_quantization.md's snippet, as written, on the tiny Flux pipeline: its paths
+    point at temporary folders, the GPU is the CPU, and the pipeline's missing text encoders are
+    named (the tiny pipeline has none)."""
+    import re
+    from pathlib import Path
+
+    from diffusers import FluxPipeline
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "diffusers_quantization.md").read_text()
+    code = re.search(r"<!-- diffusers-quantization-snippet -->\n```python\n(.*?)```", text, re.S).group(1)
+    for old, new in (('"/models/FLUX.1-dev"', f'"{flux_pipeline_folder}"'), ('device_map="cuda"', 'device_map="cpu"'),
+                     ('"flux-fp8/', f'"{tmp_path}/'), ('"examples/', f'"{root / "examples"}/')):
+        assert old in code, old
+        code = code.replace(old, new)
+    real = FluxPipeline.from_pretrained.__func__
+    monkeypatch.setattr(FluxPipeline, "from_pretrained", classmethod(lambda cls, *a, **k: real(cls, *a, **NO_TEXT, **k)))
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(code, "docs/diffusers_quantization.md", "exec"), namespace)
+    transformer, pipe = namespace["transformer"], namespace["pipe"]
+    assert (tmp_path / "transformer" / "config.json").is_file()
+    compiled = getattr(pipe.transformer, "_orig_mod", pipe.transformer)   # compile_pipeline's torch.compile
+    assert layers_of(transformer._orig_mod) == layers_of(compiled) and layers_of(compiled)
+    assert fx_fp8.pipeline_state(pipe).config == fx_fp8.FP8Config.load(root / "examples" / "configs" / "fp8_flat.yaml")

@@ -21,8 +21,12 @@ def same_bytes(a, b) -> bool:
 
 
 @pytest.mark.parametrize("r", RECIPES, ids=lambda r: f"{r.method}-{r.granularity}-{r.block}")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_slices_of_rows_give_the_bytes_of_the_whole_weight(r, dtype):
+@pytest.mark.parametrize("dtype,cap", [(torch.bfloat16, None), (torch.float32, 640)], ids=["bf16", "fp32-5-rows"])
+def test_slices_of_rows_give_the_bytes_of_the_whole_weight(r, dtype, cap, monkeypatch):
+    from fx_fp8 import layer_quantize
+
+    if cap is not None:  # slices bounded by SLICE_ELEMENTS (5 rows of 128) rather than by ROW_SLICES
+        monkeypatch.setattr(layer_quantize, "SLICE_ELEMENTS", cap)
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(150, 128, generator=g) * torch.logspace(-2, 1, 150)[:, None]).to(dtype)  # rows of all sizes
     whole_q, whole_s = r.quantize(w)
@@ -31,12 +35,14 @@ def test_slices_of_rows_give_the_bytes_of_the_whole_weight(r, dtype):
     assert tuple(s.shape) == scale_shape(r, 150, 128)
 
 
-def test_slices_are_whole_blocks_of_rows():
-    assert slice_rows(recipe("fp8", "channel"), 3072) == 192
-    assert slice_rows(recipe("fp8", "block", (128, 128)), 3072) == 256   # 192 rounded up to whole blocks
-    assert slice_rows(recipe("fp8", "block", (128, 128)), 100) == 128
-    assert slice_rows(recipe("fp8", "tensor"), 3072) == 3072             # one scale: the whole weight at once
-    assert slice_rows(recipe("int8", "block", (1, 32)), 20) == 2
+def test_slices_are_whole_blocks_of_rows_and_bounded():
+    assert slice_rows(recipe("fp8", "channel"), 3072, 256) == 192              # 1/16 of the rows
+    assert slice_rows(recipe("fp8", "channel"), 18432, 3072) == 341            # at most 2**20 weights
+    assert slice_rows(recipe("fp8", "block", (128, 128)), 3072, 256) == 256    # 192 rounded up to whole blocks
+    assert slice_rows(recipe("fp8", "block", (128, 128)), 100, 64) == 128
+    assert slice_rows(recipe("fp8", "block", (128, 128)), 4096, 12288) == 128  # 85 rows: one block at least
+    assert slice_rows(recipe("fp8", "tensor"), 3072, 256) == 3072              # one scale: the whole weight at once
+    assert slice_rows(recipe("int8", "block", (1, 32)), 20, 64) == 2
 
 
 def test_layer_decisions_and_recipes_are_prepare_models():
