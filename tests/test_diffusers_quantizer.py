@@ -81,7 +81,7 @@ def test_fx_fp8_is_in_diffusers_mappings():
 
 #: fresh interpreters: what `import fx_fp8` does to diffusers in each import order, and without it
 ORDERS = {
-    "fx_fp8 first": """
+    "fx_fp8-first": """
 import sys
 import fx_fp8
 assert "diffusers" not in sys.modules, "import fx_fp8 imported diffusers"
@@ -90,13 +90,13 @@ from diffusers.quantizers import auto
 assert not [f for f in sys.meta_path if type(f).__name__ == "_RegisterAfterImport"], "the finder stayed"
 print(auto.AUTO_QUANTIZER_MAPPING["fx_fp8"].__name__, auto.AUTO_QUANTIZATION_CONFIG_MAPPING["fx_fp8"].__name__)
 """,
-    "diffusers first": """
+    "diffusers-first": """
 from diffusers import FluxTransformer2DModel
 import fx_fp8
 from diffusers.quantizers import auto
 print(auto.AUTO_QUANTIZER_MAPPING["fx_fp8"].__name__, auto.AUTO_QUANTIZATION_CONFIG_MAPPING["fx_fp8"].__name__)
 """,
-    "no diffusers": """
+    "no-diffusers": """
 import sys
 class NoDiffusers:
     def find_spec(self, name, path=None, target=None):
@@ -119,7 +119,7 @@ def test_import_registers_without_importing_diffusers(order):
 
     out = subprocess.run([sys.executable, "-c", ORDERS[order]], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    if order == "no diffusers":
+    if order == "no-diffusers":
         assert "fx_fp8.DiffusersConfig needs diffusers and accelerate" in out.stdout
     else:
         assert out.stdout.split() == ["FxFp8Quantizer", "DiffusersConfig"]
@@ -195,6 +195,26 @@ def test_settings_load_time_cannot_honour_are_refused(options, match):
 
 
 # -- loading a full-precision checkpoint --------------------------------------------------------------
+def test_loading_quantizes_the_linears_the_rules_pick(tmp_path):
+    """One small load (the fast run's end-to-end check): every linear the rules quantize is a
+    QuantizedLinear of its kind, the others stay nn.Linear, and the model's config records them."""
+    from fx_fp8.layer_quantize import layer_kind
+
+    model = quiet(build_tiny_transformer, "flux", layers=1, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    cfg = fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"])   # at this width every other linear quantizes
+    kinds = {n: layer_kind(n, m.in_features, m.out_features, m.weight.dtype, cfg.fp8_config)[0]
+             for n, m in model.named_modules() if type(m) is nn.Linear}
+    loaded = load(tmp_path, torch_dtype=torch.bfloat16, quantization_config=cfg)
+    layers = layers_of(loaded)
+    assert {n for n, k in kinds.items() if k != "native"} == set(layers) and "native" in kinds.values()
+    assert {n for n, k in kinds.items() if k == "weight_only"} == {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}
+    assert all(type(loaded.get_submodule(n)) is nn.Linear for n, k in kinds.items() if k == "native")
+    record = loaded.config.quantization_config.quantized_layers
+    assert sorted(n for e in record for n in e["layers"]) == sorted(layers)
+    assert loaded.hf_quantizer.quantization_config is loaded.config.quantization_config
+
+
 def test_load_time_quantization_is_prepare_model(family, tmp_path):
     """The same layers (sensitive ones weight-only), the same bytes, the same outputs as
     prepare_model on the model loaded in bf16; Wan keeps modules in float32 on both paths."""

@@ -47,17 +47,36 @@ def folders(tmp_path_factory) -> dict:
     return out
 
 
+@pytest.fixture
+def marked(tmp_path) -> dict:
+    """Copies of the tiny model whose transformer/ only says it is quantized (config.json's
+    quantization_config, or a save_quantized record): what is decided before anything loads."""
+    out = {}
+    for kind in ("fx_fp8", "save_quantized"):
+        folder = tmp_path / kind
+        shutil.copytree(TINY_MODEL_DIR, folder)
+        if kind == "fx_fp8":
+            config = json.loads((folder / "transformer" / "config.json").read_text())
+            config["quantization_config"] = {"quant_method": "fx_fp8"}
+            (folder / "transformer" / "config.json").write_text(json.dumps(config))
+        else:
+            (folder / "transformer" / QUANT_NAME).write_text(json.dumps(
+                {"format": "fx_fp8.quantized_checkpoint", "version": 1, "layers": {}}))
+        out[kind] = folder
+    return out
+
+
 def cli(capsys, *argv):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
 
-def test_the_folders_are_told_apart(folders, tmp_path):
-    assert folder_quantization(folders["diffusers"] / "transformer") == "fx_fp8"
-    assert folder_quantization(folders["save_quantized"] / "transformer") == "save_quantized"
+def test_the_folders_are_told_apart(marked, tmp_path):
+    assert folder_quantization(marked["fx_fp8"] / "transformer") == "fx_fp8"
+    assert folder_quantization(marked["save_quantized"] / "transformer") == "save_quantized"
     assert folder_quantization(TINY_MODEL_DIR / "transformer") == ""
-    for kind, folder in folders.items():
+    for kind, folder in marked.items():
         source = resolve_model(str(folder))                  # a copy of the tiny model: its pipeline, its sizes
         assert source.kind == "tiny" and source.quantized == folder_quantization(folder / "transformer")
         assert resolve_model(str(folder / "transformer")).quantized == source.quantized
@@ -108,10 +127,14 @@ def test_compare_runs_a_quantized_pipeline_against_its_stored_weights(folders, c
     assert result["psnr_db"] > 20
 
 
-def test_sensitivity_refuses_a_quantized_model_before_any_work(folders, capsys, tmp_path):
-    code, out, err = cli(capsys, "sensitivity", "--model", folders["diffusers"], "--out", tmp_path / "s")
-    assert code == 2 and out == ""
-    assert "sensitivity needs full-precision weights" in err and "already quantized (fx_fp8)" in err
+def test_sensitivity_refuses_a_quantized_model_before_any_work(marked, capsys, tmp_path, monkeypatch):
+    from fx_fp8.tools.model_source import ModelSource
+
+    monkeypatch.setattr(ModelSource, "load_pipeline", lambda *a, **k: pytest.fail("loaded before refusing"))
+    for kind, folder in marked.items():
+        code, out, err = cli(capsys, "sensitivity", "--model", folder, "--out", tmp_path / "s")
+        assert code == 2 and out == ""
+        assert "sensitivity needs full-precision weights" in err and f"already quantized ({kind})" in err
 
 
 def test_text_to_image_example_on_a_quantized_copy_of_the_tiny_model(folders, tmp_path, monkeypatch, capsys):
