@@ -270,10 +270,11 @@ def test_save_pretrained_round_trip_is_bit_identical(flux_folder, tmp_path):
     assert layers_of(again) == layers_of(loaded) and state_equal(again, loaded)
     kw = example_inputs("flux", loaded, dtype=torch.bfloat16)
     assert torch.equal(run(again, kw), run(loaded, kw))
-    again.save_pretrained(tmp_path / "q2")   # and again: the same files
+    again.save_pretrained(tmp_path / "q2", max_shard_size="60KB")   # and again, in shards: a layer's tensors may part
     quantization = lambda folder: json.loads((folder / "config.json").read_text())["quantization_config"]  # noqa: E731
     assert quantization(tmp_path / "q2") == quantization(tmp_path / "q")
-    assert all(same_bytes(t, stored[k]) for k, t in load_file(tmp_path / "q2" / "diffusion_pytorch_model.safetensors").items())
+    assert len(list((tmp_path / "q2").glob("*.safetensors"))) > 2
+    assert state_equal(load(tmp_path / "q2", torch_dtype=torch.bfloat16), loaded)
 
 
 def test_a_quantized_checkpoint_that_disagrees_with_its_record_is_refused(flux_folder, tmp_path):
@@ -384,6 +385,28 @@ def test_loading_holds_one_full_precision_layer_at_a_time(tmp_path):
         bf16 = fx_fp8.reachable_tensor_bytes(ref)
         fx_fp8.prepare_model(ref)
     assert mem.peak >= bf16 > final + 1.5 * largest
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_loading_onto_a_gpu_holds_the_quantized_model_and_less_than_one_bf16_layer(tmp_path):
+    """device_map="cuda": only slices of each bf16 weight reach the GPU (the checkpoint stays in
+    host memory), so the GPU's peak is the quantized model plus less than one bf16 layer."""
+    torch.manual_seed(0)
+    model = quiet(FluxTransformer2DModel, patch_size=1, in_channels=64, num_layers=1, num_single_layers=2,
+                  attention_head_dim=64, num_attention_heads=16, joint_attention_dim=1024, pooled_projection_dim=256,
+                  axes_dims_rope=(16, 24, 24)).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    largest = max(m.weight.numel() * 2 for m in model.modules() if isinstance(m, nn.Linear))
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loaded = load(tmp_path, torch_dtype=torch.bfloat16, device_map="cuda", quantization_config=fx_fp8.DiffusersConfig())
+    peak, final = torch.cuda.max_memory_allocated() - base, torch.cuda.memory_allocated() - base
+    assert {p.device.type for p in loaded.parameters()} == {"cuda"}
+    assert peak <= final + largest, (peak - final) / largest
+    on_cpu = load(tmp_path, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
+    assert layers_of(loaded) == layers_of(on_cpu)
 
 
 # -- the docs ------------------------------------------------------------------------------------------------
