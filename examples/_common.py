@@ -223,19 +223,26 @@ def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bo
     to both runs. Returns (native_output or None, fp8_output, table rows); `metrics(native, fp8)`
     gives the quality columns of the FP8 row.
     """
+    from fx_fp8.tools.quantized_folders import prepared_transformers
+
     rows, native, applied = [], None, {}
     suffix = apply_pipeline_options(pipe, options, applied)
+    # a transformer loaded quantized is compiled as it is; its reference run uses the stored quantized linears
+    stored = prepared_transformers(pipe)
+    if stored:
+        print(f"note: {', '.join(stored)} already quantized (loaded from a quantized folder): compiled as it is"
+              + ("; the reference run uses its stored quantized linears with native attention" if compare else ""))
     if compare:
         native, first = timed(run, device)
         _, steady = timed(run, device)
-        rows.append(dict(run="native" + suffix, first=first, steady=steady))
+        rows.append(dict(run=("stored quantized" if stored else "native") + suffix, first=first, steady=steady))
     fx_fp8.clear_reports()
     cache = {}
     if options is not None:
         from fx_fp8.pipeline.apply_options import hand_over_cache
 
         cache = hand_over_cache(list(applied.values()), options)
-    fx_fp8.compile_pipeline(pipe, cfg, backend=backend, **cache)
+    fx_fp8.compile_pipeline(pipe, cfg, backend=backend, prepare=not stored, **cache)
     out, first = timed(run, device)  # includes compilation
     row = dict(run=f"fp8 ({backend})" + suffix, first=first)
     if compare:

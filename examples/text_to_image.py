@@ -51,14 +51,16 @@ def load_pipeline(model: str, device: str, dtype):
     """The shipped tiny model, or any local diffusers text-to-image folder (offline)."""
     if not os.path.isfile(os.path.join(model, "model_index.json")):
         raise SystemExit(f"--model {model!r} is not a diffusers folder (no model_index.json)")
+    from fx_fp8.tools.quantized_folders import load_pipeline_folder
+
+    # transformer/ may hold quantized weights: save_pretrained of a model loaded with fx_fp8.DiffusersConfig,
+    # or fx_fp8.save_quantized
     if is_tiny_model(model):
         from fx_fp8.tools.tiny_model import TinyShapesPipeline
 
-        pipe = TinyShapesPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=True)
+        pipe = load_pipeline_folder(model, dtype, pipeline_class=TinyShapesPipeline)
     else:
-        from diffusers import DiffusionPipeline
-
-        pipe = DiffusionPipeline.from_pretrained(model, torch_dtype=dtype, local_files_only=True)
+        pipe = load_pipeline_folder(model, dtype)
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
 

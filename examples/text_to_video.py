@@ -47,9 +47,9 @@ def load(args, device, dtype):
     if args.model:
         if not os.path.isfile(os.path.join(args.model, "model_index.json")):
             raise SystemExit(f"--model {args.model!r} is not a diffusers folder (no model_index.json)")
-        from diffusers import DiffusionPipeline
+        from fx_fp8.tools.quantized_folders import load_pipeline_folder
 
-        pipe = DiffusionPipeline.from_pretrained(args.model, torch_dtype=dtype, local_files_only=True)
+        pipe = load_pipeline_folder(args.model, dtype)  # quantized transformer folders too
         call = dict(prompt=args.prompt or "a cat surfing a wave at sunset")
         what = args.model
     else:

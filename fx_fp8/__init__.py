@@ -20,8 +20,25 @@ from fx_fp8.pipeline.compile import compile_pipeline  # (diffusers: lazily)
 from fx_fp8.pipeline.restore import restore_pipeline
 from fx_fp8.pipeline.state import pipeline_state
 from fx_fp8.pipeline.step_publishing import publish_steps
+from fx_fp8.diffusers_registration import install as _install_diffusers_quantizer
+
+_install_diffusers_quantizer()  # fx_fp8 joins diffusers' quantizer mappings (now or when diffusers loads them)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name == "DiffusersConfig":  # needs diffusers: imported on first use only
+        try:
+            from fx_fp8.diffusers_quantizer import DiffusersConfig
+        except ModuleNotFoundError as e:
+            if (e.name or "").split(".")[0] != "diffusers":
+                raise
+            raise ImportError(f"fx_fp8.DiffusersConfig needs diffusers and accelerate ({e}): install them, e.g. "
+                              "the [diffusers] extra") from e
+        return DiffusersConfig
+    raise AttributeError(f"module 'fx_fp8' has no attribute {name!r}")
+
 
 __all__ = [
     "AttentionQuantConfig", "CompileReport", "FP8Config", "QuantizationConfig", "ReportEntry",

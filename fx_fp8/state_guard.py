@@ -53,14 +53,16 @@ def _check_quantized_state(module, state_dict, prefix, *_):
         raise ValueError("fx_fp8: cannot load this state dict into a prepared model:\n  " + "\n  ".join(problems))
 
 
-def guard(module: nn.Module, native: Optional[dict] = None) -> None:
+def guard(module: nn.Module, native: Optional[dict] = None, *, refuse_save_pretrained: bool = True) -> None:
     """Make a prepared model's state impossible to misuse (idempotent; prepare_model calls it):
     save_pretrained refuses (diffusers models) and load_state_dict checks quantized layers first.
-    `native`: {linear name: reason} kept native, recorded for save_quantized."""
+    `native`: {linear name: reason} kept native, recorded for save_quantized.
+    refuse_save_pretrained=False: a model loaded through fx_fp8's diffusers quantizer, whose
+    save_pretrained records its quantized layers in config.json (fx_fp8/diffusers_quantizer.py)."""
     module = getattr(module, "_orig_mod", module)
     record = module.__dict__.setdefault(_PREPARED_ATTR, {"native": {}})
     record["native"].update(native or {})
-    if callable(getattr(type(module), "save_pretrained", None)) and not isinstance(
+    if refuse_save_pretrained and callable(getattr(type(module), "save_pretrained", None)) and not isinstance(
             module.__dict__.get("save_pretrained"), _RefuseSavePretrained):
         module.__dict__["save_pretrained"] = _RefuseSavePretrained(module)
     if _HOOK_ATTR not in module.__dict__:

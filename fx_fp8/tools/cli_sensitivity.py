@@ -49,6 +49,10 @@ def cmd_sensitivity(args) -> int:
         raise UsageError("sensitivity draws its chart with matplotlib, which is not installed: "
                          "pip install 'fx-fp8[cli]'") from None
     _check_source(source, pipeline=True, args=args)
+    try:
+        source.check_full_precision("sensitivity")   # it measures FP8 against the model's own precision
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
     out = Path(args.out).expanduser()
     yaml_path = Path(args.yaml).expanduser() if args.yaml else out / "recommended.yaml"
     chart_path = Path(args.chart).expanduser() if args.chart else out / "sensitivity.png"

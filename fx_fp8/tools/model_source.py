@@ -5,6 +5,10 @@
     resolve_model("/models/FLUX.1-dev")   # pipeline folder (model_index.json + transformer/)
     resolve_model("/models/x/transformer")  # transformer folder (config.json with _class_name)
 
+A transformer folder may hold quantized weights (fx_fp8/tools/quantized_folders.py): written by
+save_pretrained of a model loaded with fx_fp8.DiffusersConfig, or by fx_fp8.save_quantized;
+`ModelSource.quantized` says which ("" for full precision) and loading follows it.
+
 A ModelSource loads the transformer, builds example inputs for one forward call
 from the transformer's config, and builds a runnable pipeline (`PipelineRun`)
 for `compare` and `sensitivity`. Bad input raises ModelSourceError (a
@@ -27,6 +31,7 @@ import torch
 
 from fx_fp8.pipeline.step_publishing import publish_steps
 from fx_fp8.tools import model_zoo
+from fx_fp8.tools.quantized_folders import folder_quantization, is_save_quantized_pipeline
 
 
 class ModelSourceError(ValueError):
@@ -59,10 +64,12 @@ class ModelSource:
     path: Optional[Path] = None    # folder holding the transformer's config.json
     pipeline_path: Optional[Path] = None
     family: Optional[str] = None
+    quantized: str = ""            # quantized_folders.folder_quantization of the transformer folder
 
     def describe(self) -> str:
         where = f" ({self.path})" if self.path else ""
-        return f"{self.spec}: {self.class_name}{where}"
+        held = f", quantized weights ({self.quantized})" if self.quantized else ""
+        return f"{self.spec}: {self.class_name}{where}{held}"
 
     # -- transformer -------------------------------------------------------
     def load_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -73,9 +80,11 @@ class ModelSource:
                 return model_zoo.build_tiny_transformer(self.family, dtype=dtype)
             self.check_transformer(example_inputs=False)
             cls = _diffusers_class(self.class_name, self.path)
+            from fx_fp8.tools.quantized_folders import load_transformer_folder
+
             try:
                 with _quiet_loading():
-                    model = cls.from_pretrained(str(self.path), torch_dtype=dtype, local_files_only=True)
+                    model = load_transformer_folder(self.path, cls, dtype)
             except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
                 raise ModelSourceError(f"cannot load the {self.class_name} in {str(self.path)!r}: {_first_line(e)}"
                                        ) from None
@@ -103,6 +112,13 @@ class ModelSource:
         _check_weights(self.path)
         if example_inputs and self.class_name not in _INPUT_BUILDERS:
             raise ModelSourceError(_no_builder_message(self.class_name, self.path))
+
+    def check_full_precision(self, command: str) -> None:
+        """Raise ModelSourceError if the transformer's weights are already quantized (`command`
+        needs the full-precision model)."""
+        if self.quantized:
+            raise ModelSourceError(f"{command} needs full-precision weights: the transformer in {str(self.path)!r} "
+                                   f"is already quantized ({self.quantized}); give the original model")
 
     def check_pipeline(self) -> None:
         """Raise ModelSourceError unless load_pipeline can work (a pipeline, not a lone transformer)."""
@@ -147,9 +163,11 @@ class ModelSource:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if self.kind == "tiny":
-                from fx_fp8.tools.tiny_model import load_tiny_pipeline, random_prompt
+                from fx_fp8.tools.quantized_folders import load_pipeline_folder
+                from fx_fp8.tools.tiny_model import TinyShapesPipeline, random_prompt
 
-                pipe = load_tiny_pipeline()
+                # the shipped folder, or a copy whose transformer/ holds quantized weights
+                pipe = load_pipeline_folder(self.pipeline_path, torch.float32, pipeline_class=TinyShapesPipeline)
                 pipe.set_progress_bar_config(disable=True)
                 rng = np.random.default_rng(seed)
                 texts = [random_prompt(rng) for _ in range(prompts)]
@@ -162,12 +180,11 @@ class ModelSource:
                 # random embeddings stand for prompts: one call per sample, different noise seeds
                 return PipelineRun(pipe, [dict(kwargs)] * prompts, [seed + i for i in range(prompts)],
                                    labels=[f"{self.family} sample {i}" for i in range(prompts)])
-            from diffusers import DiffusionPipeline
+            from fx_fp8.tools.quantized_folders import load_pipeline_folder
 
             try:
                 with _quiet_loading():
-                    pipe = DiffusionPipeline.from_pretrained(str(self.pipeline_path), torch_dtype=torch.float32,
-                                                             local_files_only=True)
+                    pipe = load_pipeline_folder(self.pipeline_path, torch.float32)
             except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
                 raise ModelSourceError(f"cannot load the pipeline in {str(self.pipeline_path)!r}: "
                                        f"{_first_line(e)}") from None
@@ -374,14 +391,23 @@ def _from_folder(spec: str, path: Path) -> ModelSource:
 
         if path.resolve() == TINY_MODEL_DIR.resolve():
             return resolve_model("tiny")
-        return ModelSource(spec=spec, kind="pipeline_dir", class_name=cls, path=sub, pipeline_path=path)
+        if index.get("_class_name") == "TinyShapesPipeline":  # a copy of the tiny model (e.g. its transformer quantized)
+            return ModelSource(spec=spec, kind="tiny", class_name=cls, path=sub, pipeline_path=path,
+                               quantized=folder_quantization(sub))
+        return ModelSource(spec=spec, kind="pipeline_dir", class_name=cls, path=sub, pipeline_path=path,
+                           quantized=folder_quantization(sub))
+    if is_save_quantized_pipeline(path):
+        raise ModelSourceError(f"folder {spec!r} holds only a pipeline's transformers (written by "
+                               f"fx_fp8.save_quantized): give one of them ({str(path / 'transformer')!r}), or a "
+                               "pipeline folder whose transformer/ is such a folder")
     if (path / "config.json").is_file():
         cls = _read_json(path / "config.json").get("_class_name")
         if not cls:
             raise ModelSourceError(f"folder {spec!r} holds no transformer (config.json has no _class_name)")
         if "Transformer" not in cls and "DiT" not in cls:
             raise ModelSourceError(f"folder {spec!r} holds a {cls}, not a transformer")
-        return ModelSource(spec=spec, kind="transformer_dir", class_name=cls, path=path)
+        return ModelSource(spec=spec, kind="transformer_dir", class_name=cls, path=path,
+                           quantized=folder_quantization(path))
     raise ModelSourceError(f"folder {spec!r} holds no transformer (no model_index.json with a transformer/ "
                            "subfolder, no config.json)")
 
