@@ -23,7 +23,6 @@ run, and `fx_fp8.refresh_weights(model)` does it on request.
 """
 from __future__ import annotations
 
-import hashlib
 import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -42,28 +41,41 @@ def fingerprint(weight: torch.Tensor) -> tuple:
     return (id(weight), weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
 
 
-#: odd 64-bit multipliers of the device digest, per device
+#: odd 64-bit multipliers of the digest, per device
 _MULTIPLIERS: dict = {}
 _DIGEST_ROW = 4096
 
 
-def digest(weight: torch.Tensor) -> str:
-    """A digest of the weight's bytes (reads them all once). On the CPU a blake2b hash; on a
-    device a position-weighted 64-bit sum computed there (two's-complement arithmetic, so the
-    order of summation does not matter), one scalar copied back."""
+def _digest_words(weight: torch.Tensor) -> torch.Tensor:
+    """Two 64-bit words of the weight's bytes, computed where the weight is: position-weighted
+    sums in two's-complement arithmetic (so the order of summation does not matter, and the
+    same bytes give the same words on every device)."""
     data = weight.detach().contiguous().view(torch.uint8).reshape(-1)
-    if data.device.type == "cpu":
-        return hashlib.blake2b(data.numpy().tobytes(), digest_size=16).hexdigest()
     n = data.numel()
     words = torch.nn.functional.pad(data, (0, (-n) % (8 * _DIGEST_ROW))).view(torch.int64).view(-1, _DIGEST_ROW)
     mult = _MULTIPLIERS.get(data.device)
     if mult is None:
         gen = torch.Generator().manual_seed(0x5EED)
-        mult = torch.randint(-2**62, 2**62, (2, _DIGEST_ROW), generator=gen, dtype=torch.int64) * 2 + 1
+        mult = torch.randint(-2**62, 2**62, (_DIGEST_ROW,), generator=gen, dtype=torch.int64) * 2 + 1
         mult = _MULTIPLIERS[data.device] = mult.to(data.device)
-    rows = (words * mult[0]).sum(dim=1)
+    rows = (words * mult).sum(dim=1)
     index = torch.arange(rows.numel(), device=data.device, dtype=torch.int64) * 2 + 1
-    return f"{n}:{int((rows * index).sum().item()):x}:{int(rows.sum().item()):x}"
+    return torch.stack([(rows * index).sum(), rows.sum() + n])
+
+
+def digests(weights: list) -> list[str]:
+    """A digest of each weight's bytes (reads them all once; one device-to-host copy per device)."""
+    words = [_digest_words(w) for w in weights]
+    host = {}
+    for device in {w.device for w in words}:
+        idx = [i for i, w in enumerate(words) if w.device == device]
+        for i, pair in zip(idx, torch.stack([words[i] for i in idx]).cpu().tolist()):
+            host[i] = pair
+    return [f"{host[i][0] & (2**64 - 1):016x}{host[i][1] & (2**64 - 1):016x}" for i in range(len(weights))]
+
+
+def digest(weight: torch.Tensor) -> str:
+    return digests([weight])[0]
 
 
 @dataclass(eq=False)
@@ -124,7 +136,7 @@ class WeightState:
                 self.source_digest = digest(weight)
         return entry
 
-    def sync(self, weight: torch.Tensor, check_bytes: bool = False) -> bool:
+    def sync(self, weight: torch.Tensor, check_bytes: bool = False, known_digest: Optional[str] = None) -> bool:
         """Bring every copy up to `weight`; True when they were re-quantized. Per call
         (check_bytes False): by fingerprint only, no byte read, no device sync. With
         check_bytes (refresh_copies): by a digest of the bytes as well."""
@@ -135,7 +147,7 @@ class WeightState:
             self.source = fp
             self.source_digest = None  # unknown until refresh_copies reads the bytes
             return self._refresh_all(weight)
-        now = digest(weight)
+        now = known_digest if known_digest is not None else digest(weight)
         stale = fp != self.source or self.source_digest is None or now != self.source_digest
         self.source, self.source_digest = fp, now
         return self._refresh_all(weight) if stale else False
@@ -227,11 +239,13 @@ def states_in(model: nn.Module) -> Iterator[tuple[nn.Module, str, WeightState]]:
 def refresh_copies(model: nn.Module) -> list[str]:
     """Re-quantize, in place, every compile-time copy whose source weight's bytes changed since it
     was made (a write through `.data`, which no per-call check sees). Reads every source weight
-    that has copies once (a byte digest). Returns the names of the weights re-quantized."""
+    that has copies once (a byte digest; one device-to-host copy per device). Returns the names of
+    the weights re-quantized."""
+    todo = [(attr, st, _get(module, attr)) for module, attr, st in states_in(model) if st.copies]
+    todo = [(attr, st, w) for attr, st, w in todo if w is not None]
     changed = []
-    for module, attr, st in states_in(model):
-        weight = _get(module, attr)
-        if weight is not None and st.sync(weight, check_bytes=True):
+    for (attr, st, weight), now in zip(todo, digests([w for _, _, w in todo])):
+        if st.sync(weight, check_bytes=True, known_digest=now):
             changed.append(st.name or attr)
     return changed
 

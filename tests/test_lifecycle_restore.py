@@ -191,3 +191,20 @@ def test_calibrating_or_preparing_a_prepared_model_says_so():
         compile_pipeline(pipe)
     compile_pipeline(pipe, prepare=False)  # a prepared model compiles as it is
     pipe()
+
+
+def test_a_write_through_data_between_pipeline_calls_is_followed():
+    """compile_pipeline checks, once per pipeline call, the bytes of every weight the compile path
+    quantized (a write through the `.data` alias in place bumps nothing a per-call check sees)."""
+    pipe = Pipe()
+    model = pipe.transformer
+    compile_pipeline(pipe, prepare=False)
+    first = pipe()
+    with torch.no_grad():
+        model.mid.weight.data.mul_(-3.0)
+    native = Pipe()
+    native.transformer.load_state_dict(model.state_dict())
+    expected = native()
+    after = pipe()
+    assert _rel(first, expected) > 0.05, "the write must change the result visibly"
+    assert _rel(after, expected) < 0.05

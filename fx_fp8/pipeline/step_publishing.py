@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fx_fp8.weight_state import refresh_copies
 from fx_fp8 import steps as _steps
 from fx_fp8.config import FP8Config
 from fx_fp8.pipeline.apply_options import on_pipeline_run
@@ -172,6 +173,10 @@ def _run(pipe, state: PipelineFP8State):
         install_scheduler_hook(state, check_scheduler(pipe))
     # caches enabled on the transformers since compile_pipeline are treated like those given to it
     on_pipeline_run(state)
+    # a weight written through `.data` in place since the last run (no per-call check sees it):
+    # compile-time copies follow it (a digest of each unprepared weight with copies, once per run)
+    for module in state.originals.values():
+        refresh_copies(module)
     run = _Run(state, scheduler=getattr(pipe, "scheduler", None))
     run_token = _RUN.set(run)
     state.running += 1
