@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,10 @@ from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
 import fx_fp8
 from fx_fp8.graph.sensitive import sensitive_linear_names
-from test_sensitive_layers import MOD, TC, FIN, ToyBlock, ToyDiT, toy_inputs
+from test_cli import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
+from test_sensitive_layers import FIN, MOD, TC, ToyDiT, toy_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _messages(record) -> list[str]:
@@ -144,3 +148,26 @@ class _Untraceable(TinyDiT):
 def test_an_analysis_that_traces_nothing_is_an_error_not_nothing_sensitive():
     with pytest.raises(RuntimeError, match="_Untraceable.*traced no graph.*sensitive="):
         fx_fp8.prepare_model(_Untraceable().eval(), quantization="fp8", example_inputs=_tiny_inputs())
+
+
+# -- fx-fp8 inspect / dump with step selectors counting from the end -------------------------------
+TINY_YAML = ROOT / "fx_fp8" / "tools" / "tiny_model" / "weights" / "fx_fp8.yaml"  # first:2,last:2
+
+
+def test_inspect_and_dump_place_relative_step_selectors_in_a_run_of_steps(tmp_path, capsys):
+    flags = ("--config", TINY_YAML, "--quantization-skip-steps", "last:2")
+    code, out, err = cli(capsys, "inspect", "--format", "json", *flags)
+    assert code == 0, err
+    summary = strict_json(out)["summary"]
+    assert summary["steps"] == 8 and summary["skipped_steps"] == {"attention": "0-1,6-7", "linear": "6-7"}
+    assert len(summary["step_variants"]) == 3  # fp8; attention native; attention native + linears weight-only
+    code, out, err = cli(capsys, "dump", "--out", tmp_path / "dump", "--steps", "10", *flags)
+    assert code == 0, err
+    report = (tmp_path / "dump" / "report.txt").read_text()
+    assert "skipped steps in a run of 10 (--steps): attention 0-1,8-9; linear 8-9" in report
+
+
+def test_inspect_refuses_a_run_of_no_steps(capsys, no_work):
+    for command in (("inspect",), ("dump", "--out", "unused")):
+        code, out, err = cli(capsys, *command, "--steps", "0")
+        assert code == 2 and "invalid --steps 0: expected a positive integer" in one_error_line(err)
