@@ -3,6 +3,8 @@ commands that could not place relative steps, damaged checkpoints, a parameterle
 never warned, and an undocumented difference from vLLM-Omni."""
 from __future__ import annotations
 
+import json
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -10,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from safetensors.torch import load_file
 from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
 import fx_fp8
+from fx_fp8.checkpoint import QUANT_NAME, WEIGHTS_NAME
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from test_cli import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
 from test_sensitive_layers import FIN, MOD, TC, ToyDiT, toy_inputs
@@ -171,3 +175,88 @@ def test_inspect_refuses_a_run_of_no_steps(capsys, no_work):
     for command in (("inspect",), ("dump", "--out", "unused")):
         code, out, err = cli(capsys, *command, "--steps", "0")
         assert code == 2 and "invalid --steps 0: expected a positive integer" in one_error_line(err)
+
+
+# -- damaged checkpoints --------------------------------------------------------------------------
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _saved(tmp_path) -> Path:
+    torch.manual_seed(0)
+    model = _Two().eval()
+    fx_fp8.prepare_model(model, quantization="fp8")
+    fx_fp8.save_quantized(model, tmp_path)
+    return tmp_path
+
+
+def _data_offset(path: Path, key: str) -> int:
+    """Where `key`'s bytes start in a safetensors file (an 8-byte header length, the JSON header, the data)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    return 8 + n + header[key]["data_offsets"][0]
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_tensor_and_the_file(tmp_path):
+    folder = _saved(tmp_path)
+    path = folder / WEIGHTS_NAME
+    raw = bytearray(path.read_bytes())
+    raw[_data_offset(path, "a.weight")] = 0x7F  # an e4m3fn NaN code: the same size, no format error
+    path.write_bytes(bytes(raw))
+    fresh = _Two().eval()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}.* is damaged: the bytes of a\.weight differ"):
+        fx_fp8.load_quantized(folder, model=fresh)
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())  # the model is untouched
+    # the switch for huge models skips the check (and the NaN it let through is the caller's)
+    loaded = fx_fp8.load_quantized(folder, model=_Two().eval(), verify=False)
+    with torch.no_grad():
+        assert loaded(torch.randn(2, 64)).isnan().any()
+
+
+def test_every_damaged_checkpoint_file_is_named_in_the_error(tmp_path):
+    folder = _saved(tmp_path)
+    weights, description = folder / WEIGHTS_NAME, folder / QUANT_NAME
+    good_weights, good_description = weights.read_bytes(), description.read_bytes()
+    weights.write_bytes(good_weights[: len(good_weights) // 2])  # truncated
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(weights)))}: .*damaged or truncated"):
+        fx_fp8.load_quantized(folder, model=_Two())
+    weights.write_bytes(good_weights)
+    description.write_bytes(good_description[:40])  # unreadable JSON
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(description)))}"):
+        fx_fp8.load_quantized(folder, model=_Two())
+    description.write_bytes(b"\xff\xfe not text")
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(description)))}"):
+        fx_fp8.load_quantized(folder, model=_Two())
+    record = json.loads(good_description)
+    del record["layers"]
+    description.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=rf"{re.escape(repr(str(description)))} is damaged: 'layers'"):
+        fx_fp8.load_quantized(folder, model=_Two())
+
+
+def test_the_weights_file_of_another_save_is_refused(tmp_path):
+    one, other = _saved(tmp_path / "one"), tmp_path / "other"
+    model = _Two().eval()  # the same structure, other weights
+    fx_fp8.prepare_model(model, quantization="fp8")
+    fx_fp8.save_quantized(model, other)
+    (one / WEIGHTS_NAME).write_bytes((other / WEIGHTS_NAME).read_bytes())
+    with pytest.raises(ValueError, match=r"the bytes of a\.bias, a\.weight, .* not the one saved with this description"):
+        fx_fp8.load_quantized(one, model=_Two())
+
+
+def test_a_checkpoint_without_digests_loads_with_a_warning(tmp_path):
+    folder = _saved(tmp_path)
+    record = json.loads((folder / QUANT_NAME).read_text())
+    assert record["tensor_digests"]["algorithm"] == "blake2b-128"
+    assert sorted(record["tensor_digests"]["tensors"]) == sorted(load_file(folder / WEIGHTS_NAME))
+    del record["tensor_digests"]  # as an fx_fp8 before digests wrote it
+    (folder / QUANT_NAME).write_text(json.dumps(record))
+    with pytest.warns(UserWarning, match="records no tensor digests.*not verified"):
+        fx_fp8.load_quantized(folder, model=_Two())
