@@ -260,3 +260,23 @@ def test_a_checkpoint_without_digests_loads_with_a_warning(tmp_path):
     (folder / QUANT_NAME).write_text(json.dumps(record))
     with pytest.warns(UserWarning, match="records no tensor digests.*not verified"):
         fx_fp8.load_quantized(folder, model=_Two())
+
+
+# -- a module without parameters, compiled once per instance --------------------------------------
+class _Attention(nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_each_compiled_parameterless_module_warns_about_an_unpublished_step():
+    q = torch.randn(1, 2, 16, 64)
+    compiled = [torch.compile(_Attention(), backend="fp8", options={"diffusion_kv_cache_skip_steps": "0"})
+                for _ in range(2)]
+    for c in compiled:  # Dynamo runs the first one's graph for the second: the same class, no parameters
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            with torch.no_grad():
+                c(q, q, q)
+        assert [m for m in _messages(record) if "no denoising step was published" in m], _messages(record)
+        # and its decisions are reported on it, not on the first one
+        assert [r.step_variant for r in fx_fp8.get_reports(c)] == ["fp8", "native"]
