@@ -280,3 +280,61 @@ def test_each_compiled_parameterless_module_warns_about_an_unpublished_step():
         assert [m for m in _messages(record) if "no denoising step was published" in m], _messages(record)
         # and its decisions are reported on it, not on the first one
         assert [r.step_variant for r in fx_fp8.get_reports(c)] == ["fp8", "native"]
+
+
+# -- vLLM-Omni's BF16 layers: quantization_config.sensitive: native -------------------------------
+#: the linears vLLM-Omni builds as plain BF16 layers in its model code (embedders, adaLN modulation,
+#: the final projection), spelled as diffusers names them; written from the model code, not from
+#: fx_fp8's patterns
+VLLM_OMNI_BF16 = {
+    "flux": r"time_text_embed\..*|context_embedder|x_embedder|transformer_blocks\.\d+\.norm1(_context)?\.linear|"
+            r"single_transformer_blocks\.\d+\.norm\.linear|norm_out\.linear|proj_out",
+    "qwen-image": r"time_text_embed\..*|img_in|txt_in|transformer_blocks\.\d+\.(img|txt)_mod\.1|norm_out\.linear|proj_out",
+    "z-image": r"t_embedder\..*|cap_embedder\..*|all_x_embedder\..*|(layers|noise_refiner|context_refiner)\.\d+\."
+               r"adaLN_modulation\..*|all_final_layer\..*",
+    "wan": r"condition_embedder\..*|proj_out",
+}
+#: (family, extra config): its hard-wired layers for four families, and its recommended Qwen-Image
+#: setting `ignored_layers: ["img_mlp"]` with FP8 and with INT8
+VLLM_OMNI_CASES = {
+    "flux": ("flux", {}),
+    "qwen-image": ("qwen-image", {}),
+    "z-image": ("z-image", {}),
+    "wan": ("wan", {}),
+    "qwen-image img_mlp fp8": ("qwen-image", {"ignored_layers": ["img_mlp"]}),
+    "qwen-image img_mlp int8": ("qwen-image", {"ignored_layers": ["img_mlp"], "quantization": "int8"}),
+}
+
+
+@pytest.mark.parametrize("case", list(VLLM_OMNI_CASES))
+def test_sensitive_native_keeps_vllm_omnis_bf16_layers_and_the_default_runs_them_weight_only(case):
+    from test_linear_pass import big_enough, decisions, run_pass
+
+    family, extra = VLLM_OMNI_CASES[case]
+    bf16 = re.compile(VLLM_OMNI_BF16[family])
+    img_mlp = re.compile(r".*\.img_mlp\..*") if extra.get("ignored_layers") else None
+    report, _, _, linears = run_pass(family, **extra, quantization_config={"sensitive": "native"})
+    got = decisions(report)
+    eligible = {n for n, lin in linears.items() if big_enough(lin)}  # the rest is native for its size anyway
+    expected = {n for n in eligible if bf16.fullmatch(n) or (img_mlp is not None and img_mlp.fullmatch(n))}
+    assert expected and {n for n in eligible if got[n].action == "native"} == expected
+    method = extra.get("quantization", "fp8")
+    assert {got[n].action for n in eligible - expected} == {method}
+    # the default stores the same sensitive layers weight-only (W8A16): the documented difference
+    report, _, _, _ = run_pass(family, **extra)
+    got = decisions(report)
+    sensitive = {n for n in expected if img_mlp is None or not img_mlp.fullmatch(n)}
+    assert {n for n in eligible if got[n].action == "weight-only"} == sensitive
+
+
+def test_the_sensitive_layer_difference_from_vllm_omni_is_documented_with_its_setting_and_numbers():
+    section = (ROOT / "docs" / "configuration.md").read_text().split("## Deliberate differences from vLLM-Omni")[1]
+    section = section.split("\n## ")[0]
+    assert "`quantization_config: {sensitive: native}` is vLLM-Omni's behaviour" in section
+    # its numbers are the README's
+    readme = (ROOT / "README.md").read_text().split("## Sensitive layers")[1].split("\n## ")[0]
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:5]] for r in readme.splitlines()
+            if r.startswith("| `native`") or r.startswith("| `weight_only` (default")}
+    assert len(rows) == 2
+    for row in rows.values():
+        assert all(value in section for value in row), row
