@@ -301,8 +301,8 @@ VLLM_OMNI_CASES = {
     "qwen-image": ("qwen-image", {}),
     "z-image": ("z-image", {}),
     "wan": ("wan", {}),
-    "qwen-image img_mlp fp8": ("qwen-image", {"ignored_layers": ["img_mlp"]}),
-    "qwen-image img_mlp int8": ("qwen-image", {"ignored_layers": ["img_mlp"], "quantization": "int8"}),
+    "qwen-image+img_mlp-fp8": ("qwen-image", {"ignored_layers": ["img_mlp"]}),
+    "qwen-image+img_mlp-int8": ("qwen-image", {"ignored_layers": ["img_mlp"], "quantization": "int8"}),
 }
 
 
