@@ -354,9 +354,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     dispatch = InstanceDispatch(gm, instance, anchor_slot, anchor, first, plan, [(model, owner)])
     if anchor_slot is not None:
         dispatch.remember(example_inputs[anchor_slot], first, model)
-    elif not instance:
-        return first  # the model's own graph without parameters: nothing tells instances apart
-    dispatch.by_name[instance] = first
+    dispatch.by_name[instance] = first  # without parameters: instances told apart on the stack
     return dispatch
 
 

@@ -11,7 +11,9 @@ A folder holds, per model, diffusers' `config.json` (diffusers models), every te
 prepared model in `fx_fp8_quantized.safetensors` (the FP8/INT8 weights under `weight`, their
 fp32 `weight_scale`, `input_scale` / `input_smoothing`, and all other parameters and buffers
 unchanged) and `fx_fp8_quantization.json` (the recipe of each quantized linear and the
-native ones). The weights file deliberately does not bear diffusers' name
+native ones, and a digest of every tensor's bytes: safetensors has no checksum, so a file
+damaged in place would otherwise load and compute NaN; load_quantized checks them unless
+verify=False). Every load error names the file it comes from. The weights file deliberately does not bear diffusers' name
 (`diffusion_pytorch_model.safetensors`): `from_pretrained` of such a folder fails loudly
 ("no file named diffusion_pytorch_model...") instead of reading FP8 codes as weights.
 
@@ -23,6 +25,7 @@ full-precision weights with its own recipe (fx_fp8/weights.py).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import warnings
@@ -37,14 +40,17 @@ from fx_fp8.state_guard import guard, native_reasons, quantized_layers, unguard
 from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
 
 # guard / unguard / quantized_layers were defined here before state_guard.py: importable from here still
-__all__ = ["CONFIG_NAME", "FORMAT", "QUANT_NAME", "TRANSFORMER_ATTRS", "VERSION", "WEIGHTS_NAME", "guard",
-           "load_quantized", "quantized_layers", "save_quantized", "unguard"]
+__all__ = ["CONFIG_NAME", "DIGEST", "FORMAT", "QUANT_NAME", "TRANSFORMER_ATTRS", "VERSION", "WEIGHTS_NAME", "guard",
+           "load_quantized", "quantized_layers", "save_quantized", "tensor_digest", "tensor_digests",
+           "unguard"]
 
 FORMAT = "fx_fp8.quantized_checkpoint"
 VERSION = 1
 WEIGHTS_NAME = "fx_fp8_quantized.safetensors"
 QUANT_NAME = "fx_fp8_quantization.json"
 CONFIG_NAME = "config.json"
+#: how each tensor's bytes are digested (recorded in the description, checked at load)
+DIGEST = "blake2b-128"
 #: pipeline attributes holding a denoising transformer (as fx_fp8.pipeline.state)
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")
 
@@ -110,8 +116,30 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
              if n not in persistent and b.is_floating_point()}
     record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
               "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
-              "layers": layers, "native": native, "nonpersistent_buffer_dtypes": extra}
+              "layers": layers, "native": native, "nonpersistent_buffer_dtypes": extra,
+              "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
     return record, tensors
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """DIGEST of a tensor's bytes as safetensors stores them (C order), read in place on the CPU."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy()  # any dtype: bf16 / fp8 have no numpy type
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def tensor_digests(tensors: dict) -> dict:
+    """{key: tensor_digest} of every tensor, several at once (hashlib lets go of the GIL while it
+    hashes a large buffer: the digests of a big checkpoint take the cores there are)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(8, os.cpu_count() or 1, len(tensors)))
+    if workers == 1:
+        return {k: tensor_digest(t) for k, t in tensors.items()}
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip(tensors, pool.map(tensor_digest, tensors.values())))
 
 
 def _has_config(module) -> bool:
@@ -156,18 +184,68 @@ def save_quantized(model_or_pipe, directory) -> str:
 
 
 # -- load ------------------------------------------------------------------------------------
+def _read_json(path: str):
+    """A checkpoint's JSON file; a damaged one is a ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"cannot read {path!r}: {e} (the file is damaged or not what save_quantized wrote: save "
+                         "the model again)") from e
+
+
 def _read_record(folder: str) -> dict:
     path = os.path.join(folder, QUANT_NAME)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder!r} is not an fx_fp8 quantized checkpoint: no {QUANT_NAME} "
                                 "(write one with fx_fp8.save_quantized)")
-    with open(path) as f:
-        record = json.load(f)
+    record = _read_json(path)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not an fx_fp8 quantized-checkpoint description")
     if record.get("version") != VERSION:
         raise ValueError(f"{path!r} has format version {record.get('version')!r}; this fx_fp8 reads version {VERSION}")
+    for key, kind in (("model_class", str), ("layers", dict), ("native", dict)):
+        if not isinstance(record.get(key), kind):
+            raise ValueError(f"{path!r} is damaged: {key!r} is {type(record.get(key)).__name__}, expected "
+                             f"{kind.__name__} (save the model again)")
     return record
+
+
+def _read_tensors(path: str) -> dict:
+    """Every tensor of a weights file, on the CPU; a damaged file is a ValueError naming it."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device="cpu")
+    except Exception as e:  # safetensors' own error type, OSError, ...: say which file
+        raise ValueError(f"cannot read {path!r}: {type(e).__name__}: {e} (the file is damaged or truncated: save "
+                         "the model again)") from e
+
+
+def _verify(tensors: dict, record: dict, path: str) -> None:
+    """Each tensor's bytes against the digest save_quantized recorded: a file damaged in place
+    (same size, other bytes), or the weights of another save, is refused, naming the tensors,
+    instead of computing NaN. After the structural checks (_plan), so those name the model's keys."""
+    digests = record.get("tensor_digests")
+    if digests is None:
+        warnings.warn(f"fx_fp8: {os.path.join(os.path.dirname(path), QUANT_NAME)!r} records no tensor digests "
+                      "(saved by an fx_fp8 before they were recorded): the bytes of its tensors are not verified; "
+                      "save the model again to record them", stacklevel=4)
+        return
+    quant_path = os.path.join(os.path.dirname(path), QUANT_NAME)
+    if not isinstance(digests, dict) or digests.get("algorithm") != DIGEST or not isinstance(digests.get("tensors"), dict):
+        raise ValueError(f"{quant_path!r} is damaged: its tensor_digests are not {DIGEST} digests (save the model again)")
+    recorded = digests["tensors"]
+    if set(recorded) != set(tensors):
+        extra, missing = sorted(set(tensors) - set(recorded)), sorted(set(recorded) - set(tensors))
+        raise ValueError(f"{path!r} does not hold the tensors {quant_path!r} describes (in the file only: "
+                         f"{_some(extra) or 'none'}; described only: {_some(missing) or 'none'}): the two files come "
+                         "from different saves")
+    bad = sorted(k for k, d in tensor_digests(tensors).items() if d != recorded[k])
+    if bad:
+        raise ValueError(f"{path!r} is damaged: the bytes of {_some(bad)} differ from those save_quantized wrote "
+                         f"(their {DIGEST} digests in {QUANT_NAME} do not match: the file was damaged, or is not "
+                         "the one saved with this description); save the model again")
 
 
 def _model_class(record: dict, folder: str, model_class):
@@ -294,9 +372,8 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     return plan
 
 
-def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None):
-    from safetensors.torch import load_file
-
+def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None,
+                 verify: bool = True):
     from fx_fp8.prepare import _carry_hooks
 
     record = _read_record(folder)
@@ -311,17 +388,21 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         if quantized_layers(model):
             raise ValueError(f"load_quantized(model=...) expects an unprepared {type(model).__name__}; it already holds "
                              f"quantized linears (first: {quantized_layers(model)[0]!r})")
-    tensors = load_file(path, device=str(torch.device(device)) if device is not None else "cpu")
+    raw = _read_tensors(path)  # views of the file's bytes
     # own, aligned storage: views into the file's buffer sit at any byte offset, and CPU matmul
     # kernels chosen by alignment would then round differently from the saved model's
-    tensors = {k: t.clone() if t.device.type == "cpu" else t for k, t in tensors.items()}
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    tensors = {k: t.clone() if target.type == "cpu" else t.to(target) for k, t in raw.items()}
     buffer_dtypes = {n: _dtype(d, folder) for n, d in record.get("nonpersistent_buffer_dtypes", {}).items()}
     if dtype is not None:  # as model.to(dtype): quantized weights and their scales keep theirs
         frozen = {f"{n}.{k}" for n in record["layers"] for k in QuantizedLinear._FROZEN_DTYPE}
         tensors = {k: t.to(dtype) if t.is_floating_point() and k not in frozen else t for k, t in tensors.items()}
         buffer_dtypes = {n: dtype for n in buffer_dtypes}
         record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()}}
-    plan = _plan(model, record, tensors, folder)
+    plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
+    if verify:
+        _verify(raw, record, path)
+    del raw
     # everything checked: only now change the model
     for name, old, new in plan:
         parent, _, child = name.rpartition(".")
@@ -346,7 +427,7 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
 
 
 def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = None, pipe=None, device=None,
-                   dtype: Optional[torch.dtype] = None):
+                   dtype: Optional[torch.dtype] = None, verify: bool = True):
     """Load what save_quantized wrote, without re-quantizing.
 
     load_quantized(directory[, model_class]): build the model from its config.json (the class
@@ -361,6 +442,11 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
       Returns `pipe`.
     device: where the tensors are loaded (default CPU); dtype: cast the non-quantized
     parameters (the quantized weights and scales keep theirs), as `model.to(dtype)`.
+    verify: check every tensor's bytes against the digest save_quantized recorded (a damaged
+    file is a ValueError naming the tensors and the file, not NaN outputs); verify=False skips
+    it, for a huge checkpoint read often (the digests read every byte once more, on up to 8 threads:
+    benchmarks/checkpoint_digests.py measures what that costs).
+    Every error of a damaged checkpoint names its file.
     """
     directory = os.fspath(directory)
     if model is not None and pipe is not None:
@@ -370,14 +456,14 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
     index = None
     index_path = os.path.join(directory, QUANT_NAME)
     if os.path.isfile(index_path):
-        with open(index_path) as f:
-            data = json.load(f)
+        data = _read_json(index_path)
         index = data if isinstance(data, dict) and "components" in data else None
     if pipe is None:
         if index is not None:
             raise ValueError(f"{directory!r} holds a pipeline's transformers ({', '.join(index['components'])}): "
                              f"pass pipe=, or load one of them, e.g. {os.path.join(directory, index['components'][0])!r}")
-        return _load_folder(directory, model_class=model_class, model=model, device=device, dtype=dtype)
+        return _load_folder(directory, model_class=model_class, model=model, device=device, dtype=dtype,
+                            verify=verify)
     if index is None:
         raise ValueError(f"{directory!r} was not saved from a pipeline (no component index in {QUANT_NAME}); "
                          "load it as a model and set it on the pipeline yourself")
@@ -389,7 +475,8 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
             raise ValueError(f"{type(pipe).__name__} has no {attr!r} to load {os.path.join(directory, attr)!r} into")
         if is_compiled_module(getattr(pipe, attr)):
             raise ValueError(f"pipe.{attr} is torch.compile'd: load into the uncompiled pipeline, then compile it")
-    loaded = {attr: _load_folder(os.path.join(directory, attr), model_class=model_class, device=device, dtype=dtype)
+    loaded = {attr: _load_folder(os.path.join(directory, attr), model_class=model_class, device=device, dtype=dtype,
+                                 verify=verify)
               for attr in index["components"]}
     for attr, m in loaded.items():
         setattr(pipe, attr, m)

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from fx_fp8.config import FP8Config
-from fx_fp8.graph.dynamo_internals import runtime_instance
+from fx_fp8.graph.dynamo_internals import find_compiled_model, runtime_instance
 from fx_fp8.graph.names import OWNERS, instance_holding, module_names_of
 from fx_fp8.report import ModelRecord
 from fx_fp8.steps import variant_for_step
@@ -66,7 +66,9 @@ class InstanceDispatch:
     first time is resolved to (model, instance) once, the passes run for it, and the compiled
     artifact of an instance that decides the same way is reused (one downstream compile per
     distinct set of decisions). A graph that reads no parameter falls back to the Python stack
-    (fx_fp8.graph.dynamo_internals.runtime_instance)."""
+    (fx_fp8.graph.dynamo_internals.runtime_instance): the running module in the first model, else
+    in the compiled model found on the stack (another model of the class, compiled on its own:
+    its own decisions and record, so its warnings are its own)."""
 
     def __init__(self, gm, instance: str, anchor_slot: Optional[int], anchor: str, first, plan, models: list):
         self.gm, self.instance, self.plan = gm, instance, plan
@@ -77,6 +79,7 @@ class InstanceDispatch:
         self.lock = threading.Lock()
         self.first = first
         self.names = module_names_of(models[0][0]) if anchor_slot is None else None
+        self.other_models: dict[int, tuple] = {}     # graphs without parameters: id(model) -> (weakref, names, {path: callable})
 
     def remember(self, param, fn, model) -> None:
         """Route calls with `param` at the anchor slot to `fn`. The entry holds the module that
@@ -118,6 +121,10 @@ class InstanceDispatch:
 
     def _by_stack(self, args):
         path = runtime_instance(self.names)
+        if path is None:
+            fn = self._in_another_model(args)
+            if fn is not None:
+                return fn(*args)
         fn = self.by_name.get(path) if path is not None else self.first
         if fn is None:
             with self.lock:
@@ -126,6 +133,27 @@ class InstanceDispatch:
                     model, owner = self.models[0]
                     fn = self.by_name[path] = self.plan(list(args), model, owner, (self.instance, path))
         return fn(*args)
+
+    def _in_another_model(self, args) -> Optional[Callable]:
+        """The callable for the module running this graph in a model other than the first (found
+        on the stack: torch.compile'd on its own, or holding the compiled block), planned once
+        per instance; None when the stack holds no such model."""
+        model, owner, _ = find_compiled_model(set())
+        if model is None or model is self.models[0][0]:
+            return None
+        entry = self.other_models.get(id(model))
+        if entry is None or entry[0]() is not model:
+            entry = self.other_models[id(model)] = (weakref.ref(model), module_names_of(model), {})
+        path = runtime_instance(entry[1])
+        if path is None:
+            return None
+        fn = entry[2].get(path)
+        if fn is None:
+            with self.lock:
+                fn = entry[2].get(path)
+                if fn is None:
+                    fn = entry[2][path] = self.plan(list(args), model, owner, (self.instance, path))
+        return fn
 
 
 def find_anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:

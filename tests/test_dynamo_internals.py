@@ -99,6 +99,19 @@ def test_function_copy_has_its_own_identity_and_behaviour():
     assert g is not f and g.__code__ is not f.__code__ and g(3) == f(3) == 6 and g(3, k=3) == 9
 
 
+def test_a_trace_on_the_private_forward_code_leaves_the_class_code_without_cache_entries():
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    assert di.isolated_compile_kwargs() == ({"isolate_recompiles": True} if di.torch_version() >= (2, 13) else {})
+    model, seen = _Outer(), []
+    with di.forward_on_private_code(model):
+        assert "forward" in vars(model)
+        torch.compile(model, backend=lambda gm, _: seen.append(gm) or gm.forward, **di.isolated_compile_kwargs())(
+            torch.randn(2, 4))
+    assert "forward" not in vars(model) and len(seen) == 1  # traced, then the class's forward again
+    assert _debug_get_cache_entry_list(_Outer.forward.__code__) == []
+
+
 def test_no_other_module_reads_frames_or_dynamo_internals():
     """The one-place rule, checked on the source: frame walks, the traced-frame API, tracing
     contexts, fake-tensor classes and code-object copies appear only in dynamo_internals.py."""

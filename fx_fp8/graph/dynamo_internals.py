@@ -14,7 +14,10 @@ backend still runs, but names may go unresolved (the report then says so, node b
 - graph modules whose Python code is generated only when something calls them (torch.fx's
   private lazy graph module: Inductor reads the graph, never the code);
 - a copy of a method's code object under a new name (diffusers' cache hooks look hooks up by
-  function identity).
+  function identity), and a model's forward run on such a copy for a one-off trace (Dynamo keeps
+  its cache entries per code object);
+- torch.compile's `isolate_recompiles` (a one-off trace's entries count against no other compile's
+  recompile limit).
 """
 from __future__ import annotations
 
@@ -194,3 +197,33 @@ def function_copy(func: types.FunctionType) -> types.FunctionType:
     new.__qualname__ = func.__qualname__
     new.__dict__.update(func.__dict__)
     return new
+
+
+@contextlib.contextmanager
+def forward_on_private_code(model: nn.Module):
+    """For the duration, `model.forward` runs a private copy of its class's forward code.
+
+    Dynamo keeps its cache entries on the code object of the frame it compiles, and stops
+    compiling a code object that holds `recompile_limit` (8) entries. A one-off trace (a fresh
+    backend each time) adds an entry that never matches again: on the class's own forward, the
+    9th trace of a model of that class would run eagerly, untraced, and the entries of every
+    compile of that class count towards the same limit. On the copy, the entries die with it.
+    A forward already replaced on the instance (diffusers hooks) is traced as it is."""
+    forward = getattr(type(model), "forward", None)
+    if "forward" in vars(model) or not isinstance(forward, types.FunctionType):
+        yield
+        return
+    model.forward = types.MethodType(function_copy(forward), model)
+    try:
+        yield
+    finally:
+        vars(model).pop("forward", None)
+
+
+def isolated_compile_kwargs() -> dict:
+    """torch.compile keywords that keep a one-off compile's cache entries in a region of their
+    own (torch >= 2.13): they count against no other compile's recompile limit, for the frames a
+    graph break hands to Dynamo afresh (a block's forward) as well. {} on a torch without it."""
+    import inspect
+
+    return {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}

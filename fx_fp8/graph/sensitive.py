@@ -39,12 +39,14 @@ raises.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterable
 
 import torch
 import torch.fx
 
 from fx_fp8.graph.attention_forms import is_attention
+from fx_fp8.graph.dynamo_internals import forward_on_private_code, isolated_compile_kwargs
 from fx_fp8.passes.linear import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.graph.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
 from fx_fp8.shapes import concrete, known_equal, known_one
@@ -409,16 +411,31 @@ def find_sensitive_linears(gm: torch.fx.GraphModule, *, model_output: bool = Tru
 def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict[str, str]:
     """{linear module name: reason} for `model`, traced once on example inputs: Dynamo with a
     capturing backend (each graph runs as traced, nothing is compiled), the same names and
-    analysis the fp8 backends use. For prepare_model, which has no graph of its own."""
+    analysis the fp8 backends use. For prepare_model, which has no graph of its own.
+
+    The trace leaves Dynamo's caches as they were for every other compile (the model's forward
+    runs on a private copy of its code, graph-broken frames compile in a region of their own:
+    fx_fp8/graph/dynamo_internals.py), so the 100th model of a class is traced as the first.
+    A trace that captures no graph (Dynamo ran the model eagerly) raises: the analysis would
+    otherwise find nothing sensitive and quantize the sensitive layers."""
     found: dict[str, str] = {}
+    graphs = [0]  # graphs captured
+    model_ref = weakref.ref(model)  # Dynamo may keep the backend (graph-broken frames): not the model
 
     def capture(gm, example_inputs):
-        resolve_graph(gm, example_inputs, model=model)
+        graphs[0] += 1
+        resolve_graph(gm, example_inputs, model=model_ref())
         for node, why in find_sensitive_linears(gm, model_output=holds_model_output(gm)).items():
             if is_resolved(node):
                 found.setdefault(module_name(node), why)
         return gm.forward
 
-    with torch.no_grad():
-        torch.compile(model, backend=capture)(*args, **(kwargs or {}))
+    with torch.no_grad(), forward_on_private_code(model):
+        torch.compile(model, backend=capture, **isolated_compile_kwargs())(*args, **(kwargs or {}))
+    if not graphs[0]:
+        raise RuntimeError(
+            f"fx_fp8: finding the sensitive layers of {type(model).__name__} traced no graph (Dynamo ran its "
+            "forward eagerly: torch.compiler.disable, a recompile limit hit, or a forward Dynamo skips), so "
+            "the analysis cannot tell which layers are sensitive; pass sensitive={name: reason} (or "
+            "example_inputs=None: name patterns only) to prepare_model, or compile_pipeline(prepare=False)")
     return found

@@ -28,7 +28,8 @@ from fx_fp8.pipeline.apply_options import (apply_pipeline_options, check_pipelin
 from fx_fp8.pipeline.offload import check_weights_readable, reapply_group_offload
 from fx_fp8.pipeline.options import PipelineOptions
 from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS, PipelineFP8State
-from fx_fp8.pipeline.step_publishing import call_recorder, check_scheduler, install_scheduler_hook, wrapped_class
+from fx_fp8.pipeline.step_publishing import (call_recorder, check_scheduler, install_scheduler_hook, outside_run,
+                                             wrapped_class)
 from fx_fp8.prepare import prepare_model
 from fx_fp8.rules import check_not_prepared
 
@@ -116,7 +117,8 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
             if prepare:
                 check_weights_readable(module, attr)
                 linears = dict(module.named_modules()) if keep_weights else {}
-                state.prepared[attr] = prepare_model(module, cfg, example_inputs=example_inputs)
+                with outside_run():  # its trace runs the model's hooks: not a call of the run
+                    state.prepared[attr] = prepare_model(module, cfg, example_inputs=example_inputs)
                 if keep_weights:
                     state.kept_linears[attr] = {n: linears[n].to("cpu") for n in state.prepared[attr]["quantized"]}
                 if state.prepared[attr]["quantized"]:
@@ -170,12 +172,36 @@ def _check_regional(transformers: dict, popts) -> None:
 
 def _once(setup):
     """A forward pre-hook that runs setup((args, kwargs)) before the first call (setup itself
-    returns at once when it has run)."""
-    lock = threading.Lock()
+    returns at once when it has run).
 
+    No lock is held while setup runs user code: prepare_model traces the model, which runs its
+    forward pre-hooks again (with regional=True this hook sits on the model itself). That nested
+    call, in the thread running setup, passes through; a call from another thread waits until
+    setup has ended (and runs it itself if setup raised)."""
+    ready = threading.Condition()
+    running: list = []  # the thread running setup, while it runs
+    done = [False]
+
+    @torch.compiler.disable  # bookkeeping, never traced (prepare_model's trace runs the model's hooks)
     def hook(compiled, args, kwargs):
-        with lock:
+        if done[0]:
+            return None
+        me = threading.get_ident()
+        with ready:  # held only to read and set `running`
+            if running and running[0] == me:
+                return None  # setup's own trace of the model
+            while running:
+                ready.wait()
+            if done[0]:
+                return None
+            running.append(me)
+        try:
             setup((args, kwargs))
+            done[0] = True
+        finally:
+            with ready:
+                running.clear()
+                ready.notify_all()
         return None
 
     return hook

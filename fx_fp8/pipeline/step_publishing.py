@@ -23,6 +23,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from fx_fp8.weight_state import refresh_copies
 from fx_fp8 import steps as _steps
 from fx_fp8.config import FP8Config
@@ -81,12 +83,25 @@ def _current_run(state: PipelineFP8State) -> Optional[_Run]:
 
 
 def call_recorder(state: PipelineFP8State, attr: str):
-    """A forward pre-hook for pipe.<attr> that records each call (and its step) in the run in progress."""
+    """A forward pre-hook for pipe.<attr> that records each call (and its step) in the run in progress.
+    Never traced: Dynamo runs it as it is when a trace of the model (prepare_model's) runs its hooks."""
+    @torch.compiler.disable
     def hook(module, args):
         run = _current_run(state)
         if run is not None:
             run.calls.append(TransformerCall(step=_steps.current_step(), transformer=attr))
     return hook
+
+
+@contextlib.contextmanager
+def outside_run():
+    """Transformer calls made meanwhile belong to no run (prepare_model's trace of the model on its
+    first call runs the model's hooks: it is not one of the run's transformer calls)."""
+    token = _RUN.set(None)
+    try:
+        yield
+    finally:
+        _RUN.reset(token)
 
 
 def check_scheduler(pipe):

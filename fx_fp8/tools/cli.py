@@ -1,7 +1,8 @@
 """`fx-fp8`: did FP8 apply, and where? Which layers and steps must stay native?
 
     fx-fp8 inspect     [--model tiny] [--format table|json]   one row per attention / linear node
-    fx-fp8 dump        --out DIR                              graphs before/after each pass + report.json
+                       [--steps N]                            (the run last:k step selectors count in)
+    fx-fp8 dump        --out DIR [--steps N]                  graphs before/after each pass + report.json
     fx-fp8 compare     [--out compare.png]                    native vs FP8: latency, PSNR, SSIM, max abs error
                        [--ulysses-degree N --ring-degree N --cache-backend NAME --cache-config JSON]
     fx-fp8 sensitivity [--target-psnr 30]                     per-block/step sensitivity -> recommended YAML
@@ -96,11 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--width", type=int, default=32)
         p.add_argument("--seed", type=int, default=0)
 
+    def run_length(p):  # inspect / dump compile on one call: the run it stands in is --steps long
+        p.add_argument("--steps", type=int, default=8,
+                       help="the run's number of denoising steps (default 8, as compare), which step selectors "
+                            "counting from the end (last:k) need: the example call is step 0 of such a run")
+
     kw = dict(allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     p = sub.add_parser("inspect", help="one row per attention / linear node: FP8 or native, and why", **kw,
                        description="Compile the transformer on example inputs (backend fp8, fullgraph) and print "
                                    "what fx_fp8 did with every attention and linear node, then a summary.")
     common(p)
+    run_length(p)
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_inspect)
 
@@ -109,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "each step variant, plus the report (JSON and table). The same graphs reach "
                                    "PyTorch logging with TORCH_LOGS=\"+fx_fp8\".")
     common(p)
+    run_length(p)
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=cmd_dump)
 

@@ -7,15 +7,22 @@ import re
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import PROG, _check_dir, _check_source, _config, _source, to_json
+from fx_fp8.tools.cli_common import PROG, UsageError, _check_dir, _check_source, _config, _source, to_json
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False) -> dict:
-    """Compile the transformer on example inputs (fullgraph) and collect what fx_fp8 did."""
+#: the run the example call stands in for, when no --steps is given (compare's default)
+DEFAULT_STEPS = 8
+
+
+def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False,
+                       steps: int = DEFAULT_STEPS) -> dict:
+    """Compile the transformer on example inputs (fullgraph) and collect what fx_fp8 did. The call
+    is published as step 0 of a run of `steps` steps (step selectors counting from the end need
+    the run's number of steps)."""
     import torch
 
     import fx_fp8
@@ -31,7 +38,7 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
     for fullgraph in (True, False):
         compiled = torch.compile(model, backend=backend, fullgraph=fullgraph, options=options)
         try:
-            with torch.no_grad(), fx_fp8.denoising_step(0):  # a published step: no warning with skip steps
+            with torch.no_grad(), fx_fp8.denoising_step(0, total=steps):  # no warning with skip steps; last:k placed
                 compiled(**kwargs)
             break
         except torch._dynamo.exc.Unsupported as e:
@@ -59,6 +66,8 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
         "summary": {
             "graphs": len(reports),
             "step_variants": [r.step_variant or "single" for r in reports],
+            "steps": steps,  # the run the step selectors are placed in
+            "skipped_steps": _skipped_steps(config, steps),
             "nodes": totals,   # over the graphs that run on non-skipped steps
             "weights": {"model_bytes_before": bytes_before,
                         "model_bytes_after": bytes_before - q_before + q_after,
@@ -67,6 +76,21 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
     }
     graphs = {i: getattr(r, "graphs", None) for i, r in enumerate(reports)}
     return data, graphs
+
+
+def _skipped_steps(config, steps: int) -> dict:
+    """{"attention" / "linear": the steps their selector skips in a run of `steps` steps}."""
+    out = {}
+    if config.attention_step_skips:
+        out["attention"] = str(config.diffusion_kv_cache_skip_steps.resolve(steps))
+    if config.linear_step_skips:
+        out["linear"] = str(config.quantization_config.skip_steps.resolve(steps))
+    return out
+
+
+def _check_steps(args) -> None:
+    if args.steps < 1:
+        raise UsageError(f"invalid --steps {args.steps}: expected a positive integer")
 
 
 def _rows(graph: dict) -> list[tuple]:
@@ -103,6 +127,9 @@ def format_inspect(data: dict) -> str:
                      for op in ("attention", "linear")]
             line += f"; variant {g['step_variant']} (skipped steps): {', '.join(parts)}"
     out.append(line)
+    if s.get("skipped_steps"):
+        out.append(f"skipped steps in a run of {s['steps']} (--steps): "
+                   + "; ".join(f"{op} {sel or 'none'}" for op, sel in s["skipped_steps"].items()))
     for note in sorted({n for g in shown for n in g["notes"]}):
         out.append(f"note: {note}")
     return "\n".join(out)
@@ -110,8 +137,9 @@ def format_inspect(data: dict) -> str:
 
 def cmd_inspect(args) -> int:
     source, config = _source(args), _config(args)
+    _check_steps(args)
     _check_source(source, pipeline=False)
-    data, _ = compile_and_report(source, config, backend=args.backend)
+    data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps)
     print(to_json(data) if args.format == "json" else format_inspect(data))
     return 0
 
@@ -141,9 +169,10 @@ def _remove_previous_dump(out: Path) -> int:
 
 def cmd_dump(args) -> int:
     source, config = _source(args), _config(args)
+    _check_steps(args)
     _check_source(source, pipeline=False)
     _check_dir("--out", args.out)
-    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True)
+    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True, steps=args.steps)
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     removed = _remove_previous_dump(out)
