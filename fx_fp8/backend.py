@@ -19,12 +19,14 @@ one instance's decisions by instances with equal facts in fx_fp8/instance_plans.
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from typing import Callable, Optional
 
 import torch
 import torch.fx
 
+from fx_fp8 import compile_log
 from fx_fp8.activation_scales import load_activation_scales
 from fx_fp8.linear_scales import check_scales_match
 from fx_fp8.config import FP8Config
@@ -153,6 +155,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
     device = _graph_device(example_inputs)
     first_record = ModelRecord.of(owner)
+    compile_log.first_seen(first_record)  # progress log: the first call's clock
     lowering = choose_lowering(backend, config, device, first_record.warn)
     downstream = choose_downstream(config, lowering, mode)
     qcfg = config.quantization_config
@@ -266,6 +269,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         instance with the same decisions already has one. An instance whose facts equal an
         earlier instance's reuses that one's decisions without running the passes."""
         record = ModelRecord.of(owner_)
+        planning_started = time.perf_counter()  # progress log: the passes' seconds
         name = rename[1] if rename is not None else own_instance
         facts = facts_of(inputs, name)
         template = templates.get(facts) if facts is not None else None
@@ -288,6 +292,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                     if candidate is not None:
                         templates[facts] = candidate
         INSTANCE_PLANS["reused" if planned is not full else "passes"] += 1
+        passes_s = time.perf_counter() - planning_started  # progress log
         for message in warned:
             record.warn(message)
         rewritten, keys = {}, {}
@@ -306,7 +311,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                 # the compile caches need a fake value on every node the passes inserted (only for
                 # a graph that is compiled: an instance that reuses an artifact skips it)
                 fill_example_values(rewritten[variant].graph)
-                with compiling_under(tracing_context):
+                with compiling_under(tracing_context), compile_log.compiling(  # progress log: INFO records
+                        planned[variant][0], rewritten[variant], downstream=downstream, passes_s=passes_s,
+                        record=record):
                     artifacts[key] = _downstream_compile(downstream, rewritten[variant],
                                                          inputs_ if fake_args is None else fake_args, mode)
             return artifacts[key]
