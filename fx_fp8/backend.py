@@ -123,7 +123,9 @@ def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mod
         try:
             backend = torch._dynamo.lookup_backend("npugraph_ex")
         except Exception as e:
-            raise RuntimeError(f"downstream 'npugraph_ex' needs torch_npu (pip install 'fx-fp8[npu]'): {e}") from None
+            from fx_fp8.install_hint import install_hint
+
+            raise RuntimeError(f"downstream 'npugraph_ex' needs torch_npu ({install_hint('npu')}): {e}") from None
         return backend(gm, example_inputs)
     raise ValueError(f"unknown downstream compiler {name!r}")
 

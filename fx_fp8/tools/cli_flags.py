@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from fx_fp8.config import DOWNSTREAMS, LOWERINGS, FP8Config
+from fx_fp8.install_hint import install_hint
 
 #: argparse dest -> FP8Config key, for the flags that map one-to-one
 FLAG_TO_KEY = {
@@ -104,7 +105,7 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                    help="ring attention over N processes; each partial attention is FP8 with its log-sum-exp")
     g.add_argument("--cache-backend", default=None, metavar="NAME",
                    help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks), cache_dit (the cache-dit "
-                        "package: pip install 'fx-fp8[cache-dit]'); none to disable. tea_cache is not available")
+                        f"package: {install_hint('cache-dit')}); none to disable. tea_cache is not available")
     g.add_argument("--cache-config", default=None, metavar="JSON",
                    help='the cache backend\'s settings as a JSON object, e.g. \'{"threshold": 0.1}\' '
                         "(first_block_cache), '{\"cache_interval\": 3}' (taylorseer), "
