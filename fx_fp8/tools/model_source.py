@@ -113,6 +113,12 @@ class ModelSource:
         if self.kind == "pipeline_dir":
             self.check_transformer(example_inputs=False)
 
+    def check_component_weights(self) -> None:
+        """Raise ModelSourceError naming the first model component folder of the pipeline (a
+        config.json) that holds no weight files: diffusers would fail on it half way through loading."""
+        if self.kind in ("pipeline_dir", "tiny"):
+            _check_component_weights(self.pipeline_path)
+
     def size_rule(self) -> "SizeRule":
         """The heights and widths the pipeline can make (see SizeRule), from the configs alone."""
         if self.kind == "tiny":
@@ -273,6 +279,21 @@ def _check_weights(folder: Optional[Path]) -> None:
     if not any(any(folder.glob(p)) for p in _WEIGHT_PATTERNS):
         raise ModelSourceError(f"folder {str(folder)!r} has config.json but no weights "
                                "(no *.safetensors or *.bin file)")
+
+
+def _check_component_weights(pipeline: Optional[Path]) -> None:
+    """Every component folder of a pipeline that holds a model (a config.json) has weight files:
+    diffusers would otherwise fail while loading, after the earlier components have loaded."""
+    if pipeline is None:
+        return
+    try:
+        index = _read_json(pipeline / "model_index.json")
+    except ModelSourceError:
+        return  # loading will say what is wrong with it
+    for name, spec in index.items():
+        folder = pipeline / name
+        if not name.startswith("_") and isinstance(spec, list) and (folder / "config.json").is_file():
+            _check_weights(folder)
 
 
 def _no_builder_message(name: str, where: Optional[Path]) -> str:
