@@ -15,6 +15,8 @@ from fx_fp8 import pipeline_state
 from fx_fp8.tools.cli_common import UsageError
 from fx_fp8.tools.cli_flags import (add_fp8_flags, add_pipeline_flags, config_from_args, describe_pipeline_options,
                                     pipeline_options_from_args)
+# a model folder's own fx_fp8 config (the shipped tiny model has one: its step policy); fx-fp8 compare uses it too
+from fx_fp8.tools.model_source import MODEL_CONFIG_NAME
 
 
 # -- errors: as fx-fp8 reports them (one line on stderr, exit status 2), found before any model loads --
@@ -129,10 +131,6 @@ def quiet_diffusers() -> None:
         transformers_logging.set_verbosity_error()
     except ImportError:
         pass
-
-
-#: a model folder's own fx_fp8 config (the shipped tiny model has one: its step policy)
-MODEL_CONFIG_NAME = "fx_fp8.yaml"
 
 
 def model_config(args):

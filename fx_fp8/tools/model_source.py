@@ -29,6 +29,10 @@ from fx_fp8.pipeline.step_publishing import publish_steps
 from fx_fp8.tools import model_zoo
 
 
+#: a model folder's own fx_fp8 config, which the examples and `fx-fp8 compare` start from
+MODEL_CONFIG_NAME = "fx_fp8.yaml"
+
+
 class ModelSourceError(ValueError):
     """`--model` names nothing we can load."""
 
@@ -92,6 +96,14 @@ class ModelSource:
         gen = torch.Generator().manual_seed(seed)
         size = _TINY_SIZE if self.kind == "tiny" else _FOLDER_SIZES.get(self.class_name, {})
         return build(model.config, batch, gen, dtype, **size)
+
+    def own_config(self) -> Optional[Path]:
+        """The pipeline folder's own fx_fp8 config (MODEL_CONFIG_NAME; the shipped tiny model has one:
+        its step policy), or None."""
+        if self.pipeline_path is None:
+            return None
+        path = self.pipeline_path / MODEL_CONFIG_NAME
+        return path if path.is_file() else None
 
     # -- checks before any work --------------------------------------------
     def check_transformer(self, *, example_inputs: bool = True) -> None:
