@@ -61,11 +61,74 @@ def _label(reason: str) -> str:
     return reason.split(";")[0].split("(")[0].strip()
 
 
+#: the five families at their real width (the released checkpoints' configs: hidden size, heads, head
+#: dim, feed-forward and text widths), with one block of each kind (Flux: one double- and one
+#: single-stream block; Z-Image: one noise / context refiner and one joint layer) instead of tens
+REAL_WIDTH = {
+    "flux": ("FLUX.1-dev", dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
+                                attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))),
+    "qwen-image": ("Qwen-Image", dict(patch_size=2, in_channels=64, out_channels=16, num_layers=1,
+                                      attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584,
+                                      axes_dims_rope=(16, 56, 56))),
+    "sd3": ("SD3.5-large", dict(sample_size=128, patch_size=2, in_channels=16, num_layers=1, attention_head_dim=64,
+                                num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
+                                pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192,
+                                qk_norm="rms_norm")),
+    "z-image": ("Z-Image-Turbo", dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840,
+                                      n_layers=1, n_refiner_layers=1, n_heads=30, n_kv_heads=30, norm_eps=1e-5,
+                                      qk_norm=True, cap_feat_dim=2560, rope_theta=256.0, t_scale=1000.0,
+                                      axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512])),
+    "wan": ("Wan2.1-T2V-14B", dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
+                                   in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824,
+                                   num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+                                   rope_max_seq_len=1024)),
+}
+#: real-width runs: bfloat16 (the checkpoints' dtype; half the memory), a few tokens
+REAL_DTYPE = torch.bfloat16
+
+
+def build_real_width(family: str, seed: int = 0) -> torch.nn.Module:
+    """A random-weight `family` transformer at REAL_WIDTH, zero-initialised layers made random as in the zoo."""
+    from fx_fp8.tools.model_zoo.registry import MODELS, _cls, _to_dtype, reinit_zero_layers
+
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+        warnings.simplefilter("ignore")
+        torch.manual_seed(seed)
+        model = _cls(MODELS[family].class_name)(**REAL_WIDTH[family][1])
+        reinit_zero_layers(model)
+        return _to_dtype(model, REAL_DTYPE).eval()
+
+
+def real_width_inputs(family: str, model, seed: int) -> dict:
+    """The family's own input maker at its default size (64 image tokens, 12-16 text tokens; Wan 2 frames)."""
+    from fx_fp8.tools.model_zoo.registry import MODELS
+
+    kw = MODELS[family].family.inputs(model.config, 1, torch.Generator().manual_seed(seed), REAL_DTYPE)
+    return kw
+
+
+def measure_real_width(family: str, n_inputs: int) -> dict:
+    """measure() on build_real_width(family): counts, error and the seconds it took."""
+    t0 = time.time()
+    model = build_real_width(family)
+    row = run_and_count(model, [real_width_inputs(family, model, s) for s in range(n_inputs)])
+    row.update(model=family, checkpoint=REAL_WIDTH[family][0], seconds=time.time() - t0,
+               params=sum(p.numel() for p in model.parameters()))
+    return row
+
+
 def measure(name: str, n_inputs: int) -> dict:
     """One zoo model: mean relative error of backend="fp8" (defaults) vs native, and the report counts."""
     entry = zoo.ZOO[name]
     model = zoo.build(name, seed=0)
-    inputs = [zoo.make_inputs(name, model, seed=s, variant=1) for s in range(n_inputs)]
+    row = run_and_count(model, [zoo.make_inputs(name, model, seed=s, variant=1) for s in range(n_inputs)])
+    row.update(model=name, **{"class": entry.class_name, "kind": entry.kind})
+    return row
+
+
+def run_and_count(model, inputs: list) -> dict:
+    """Native vs backend="fp8" (defaults) on `inputs`: mean relative error and the report counts."""
     with torch.no_grad():
         natives = [zoo.output_tensor(model(**kw)) for kw in inputs]
     torch._dynamo.reset()
@@ -86,7 +149,6 @@ def measure(name: str, n_inputs: int) -> dict:
             if not fp8:
                 native[(e.op, ("W8A16 " if e.action == "weight-only" else "") + _label(e.reason))] += 1
     return {
-        "model": name, "class": entry.class_name, "kind": entry.kind,
         "error": sum(errs) / len(errs),
         "attention": (counts[("attention", True)], counts[("attention", True)] + counts[("attention", False)]),
         "linear": (counts[("linear", True)], counts[("linear", True)] + counts[("linear", False)]),
