@@ -90,14 +90,21 @@ REAL_DTYPE = torch.bfloat16
 
 def build_real_width(family: str, seed: int = 0) -> torch.nn.Module:
     """A random-weight `family` transformer at REAL_WIDTH, zero-initialised layers made random as in the zoo."""
+    from diffusers.utils import logging as dlogging
+
     from fx_fp8.tools.model_zoo.registry import MODELS, _cls, _to_dtype, reinit_zero_layers
 
-    with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-        warnings.simplefilter("ignore")
-        torch.manual_seed(seed)
-        model = _cls(MODELS[family].class_name)(**REAL_WIDTH[family][1])
-        reinit_zero_layers(model)
-        return _to_dtype(model, REAL_DTYPE).eval()
+    verbosity = dlogging.get_verbosity()
+    dlogging.set_verbosity_error()  # silence "modules that should be kept in float32" on .to(dtype), as the zoo does
+    try:
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+            warnings.simplefilter("ignore")
+            torch.manual_seed(seed)
+            model = _cls(MODELS[family].class_name)(**REAL_WIDTH[family][1])
+            reinit_zero_layers(model)
+            return _to_dtype(model, REAL_DTYPE).eval()
+    finally:
+        dlogging.set_verbosity(verbosity)
 
 
 def real_width_inputs(family: str, model, seed: int) -> dict:
@@ -207,11 +214,16 @@ REAL_HEADER = ("| family | widths of | hidden size | parameters built | FP8 atte
                "native | not FP8 (op, reason, count) | seconds |\n|---|---|---|---|---|---|---|---|---|")
 
 
+def _only_sensitive(rows: list[dict]) -> bool:
+    """Measured at real width, and every linear out of FP8 there is a weight-only sensitive one."""
+    real = [r["real"] for r in rows if r.get("real") is not None]
+    return bool(real) and all(label.startswith("W8A16") for x in real for (op, label) in x["native"] if op == "linear")
+
+
 def page(rows: list[dict], meta: str, command: str, real_inputs: int = 1) -> str:
     worst = max(rows, key=lambda r: r["error"])
     real_rows = [r for r in rows if r.get("real") is not None]
-    only_sensitive = all(label.startswith("W8A16") for r in real_rows for (op, label) in r["real"]["native"]
-                         if op == "linear")
+    only_sensitive = _only_sensitive(real_rows)
     kinds = collections.Counter(r["kind"] for r in rows)
     lines = [
         "# Supported models",
@@ -285,9 +297,10 @@ def excerpt(rows: list[dict]) -> str:
         f"{kinds['audio']} audio) compile and run under `backend=\"fp8\"` with default options; tiny "
         f"random-weight versions stay within {100 * worst['error']:.1f} % of native. At widths of 16-64 many "
         "linears are below `min_features` or not multiples of 16 and stay native; the last column measures the "
-        "five families at their released checkpoints' widths (one block of each kind, random weights, bfloat16), "
-        "where every linear but the sensitive ones runs FP8. The full table, with what each keeps native and how "
-        "each row was measured: [docs/supported_models.md](docs/supported_models.md):",
+        "five families at their released checkpoints' widths (one block of each kind, random weights, bfloat16)"
+        + (", where every linear but the sensitive ones runs FP8" if _only_sensitive(fam) else "")
+        + ". The full table, with what each keeps native and how each row was measured: "
+        "[docs/supported_models.md](docs/supported_models.md):",
         "",
         *body,
         END,
