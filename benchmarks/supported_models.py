@@ -196,8 +196,8 @@ def _row(r: dict) -> str:
             f"{_native_text(r['native'])} |")
 
 
-HEADER = ("| diffusers class | zoo name | kind | FP8 attention (tiny) | FP8 linears (tiny) | rel. error vs native (tiny) | "
-          "real width: FP8 attention, FP8 linears, rel. error | not FP8 at tiny width (op, reason, count) |\n"
+HEADER = ("| diffusers class | zoo name | kind | FP8 attention (tiny) | FP8 linears (tiny) | "
+          "rel. error vs native (tiny) | real width: FP8 attention, FP8 linears, rel. error | not FP8 at tiny width (op, reason, count) |\n"
           "|---|---|---|---|---|---|---|---|")
 
 
