@@ -229,7 +229,9 @@ def test_compare_tiny_prints_metrics_and_writes_png(tmp_path, capsys):
     from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
     assert res["config_source"].startswith(str(TINY_MODEL_DIR / "fx_fp8.yaml"))
-    assert res["config"] == fx_fp8.FP8Config.load(str(TINY_MODEL_DIR / "fx_fp8.yaml")).to_dict()
+    from fx_fp8 import FP8Config
+
+    assert res["config"] == FP8Config.load(str(TINY_MODEL_DIR / "fx_fp8.yaml")).to_dict()
     assert len(res["prompts"]) == 2
     from PIL import Image
 
