@@ -1,16 +1,122 @@
 """What text_to_image.py and text_to_video.py share: timing, the native-vs-FP8 table, the run summary."""
 from __future__ import annotations
 
+import functools
 import inspect
+import json
 import os
+import sys
 import time
 
 import torch
 
 import fx_fp8
 from fx_fp8 import pipeline_state
+from fx_fp8.tools.cli_common import UsageError
 from fx_fp8.tools.cli_flags import (add_fp8_flags, add_pipeline_flags, config_from_args, describe_pipeline_options,
                                     pipeline_options_from_args)
+# a model folder's own fx_fp8 config (the shipped tiny model has one: its step policy); fx-fp8 compare uses it too
+from fx_fp8.tools.model_source import MODEL_CONFIG_NAME
+
+
+# -- errors: as fx-fp8 reports them (one line on stderr, exit status 2), found before any model loads --
+def cli_main(prog: str):
+    """Decorator for an example's main(argv): bad input (UsageError, raised by the checks below and by
+    the parser) prints one line, '<prog>: error: ...', on stderr and returns exit status 2."""
+    def wrap(main):
+        @functools.wraps(main)
+        def wrapped(argv=None) -> int:
+            try:
+                return main(argv)
+            except UsageError as e:
+                print(f"{prog}: error: {e}", file=sys.stderr)
+                return 2
+        return wrapped
+    return wrap
+
+
+def one_line_errors(parser):
+    """The parser's errors become one UsageError line instead of argparse's usage block."""
+    def error(message):
+        raise UsageError(f"{message} (see '{parser.prog} --help')")
+
+    parser.error = error
+    return parser
+
+
+def check_device(name: str) -> str:
+    """--device resolved ('auto') and checked against this torch: a CPU build asked for cuda fails here."""
+    from fx_fp8.tools.cli_flags import resolve_device
+
+    try:
+        return resolve_device(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_model(model: str, height: int, width: int, *, frames: int | None = None):
+    """The model folder checked as fx-fp8 checks it (a pipeline folder with its transformer's weights;
+    --height / --width the pipeline can make): the model source (fx_fp8.tools.model_source)."""
+    from fx_fp8.tools.model_source import ModelSourceError, resolve_model
+
+    if not os.path.exists(os.path.expanduser(model)):
+        raise UsageError(f"--model {model!r}: no such folder (expected a local diffusers pipeline folder)")
+    if not os.path.isfile(os.path.join(os.path.expanduser(model), "model_index.json")):
+        raise UsageError(f"--model {model!r} is not a diffusers pipeline folder (no model_index.json)")
+    try:
+        source = resolve_model(model)
+        source.check_pipeline()
+        source.check_transformer(example_inputs=False)  # its weight files
+        source.check_component_weights()  # the other models' (text encoders, VAE)
+        source.check_size(height, width)
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+    return source
+
+
+def check_family_size(family: str, height: int, width: int) -> None:
+    """--height / --width for one of the tiny random family pipelines (model_source.FAMILY_SIZE_RULES)."""
+    from fx_fp8.tools.model_source import ModelSourceError, resolve_model
+
+    try:
+        resolve_model(family).check_size(height, width)
+    except ModelSourceError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_positive(flag: str, value) -> None:
+    if value is not None and value < 1:
+        raise UsageError(f"invalid {flag} {value}: expected a positive integer")
+
+
+def load_or_fail(what: str, load):
+    """load(), or one line naming `what` when diffusers cannot load it (a missing weight file, ...)."""
+    try:
+        return load()
+    except Exception as e:  # noqa: BLE001 - one line saying which folder failed, not a traceback
+        text = str(e).strip()
+        raise UsageError(f"cannot load {what}: {text.splitlines()[0] if text else type(e).__name__}") from None
+
+
+def tiny_vocabulary() -> tuple[list, int]:
+    """The shipped tiny model's prompt words and the most words a prompt may have (its prompt encoder's config)."""
+    from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
+
+    with open(os.path.join(TINY_MODEL_DIR, "prompt_encoder", "config.json")) as f:
+        config = json.load(f)
+    return list(config["vocab"]), int(config["max_length"])
+
+
+def check_tiny_prompt(prompt: str) -> None:
+    """A prompt the shipped tiny model's encoder can read: its words only, at most max_length of them."""
+    vocab, most = tiny_vocabulary()
+    words = prompt.lower().split()
+    unknown = [w for w in words if w not in vocab]
+    if unknown:
+        raise UsageError(f"--prompt {prompt!r}: the tiny model does not know {', '.join(map(repr, unknown))}; its "
+                         f"{len(vocab)} words: {' '.join(vocab)} (e.g. 'a red circle on a blue background')")
+    if not words or len(words) > most:
+        raise UsageError(f"--prompt {prompt!r}: the tiny model takes 1 to {most} words, got {len(words)}")
 
 
 def quiet_diffusers() -> None:
@@ -27,10 +133,6 @@ def quiet_diffusers() -> None:
         pass
 
 
-#: a model folder's own fx_fp8 config (the shipped tiny model has one: its step policy)
-MODEL_CONFIG_NAME = "fx_fp8.yaml"
-
-
 def model_config(args):
     """The --model folder's fx_fp8.yaml, used as --config when none is given (None without one,
     or with --library-default: the library's default config)."""
@@ -45,7 +147,7 @@ def configs_from_args(args):
     """(FP8Config, pipeline options) from the flags and --config (or the model's own fx_fp8.yaml),
     checked before any model loads: bad flags or YAML exit with their one-line message."""
     if getattr(args, "library_default", False) and args.config is not None:
-        raise SystemExit(f"--library-default and --config {args.config!r} both say which config to start from: "
+        raise UsageError(f"--library-default and --config {args.config!r} both say which config to start from: "
                          "give one of them")
     own = model_config(args)
     if own is not None:
@@ -57,7 +159,7 @@ def configs_from_args(args):
         # context parallelism / cache: checked now (mag_cache's step count is settled once the pipeline is known)
         return cfg, pipeline_options_from_args(args, num_inference_steps=args.num_inference_steps or 1)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise UsageError(str(e)) from None
 
 
 def output_path(output, default_name: str) -> str:
@@ -68,12 +170,12 @@ def output_path(output, default_name: str) -> str:
 
     path = resolve_output(output, default_name)
     if not os.path.splitext(path)[1]:
-        raise SystemExit(f"--output {output!r} has no file extension: expected an image file name (e.g. "
+        raise UsageError(f"--output {output!r} has no file extension: expected an image file name (e.g. "
                          f"{os.path.splitext(default_name)[1]}) or a folder (an existing one, or a name ending with '/')")
     try:
         check_output_file("--output", path, image_suffixes(), kind="image")
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise UsageError(str(e)) from None
     return path
 
 
@@ -159,7 +261,7 @@ def apply_pipeline_options(pipe, options, applied: dict | None = None) -> str:
             try:
                 extras = apply(module, options)
             except (ValueError, RuntimeError) as e:   # one line, naming the value diffusers / fx_fp8 refused
-                raise SystemExit(str(e)) from None
+                raise UsageError(str(e)) from None
             if applied is not None:
                 applied[attr] = (module, extras)
     parts = []
@@ -182,7 +284,7 @@ def setup_distributed(options, device: str) -> str:
     try:
         init_distributed(options.parallel)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise UsageError(str(e)) from None
     if not is_main_process():
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     if device in ("cuda", "npu", "xpu"):
@@ -202,7 +304,7 @@ def settle_pipeline_options(args, pipe, call: dict, options):
     try:
         return pipeline_options_from_args(args, num_inference_steps=steps)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise UsageError(str(e)) from None
 
 
 def options_kwargs(options) -> dict:

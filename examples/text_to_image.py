@@ -32,7 +32,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import add_generation_flags, resolve_device, resolve_dtype  # noqa: E402
+from fx_fp8.tools.cli_flags import add_generation_flags, resolve_dtype  # noqa: E402
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side  # noqa: E402
 from fx_fp8.tools.tiny_model import TINY_MODEL_DIR  # noqa: E402
 
@@ -50,37 +50,43 @@ def is_tiny_model(model: str) -> bool:
 def load_pipeline(model: str, device: str, dtype):
     """The shipped tiny model, or any local diffusers text-to-image folder (offline)."""
     if not os.path.isfile(os.path.join(model, "model_index.json")):
-        raise SystemExit(f"--model {model!r} is not a diffusers folder (no model_index.json)")
+        raise _common.UsageError(f"--model {model!r} is not a diffusers pipeline folder (no model_index.json)")
     from fx_fp8.tools.quantized_folders import load_pipeline_folder
 
     # transformer/ may hold quantized weights: save_pretrained of a model loaded with fx_fp8.DiffusersConfig,
     # or fx_fp8.save_quantized
+    cls = None
     if is_tiny_model(model):
-        from fx_fp8.tools.tiny_model import TinyShapesPipeline
-
-        pipe = load_pipeline_folder(model, dtype, pipeline_class=TinyShapesPipeline)
-    else:
-        pipe = load_pipeline_folder(model, dtype)
+        from fx_fp8.tools.tiny_model import TinyShapesPipeline as cls
+    pipe = _common.load_or_fail(f"the pipeline in {model!r}", lambda: load_pipeline_folder(model, dtype, pipeline_class=cls))
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+    parser = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.split("\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_generation_flags(parser, default_model=str(TINY_MODEL_DIR))
-    return _common.add_run_flags(parser)
+    vocab, most = _common.tiny_vocabulary()
+    add_generation_flags(parser, default_model=str(TINY_MODEL_DIR), prompt_help=(
+        f"the text prompt (default for the tiny model: {TINY_PROMPT!r}); the shipped tiny model knows "
+        f"{len(vocab)} words, at most {most} a prompt: {' '.join(vocab)}"))
+    return _common.one_line_errors(_common.add_run_flags(parser))
 
 
+@_common.cli_main("text_to_image.py")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     _common.quiet_diffusers()
     cfg, options = _common.configs_from_args(args)  # bad flags or YAML fail here, before any model loads
-    device = _common.setup_distributed(options, resolve_device(args.device))
+    _common.check_positive("--num-inference-steps", args.num_inference_steps)
+    device = _common.setup_distributed(options, _common.check_device(args.device))
     dtype = resolve_dtype(args.dtype, device)
+    _common.check_model(args.model, args.height, args.width)  # its weights, the sizes it can make
     tiny = is_tiny_model(args.model)
     prompt = args.prompt or (TINY_PROMPT if tiny else "a photo of a lighthouse at dawn")
+    if tiny:
+        _common.check_tiny_prompt(prompt)
     output = _common.output_path(args.output, "text_to_image.png")  # a file or a folder, checked before loading
 
     print(f"model: {args.model}{' (shipped tiny model)' if tiny else ''} on {device}, {str(dtype).replace('torch.', '')}")

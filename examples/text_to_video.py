@@ -29,27 +29,28 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-from fx_fp8.tools.cli_flags import add_generation_flags, resolve_device, resolve_dtype  # noqa: E402
+from fx_fp8.tools.cli_flags import add_generation_flags, resolve_dtype  # noqa: E402
 from fx_fp8.tools.image_metrics import compare_images, save_side_by_side, to_pil  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+    parser = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.split("\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_generation_flags(parser, video=True)
     parser.add_argument("--tiny-pipeline", choices=["wan2.1", "wan2.2"], default="wan2.1",
                         help="without --model: which tiny random Wan pipeline to build (wan2.2 = two experts)")
-    return _common.add_run_flags(parser)
+    return _common.one_line_errors(_common.add_run_flags(parser))
 
 
 def load(args, device, dtype):
     """(pipe, call kwargs, description)."""
     if args.model:
         if not os.path.isfile(os.path.join(args.model, "model_index.json")):
-            raise SystemExit(f"--model {args.model!r} is not a diffusers folder (no model_index.json)")
+            raise _common.UsageError(f"--model {args.model!r} is not a diffusers pipeline folder (no model_index.json)")
         from fx_fp8.tools.quantized_folders import load_pipeline_folder
 
-        pipe = load_pipeline_folder(args.model, dtype)  # quantized transformer folders too
+        pipe = _common.load_or_fail(f"the pipeline in {args.model!r}",  # quantized transformer folders too
+                                    lambda: load_pipeline_folder(args.model, dtype))
         call = dict(prompt=args.prompt or "a cat surfing a wave at sunset")
         what = args.model
     else:
@@ -95,15 +96,20 @@ def video_metrics(reference: np.ndarray, test: np.ndarray) -> dict:
     return {k: float(np.mean([s[k] for s in scores])) for k in ("psnr", "ssim")}
 
 
+@_common.cli_main("text_to_video.py")
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     _common.quiet_diffusers()
-    if args.num_frames < 1:
-        raise SystemExit(f"--num-frames must be >= 1, got {args.num_frames}")
+    _common.check_positive("--num-frames", args.num_frames)
+    _common.check_positive("--num-inference-steps", args.num_inference_steps)
     cfg, options = _common.configs_from_args(args)  # bad flags or YAML fail here, before any model loads
-    device = _common.setup_distributed(options, resolve_device(args.device))
+    device = _common.setup_distributed(options, _common.check_device(args.device))
     dtype = resolve_dtype(args.dtype, device)
+    if args.model:  # its weights, the sizes it can make
+        _common.check_model(args.model, args.height, args.width)
+    else:
+        _common.check_family_size("wan", args.height, args.width)
     output = _common.output_path(args.output, "text_to_video.gif")  # a file or a folder, checked before loading
     pipe, call, what = load(args, device, dtype)
     print(f"model: {what}")

@@ -19,12 +19,14 @@ one instance's decisions by instances with equal facts in fx_fp8/instance_plans.
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from typing import Callable, Optional
 
 import torch
 import torch.fx
 
+from fx_fp8 import compile_log
 from fx_fp8.activation_scales import load_activation_scales
 from fx_fp8.linear_scales import check_scales_match
 from fx_fp8.config import FP8Config
@@ -122,7 +124,9 @@ def _downstream_compile(name: str, gm: torch.fx.GraphModule, example_inputs, mod
         try:
             backend = torch._dynamo.lookup_backend("npugraph_ex")
         except Exception as e:
-            raise RuntimeError(f"downstream 'npugraph_ex' needs torch_npu (pip install 'fx-fp8[npu]'): {e}") from None
+            from fx_fp8.install_hint import install_hint
+
+            raise RuntimeError(f"downstream 'npugraph_ex' needs torch_npu ({install_hint('npu')}): {e}") from None
         return backend(gm, example_inputs)
     raise ValueError(f"unknown downstream compiler {name!r}")
 
@@ -175,6 +179,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     gm = _kept_graph(gm)
     device = _graph_device(example_inputs)
     first_record = ModelRecord.of(owner)
+    compile_log.first_seen(first_record)  # progress log: the first call's clock
     lowering = choose_lowering(backend, config, device, first_record.warn)
     downstream = choose_downstream(config, lowering, mode)
     qcfg = config.quantization_config
@@ -288,6 +293,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
         instance with the same decisions already has one. An instance whose facts equal an
         earlier instance's reuses that one's decisions without running the passes."""
         record = ModelRecord.of(owner_)
+        planning_started = time.perf_counter()  # progress log: the passes' seconds
         name = rename[1] if rename is not None else own_instance
         resolver = Resolver(model_)
         facts = facts_of(inputs, name, resolver)
@@ -311,6 +317,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                     if candidate is not None:
                         templates[facts] = candidate
         INSTANCE_PLANS["reused" if planned is not full else "passes"] += 1
+        passes_s = time.perf_counter() - planning_started  # progress log
         for message in warned:
             record.warn(message)
         rewritten, keys, feeds = {}, {}, {}
@@ -332,7 +339,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                 fill_example_values(rewritten[variant].graph)
                 examples = (list(inputs_) if fake_args is None else list(fake_args)) + feeds[variant].example_inputs(
                     fake=fake_args is not None)
-                with compiling_under(tracing_context):
+                with compiling_under(tracing_context), compile_log.compiling(  # progress log: INFO records
+                        planned[variant][0], rewritten[variant], downstream=downstream, passes_s=passes_s,
+                        record=record):
                     artifacts[key] = _downstream_compile(downstream, rewritten[variant], examples, mode)
             return fed(variant, artifacts[key], inputs_)
 

@@ -6,12 +6,14 @@ are given: the model is traced once on them.
 """
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Optional
 
 import torch
 import torch.nn as nn
 
+from fx_fp8 import progress
 from fx_fp8.activation_scales import load_activation_scales
 from fx_fp8.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
                                   method_scale, smoothed_static_scale, step_scale_table)
@@ -68,6 +70,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     if not isinstance(model, nn.Module):
         raise ValueError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
     model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
+    started = time.perf_counter()  # progress log
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
     result = {"quantized": [], "weight_only": [], "native": {}, "hooked": {}, "bytes_before": 0, "bytes_after": 0,
@@ -90,7 +93,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         channel = channel_stats(qcfg.activation_scales)
         check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
     plan, hooked = [], []
-    for name, module in linears:
+    for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
                                    sensitive.get(name))
         if kind == "quantized":
@@ -162,6 +165,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
                       f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
                       "and they keep their original weights", stacklevel=2)
+    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
     return result
 
 

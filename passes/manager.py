@@ -52,5 +52,5 @@ class PassManager:
                 gm.graph.lint()
                 gm.recompile()
             self._dump(ctx, f"after_{p.name}")
-            log.info("fx_fp8 pass %s rewrote %d nodes", p.name, changed)
+            log.debug("fx_fp8 pass %s rewrote %d nodes", p.name, changed)  # the INFO summary: fx_fp8/compile_log.py
         return gm

@@ -187,6 +187,32 @@ def test_dump_writes_graphs_and_torch_logs_shows_them(tmp_path, capsys, torch_lo
     assert "fx_fp8 pass fp8_attention rewrote" in err
 
 
+def test_compare_starts_from_the_models_own_config_as_the_examples_do():
+    from fx_fp8.tools.cli import build_parser
+    from fx_fp8.tools.cli_compare import _choose_config
+    from fx_fp8.tools.model_source import resolve_model
+    from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
+
+    own = TINY_MODEL_DIR / "fx_fp8.yaml"
+    args = build_parser().parse_args(["compare"])
+    assert _choose_config(args, resolve_model("tiny")) == f"{own} (the model's own; --library-default for the " \
+                                                           "library's default)"
+    assert args.config == str(own)
+    args = build_parser().parse_args(["compare", "--library-default"])
+    assert _choose_config(args, resolve_model("tiny")) == "the library default (--library-default)"
+    assert args.config is None
+    args = build_parser().parse_args(["compare", "--config", "x.yaml"])
+    assert _choose_config(args, resolve_model("tiny")) == "--config x.yaml"
+    args = build_parser().parse_args(["compare", "--model", "flux"])
+    assert _choose_config(args, resolve_model("flux")) == "the library default" and args.config is None
+
+
+def test_compare_refuses_library_default_with_config(capsys):
+    code, _, err = cli(capsys, "compare", "--library-default", "--config", "x.yaml")
+    assert code == 2 and err.strip() == ("fx-fp8: error: --library-default and --config 'x.yaml' both say which "
+                                         "config to start from: give one of them")
+
+
 @pytest.mark.slow
 def test_compare_tiny_prints_metrics_and_writes_png(tmp_path, capsys):
     png = tmp_path / "cmp.png"
@@ -199,6 +225,14 @@ def test_compare_tiny_prints_metrics_and_writes_png(tmp_path, capsys):
     assert 10 < res["psnr_db"] < 80, res           # FP8 changed the images, but not into noise
     assert 0.5 < res["ssim"] < 1.0
     assert 0 < res["latents_max_abs_error"] < 2.5
+    # the tiny model's own config, as the example uses it (its step policy: attention native on 2 steps)
+    from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
+
+    assert res["config_source"].startswith(str(TINY_MODEL_DIR / "fx_fp8.yaml"))
+    from fx_fp8 import FP8Config
+
+    assert res["config"] == FP8Config.load(str(TINY_MODEL_DIR / "fx_fp8.yaml")).to_dict()
+    assert len(res["prompts"]) == 2
     from PIL import Image
 
     with Image.open(png) as im:  # 2 rows (one per sample) of 3 images

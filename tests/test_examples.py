@@ -143,23 +143,91 @@ def test_examples_output_file_names_still_work(tmp_path, monkeypatch, no_model):
     assert image.main([]) == 0 and (tmp_path / "outputs" / "text_to_image.png").is_file()
 
 
-def test_examples_reject_an_unwritable_output_before_loading(tmp_path, monkeypatch):
+def _fails(module, argv, capsys) -> str:
+    """The one line an example prints for bad input (exit status 2, as fx-fp8 does)."""
+    assert module.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    return lines[0]
+
+
+@pytest.fixture
+def refuse_loading(monkeypatch):
     image, video = load_example("text_to_image"), load_example("text_to_video")
 
     def refuse(*a, **k):
-        raise AssertionError("loaded a model before checking --output")
+        raise AssertionError("loaded a model before checking its input")
 
     monkeypatch.setattr(image, "load_pipeline", refuse)
     monkeypatch.setattr(video, "load", refuse)
+    return image, video
+
+
+def test_examples_reject_an_unwritable_output_before_loading(tmp_path, refuse_loading, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    for module, name in ((image, "out.png"), (video, "out.gif")):
-        with pytest.raises(SystemExit, match=re.escape(f"cannot write --output '{blocker / name}': '{blocker}' is a file")):
-            module.main(["--output", str(blocker / name)])
-        with pytest.raises(SystemExit, match="--output '.*out.txt': unsupported image type '.txt'"):
-            module.main(["--output", str(tmp_path / "out.txt")])
-        with pytest.raises(SystemExit, match="--output 'new_name' has no file extension: expected an image file "
-                                             "name .* or a folder"):
-            module.main(["--output", "new_name"])
-        with pytest.raises(SystemExit, match="invalid token 'x'"):
-            module.main(["--diffusion-kv-cache-skip-steps", "x"])
+    for module, name in zip(refuse_loading, ("out.png", "out.gif")):
+        prog = f"{module.__name__.removeprefix('example_')}.py: error: "
+        assert _fails(module, ["--output", str(blocker / name)], capsys) == \
+            prog + f"cannot write --output '{blocker / name}': '{blocker}' is a file, not a folder"
+        assert re.fullmatch(re.escape(prog) + "--output '.*out.txt': unsupported image type '.txt'.*",
+                            _fails(module, ["--output", str(tmp_path / "out.txt")], capsys))
+        assert re.match(re.escape(prog) + "--output 'new_name' has no file extension: expected an image file name .* "
+                        "or a folder", _fails(module, ["--output", "new_name"], capsys))
+        assert "invalid token 'x'" in _fails(module, ["--diffusion-kv-cache-skip-steps", "x"], capsys)
+        assert _fails(module, ["--no-such-flag"], capsys) == \
+            prog + f"unrecognized arguments: --no-such-flag (see '{prog.split(':')[0]} --help')"
+
+
+def test_examples_refuse_cuda_on_a_cpu_build_in_one_line(refuse_loading, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for module in refuse_loading:
+        line = _fails(module, ["--device", "cuda"], capsys)
+        assert line.endswith(f"error: --device 'cuda': this torch ({torch.__version__}) was built without CUDA; use "
+                             "--device cpu, or install a CUDA build of torch"), line
+        assert "invalid --device 'cuda:x'" in _fails(module, ["--device", "cuda:x"], capsys)
+
+
+def test_examples_refuse_a_size_the_pipeline_cannot_make(refuse_loading, capsys):
+    image, video = refuse_loading
+    assert _fails(image, ["--height", "30"], capsys).endswith(
+        "error: invalid --height 30 for tiny (FluxTransformer2DModel): expected a multiple of 4, at least 16")
+    assert _fails(video, ["--width", "30"], capsys).endswith(
+        "error: invalid --width 30 for wan (WanTransformer3DModel): expected a multiple of 16, at most 128")
+    assert "invalid --num-frames 0: expected a positive integer" in _fails(video, ["--num-frames", "0"], capsys)
+    assert "invalid --num-inference-steps 0" in _fails(image, ["--num-inference-steps", "0"], capsys)
+
+
+def test_text_to_image_names_the_tiny_models_words(refuse_loading, capsys):
+    from fx_fp8.tools.tiny_model.shapes import VOCAB
+
+    image, _ = refuse_loading
+    line = _fails(image, ["--prompt", "a purple circle on a blue background"], capsys)
+    assert line.endswith(f"the tiny model does not know 'purple'; its 13 words: {' '.join(VOCAB)} "
+                         "(e.g. 'a red circle on a blue background')"), line
+    assert "takes 1 to 8 words, got 10" in _fails(image, ["--prompt", "a red circle on a blue background a a a"], capsys)
+    help_text = " ".join(image.build_parser().format_help().split())
+    assert f"the shipped tiny model knows 13 words, at most 8 a prompt: {' '.join(VOCAB)}" in help_text
+
+
+def test_examples_name_a_missing_model_or_weight_file(refuse_loading, tmp_path, capsys):
+    import shutil
+
+    from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
+
+    image, video = refuse_loading
+    missing = tmp_path / "nowhere"
+    for module in (image, video):
+        assert _fails(module, ["--model", str(missing)], capsys).endswith(
+            f"error: --model '{missing}': no such folder (expected a local diffusers pipeline folder)")
+    copy = tmp_path / "tiny"
+    shutil.copytree(TINY_MODEL_DIR, copy)
+    for weights in (copy / "prompt_encoder").glob("*.safetensors"):
+        weights.unlink()
+    assert _fails(image, ["--model", str(copy)], capsys).endswith(
+        f"error: folder '{copy / 'prompt_encoder'}' has config.json but no weights (no *.safetensors or *.bin file)")

@@ -8,6 +8,7 @@ uncompiled pipeline's. The toy pipeline checks the publishing mechanism's edges
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -374,6 +375,29 @@ def test_compile_kwargs_are_checked_before_anything_changes():
     with pytest.raises(ValueError, match="invalid mode 'fastest'"):
         compile_pipeline(pipe, compile_kwargs={"mode": "fastest"})
     assert pipe.transformer.to_qkv is linear and not hasattr(pipe, "_fx_fp8")
+
+
+def test_mode_keyword_reaches_the_backend_options(monkeypatch):
+    """compile_pipeline(pipe, mode=...) is compile_kwargs={"mode": ...}: torch.compile gets it inside
+    the backend's options (it refuses mode= with options=)."""
+    calls = []
+    real = torch.compile
+
+    @functools.wraps(real)  # compile_pipeline checks keywords against torch.compile's signature
+    def spy(model, **kw):
+        calls.append(kw)
+        return real(model, **kw)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    compile_pipeline(_toy(), mode="max-autotune")
+    (kw,) = calls
+    assert kw["options"]["mode"] == "max-autotune" and "mode" not in kw and kw["backend"] == "fp8"
+    with pytest.raises(ValueError, match="invalid mode 'fastest': expected one of default, reduce-overhead"):
+        compile_pipeline(_toy(), mode="fastest")
+    with pytest.raises(ValueError, match=r"mode='default' and compile_kwargs\['mode'\]='max-autotune' disagree"):
+        compile_pipeline(_toy(), mode="default", compile_kwargs={"mode": "max-autotune"})
+    compile_pipeline(_toy(), mode="default", compile_kwargs={"mode": "default", "dynamic": False})
+    assert calls[-1]["options"]["mode"] == "default" and calls[-1]["dynamic"] is False
 
 
 @pytest.mark.slow

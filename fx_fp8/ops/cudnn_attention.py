@@ -1,4 +1,4 @@
-"""Optional cuDNN FP8 attention through nvidia-cudnn-frontend (`pip install fx-fp8[cuda]`).
+"""Optional cuDNN FP8 attention through nvidia-cudnn-frontend (fx-fp8's `cuda` extra: `pip install -e ".[cuda]"`).
 
 cuDNN's FP8 SDPA (`graph.sdpa_fp8`) takes one descale factor per tensor for
 Q, K and V, a scale / descale pair for the probabilities (cuDNN's S, our P)
@@ -62,7 +62,9 @@ def import_reason() -> Optional[str]:
     try:
         import_cudnn()
     except Exception as e:  # ImportError, or a frontend that cannot load its cuDNN backend
-        return f"nvidia-cudnn-frontend not importable ({type(e).__name__}: {e}); pip install 'fx-fp8[cuda]'"
+        from fx_fp8.install_hint import install_hint
+
+        return f"nvidia-cudnn-frontend not importable ({type(e).__name__}: {e}); {install_hint('cuda')}"
     return None
 
 

@@ -34,11 +34,12 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.config_files import did_you_mean
+from fx_fp8.install_hint import install_hint
 
 
 #: the tested cache-dit range (pyproject's `cache-dit` extra)
 CACHE_DIT_REQUIREMENT = "cache-dit>=1.5.3,<1.6"
-MISSING = (f"cache_backend 'cache_dit' needs the cache-dit package: pip install 'fx-fp8[cache-dit]' "
+MISSING = (f"cache_backend 'cache_dit' needs the cache-dit package: {install_hint('cache-dit')} "
            f"(or pip install '{CACHE_DIT_REQUIREMENT}')")
 
 

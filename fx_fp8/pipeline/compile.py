@@ -37,7 +37,7 @@ BACKENDS = ("fp8", "fp8_npu")
 
 
 def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
-                     regional: bool = False,
+                     regional: bool = False, mode: Optional[str] = None,
                      compile_kwargs: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
                      cache_config=None, **overrides):
     """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
@@ -58,6 +58,9 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     regional: compile each transformer block by block, as diffusers' compile_repeated_blocks does
       (one compile per block class instead of the whole model: the cold start drops several-fold,
       see README "Compile time"); the transformers stay the pipeline's own modules.
+    mode: torch.compile's mode ("default", "reduce-overhead", "max-autotune", ...: Inductor downstream);
+      the same as compile_kwargs={"mode": ...}. It travels in the backend options (torch.compile refuses
+      mode= together with options=).
     compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
     parallel_config / cache_backend / cache_config: vLLM-Omni's context-parallel degrees
       ({ulysses_degree, ring_degree}) and cache backend (first_block_cache, taylorseer, mag_cache)
@@ -94,6 +97,12 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     if regional:
         _check_regional(transformers, popts)
     options = {"config": cfg}
+    if mode is not None:
+        if mode not in MODES:
+            raise ValueError(f"invalid mode {mode!r}: expected one of {', '.join(map(str, MODES[1:]))}")
+        if compile_kwargs and "mode" in compile_kwargs and compile_kwargs["mode"] != mode:
+            raise ValueError(f"mode={mode!r} and compile_kwargs['mode']={compile_kwargs['mode']!r} disagree: give one")
+        compile_kwargs = {**(compile_kwargs or {}), "mode": mode}
     compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
     # refuse what would fail (and join the torchrun job), before any change
     check_pipeline_options(popts, list(transformers.values()), compile_kwargs=compile_kwargs)

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fx_fp8.tools import cli_flags as _flags
 
     _flags.add_pipeline_flags(p)
+    p.add_argument("--library-default", action="store_true",
+                   help="start from the library's default config, not the model folder's own fx_fp8.yaml (the "
+                        "shipped tiny model has one, which the examples use too)")
     p.add_argument("--out", default=None, help="side-by-side PNG (native | FP8 | difference)")
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)

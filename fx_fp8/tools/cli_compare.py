@@ -21,7 +21,9 @@ def cmd_compare(args) -> int:
     from fx_fp8 import compile_pipeline
     from fx_fp8.tools import cli_flags, image_metrics
 
-    source, config = _source(args), _config(args)
+    source = _source(args)
+    config_source = _choose_config(args, source)
+    config = _config(args)
     _check_sizes(args)
     _check_source(source, pipeline=True, args=args)
     options = _pipeline_options(args)   # --ulysses-degree / --ring-degree / --cache-backend / --cache-config
@@ -65,6 +67,8 @@ def cmd_compare(args) -> int:
         "latents_max_abs_error": float((lat - ref_lat).abs().max()),
         "latents_psnr_db": _latent_psnr(ref_lat, lat),
         "config": config.to_dict(),
+        "config_source": config_source,
+        "prompts": list(run.labels),
         "pipeline_options": options.to_dict(),
         "reference": (f"the quantized weights as stored in {', '.join(stored)} (eager, native attention)" if stored
                       else "native (the model's own precision)"),
@@ -90,6 +94,8 @@ def cmd_compare(args) -> int:
                 ("PSNR final latents (dB)", f"{result['latents_psnr_db']:.2f}")]
         print(f"model: {source.spec}, {len(run.labels)} sample(s), {args.steps} steps, {args.height}x{args.width}, "
               f"seed {args.seed}")
+        print(f"config: {config_source}")
+        print(f"samples: {'; '.join(run.labels)}")
         if options.enabled:
             print(f"pipeline (both runs): {cli_flags.describe_pipeline_options(options)}")
         if stored:
@@ -98,6 +104,22 @@ def cmd_compare(args) -> int:
         if args.out:
             print(f"side by side (native | FP8 | |difference| x4): {args.out}")
     return 0
+
+
+def _choose_config(args, source) -> str:
+    """Which config compare starts from, as the examples choose it: --config; else the model folder's
+    own fx_fp8.yaml (the shipped tiny model has one), unless --library-default; else the library's
+    default. Sets args.config to it; returns how the output names it."""
+    if args.library_default and args.config is not None:
+        raise UsageError(f"--library-default and --config {args.config!r} both say which config to start from: "
+                         "give one of them")
+    if args.config is not None:
+        return f"--config {args.config}"
+    own = None if args.library_default else source.own_config()
+    if own is None:
+        return "the library default" + (" (--library-default)" if args.library_default else "")
+    args.config = str(own)
+    return f"{own} (the model's own; --library-default for the library's default)"
 
 
 def _pipeline_options(args):

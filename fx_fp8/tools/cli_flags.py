@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from fx_fp8.config import DOWNSTREAMS, LOWERINGS, FP8Config
+from fx_fp8.install_hint import install_hint
 
 #: argparse dest -> FP8Config key, for the flags that map one-to-one
 FLAG_TO_KEY = {
@@ -104,7 +105,7 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                    help="ring attention over N processes; each partial attention is FP8 with its log-sum-exp")
     g.add_argument("--cache-backend", default=None, metavar="NAME",
                    help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks), cache_dit (the cache-dit "
-                        "package: pip install 'fx-fp8[cache-dit]'); none to disable. tea_cache is not available")
+                        f"package: {install_hint('cache-dit')}); none to disable. tea_cache is not available")
     g.add_argument("--cache-config", default=None, metavar="JSON",
                    help='the cache backend\'s settings as a JSON object, e.g. \'{"threshold": 0.1}\' '
                         "(first_block_cache), '{\"cache_interval\": 3}' (taylorseer), "
@@ -159,12 +160,13 @@ def describe_pipeline_options(opts) -> str:
 
 
 def add_generation_flags(parser: argparse.ArgumentParser, *, default_model: Optional[str] = None, video: bool = False,
-                         default_size: int = 32, default_steps: Optional[int] = None) -> argparse.ArgumentParser:
+                         default_size: int = 32, default_steps: Optional[int] = None,
+                         prompt_help: str = "the text prompt") -> argparse.ArgumentParser:
     """--model, --prompt, --height, --width, [--num-frames], --num-inference-steps, --seed, --device, --dtype, --output."""
     g = parser.add_argument_group("generation")
     g.add_argument("--model", default=default_model,
                    help="a local diffusers folder (model_index.json)" + (f"; default: {default_model}" if default_model else ""))
-    g.add_argument("--prompt", default=None, help="the text prompt")
+    g.add_argument("--prompt", default=None, help=prompt_help)
     g.add_argument("--height", type=int, default=default_size)
     g.add_argument("--width", type=int, default=default_size)
     if video:
@@ -245,16 +247,46 @@ def resolve_output(output: Optional[str], default_name: str, default_dir: str = 
 
 
 def resolve_device(name: str) -> str:
-    """'auto' -> cuda if available, then npu, else cpu."""
+    """'auto' -> cuda if available, then npu, else cpu; any other name is checked (check_device)."""
     import torch
 
     if name != "auto":
+        check_device(name)
         return name
     if torch.cuda.is_available():
         return "cuda"
     from fx_fp8.ops.lowering import npu_available
 
     return "npu" if npu_available() else "cpu"
+
+
+def check_device(name: str) -> None:
+    """ValueError naming --device when this torch cannot use that device (a CPU build asked for
+    cuda, no NPU, a device index past the last one, a name torch does not know)."""
+    import torch
+
+    from fx_fp8.ops.lowering import npu_available
+
+    if name.split(":")[0] == "npu":
+        if not npu_available():
+            raise ValueError(f"--device {name!r}: no Ascend NPU here (torch_npu not importable or no device); "
+                             "use --device cpu or auto")
+        return
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"invalid --device {name!r}: {str(e).strip().splitlines()[0]}") from None
+    if device.type == "cuda":
+        if torch.version.cuda is None and torch.version.hip is None:
+            raise ValueError(f"--device {name!r}: this torch ({torch.__version__}) was built without CUDA; use "
+                             "--device cpu, or install a CUDA build of torch")
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name!r}: no CUDA device is visible (torch.cuda.is_available() is False); "
+                             "use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name!r}: MPS is not available in this torch / on this machine; use --device cpu")
 
 
 def resolve_dtype(name: str, device: str):

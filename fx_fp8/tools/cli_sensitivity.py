@@ -46,8 +46,10 @@ def cmd_sensitivity(args) -> int:
     try:
         import matplotlib  # noqa: F401  (the chart)
     except ImportError:
+        from fx_fp8.install_hint import install_hint
+
         raise UsageError("sensitivity draws its chart with matplotlib, which is not installed: "
-                         "pip install 'fx-fp8[cli]'") from None
+                         f"{install_hint('cli')}") from None
     _check_source(source, pipeline=True, args=args)
     try:
         source.check_full_precision("sensitivity")   # it measures FP8 against the model's own precision

@@ -34,6 +34,10 @@ from fx_fp8.tools import model_zoo
 from fx_fp8.tools.quantized_folders import folder_quantization, is_save_quantized_pipeline
 
 
+#: a model folder's own fx_fp8 config, which the examples and `fx-fp8 compare` start from
+MODEL_CONFIG_NAME = "fx_fp8.yaml"
+
+
 class ModelSourceError(ValueError):
     """`--model` names nothing we can load."""
 
@@ -102,6 +106,14 @@ class ModelSource:
         size = _TINY_SIZE if self.kind == "tiny" else _FOLDER_SIZES.get(self.class_name, {})
         return build(model.config, batch, gen, dtype, **size)
 
+    def own_config(self) -> Optional[Path]:
+        """The pipeline folder's own fx_fp8 config (MODEL_CONFIG_NAME; the shipped tiny model has one:
+        its step policy), or None."""
+        if self.pipeline_path is None:
+            return None
+        path = self.pipeline_path / MODEL_CONFIG_NAME
+        return path if path.is_file() else None
+
     # -- checks before any work --------------------------------------------
     def check_transformer(self, *, example_inputs: bool = True) -> None:
         """Raise ModelSourceError unless load_transformer (and, with example_inputs, example_inputs)
@@ -128,6 +140,12 @@ class ModelSource:
                 "(with model_index.json), 'tiny' or a family name")
         if self.kind == "pipeline_dir":
             self.check_transformer(example_inputs=False)
+
+    def check_component_weights(self) -> None:
+        """Raise ModelSourceError naming the first model component folder of the pipeline (a
+        config.json) that holds no weight files: diffusers would fail on it half way through loading."""
+        if self.kind in ("pipeline_dir", "tiny"):
+            _check_component_weights(self.pipeline_path)
 
     def size_rule(self) -> "SizeRule":
         """The heights and widths the pipeline can make (see SizeRule), from the configs alone."""
@@ -290,6 +308,21 @@ def _check_weights(folder: Optional[Path]) -> None:
     if not any(any(folder.glob(p)) for p in _WEIGHT_PATTERNS):
         raise ModelSourceError(f"folder {str(folder)!r} has config.json but no weights "
                                "(no *.safetensors or *.bin file)")
+
+
+def _check_component_weights(pipeline: Optional[Path]) -> None:
+    """Every component folder of a pipeline that holds a model (a config.json) has weight files:
+    diffusers would otherwise fail while loading, after the earlier components have loaded."""
+    if pipeline is None:
+        return
+    try:
+        index = _read_json(pipeline / "model_index.json")
+    except ModelSourceError:
+        return  # loading will say what is wrong with it
+    for name, spec in index.items():
+        folder = pipeline / name
+        if not name.startswith("_") and isinstance(spec, list) and (folder / "config.json").is_file():
+            _check_weights(folder)
 
 
 def _no_builder_message(name: str, where: Optional[Path]) -> str:
