@@ -33,7 +33,7 @@ def _compile(d, bm, bn, warps, stages, *, arch, tma, bias=False, lse=True):
     from fx_fp8.ops.triton_fp8_attention import _attn_fwd_kernel
 
     cons = dict(D=d, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias, QUANT_P=True, EXACT_CAST=False, RETURN_LSE=lse,
-                USE_TMA=tma, ROUND_BF16=False)
+                USE_TMA=tma, ROUND_BF16=False, TWO_LEVEL=True)
     types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "VT": "*fp8e4nv", "SQ": "*fp32", "SK": "*fp32", "SV": "*fp32",
              "BIAS": "*fp32", "OUT": "*bf16", "LSE": "*fp32"}
     if tma:
@@ -45,7 +45,8 @@ def _compile(d, bm, bn, warps, stages, *, arch, tma, bias=False, lse=True):
                           options=dict(num_warps=warps, num_stages=stages))
 
 
-def _spills(kernel, arch, tmp_path) -> tuple[int, int]:
+def _ptxas_report(kernel, arch, tmp_path) -> str:
+    """`ptxas -v`'s report (stderr) on the kernel's PTX."""
     ptxas = _ptxas()
     ptx = tmp_path / "k.ptx"
     ptx.write_text(kernel.asm["ptx"])
@@ -54,8 +55,13 @@ def _spills(kernel, arch, tmp_path) -> tuple[int, int]:
                           text=True)
     if proc.returncode != 0:
         pytest.skip(f"ptxas cannot assemble this PTX: {proc.stderr.strip()[:200]}")
-    regs = int(re.search(r"Used (\d+) registers", proc.stderr).group(1))
-    spill = int(re.search(r"(\d+) bytes spill stores", proc.stderr).group(1))
+    return proc.stderr
+
+
+def _spills(kernel, arch, tmp_path) -> tuple[int, int]:
+    report = _ptxas_report(kernel, arch, tmp_path)
+    regs = int(re.search(r"Used (\d+) registers", report).group(1))
+    spill = int(re.search(r"(\d+) bytes spill stores", report).group(1))
     return regs, spill
 
 
