@@ -127,9 +127,11 @@ def emulate(q, k, v, *, softmax_scale: float, hadamard: bool = True, smooth_k: b
 
 # -- the cuDNN graph ----------------------------------------------------------------------
 def build_graph(cudnn, *, shape_q, stride_q, shape_k, stride_k, stride_v, stride_o, softmax_scale: float,
-                need_lse: bool, handle=None):
+                need_lse: bool, handle=None, fp8_output: bool = True):
     """Build and plan the sdpa_fp8 graph. Returns (graph, named graph tensors). Shapes are
-    (B, H, S, D); strides in elements; O is FP8 E4M3 with O's strides; Stats (B, H, Sq, 1) fp32."""
+    (B, H, S, D); strides in elements; O is FP8 E4M3 with O's strides (BF16 with fp8_output=False:
+    not in cuDNN's documented FP8 support matrix; benchmarks/attention_kernels.py tries whether the
+    installed cuDNN accepts it, with scale_o = 1); Stats (B, H, Sq, 1) fp32."""
     fp8, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     kwargs = dict(io_data_type=fp8, intermediate_data_type=f32, compute_data_type=f32)
     if handle is not None:
@@ -149,7 +151,8 @@ def build_graph(cudnn, *, shape_q, stride_q, shape_k, stride_k, stride_v, stride
         o, stats, amax_s, amax_o = graph.sdpa_fp8(**op, generate_stats=need_lse)
     except TypeError:  # frontends before 1.13 name it is_inference (the negation)
         o, stats, amax_s, amax_o = graph.sdpa_fp8(**op, is_inference=not need_lse)
-    o.set_output(True).set_dim([b, h, s_q, d]).set_stride(list(stride_o)).set_data_type(fp8)
+    o.set_output(True).set_dim([b, h, s_q, d]).set_stride(list(stride_o)).set_data_type(
+        fp8 if fp8_output else cudnn.data_type.BFLOAT16)
     t["o"] = o
     if need_lse:
         stats.set_output(True).set_dim([b, h, s_q, 1]).set_stride([h * s_q, s_q, 1, 1]).set_data_type(f32)

@@ -104,15 +104,48 @@ POINTER_CONFIGS = {  # sm89 (no TMA), or a Triton without host tensor descriptor
     128: [(128, 32, 8, 3)],
     64: [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)],
 }
+#: the most keys one P @ V dot sums in the tensor cores' limited-precision accumulator before the
+#: result joins the fp32 accumulator (see the module docstring)
+PV_KEYS = 64
 #: every (BLOCK_M, BLOCK_N, num_warps, num_stages) either autotuner may pick
 CONFIGS = sorted({c for table in (TMA_CONFIGS, POINTER_CONFIGS) for cs in table.values() for c in cs}, reverse=True)
+
+
+@triton.jit
+def _load_v(VT, vrow0, start_n, S_PAD, offs_d, KEYS: tl.constexpr, QUANT_P: tl.constexpr, USE_TMA: tl.constexpr):
+    """V rows start_n .. start_n + KEYS as the (KEYS, D) B operand of P @ V (V^T is stored keys-contiguous)."""
+    if USE_TMA:  # V^T viewed as (B*H*D, S_pad); the descriptor's tile is (D, KEYS)
+        v = VT.load([vrow0, start_n]).T
+    else:
+        cols = start_n + tl.arange(0, KEYS)
+        v = tl.load(VT + vrow0 * S_PAD + cols[:, None] + offs_d[None, :] * S_PAD)
+    if not QUANT_P:
+        v = v.to(tl.float16)
+    return v
+
+
+@triton.jit
+def _pv(acc, p, VT, vrow0, start_n, S_PAD, offs_d, KEYS: tl.constexpr, QUANT_P: tl.constexpr, USE_TMA: tl.constexpr,
+        TWO_LEVEL: tl.constexpr):
+    """acc + p @ V[start_n : start_n + KEYS]: a fresh dot added in fp32 (TWO_LEVEL), or accumulated in place."""
+    v = _load_v(VT, vrow0, start_n, S_PAD, offs_d, KEYS, QUANT_P, USE_TMA)
+    if TWO_LEVEL:
+        return acc + tl.dot(p, v)
+    return tl.dot(p, v, acc)
+
+
+@triton.jit
+def _column_halves(x, N: tl.constexpr):
+    """(x[:, :N/2], x[:, N/2:]) of an (M, N) tile (a register split, no data movement on Hopper)."""
+    return tl.split(tl.permute(tl.reshape(x, [x.shape[0], 2, N // 2]), [0, 2, 1]))
 
 
 @triton.jit
 def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr,
                 offs_n, offs_d, lo, hi, S_K, S_PAD, n_k, kv_block, log2_p,
                 BLOCK_N: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_P: tl.constexpr,
-                EXACT_CAST: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr, TWO_LEVEL: tl.constexpr):
+                EXACT_CAST: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                PV_KEYS: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         # BLOCK_N divides kv_block: one K and one V scale a tile (Triton's pipeliner prefetches them)
@@ -143,26 +176,37 @@ def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr
             p = tl.math.exp2(s * c[:, None] - (m_use - log2_p)[:, None])   # P * p_scale, in [0, p_scale]
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_TMA:
-            v = VT.load([vrow0, start_n]).T                                     # (BLOCK_N, D), keys contiguous
-        else:
-            v = tl.load(VT + vrow0 * S_PAD + cols[:, None] + offs_d[None, :] * S_PAD)
         if QUANT_P:
             if EXACT_CAST:
                 p = round_e4m3(p)
             pq = p.to(tl.float8e4nv)
         else:
             pq = p.to(tl.float16)
-            v = v.to(tl.float16)
         # acc is kept in units of this tile's V scale: the online-softmax rescale also carries sv_prev / sv
-        rescale = (alpha * (sv_cur / sv))[:, None]
-        if TWO_LEVEL:
-            # the tile's P @ V in a fresh accumulator, added to acc in fp32 on the CUDA cores: Hopper's FP8
-            # tensor cores accumulate with ~14 bits, so a product accumulated in place across every key tile
-            # loses more the more tiles there are (11.5 % error at 16k keys, measured on an H200)
-            acc = acc * rescale + tl.dot(pq, v)
-        else:  # in place (measurement only: benchmarks/attention_kernels.py shows what it costs)
-            acc = tl.dot(pq, v, acc * rescale)
+        acc = acc * (alpha * (sv_cur / sv))[:, None]
+        # P @ V in dots of at most PV_KEYS keys, each from a fresh accumulator whose result is added to acc
+        # in fp32 on the CUDA cores (TWO_LEVEL): Hopper's FP8 tensor cores accumulate with ~14 bits, so a
+        # product accumulated in place across every key tile loses more the more tiles there are (11.5 %
+        # error at 16k keys on an H200). TWO_LEVEL=False accumulates in place: measurement only.
+        if PV_KEYS >= BLOCK_N:
+            acc = _pv(acc, pq, VT, vrow0, start_n, S_PAD, offs_d, BLOCK_N, QUANT_P, USE_TMA, TWO_LEVEL)
+        else:
+            tl.static_assert(PV_KEYS * 4 >= BLOCK_N, "a key tile splits into at most 4 P @ V dots")
+            p0, p1 = _column_halves(pq, BLOCK_N)
+            if PV_KEYS * 2 == BLOCK_N:
+                acc = _pv(acc, p0, VT, vrow0, start_n, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
+                acc = _pv(acc, p1, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
+            else:  # four dots of BLOCK_N / 4 keys
+                p00, p01 = _column_halves(p0, BLOCK_N // 2)
+                p10, p11 = _column_halves(p1, BLOCK_N // 2)
+                acc = _pv(acc, p00, VT, vrow0, start_n, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
+                acc = _pv(acc, p01, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
+                acc = _pv(acc, p10, VT, vrow0, start_n + 2 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
+                acc = _pv(acc, p11, VT, vrow0, start_n + 3 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
         sv_cur = sv
         m_i = m_new
     return acc, l_i, m_i, sv_cur
@@ -175,7 +219,8 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
                      qk_scale, log2_p,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                      QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, RETURN_LSE: tl.constexpr,
-                     USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False, TWO_LEVEL: tl.constexpr = True):
+                     USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False, TWO_LEVEL: tl.constexpr = True,
+                     PV_KEYS: tl.constexpr = 128):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -204,11 +249,11 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
     acc, l_i, m_i, sv_cur = _attn_tiles(
         acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n,
         offs_d, 0, full, S_K, SK_PAD, n_k, kv_block, log2_p, BLOCK_N, False, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA,
-        TWO_LEVEL)
+        TWO_LEVEL, PV_KEYS)
     acc, l_i, m_i, sv_cur = _attn_tiles(
         acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n,
         offs_d, full, last, S_K, SK_PAD, n_k, kv_block, log2_p, BLOCK_N, True, HAS_BIAS, QUANT_P, EXACT_CAST, D,
-        USE_TMA, TWO_LEVEL)
+        USE_TMA, TWO_LEVEL, PV_KEYS)
     # l sums P * p_scale, as acc does: O = acc * sv / l, no p_scale left to divide out
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a fully masked row: acc is 0, O = 0
     out = acc * (sv_cur / l_safe)[:, None]
@@ -233,10 +278,11 @@ def _make_prune(table):
 
 
 def _set_tile_shapes(nargs):
-    """Autotune pre-hook: the TMA descriptors' tile shapes follow the config's BLOCK_N."""
+    """Autotune pre-hook: the TMA descriptors' tile shapes follow the config's BLOCK_N (V's: the keys of
+    one P @ V dot, at most PV_KEYS)."""
     bn, d = nargs["BLOCK_N"], nargs["D"]
     nargs["K"].block_shape = [bn, d]
-    nargs["VT"].block_shape = [d, bn]
+    nargs["VT"].block_shape = [d, min(bn, nargs.get("PV_KEYS", bn))]
 
 
 def _autotuned(table, pre_hook=None):
@@ -244,7 +290,7 @@ def _autotuned(table, pre_hook=None):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
                  for m, n, w, s in configs],
-        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE", "TWO_LEVEL"],
+        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE", "TWO_LEVEL", "PV_KEYS"],
         prune_configs_by={"early_config_prune": _make_prune(table)},
     )(_attn_fwd_kernel)
 
@@ -285,15 +331,18 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
 def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_scale: float, q_block: int,
                         kv_block: int, quantize_p: bool = True, p_scale: float = 448.0, out_dtype=torch.bfloat16,
                         bias: torch.Tensor | None = None, return_lse: bool = False, config: tuple | None = None,
-                        use_tma: bool | None = None, exact_cast: bool | None = None, two_level: bool = True):
+                        use_tma: bool | None = None, exact_cast: bool | None = None, two_level: bool = True,
+                        pv_keys: int | None = None):
     """The attention kernel alone on prepared inputs; returns (B, H, s_q, D) in out_dtype, and
     with return_lse also the fp32 (B, H, s_q) natural-log LSE.
 
     sq / sk / sv: (B, H, n) fp32 (n = 1 for per-head scales; per-tensor scales are expanded).
     config = (BLOCK_M, BLOCK_N, num_warps, num_stages) bypasses the autotuner (the
     interpreter uses a fixed config unless given one). use_tma: load K and V through TMA
-    descriptors (default: where `tma_available`; the interpreter runs both paths). two_level=False
-    accumulates P @ V in place across key tiles (the old, inaccurate structure: measurement only)."""
+    descriptors (default: where `tma_available`; the interpreter runs both paths). pv_keys: the
+    most keys one P @ V dot sums before its result is added to the fp32 accumulator (default
+    PV_KEYS; 32, 64 or 128). two_level=False accumulates P @ V in place across key tiles (the
+    old, inaccurate structure: measurement only)."""
     b, h, sq_pad, d = qq.shape
     sk_pad = kq.shape[2]
     if d not in (64, 128):
@@ -305,6 +354,9 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     n_q, n_k = sq.shape[-1], sk.shape[-1]
     if sv.shape[-1] != n_k:
         raise ValueError("K and V scales must share the kv blocks")
+    pv_keys = PV_KEYS if pv_keys is None else int(pv_keys)
+    if pv_keys not in (32, 64, 128):
+        raise ValueError(f"pv_keys must be 32, 64 or 128, got {pv_keys}")
     if use_tma is None:
         use_tma = tma_available(qq.device) and not interpreting()
     if use_tma and TensorDescriptor is None:
@@ -326,12 +378,13 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     if use_tma:  # 2-D views: K (B*H*Sk_pad, D), V^T (B*H*D, Sk_pad); tile shapes set per config
         bn0 = (config[1] if config is not None else 64)
         k_arg = TensorDescriptor.from_tensor(kq.reshape(b * h * sk_pad, d), [bn0, d])
-        v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, bn0])
+        v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, min(bn0, pv_keys)])
     args = (qq, k_arg, v_arg, sq, sk, sv, bias_t, out, lse, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
             out.stride(0), out.stride(1), out.stride(2), qk_scale, log2_p)
     exact = interpreting() if exact_cast is None else exact_cast
     flags = dict(D=d, HAS_BIAS=has_bias, QUANT_P=quantize_p, RETURN_LSE=return_lse, USE_TMA=use_tma,
-                 EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16, TWO_LEVEL=bool(two_level))
+                 EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16, TWO_LEVEL=bool(two_level),
+                 PV_KEYS=pv_keys)
     if b * h and s_q:
         if config is not None:
             bm, bn, warps, stages = config
