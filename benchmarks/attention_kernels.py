@@ -13,6 +13,7 @@ a failing candidate shows its error in the table and the run goes on):
 
   cudnn_bf16      torch SDPA, cuDNN backend (the baseline every ratio is against)
   flash_bf16      torch SDPA, flash backend (no masks)
+  efficient_bf16  torch SDPA, memory-efficient backend (the baseline where cuDNN takes no mask)
   fa3_bf16        FlashAttention-3 (fa3_fwd wheel) in bf16, if it loads
   triton          fx_fp8's path: Q/K/V pre-pass (smooth K, Hadamard, block scales) + Triton FP8 kernel,
                   autotuned (the chosen config is printed)
@@ -64,10 +65,10 @@ BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 #: the kernel-alone variants: (name, pv_keys, two_level, config)
 VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
             ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
-CANDIDATES = ["cudnn_bf16", "flash_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass"] + \
+CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
-GPU_ONLY = {"cudnn_bf16", "flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
+GPU_ONLY = {"cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
 NO_MASK = {"flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
 #: one fixed D / S per variant in quick mode (they answer "which PV_KEYS", not "how fast everywhere")
 QUICK_VARIANT_ROWS = {(128, 16384, False), (128, 32760, False)}
@@ -83,6 +84,8 @@ def parse(argv):
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: every row")
     ap.add_argument("--out-dir", default=None, help="write attention_kernels.json here")
     ap.add_argument("--only", default=None, help="comma-separated candidate names to run (default: all)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds: start no new row after this, still print the table and write the JSON")
     ap.add_argument("--table-from", default=None, help="a results JSON: write fx_fp8/ops/attention_table.json")
     return ap.parse_args(argv)
 
@@ -236,7 +239,11 @@ def cand_cudnn_fp8(ctx):
         return low.attention(q, k, v, attn_mask=None, softmax_scale=scale, kernel="cudnn", return_lse=False,
                              **_fp8_kw("tensor"))
     cudnn = cudnn_attention.import_cudnn()
-    return fn, f"frontend {getattr(cudnn, '__version__', '?')}, backend {cudnn.backend_version()}"
+    try:
+        backend = cudnn.backend_version()
+    except Exception:
+        backend = "?"
+    return fn, f"per-tensor scales, FP8 O; frontend {getattr(cudnn, '__version__', '?')}, backend {backend}"
 
 
 def cand_cudnn_fp8_bf16o(ctx):
@@ -330,6 +337,8 @@ def build(ctx, name):
         return cand_sdpa(ctx, "CUDNN_ATTENTION")
     if name == "flash_bf16":
         return cand_sdpa(ctx, "FLASH_ATTENTION")
+    if name == "efficient_bf16":
+        return cand_sdpa(ctx, "EFFICIENT_ATTENTION")
     if name == "fa3_bf16":
         return cand_fa3_bf16(ctx)
     if name == "triton":
@@ -412,7 +421,7 @@ def format_table(rows) -> str:
         ref = r.get("ref_err")
         lines.append(f"{case:<28} {'(reference)':<16} {'':>8} {'':>8} {'':>8} "
                      f"{(100 * ref if ref is not None else float('nan')):>7.3f} {'1.00':>6}  CPU-reference numerics")
-        base = r["cells"].get("cudnn_bf16", {}).get("ms")
+        base = r["cells"].get("cudnn_bf16", {}).get("ms") or r["cells"].get("efficient_bf16", {}).get("ms")
         for name, c in r["cells"].items():
             if "skipped" in c:
                 lines.append(f"{'':<28} {name:<16} {'-':>8} {'':>8} {'':>8} {'':>7} {'':>6}  skipped: {c['skipped']}")
@@ -427,7 +436,7 @@ def format_table(rows) -> str:
             lines.append(f"{'':<28} {name:<16} {c['ms']:>8.3f} {speed:>8} {c['tflops']:>8.1f} "
                          f"{(100 * err if err is not None else float('nan')):>7.3f} {xref:>6}{flag:<2} {c.get('note', '')}")
     lines.append("")
-    lines.append(f"x cuDNN: cuDNN BF16 time / this time (>1 is faster). xref: error / the reference lowering's "
+    lines.append(f"x cuDNN: cuDNN BF16 time (efficient BF16 where cuDNN failed) / this time (>1 is faster). xref: error / the reference lowering's "
                  f"error; '!' marks more than {BAR}x (the issue's bar).")
     return "\n".join(lines)
 
@@ -492,6 +501,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     rows = []
     for d, s, mask_on, outlier in plan:
+        if args.budget is not None and time.time() - t0 > args.budget:
+            rows.append({"d": d, "s": s, "heads": H, "mask": mask_on, "inputs": "outlier x5" if outlier else "gaussian",
+                         "ref_err": None, "cells": {n: {"skipped": "time budget"} for n in CANDIDATES}})
+            continue
         rows.append(run_row(torch, F, bench, d=d, s=s, mask_on=mask_on, outlier=outlier, device=device,
                             dry=args.dry_run, quick=args.quick, only=only))
         print(f"[{time.time() - t0:6.1f} s] D{d} S{s}{' mask' if mask_on else ''}{' outlier' if outlier else ''} done",

@@ -26,10 +26,12 @@ inputs and its 25 dB bar), measured with the CPU reference:
     tensor + Hadamard + smooth K, FP8 O (cuDNN)     24.59 dB   24.71 dB
 
 The e4m3 output costs ~1 dB and puts cuDNN's FP8 SDPA below the bar on both
-inputs, so `attention.kernel: auto` runs the Triton kernel and cuDNN is an
-explicit opt-in (`attention.kernel: cudnn`, with `attention.granularity:
-tensor`). tests/test_cuda_cudnn.py re-measures this and fails if the decision
-(`cuda.AUTO_KERNEL`) and the measurement disagree.
+inputs, so the default of `attention.kernel: auto` (`cuda.AUTO_KERNEL`) is the
+Triton kernel and cuDNN an opt-in (`attention.kernel: cudnn`, with
+`attention.granularity: tensor`); auto picks cuDNN only where the measured table
+(`attention_table`) shows it fastest within 1.5x of the reference's error on
+that GPU and the node uses per-tensor scales. tests/test_cuda_cudnn.py
+re-measures the SQNR and fails if the default and the measurement disagree.
 
 cudnn is imported lazily, only here; a missing package, GPU or cuDNN
 backend is a reason in `attention_reason`, never an import error.

@@ -85,20 +85,24 @@ _LN2 = tl.constexpr(LN2)  # read inside the kernel
 # (128, 128, 8 warps, 3 stages) at D = 128, which pushes it past 255: it spilled (1012 bytes of
 # spill stores). Hopper's TMA (host tensor descriptors) loads a tile from one descriptor and two
 # coordinates, so the TMA path only pays the data terms above.
-# Measured (Triton 3.9, ptxas 13.4, `ptxas -v`, QUANT_P with and without LSE / key bias / fp16 P):
-#   TMA, sm_90a, D=128:  (128,128,8,2|3|4) 219-255 regs, 0 spill; (128,64,8,3|4) 206-227, 0;
-#                        (64,64,4,3|4) 141-234, 0; (64,128,4,3) up to 8 B spill; (128,64,4,3) 255 regs,
-#                        up to 4 B; (128,128,4,3) 2112-2616 B spill.
-#   pointers, sm_90a, D=128: (128,128,8,3) 1012 B spill; (128,64,4,3) 1612 B; (64,64,4,3|4) 252-308 B;
-#                        (64,128,8,3) 448 B; (128,64,8,2|3|4) 0-44 B depending on the flags;
-#                        (128,32,8,3|4) 0 with every flag set.
-#   pointers, sm_89, D=128: (128,32,8,3) 0 B; (128,64,8,3|4) 0-12 B; (128,128,8,3) 1144-1616 B;
-#                        (128,64,4,3) 2496-2604 B.  D=64: (128,64,8,3|4), (128,32,8,3), (64,64,4,3|4) 0 B.
-# The lists keep only configs that measured 0 spill stores with every flag combination;
-# tests/test_cuda_kernel_spills.py recompiles them for sm_90a and checks that they still do not spill.
+# Two-level P @ V adds a fresh BLOCK_M * min(BLOCK_N, PV_KEYS) / T accumulator (64 registers at
+# (128, *, 8 warps), D = 128) while acc is live; (128, 128) tiles also split P in two 64-key dots.
+# Measured (`ptxas -v` on sm_90a / sm_89, FP8 P, each of: no flags, LSE, key bias, key bias + LSE),
+# PV_KEYS = 64, Triton 3.6 (the GPU's, torch 2.11) and 3.9 (this project's CI):
+#   TMA, D=128: (128,64,8,3|4) 237-247 regs, 0 spill; (64,64,4,3|4) 167-245, 0 (both Tritons);
+#               (128,128,8,2|3|4) 253-255 regs, 0 spill under 3.6 but 12-92 B under 3.9 in one flag
+#               combination each: left out (benchmarks/attention_kernels.py times (128,128,8,3) as
+#               triton_pv64 / triton_pv128, to show what it would gain).
+#   TMA, D=64:  (128,128,8,2|3), (128,64,8,3|4), (64,64,4,3|4) 127-254 regs, 0 spill.
+#   pointers, sm_89: D=128 (128,32,8,3) 242-255, 0; D=64 (128,64,8,3), (128,32,8,3), (64,64,4,3) 0.
+#   (Before two-level accumulation, Triton 3.9: TMA D=128 (128,128,8,2|3|4) 219-255 regs, 0 spill;
+#   pointers on sm_90a spilled 0-1012 B: that path serves sm89, or a Triton without TMA descriptors.)
+# The lists keep only configs with 0 spill stores under both Tritons and every flag combination;
+# tests/test_cuda_kernel_spills.py recompiles them (TMA for sm_90a, pointers for sm_89) with the
+# installed Triton and checks that they still do not spill and that ptxas does not serialize wgmmas.
 TMA_CONFIGS = {
-    128: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4)],
-    64: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4)],
+    128: [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],
+    64: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
 }
 POINTER_CONFIGS = {  # sm89 (no TMA), or a Triton without host tensor descriptors
     128: [(128, 32, 8, 3)],
