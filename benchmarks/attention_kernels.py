@@ -499,6 +499,7 @@ def main(argv=None) -> int:
     plan = [(d, s, False, False) for d, s in grid] + [(d, s, True, False) for d, s in masks] + \
            [(d, s, False, True) for d, s in outliers]
     t0 = time.time()
+    info = meta(torch, device, args.dry_run, args)
     rows = []
     for d, s, mask_on, outlier in plan:
         if args.budget is not None and time.time() - t0 > args.budget:
@@ -509,13 +510,12 @@ def main(argv=None) -> int:
                             dry=args.dry_run, quick=args.quick, only=only))
         print(f"[{time.time() - t0:6.1f} s] D{d} S{s}{' mask' if mask_on else ''}{' outlier' if outlier else ''} done",
               file=sys.stderr, flush=True)
-    results = {"meta": meta(torch, device, args.dry_run, args), "rows": rows, "seconds": time.time() - t0}
-    if args.out_dir:
-        os.makedirs(args.out_dir, exist_ok=True)
-        path = os.path.join(args.out_dir, "attention_kernels.json")
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
-        print(f"wrote {path}", file=sys.stderr)
+        results = {"meta": info, "rows": rows, "seconds": time.time() - t0}
+        if args.out_dir:  # after every row: a run cut short still leaves what it measured
+            os.makedirs(args.out_dir, exist_ok=True)
+            with open(os.path.join(args.out_dir, "attention_kernels.json"), "w") as f:
+                json.dump(results, f, indent=1)
+    results = {"meta": info, "rows": rows, "seconds": time.time() - t0}
     print(f"\nattention kernels, B1 H{H} (error rows: {ERR_HEADS} heads x {ERR_ROWS} queries vs float64) — "
           f"{results['meta']['device']}, torch {results['meta']['torch']}, Triton {results['meta']['triton']}, "
           f"cudnn-frontend {results['meta']['cudnn_frontend']}, {results['seconds']:.0f} s")
