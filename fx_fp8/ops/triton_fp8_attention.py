@@ -14,13 +14,16 @@ keys share one K scale sk and one V scale sv (scalars, no per-column gather):
                                                     one FMA an element, no separate scale multiplies
   l   = l * alpha + rowsum(P')                      from the unquantized P', as the reference
   acc = acc * alpha * (sv_prev / sv) + e4m3(P') @ Vq
-The tile's P @ V is a dot with a fresh accumulator, added to acc in fp32 on
-the CUDA cores (two-level accumulation). Hopper's FP8 tensor cores accumulate
+The tile's P @ V runs as dots of at most PV_KEYS (64) keys, each from a fresh
+accumulator, added to acc in fp32 on the CUDA cores (two-level accumulation;
+a 128-key tile splits its P in registers). Hopper's FP8 tensor cores accumulate
 with about 14 bits (DeepSeek-V3's report; SageAttention2 promotes its FP8 P @ V
 the same way), so `acc = tl.dot(Pq, Vq, acc)` across every key tile loses a
 little at each tile: on an H200 that in-place form gave 3.2 % error at 4608
 keys and 11.5 % at 16384, growing with length, against 0.36 / 0.28 % for the
-reference. Triton's `max_num_imprecise_acc` would promote inside the dot
+reference; under the emulation of tests/test_attention_accumulation.py, dots of
+128 keys still cost 1.3-1.4x the reference's error at 16k-32k keys, 64 keys
+1.15-1.26x. Triton's `max_num_imprecise_acc` would promote inside the dot
 instead, but its lowering reads the wgmma accumulator before the wait, and
 ptxas then serializes every wgmma of the kernel (warning C7514). The
 accumulator is kept in units of the current tile's V scale: when a tile with
