@@ -34,8 +34,12 @@ Attention (attention.kernel):
   flash kernel of `triton_fp8_attention` (head dims 64 and 128, key-padding
   masks, optional LSE).
 * "cudnn": cuDNN's FP8 SDPA through nvidia-cudnn-frontend (`cudnn_attention`),
-  per-tensor scales only, an explicit opt-in: "auto" never picks it (its
-  measured SQNR is below the block recipe's bar, see cudnn_attention).
+  per-tensor scales only, an explicit opt-in by default (its emulated SQNR is
+  below the block recipe's bar, see cudnn_attention).
+"auto" resolves at compile time by the measured table of `attention_table`
+(GPU, head dim, mask, key length -> the fastest kernel within 1.5x of the
+reference's error that this node can run), else to AUTO_KERNEL; the report
+row names the kernel and the measurement.
 Imports Triton and cuDNN lazily: the module loads on machines without them,
 and every reason method reports what is missing instead of failing.
 """
@@ -54,7 +58,9 @@ from fx_fp8.shapes import broadcasts_to, concrete, size_str
 HEAD_DIMS = (64, 128)
 KEY_TILE = 64  # kv_block must be a multiple of it: every autotune config list has a key tile (BLOCK_N) dividing 64
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: attention.kernel "auto" resolves to this kernel (see cudnn_attention for the measurement behind it)
+#: attention.kernel "auto" resolves to this kernel where the measured table (attention_table) has no row
+#: for the GPU / head dim / length, or none whose pick the node can run (see cudnn_attention for the
+#: SQNR measurement behind the default)
 AUTO_KERNEL = "triton"
 #: torch._int_mm on CUDA needs more than 16 rows
 INT_MM_MIN_ROWS = 17
@@ -150,11 +156,26 @@ class CudaLowering(Lowering):
 
     def attention_kernel(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> tuple[str, str]:
         """(kernel baked into the op, report text) for a node attention_reason accepted: "auto"
-        resolves here, at compile time, to AUTO_KERNEL."""
-        kernel = resolve_kernel(cfg.kernel)
+        resolves here, at compile time, by the measured table (attention_table), else to AUTO_KERNEL."""
+        kernel, why = resolve_kernel(cfg.kernel), ""
+        if cfg.kernel == "auto":
+            from fx_fp8.ops import attention_table
+
+            def runnable(name: str) -> bool:  # attention_reason checked the default (Triton) kernel already
+                if name == AUTO_KERNEL:
+                    return True
+                if name == "cudnn":
+                    from fx_fp8.ops import cudnn_attention
+
+                    return cudnn_attention.attention_reason(q, k, v, cfg, attn_mask, need_lse=need_lse) is None
+                return False
+
+            kernel, why = attention_table.auto_kernel(
+                attention_table.gpu_name(q.device), concrete(q.shape[-1]), concrete(k.shape[2]),
+                attn_mask is not None, AUTO_KERNEL, runnable)
         how = "cuDNN FP8 SDPA, per-tensor scales, FP8 output" if kernel == "cudnn" else "Triton FP8 kernel"
         if cfg.kernel == "auto":
-            how += " (attention.kernel: auto)"
+            how += f" (attention.kernel: auto; {why})"
         return kernel, how + (", LSE" if need_lse else "")
 
     def linear_reason(self, x, weight, qcfg) -> Optional[str]:

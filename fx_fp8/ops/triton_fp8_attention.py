@@ -7,14 +7,32 @@ second operand K-major), fp32 scales (B, H, n) per block of `q_block` /
 
 Per (query tile, key tile), with BLOCK_N dividing kv_block so that the tile's
 keys share one K scale sk and one V scale sv (scalars, no per-column gather):
-  S  = (Qq @ Kq^T) * (sq[row] * softmax_scale * log2(e) * sk)   FP8 dot, fp32 accumulation
-  online softmax in fp32 (base 2), row sum l from the unquantized P
-  Pq = e4m3(P * p_scale)                                         P in [0, 1] against the running max
-  acc = tl.dot(Pq, Vq, acc)                                      FP8 dot accumulating in place
-The accumulator is kept in units of the current tile's V scale: when a tile
-with another sv starts, the online-softmax rescale of acc (alpha) also
-carries sv_prev / sv. At the end O = acc * (sv_last / p_scale / l): p_scale
-and the V scale are one multiply, per tile and at the end.
+  S   = Qq @ Kq^T                                   FP8 dot (a fresh accumulator over the head dim)
+  c   = sq[row] * softmax_scale * log2(e) * sk      the tile's score scale, > 0
+  m   = max(m, c * rowmax(S))                       online softmax in fp32, base 2
+  P'  = exp2(S * c - (m - log2(p_scale)))           = P * p_scale, P in [0, 1] against the running max:
+                                                    one FMA an element, no separate scale multiplies
+  l   = l * alpha + rowsum(P')                      from the unquantized P', as the reference
+  acc = acc * alpha * (sv_prev / sv) + e4m3(P') @ Vq
+The tile's P @ V runs as dots of at most PV_KEYS (64) keys, each from a fresh
+accumulator, added to acc in fp32 on the CUDA cores (two-level accumulation;
+a 128-key tile splits its P in registers). Hopper's FP8 tensor cores accumulate
+with about 14 bits (DeepSeek-V3's report; SageAttention2 promotes its FP8 P @ V
+the same way), so `acc = tl.dot(Pq, Vq, acc)` across every key tile loses a
+little at each tile: on an H200 that in-place form gave 3.2 % error at 4608
+keys and 11.5 % at 16384, growing with length, against 0.36 / 0.28 % for the
+reference; under the emulation of tests/test_attention_accumulation.py, dots of
+128 keys still cost 1.3-1.4x the reference's error at 16k-32k keys, 64 keys
+1.15-1.26x. Triton's `max_num_imprecise_acc` would promote inside the dot
+instead, but its lowering reads the wgmma accumulator before the wait, and
+ptxas then serializes every wgmma of the kernel (warning C7514). The
+accumulator is kept in units of the current tile's V scale: when a tile with
+another sv starts, the rescale also carries sv_prev / sv. At the end
+O = acc * sv_last / l.
+tests/test_attention_accumulation.py pins this structure (the compiled PV dot
+starts from zero and is not folded back into an in-place dot; no ptxas
+serialization) and shows, with the tensor cores' accumulation emulated in the
+interpreter, the in-place form's error growing with length and this one's not.
 
 Difference from `quant.attention_from_fp8` (the reference): the reference
 quantizes P = exp(S - final row max); this kernel quantizes P against the
@@ -27,7 +45,7 @@ into the score scale). A query row whose keys are all masked gives O = 0 and
 LSE = -inf, as the reference.
 
 LSE (RETURN_LSE): the natural-log log-sum-exp of the scaled scores,
-(m + log2(l)) * ln(2), fp32 (B, H, S_q).
+(m + log2(l) - log2(p_scale)) * ln(2), fp32 (B, H, S_q).
 
 Masks: an additive fp32 bias per key (B, Hm, S_pad), Hm in {1, H}, already in
 log2 units, -inf on padding keys (a key-padding mask); other masks are
@@ -70,66 +88,132 @@ _LN2 = tl.constexpr(LN2)  # read inside the kernel
 # (128, 128, 8 warps, 3 stages) at D = 128, which pushes it past 255: it spilled (1012 bytes of
 # spill stores). Hopper's TMA (host tensor descriptors) loads a tile from one descriptor and two
 # coordinates, so the TMA path only pays the data terms above.
-# Measured (Triton 3.9, ptxas 13.4, `ptxas -v`, QUANT_P with and without LSE / key bias / fp16 P):
-#   TMA, sm_90a, D=128:  (128,128,8,2|3|4) 219-255 regs, 0 spill; (128,64,8,3|4) 206-227, 0;
-#                        (64,64,4,3|4) 141-234, 0; (64,128,4,3) up to 8 B spill; (128,64,4,3) 255 regs,
-#                        up to 4 B; (128,128,4,3) 2112-2616 B spill.
-#   pointers, sm_90a, D=128: (128,128,8,3) 1012 B spill; (128,64,4,3) 1612 B; (64,64,4,3|4) 252-308 B;
-#                        (64,128,8,3) 448 B; (128,64,8,2|3|4) 0-44 B depending on the flags;
-#                        (128,32,8,3|4) 0 with every flag set.
-#   pointers, sm_89, D=128: (128,32,8,3) 0 B; (128,64,8,3|4) 0-12 B; (128,128,8,3) 1144-1616 B;
-#                        (128,64,4,3) 2496-2604 B.  D=64: (128,64,8,3|4), (128,32,8,3), (64,64,4,3|4) 0 B.
-# The lists keep only configs that measured 0 spill stores with every flag combination;
-# tests/test_cuda_kernel_spills.py recompiles them for sm_90a and checks that they still do not spill.
+# Two-level P @ V adds a fresh BLOCK_M * min(BLOCK_N, PV_KEYS) / T accumulator (64 registers at
+# (128, *, 8 warps), D = 128) while acc is live; (128, 128) tiles also split P in two 64-key dots.
+# Measured (`ptxas -v` on sm_90a / sm_89, FP8 P, each of: no flags, LSE, key bias, key bias + LSE),
+# PV_KEYS = 64, Triton 3.6 (the GPU's, torch 2.11) and 3.9 (this project's CI):
+#   TMA, D=128: (128,64,8,3|4) 237-247 regs, 0 spill; (64,64,4,3|4) 167-245, 0 (both Tritons);
+#               (128,128,8,2|3|4) 253-255 regs, 0 spill under 3.6 but 12-92 B under 3.9 in one flag
+#               combination each: left out (benchmarks/attention_kernels.py times (128,128,8,3) as
+#               triton_pv64 / triton_pv128, to show what it would gain).
+#   TMA, D=64:  (128,128,8,2|3), (128,64,8,3|4), (64,64,4,3|4) 127-254 regs, 0 spill.
+#   pointers, sm_89: D=128 (128,32,8,3) 242-255, 0; D=64 (128,64,8,3), (128,32,8,3), (64,64,4,3) 0.
+#   (Before two-level accumulation, Triton 3.9: TMA D=128 (128,128,8,2|3|4) 219-255 regs, 0 spill;
+#   pointers on sm_90a spilled 0-1012 B: that path serves sm89, or a Triton without TMA descriptors.)
+# The lists keep only configs with 0 spill stores under both Tritons and every flag combination;
+# tests/test_cuda_kernel_spills.py recompiles them (TMA for sm_90a, pointers for sm_89) with the
+# installed Triton and checks that they still do not spill and that ptxas does not serialize wgmmas.
 TMA_CONFIGS = {
-    128: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4)],
-    64: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 64, 4, 4)],
+    128: [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],
+    64: [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
 }
 POINTER_CONFIGS = {  # sm89 (no TMA), or a Triton without host tensor descriptors
     128: [(128, 32, 8, 3)],
     64: [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)],
 }
+#: the most keys one P @ V dot sums in the tensor cores' limited-precision accumulator before the
+#: result joins the fp32 accumulator (see the module docstring)
+PV_KEYS = 64
 #: every (BLOCK_M, BLOCK_N, num_warps, num_stages) either autotuner may pick
 CONFIGS = sorted({c for table in (TMA_CONFIGS, POINTER_CONFIGS) for cs in table.values() for c in cs}, reverse=True)
 
 
 @triton.jit
-def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n, offs_d,
-                lo, hi, S_K, S_PAD, n_k, kv_block, p_scale,
-                BLOCK_N: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr):
+def _load_v(VT, vrow0, start_n, S_PAD, offs_d, KEYS: tl.constexpr, QUANT_P: tl.constexpr, USE_TMA: tl.constexpr):
+    """V rows start_n .. start_n + KEYS as the (KEYS, D) B operand of P @ V (V^T is stored keys-contiguous)."""
+    if USE_TMA:  # V^T viewed as (B*H*D, S_pad); the descriptor's tile is (D, KEYS)
+        v = VT.load([vrow0, start_n]).T
+    else:
+        cols = start_n + tl.arange(0, KEYS)
+        v = tl.load(VT + vrow0 * S_PAD + cols[:, None] + offs_d[None, :] * S_PAD)
+    if not QUANT_P:
+        v = v.to(tl.float16)
+    return v
+
+
+@triton.jit
+def _pv(acc, p, VT, vrow0, start_n, S_PAD, offs_d, KEYS: tl.constexpr, QUANT_P: tl.constexpr, USE_TMA: tl.constexpr,
+        TWO_LEVEL: tl.constexpr):
+    """acc + p @ V[start_n : start_n + KEYS]: a fresh dot added in fp32 (TWO_LEVEL), or accumulated in place."""
+    v = _load_v(VT, vrow0, start_n, S_PAD, offs_d, KEYS, QUANT_P, USE_TMA)
+    if TWO_LEVEL:
+        return acc + tl.dot(p, v)
+    return tl.dot(p, v, acc)
+
+
+@triton.jit
+def _column_halves(x, N: tl.constexpr):
+    """(x[:, :N/2], x[:, N/2:]) of an (M, N) tile (a register split, no data movement on Hopper)."""
+    return tl.split(tl.permute(tl.reshape(x, [x.shape[0], 2, N // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr,
+                offs_n, offs_d, lo, hi, S_K, S_PAD, n_k, kv_block, log2_p,
+                BLOCK_N: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_P: tl.constexpr,
+                EXACT_CAST: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                PV_KEYS: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        blk = tl.minimum(start_n // kv_block, n_k - 1)   # BLOCK_N divides kv_block: one K/V scale per tile
+        # BLOCK_N divides kv_block: one K and one V scale a tile (Triton's pipeliner prefetches them)
+        blk = tl.minimum(start_n // kv_block, n_k - 1)
+        sk = tl.load(sk_ptr + blk)
+        sv = tl.load(sv_ptr + blk)
         if USE_TMA:  # K viewed as (B*H*S_pad, D), V^T as (B*H*D, S_pad): TMA tiles, no per-element addresses
             k = K.load([krow0 + start_n, 0]).T                                # (D, BLOCK_N), D contiguous
         else:
             k = tl.load(K + (krow0 + cols)[None, :] * D + offs_d[:, None])
-        s = tl.dot(q, k) * (row_scale * tl.load(sk_ptr + blk))[:, None]
+        s = tl.dot(q, k)                          # integer-valued products of e4m3 codes, fp32
+        c = row_scale * sk                        # the tile's score scale (log2 units), > 0
         if HAS_BIAS:
-            s = s + tl.load(bias_ptr + cols)[None, :]
-        if CHECK:
-            s = tl.where(cols[None, :] < S_K, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = m_new
-        if HAS_BIAS:  # rows whose keys so far are all masked: zeros instead of NaN (-inf - -inf)
+            s = s * c[:, None] + tl.load(bias_ptr + cols)[None, :]
+            if CHECK:
+                s = tl.where(cols[None, :] < S_K, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # rows whose keys so far are all masked: zeros instead of NaN (-inf - -inf)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
+            p = tl.math.exp2(s - (m_use - log2_p)[:, None])
+        else:
+            if CHECK:
+                s = tl.where(cols[None, :] < S_K, s, float("-inf"))
+            # c > 0: the max of the scaled scores is the scaled max; the scale then folds into the
+            # exponent's argument (one FMA an element) and p_scale into its offset (2^log2_p = p_scale)
+            m_new = tl.maximum(m_i, tl.max(s, 1) * c)
+            m_use = m_new
+            p = tl.math.exp2(s * c[:, None] - (m_use - log2_p)[:, None])   # P * p_scale, in [0, p_scale]
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        sv = tl.load(sv_ptr + blk)
-        acc = acc * (alpha * (sv_cur / sv))[:, None]  # acc in units of this tile's V scale
-        if USE_TMA:
-            v = VT.load([vrow0, start_n]).T                                     # (BLOCK_N, D), keys contiguous
-        else:
-            v = tl.load(VT + vrow0 * S_PAD + cols[:, None] + offs_d[None, :] * S_PAD)
         if QUANT_P:
-            y = p * p_scale
             if EXACT_CAST:
-                y = round_e4m3(y)
-            acc = tl.dot(y.to(tl.float8e4nv), v, acc)
+                p = round_e4m3(p)
+            pq = p.to(tl.float8e4nv)
         else:
-            acc = tl.dot(p.to(tl.float16), v.to(tl.float16), acc)
+            pq = p.to(tl.float16)
+        # acc is kept in units of this tile's V scale: the online-softmax rescale also carries sv_prev / sv
+        acc = acc * (alpha * (sv_cur / sv))[:, None]
+        # P @ V in dots of at most PV_KEYS keys, each from a fresh accumulator whose result is added to acc
+        # in fp32 on the CUDA cores (TWO_LEVEL): Hopper's FP8 tensor cores accumulate with ~14 bits, so a
+        # product accumulated in place across every key tile loses more the more tiles there are (11.5 %
+        # error at 16k keys on an H200). TWO_LEVEL=False accumulates in place: measurement only.
+        if PV_KEYS >= BLOCK_N:
+            acc = _pv(acc, pq, VT, vrow0, start_n, S_PAD, offs_d, BLOCK_N, QUANT_P, USE_TMA, TWO_LEVEL)
+        else:
+            tl.static_assert(PV_KEYS * 4 >= BLOCK_N, "a key tile splits into at most 4 P @ V dots")
+            p0, p1 = _column_halves(pq, BLOCK_N)
+            if PV_KEYS * 2 == BLOCK_N:
+                acc = _pv(acc, p0, VT, vrow0, start_n, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
+                acc = _pv(acc, p1, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
+            else:  # four dots of BLOCK_N / 4 keys
+                p00, p01 = _column_halves(p0, BLOCK_N // 2)
+                p10, p11 = _column_halves(p1, BLOCK_N // 2)
+                acc = _pv(acc, p00, VT, vrow0, start_n, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
+                acc = _pv(acc, p01, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
+                acc = _pv(acc, p10, VT, vrow0, start_n + 2 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
+                acc = _pv(acc, p11, VT, vrow0, start_n + 3 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
+                          TWO_LEVEL)
         sv_cur = sv
         m_i = m_new
     return acc, l_i, m_i, sv_cur
@@ -139,10 +223,11 @@ def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr
 def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
                      H, S_Q, S_K, SQ_PAD, SK_PAD, n_q, n_k, q_block, kv_block,
                      bias_stride_b, bias_stride_h, o_stride_b, o_stride_h, o_stride_s,
-                     qk_scale, p_scale, out_scale,
+                     qk_scale, log2_p,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                      QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, RETURN_LSE: tl.constexpr,
-                     USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False):
+                     USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False, TWO_LEVEL: tl.constexpr = True,
+                     PV_KEYS: tl.constexpr = 128):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -168,21 +253,24 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
     full = (S_K // BLOCK_N) * BLOCK_N
     last = tl.cdiv(S_K, BLOCK_N) * BLOCK_N
     # full key tiles need no bounds check; the partial last one does
-    acc, l_i, m_i, sv_cur = _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr,
-                                        bias_ptr, offs_n, offs_d, 0, full, S_K, SK_PAD, n_k, kv_block, p_scale,
-                                        BLOCK_N, False, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA)
-    acc, l_i, m_i, sv_cur = _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr,
-                                        bias_ptr, offs_n, offs_d, full, last, S_K, SK_PAD, n_k, kv_block, p_scale,
-                                        BLOCK_N, True, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA)
+    acc, l_i, m_i, sv_cur = _attn_tiles(
+        acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n,
+        offs_d, 0, full, S_K, SK_PAD, n_k, kv_block, log2_p, BLOCK_N, False, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA,
+        TWO_LEVEL, PV_KEYS)
+    acc, l_i, m_i, sv_cur = _attn_tiles(
+        acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n,
+        offs_d, full, last, S_K, SK_PAD, n_k, kv_block, log2_p, BLOCK_N, True, HAS_BIAS, QUANT_P, EXACT_CAST, D,
+        USE_TMA, TWO_LEVEL, PV_KEYS)
+    # l sums P * p_scale, as acc does: O = acc * sv / l, no p_scale left to divide out
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a fully masked row: acc is 0, O = 0
-    out = acc * (sv_cur * out_scale / l_safe)[:, None]
+    out = acc * (sv_cur / l_safe)[:, None]
     if ROUND_BF16:  # the interpreter's bf16 cast truncates
         out = round_bf16(out)
     row_ok = offs_m < S_Q
     o_ptrs = OUT + b * o_stride_b + h * o_stride_h + offs_m[:, None] * o_stride_s + offs_d[None, :]
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     if RETURN_LSE:  # log2(0) = -inf: a fully masked row gets -inf
-        tl.store(LSE + bh * S_Q + offs_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=row_ok)
+        tl.store(LSE + bh * S_Q + offs_m, (m_i + tl.math.log2(l_i) - log2_p) * _LN2, mask=row_ok)
 
 
 def _make_prune(table):
@@ -197,10 +285,11 @@ def _make_prune(table):
 
 
 def _set_tile_shapes(nargs):
-    """Autotune pre-hook: the TMA descriptors' tile shapes follow the config's BLOCK_N."""
+    """Autotune pre-hook: the TMA descriptors' tile shapes follow the config's BLOCK_N (V's: the keys of
+    one P @ V dot, at most PV_KEYS)."""
     bn, d = nargs["BLOCK_N"], nargs["D"]
     nargs["K"].block_shape = [bn, d]
-    nargs["VT"].block_shape = [d, bn]
+    nargs["VT"].block_shape = [d, min(bn, nargs.get("PV_KEYS", bn))]
 
 
 def _autotuned(table, pre_hook=None):
@@ -208,7 +297,7 @@ def _autotuned(table, pre_hook=None):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
                  for m, n, w, s in configs],
-        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE"],
+        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE", "TWO_LEVEL", "PV_KEYS"],
         prune_configs_by={"early_config_prune": _make_prune(table)},
     )(_attn_fwd_kernel)
 
@@ -249,14 +338,18 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
 def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_scale: float, q_block: int,
                         kv_block: int, quantize_p: bool = True, p_scale: float = 448.0, out_dtype=torch.bfloat16,
                         bias: torch.Tensor | None = None, return_lse: bool = False, config: tuple | None = None,
-                        use_tma: bool | None = None, exact_cast: bool | None = None):
+                        use_tma: bool | None = None, exact_cast: bool | None = None, two_level: bool = True,
+                        pv_keys: int | None = None):
     """The attention kernel alone on prepared inputs; returns (B, H, s_q, D) in out_dtype, and
     with return_lse also the fp32 (B, H, s_q) natural-log LSE.
 
     sq / sk / sv: (B, H, n) fp32 (n = 1 for per-head scales; per-tensor scales are expanded).
     config = (BLOCK_M, BLOCK_N, num_warps, num_stages) bypasses the autotuner (the
     interpreter uses a fixed config unless given one). use_tma: load K and V through TMA
-    descriptors (default: where `tma_available`; the interpreter runs both paths)."""
+    descriptors (default: where `tma_available`; the interpreter runs both paths). pv_keys: the
+    most keys one P @ V dot sums before its result is added to the fp32 accumulator (default
+    PV_KEYS; 32, 64 or 128). two_level=False accumulates P @ V in place across key tiles (the
+    old, inaccurate structure: measurement only)."""
     b, h, sq_pad, d = qq.shape
     sk_pad = kq.shape[2]
     if d not in (64, 128):
@@ -268,6 +361,9 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     n_q, n_k = sq.shape[-1], sk.shape[-1]
     if sv.shape[-1] != n_k:
         raise ValueError("K and V scales must share the kv blocks")
+    pv_keys = PV_KEYS if pv_keys is None else int(pv_keys)
+    if pv_keys not in (32, 64, 128):
+        raise ValueError(f"pv_keys must be 32, 64 or 128, got {pv_keys}")
     if use_tma is None:
         use_tma = tma_available(qq.device) and not interpreting()
     if use_tma and TensorDescriptor is None:
@@ -282,19 +378,20 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     bias_t = bias if has_bias else sq
     bsb, bsh = (bias.stride(0), bias.stride(1) if bias.shape[1] > 1 else 0) if has_bias else (0, 0)
     qk_scale = softmax_scale * LOG2E
-    out_scale = 1.0 / p_scale if quantize_p else 1.0
+    log2_p = math.log2(p_scale) if quantize_p else 0.0  # P is computed as exp2(x + log2_p) = P * p_scale
     if config is None and interpreting():
         config = (64, 64, 4, 1)
     k_arg, v_arg = kq, vt
     if use_tma:  # 2-D views: K (B*H*Sk_pad, D), V^T (B*H*D, Sk_pad); tile shapes set per config
         bn0 = (config[1] if config is not None else 64)
         k_arg = TensorDescriptor.from_tensor(kq.reshape(b * h * sk_pad, d), [bn0, d])
-        v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, bn0])
+        v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, min(bn0, pv_keys)])
     args = (qq, k_arg, v_arg, sq, sk, sv, bias_t, out, lse, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
-            out.stride(0), out.stride(1), out.stride(2), qk_scale, p_scale, out_scale)
+            out.stride(0), out.stride(1), out.stride(2), qk_scale, log2_p)
     exact = interpreting() if exact_cast is None else exact_cast
     flags = dict(D=d, HAS_BIAS=has_bias, QUANT_P=quantize_p, RETURN_LSE=return_lse, USE_TMA=use_tma,
-                 EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16)
+                 EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16, TWO_LEVEL=bool(two_level),
+                 PV_KEYS=pv_keys)
     if b * h and s_q:
         if config is not None:
             bm, bn, warps, stages = config

@@ -1,0 +1,147 @@
+"""The measured table behind `attention.kernel: auto` on CUDA.
+
+`attention_table.json` (beside this file) holds rows measured on real GPUs by
+benchmarks/attention_kernels.py (`--table-from` writes it from a probe run). A row covers one
+GPU (its torch.cuda.get_device_name), one head dim, key-padding mask or not, and a range of key
+lengths; it keeps, for every kernel the CUDA lowering can run, the measured time (pre-pass
+included) and relative error against float64 attention, next to cuDNN's BF16 time and the
+reference lowering's error on the same inputs. Its pick is the fastest kernel whose error is at
+most BAR x the reference's (the accuracy bar of the FP8 attention kernels); a row where none
+passes picks nothing. The S ranges split the measured lengths at their geometric midpoints, the
+first and last open-ended.
+
+`auto_kernel` resolves "auto" at compile time: the row for this GPU, head dim, mask and key length
+whose pick the node can run (a kernel's own eligibility, e.g. cuDNN's per-tensor scales), else the
+lowering's default (cuda.AUTO_KERNEL) with the reason in the report. A symbolic key length is not
+specialised: the default runs.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Callable, Optional
+
+TABLE_PATH = Path(__file__).with_name("attention_table.json")
+#: a kernel's error may be at most this multiple of the reference lowering's to be picked
+BAR = 1.5
+#: benchmarks/attention_kernels.py candidate -> the attention.kernel value that runs it
+PROBE_KERNELS = {"triton": "triton", "cudnn_fp8": "cudnn"}
+#: what a probe row is compared against (its time is kept in the row)
+BASELINE = "cudnn_bf16"
+
+
+def gpu_name(device) -> Optional[str]:
+    """torch.cuda.get_device_name of the tensor's device, or None off CUDA / without a driver."""
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return None
+    try:
+        return torch.cuda.get_device_name(device)
+    except Exception:  # a CPU-only torch, or fake CUDA tensors in tests
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> dict:
+    p = Path(path)
+    if not p.exists():
+        return {"rows": []}
+    table = json.loads(p.read_text())
+    if not isinstance(table.get("rows"), list):
+        raise ValueError(f"{path}: an attention table needs a 'rows' list")
+    return table
+
+
+def load_table(path=TABLE_PATH) -> dict:
+    return _load(str(path))
+
+
+def _pick(kernels: dict, ref_err: Optional[float]) -> Optional[str]:
+    ok = [(c["ms"], name) for name, c in kernels.items()
+          if c.get("ms") is not None and c.get("err") is not None and ref_err and c["err"] <= BAR * ref_err]
+    return min(ok)[1] if ok else None
+
+
+def table_from_probe(results: dict) -> dict:
+    """The table from a benchmarks/attention_kernels.py results JSON (Gaussian rows only: the
+    outlier row measures robustness, not what to pick)."""
+    m = results["meta"]
+    if "dry run" in str(m.get("device", "")):
+        raise ValueError("a dry run's timings are meaningless: build the table from a GPU run")
+    groups: dict[tuple, list] = {}
+    for r in results["rows"]:
+        if r.get("inputs") != "gaussian" or not r.get("ref_err"):
+            continue
+        groups.setdefault((r["d"], bool(r["mask"])), []).append(r)
+    rows = []
+    for (d, mask), measured in sorted(groups.items()):
+        measured.sort(key=lambda r: r["s"])
+        lengths = [r["s"] for r in measured]
+        cuts = [int(math.sqrt(a * b)) for a, b in zip(lengths, lengths[1:])]
+        for i, r in enumerate(measured):
+            kernels = {}
+            for probe_name, kernel in PROBE_KERNELS.items():
+                c = r["cells"].get(probe_name, {})
+                if "ms" in c and "err" in c:
+                    kernels[kernel] = {"ms": round(c["ms"], 4), "err": round(c["err"], 6)}
+            base = r["cells"].get(BASELINE, {}).get("ms")
+            rows.append({"gpu": m["device"], "d": d, "mask": mask, "s_min": cuts[i - 1] if i else 1,
+                         "s_max": cuts[i] - 1 if i < len(cuts) else None, "s_measured": r["s"],
+                         "ref_err": round(r["ref_err"], 6), "baseline_ms": round(base, 4) if base else None,
+                         "kernels": kernels, "pick": _pick(kernels, r["ref_err"])})
+    return {"source": {k: m.get(k) for k in ("date", "device", "torch", "triton", "cudnn_frontend")},
+            "bar": BAR, "rows": rows}
+
+
+def write_table(table: dict, path=TABLE_PATH) -> None:
+    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    _load.cache_clear()
+
+
+def find_row(table: dict, gpu: Optional[str], d: int, s: Optional[int], mask: bool) -> Optional[dict]:
+    if gpu is None or s is None:
+        return None
+    for row in table["rows"]:
+        if (row["gpu"] == gpu and row["d"] == d and row["mask"] == mask and row["s_min"] <= s
+                and (row["s_max"] is None or s <= row["s_max"])):
+            return row
+    return None
+
+
+def describe(row: dict, kernel: str) -> str:
+    c = row["kernels"][kernel]
+    span = f"S {row['s_min']}-{row['s_max'] if row['s_max'] is not None else 'inf'}"
+    base = f" vs cuDNN BF16 {row['baseline_ms']:.3f} ms" if row.get("baseline_ms") else ""
+    return (f"measured on {row['gpu']} D{row['d']}{' mask' if row['mask'] else ''} {span}: {c['ms']:.3f} ms{base}, "
+            f"err {100 * c['err']:.2f} % = {c['err'] / row['ref_err']:.2f}x the reference")
+
+
+def auto_kernel(gpu: Optional[str], d: Optional[int], s_k: Optional[int], mask: bool, default: str,
+                runnable: Callable[[str], bool], table: Optional[dict] = None) -> tuple[str, str]:
+    """(kernel, why) for attention.kernel "auto"; `runnable(kernel)` says whether this node can run it."""
+    table = load_table() if table is None else table
+    if s_k is None:
+        return default, f"key length symbolic: {default} by default"
+    row = find_row(table, gpu, d, s_k, mask)
+    if row is None:
+        return default, f"no measured row for {gpu or 'this device'} D{d} S{s_k}{' mask' if mask else ''}: " \
+                        f"{default} by default"
+    ranked = sorted((c["ms"], k) for k, c in row["kernels"].items()
+                    if c["err"] <= BAR * row["ref_err"] and runnable(k))
+    if not ranked:
+        return default, f"no kernel in the measured row meets the {BAR}x error bar here: {default} by default"
+    kernel = ranked[0][1]
+    return kernel, describe(row, kernel)
+
+
+def format_rows(table: dict) -> str:
+    lines = [f"{'gpu':<18} {'D':>4} {'mask':>5} {'S range':>15} {'cuDNN BF16':>10}  kernels (ms / err %)  -> pick"]
+    for r in table["rows"]:
+        span = f"{r['s_min']}-{r['s_max'] if r['s_max'] is not None else 'inf'}"
+        ks = ", ".join(f"{k} {c['ms']:.3f} / {100 * c['err']:.2f}" for k, c in r["kernels"].items())
+        base = f"{r['baseline_ms']:.3f}" if r.get("baseline_ms") else "-"
+        lines.append(f"{r['gpu']:<18} {r['d']:>4} {str(r['mask']):>5} {span:>15} {base:>10}  {ks}  -> {r['pick']}")
+    return "\n".join(lines)

@@ -1,0 +1,62 @@
+"""Compile fx_fp8's Triton attention kernel for a GPU target on a machine without one, and read what
+the compiler made of it: Triton compiles for any target without a device, and the ptxas it ships
+reports registers, spills and wgmma serialization (`ptxas -v`)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import triton
+
+#: ptxas's warning when it serializes every wgmma of a kernel (an accumulator read before its wait)
+WGMMA_SERIALIZED = "C7514"
+
+
+def ptxas_path():
+    """A ptxas that accepts the PTX this Triton writes (Triton 3.9 writes PTX 9.x: the bundled
+    ptxas-blackwell, CUDA 13, reads it), or None."""
+    base = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in ("ptxas-blackwell", "ptxas"):
+        path = os.path.join(base, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def compile_attention(d, bm, bn, warps, stages, *, arch=90, tma=True, bias=False, lse=True, two_level=True,
+                      pv_keys=None):
+    """fx_fp8.ops.triton_fp8_attention's kernel for sm_<arch>, as the lowering launches it (FP8 P, bf16 out)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fx_fp8.ops.triton_fp8_attention import PV_KEYS, _attn_fwd_kernel
+
+    pv_keys = PV_KEYS if pv_keys is None else pv_keys
+    cons = dict(D=d, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias, QUANT_P=True, EXACT_CAST=False, RETURN_LSE=lse,
+                USE_TMA=tma, ROUND_BF16=False, TWO_LEVEL=two_level, PV_KEYS=pv_keys)
+    types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "VT": "*fp8e4nv", "SQ": "*fp32", "SK": "*fp32", "SV": "*fp32",
+             "BIAS": "*fp32", "OUT": "*bf16", "LSE": "*fp32"}
+    if tma:
+        types.update(K=f"tensordesc<fp8e4nv[{bn}, {d}]>", VT=f"tensordesc<fp8e4nv[{d}, {min(bn, pv_keys)}]>")
+    floats = {"qk_scale", "log2_p"}
+    sig = {n: "constexpr" if n in cons else types.get(n, "fp32" if n in floats else "i32")
+           for n in _attn_fwd_kernel.arg_names}
+    return triton.compile(ASTSource(_attn_fwd_kernel, sig, constexprs=cons), target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def ptxas_report(kernel, arch, tmp_path) -> str | None:
+    """`ptxas -v`'s report (stderr) on the kernel's PTX; None when ptxas cannot assemble it."""
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(kernel.asm["ptx"])
+    gpu = "sm_90a" if arch == 90 else f"sm_{arch}"
+    proc = subprocess.run([ptxas_path(), "-v", f"--gpu-name={gpu}", str(ptx), "-o", os.devnull], capture_output=True,
+                          text=True)
+    return proc.stderr if proc.returncode == 0 else None
+
+
+def registers_and_spills(report: str) -> tuple[int, int]:
+    regs = int(re.search(r"Used (\d+) registers", report).group(1))
+    spill = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    return regs, spill
