@@ -13,6 +13,7 @@
 #   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)
 # Each step logs to $OUT/<step>.log; $OUT/gpu_run.log gets the environment and one line per step
 # (exit status, seconds); the benchmarks append their dated sections to $OUT/RESULTS.md.
+# PYTEST_ARGS adds arguments to pytest (e.g. "-n 4" with pytest-xdist among the wheels),
 # BENCH_ARGS adds arguments to cuda_bench.py (e.g. "--budget 250"; "--dry-run" checks this driver on CPU),
 # ATTENTION_ARGS to attention_kernels.py.
 # Exit status: the first failing step's (124: its timeout), 0 when all passed.
@@ -91,7 +92,7 @@ run_step() {
     env)       limit=60;                        cmd=(environment) ;;
     quick)     limit=${QUICK_TIMEOUT:-320};     cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --quick --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
     flux)      limit=${FLUX_TIMEOUT:-320};      cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --flux --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
-    pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider "$REPO/tests") ;;
+    pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider ${PYTEST_ARGS:-} "$REPO/tests") ;;
     attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
   esac
   if [ "$step" = attention ] && [ ! -f "$REPO/benchmarks/attention_kernels.py" ]; then

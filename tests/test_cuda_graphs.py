@@ -87,8 +87,8 @@ def test_compile_pipeline_with_reduce_overhead(prepare):
     with torch.no_grad():
         native = run()
         fx_fp8.compile_pipeline(pipe, prepare=prepare, compile_kwargs={"mode": "reduce-overhead"})
-        first, second = run(), run()
+        first, second, third = run(), run(), run()  # warm-up and recording, then replays
     state = fx_fp8.pipeline_state(pipe)
     assert any(r.count("linear", "fp8") > 0 for rs in state.reports().values() for r in rs)
-    assert torch.equal(first, second), "replays are deterministic"
-    assert rel(first, native) < 0.1
+    assert torch.equal(second, third), "replays are deterministic"
+    assert rel(first, native) < 0.1 and rel(third, first) < 1e-2
