@@ -50,6 +50,7 @@ profiler's outermost aten ops in place of kernels. Any failing cell makes the ex
 from __future__ import annotations
 
 import argparse
+import json
 import contextlib
 import copy
 import gc
@@ -119,6 +120,8 @@ class Bench:
         self.bf16_backend = "eager" if self.dry else "inductor"
         # fx_fp8 picks the cuda lowering and Inductor from the tensors; on CPU: the reference and eager
         self.fx_options = {"lowering": "reference", "downstream": "eager"} if self.dry else None
+        if getattr(args, "fx_options", None):  # --fx-options: fx_fp8 options for every fx_fp8 row
+            self.fx_options = {**(self.fx_options or {}), **args.fx_options}
         self.rows: list[Row] = []
         self.errors: list[str] = []
         self.deadline = None
@@ -648,6 +651,8 @@ def parse_args(argv=None):
     ap.add_argument("--flux-variants", type=_variants, default=tuple(FLUX_VARIANTS), metavar="KEYS",
                     help=f"comma list of Flux variants to run, from {','.join(FLUX_VARIANTS)} (default: all; "
                          "the ratios need 'inductor' and 'torchao' in the same run)")
+    ap.add_argument("--fx-options", type=json.loads, default=None, metavar="JSON",
+                    help='fx_fp8 options for every fx_fp8 row, e.g. \'{"diffusion_kv_cache_dtype": null}\' (attention native)')
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms")
     args = ap.parse_args(argv)

@@ -30,8 +30,11 @@ def probe(device="NVIDIA H200"):
         {"d": 128, "s": 16384, "mask": False, "inputs": "gaussian", "ref_err": 0.0028,
          "cells": cells(3.0, 0.0030, 2.5, 0.0035, base=5.4)},
         {"d": 128, "s": 4608, "mask": True, "inputs": "gaussian", "ref_err": 0.004, "cells": cells(0.31, 0.0045)},
-        # no kernel meets the bar: the row picks nothing
+        # no FP8 kernel meets the bar: native BF16 attention is the only pick
         {"d": 64, "s": 4608, "mask": False, "inputs": "gaussian", "ref_err": 0.004, "cells": cells(0.2, 0.009)},
+        # BF16 attention faster than every FP8 kernel: native
+        {"d": 64, "s": 16384, "mask": False, "inputs": "gaussian", "ref_err": 0.003,
+         "cells": cells(3.0, 0.0031, base=2.0)},
         # the outlier row measures robustness, not what to pick
         {"d": 128, "s": 4608, "mask": False, "inputs": "outlier x5", "ref_err": 0.01, "cells": cells(0.3, 0.011)},
     ]
@@ -43,19 +46,20 @@ def test_table_from_a_probe_run():
     table = at.table_from_probe(probe())
     rows = {(r["d"], r["mask"], r["s_measured"]): r for r in table["rows"]}
     assert set(rows) == {(128, False, 1024), (128, False, 4608), (128, False, 16384), (128, True, 4608),
-                         (64, False, 4608)}
+                         (64, False, 4608), (64, False, 16384)}
     # S ranges split at the geometric midpoints, open at both ends
     assert (rows[128, False, 1024]["s_min"], rows[128, False, 1024]["s_max"]) == (1, 2171)
     assert (rows[128, False, 4608]["s_min"], rows[128, False, 4608]["s_max"]) == (2172, 8687)
     assert (rows[128, False, 16384]["s_min"], rows[128, False, 16384]["s_max"]) == (8688, None)
     assert rows[128, True, 4608]["s_min"] == 1 and rows[128, True, 4608]["s_max"] is None
-    # only kernels the lowering can run are kept, with time and error; the baseline's time beside them
-    assert set(rows[128, False, 4608]["kernels"]) == {"triton", "cudnn"}
+    # only kernels the lowering can run are kept, with time and error ("native": BF16 SDPA, the baseline)
+    assert set(rows[128, False, 4608]["kernels"]) == {"triton", "cudnn", "native"}
     assert rows[128, False, 16384]["baseline_ms"] == 5.4
     # the pick: the fastest kernel within BAR x the reference's error
     assert rows[128, False, 4608]["pick"] == "triton"  # cuDNN FP8 is faster but 1.67x the reference's error
     assert rows[128, False, 16384]["pick"] == "cudnn"
-    assert rows[64, False, 4608]["pick"] is None
+    assert rows[64, False, 4608]["pick"] == "native"  # no FP8 kernel within the bar
+    assert rows[64, False, 16384]["pick"] == "native"  # the FP8 kernel is accurate but slower than BF16
     assert table["source"]["device"] == "NVIDIA H200" and table["bar"] == at.BAR
 
 
@@ -79,7 +83,11 @@ def test_auto_kernel_picks_by_gpu_head_dim_mask_and_length():
         assert kernel == "triton" and why.startswith("no measured row"), why
     kernel, why = at.auto_kernel("NVIDIA H200", 128, None, False, "triton", yes, table)
     assert kernel == "triton" and "symbolic" in why
-    kernel, why = at.auto_kernel("NVIDIA H200", 64, 4608, False, "triton", yes, table)
+    kernel, why = at.auto_kernel("NVIDIA H200", 64, 30000, False, "triton", yes, table)
+    assert kernel == "native" and "BF16 SDPA 2.000 ms, FP8 triton 3.000 ms" in why, why
+    no_native = {"rows": [dict(r, kernels={k: c for k, c in r["kernels"].items() if k != "native"})
+                          for r in table["rows"]]}
+    kernel, why = at.auto_kernel("NVIDIA H200", 64, 4608, False, "triton", yes, no_native)
     assert kernel == "triton" and "error bar" in why
 
 
@@ -120,3 +128,34 @@ def test_cuda_lowering_reports_the_measured_pick(monkeypatch, tmp_path):
         assert kernel == "cudnn" and how.startswith("cuDNN FP8 SDPA") and "2.500 ms" in how, how
         kernel, how = low.attention_kernel(q, q, q, FP8Config.load(None, attention={"kernel": "triton"}).attention)
         assert (kernel, how) == ("triton", "Triton FP8 kernel")  # an explicit kernel is not looked up
+
+
+def test_auto_keeps_attention_native_where_bf16_is_measured_faster(monkeypatch, tmp_path):
+    """The CUDA lowering refuses FP8 attention, with the measurement as the report's reason, where
+    the table says native BF16 attention is faster; an explicit kernel still runs FP8."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(at, "gpu_name", lambda device: "NVIDIA H200")
+    table = at.table_from_probe(probe())
+    monkeypatch.setattr(at, "load_table", lambda path=None: table)
+    low = get_lowering("cuda")
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 20000, 64, device="cuda", dtype=torch.bfloat16)
+        auto = FP8Config.load(None, attention={}).attention
+        reason = low.attention_reason(q, q, q, auto)
+        assert reason is not None and reason.startswith("attention.kernel auto: native attention is faster here")
+        assert "BF16 SDPA 2.000 ms, FP8 triton 3.000 ms" in reason and "attention.kernel: triton" in reason
+        assert low.attention_reason(q, q, q, FP8Config.load(None, attention={"kernel": "triton"}).attention) is None
+        short = torch.empty(1, 2, 1024, 128, device="cuda", dtype=torch.bfloat16)  # triton is faster there
+        assert low.attention_reason(short, short, short, auto) is None
+
+
+def test_the_shipped_h200_table_keeps_flux_length_attention_native():
+    """What the H200 probe of 2026-12-04 measured: the accurate FP8 kernel (with its Q/K/V pre-pass) is
+    slower than cuDNN's BF16 attention up to ~23k keys at D128 (S 16384: 5.50 vs 4.80 ms) and faster
+    beyond (S 32760: 20.99 vs 23.12 ms); at D64 and with masks BF16 wins."""
+    table = at.load_table()
+    yes = lambda name: True  # noqa: E731
+    assert at.auto_kernel("NVIDIA H200", 128, 4608, False, "triton", yes, table)[0] == "native"
+    assert at.auto_kernel("NVIDIA H200", 128, 16384, False, "triton", yes, table)[0] == "native"
+    assert at.auto_kernel("NVIDIA H200", 128, 32760, False, "triton", yes, table)[0] == "triton"
+    assert at.auto_kernel("NVIDIA H200", 64, 4608, False, "triton", yes, table)[0] == "native"

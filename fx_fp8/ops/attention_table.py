@@ -26,8 +26,9 @@ from typing import Callable, Optional
 TABLE_PATH = Path(__file__).with_name("attention_table.json")
 #: a kernel's error may be at most this multiple of the reference lowering's to be picked
 BAR = 1.5
-#: benchmarks/attention_kernels.py candidate -> the attention.kernel value that runs it
-PROBE_KERNELS = {"triton": "triton", "cudnn_fp8": "cudnn"}
+#: benchmarks/attention_kernels.py candidate -> the attention.kernel value that runs it ("native": the node
+#: stays native, BF16 SDPA, which Inductor lowers to cuDNN's attention on sm90)
+PROBE_KERNELS = {"triton": "triton", "cudnn_fp8": "cudnn", "cudnn_bf16": "native"}
 #: what a probe row is compared against (its time is kept in the row)
 BASELINE = "cudnn_bf16"
 
@@ -114,8 +115,13 @@ def find_row(table: dict, gpu: Optional[str], d: int, s: Optional[int], mask: bo
 def describe(row: dict, kernel: str) -> str:
     c = row["kernels"][kernel]
     span = f"S {row['s_min']}-{row['s_max'] if row['s_max'] is not None else 'inf'}"
+    where = f"measured on {row['gpu']} D{row['d']}{' mask' if row['mask'] else ''} {span}"
+    if kernel == "native":
+        fp8 = sorted((o["ms"], k) for k, o in row["kernels"].items() if k != "native")
+        others = ", ".join(f"FP8 {k} {ms:.3f} ms" for ms, k in fp8) or "no FP8 kernel measured"
+        return f"{where}: BF16 SDPA {c['ms']:.3f} ms, {others}"
     base = f" vs cuDNN BF16 {row['baseline_ms']:.3f} ms" if row.get("baseline_ms") else ""
-    return (f"measured on {row['gpu']} D{row['d']}{' mask' if row['mask'] else ''} {span}: {c['ms']:.3f} ms{base}, "
+    return (f"{where}: {c['ms']:.3f} ms{base}, "
             f"err {100 * c['err']:.2f} % = {c['err'] / row['ref_err']:.2f}x the reference")
 
 

@@ -152,27 +152,35 @@ class CudaLowering(Lowering):
                 shape = ", ".join(size_str(s) for s in attn_mask.shape)
                 return (f"mask not supported by the Triton FP8 kernel (shape ({shape}); "
                         "only key-padding masks broadcastable to (B, H, 1, Sk))")
+        if cfg.kernel == "auto":
+            kernel, why = self._auto_kernel(q, k, v, cfg, attn_mask, need_lse)
+            if kernel == "native":  # the measured table: native BF16 attention is faster here, and exact
+                return (f"attention.kernel auto: native attention is faster here ({why}); "
+                        "attention.kernel: triton runs FP8 anyway")
         return None  # need_lse: the kernel writes the LSE when asked
+
+    def _auto_kernel(self, q, k, v, cfg, attn_mask, need_lse) -> tuple[str, str]:
+        """attention.kernel "auto" by the measured table (attention_table): (kernel or "native", why)."""
+        from fx_fp8.ops import attention_table
+
+        def runnable(name: str) -> bool:  # attention_reason checked the default (Triton) kernel already
+            if name in (AUTO_KERNEL, "native"):
+                return True
+            if name == "cudnn":
+                from fx_fp8.ops import cudnn_attention
+
+                return cudnn_attention.attention_reason(q, k, v, cfg, attn_mask, need_lse=need_lse) is None
+            return False
+
+        return attention_table.auto_kernel(attention_table.gpu_name(q.device), concrete(q.shape[-1]),
+                                           concrete(k.shape[2]), attn_mask is not None, AUTO_KERNEL, runnable)
 
     def attention_kernel(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> tuple[str, str]:
         """(kernel baked into the op, report text) for a node attention_reason accepted: "auto"
         resolves here, at compile time, by the measured table (attention_table), else to AUTO_KERNEL."""
         kernel, why = resolve_kernel(cfg.kernel), ""
         if cfg.kernel == "auto":
-            from fx_fp8.ops import attention_table
-
-            def runnable(name: str) -> bool:  # attention_reason checked the default (Triton) kernel already
-                if name == AUTO_KERNEL:
-                    return True
-                if name == "cudnn":
-                    from fx_fp8.ops import cudnn_attention
-
-                    return cudnn_attention.attention_reason(q, k, v, cfg, attn_mask, need_lse=need_lse) is None
-                return False
-
-            kernel, why = attention_table.auto_kernel(
-                attention_table.gpu_name(q.device), concrete(q.shape[-1]), concrete(k.shape[2]),
-                attn_mask is not None, AUTO_KERNEL, runnable)
+            kernel, why = self._auto_kernel(q, k, v, cfg, attn_mask, need_lse)
         how = "cuDNN FP8 SDPA, per-tensor scales, FP8 output" if kernel == "cudnn" else "Triton FP8 kernel"
         if cfg.kernel == "auto":
             how += f" (attention.kernel: auto; {why})"
