@@ -5,7 +5,7 @@ Builds the Flux transformer of benchmarks/linear_memory.py (hidden 3072, random 
 1 double + 1 single block by default: a checkpoint of a few hundred MB), prepares it (default
 config) and saves it with save_quantized. Then loads it alternately with and without
 verification (best of --repeat, page cache warm, into a model load_quantized builds) and times
-the digests alone (fx_fp8.checkpoint.tensor_digests over every tensor of the file), which is
+the digests alone (fx_fp8.quant.checkpoint.tensor_digests over every tensor of the file), which is
 also what save_quantized adds. The digests (hashlib's blake2b) run on up to 8 threads.
 
     python benchmarks/checkpoint_digests.py [--double 1] [--single 1] [--repeat 3] [--no-results]
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from linear_memory import HEADER, RESULTS, build_flux  # noqa: E402  (one Flux builder)
 
 import fx_fp8  # noqa: E402
-from fx_fp8.checkpoint import WEIGHTS_NAME, tensor_digests  # noqa: E402
+from fx_fp8.quant.checkpoint import WEIGHTS_NAME, tensor_digests  # noqa: E402
 
 
 def timed(fn):

@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from linear_memory import RESULTS, HEADER, build_flux, inputs  # noqa: E402  (one Flux builder)
 
 import fx_fp8  # noqa: E402
-from fx_fp8.checkpoint import WEIGHTS_NAME  # noqa: E402
-from fx_fp8.tools.families import output_tensor  # noqa: E402
+from fx_fp8.quant.checkpoint import WEIGHTS_NAME  # noqa: E402
+from fx_fp8.tools.model_zoo.registry import output_tensor
 
 FULL_FLUX = (19, 38)  # FLUX.1 double / single blocks
 

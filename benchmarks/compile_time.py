@@ -41,7 +41,7 @@ def _build(model: str, device: str):
     import torch
     from diffusers import FluxTransformer2DModel
 
-    from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

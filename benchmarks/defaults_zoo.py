@@ -3,7 +3,7 @@
 
 FP8 linears only (`{"quantization": "fp8"}`, attention native), relative error of the output
 vs the native model, for
-  (a) names   : today's defaults, the family name patterns only (fx_fp8.rules.SENSITIVE_LAYER_PATTERNS);
+  (a) names   : today's defaults, the family name patterns only (fx_fp8.quant.rules.SENSITIVE_LAYER_PATTERNS);
   (b) defaults: the new defaults, the graph's structure (fx_fp8/graph/sensitive.py) + the name patterns;
   (c) oracle  : the name patterns + the timestep-conditioning / adaLN-modulation / final linears
                 identified by hand from the diffusers sources (HAND below), as ignored_layers.
@@ -31,8 +31,8 @@ import torch
 from tabulate import tabulate
 
 import fx_fp8
-import fx_fp8.backend as backend
-from fx_fp8.tools import zoo
+import fx_fp8.compile.backend as backend
+from fx_fp8.tools.model_zoo import registry as zoo
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 

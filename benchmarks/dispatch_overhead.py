@@ -21,8 +21,8 @@ import warnings
 import torch
 
 import fx_fp8
-from fx_fp8 import backend
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+from fx_fp8.compile import backend
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
 CONFIGS = {
     "inductor": {"backend": "inductor"},

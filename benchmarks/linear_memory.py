@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.tools.families import output_tensor
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.tools.model_zoo.registry import output_tensor
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 HEADER = "# Benchmark results\n\nDated sections appended by the scripts in benchmarks/; newest last.\n"
@@ -97,7 +97,7 @@ def mib(n: int) -> str:
 
 
 def report_sensitive(args) -> str:
-    from fx_fp8.config import QuantizationConfig
+    from fx_fp8.config.quantization import QuantizationConfig
 
     return args.sensitive or f"{QuantizationConfig().sensitive} (default)"
 

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 import fx_fp8
 from fx_fp8.tools.memory_tracker import TensorMemoryTracker
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 GIB = 2**30
 

@@ -63,7 +63,7 @@ def build(size: str, dtype):
 
     torch.manual_seed(0)
     if size == "tiny":
-        from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+        from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
         model = build_tiny_transformer("flux", layers=2, seed=0).to(dtype)
         return model, dict(example_inputs("flux", model, dtype=dtype), return_dict=False)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """ignored_layers `re:` patterns: time to match a model's module names, Python's backtracking
-re against RE2 (google-re2), which fx_fp8 uses for every `re:` pattern (fx_fp8/patterns.py).
+re against RE2 (google-re2), which fx_fp8 uses for every `re:` pattern (fx_fp8/config/patterns.py).
 
 Legitimate patterns are matched against the names of a large diffusers-like model (60 double
 blocks + 60 single blocks, ~1200 names); catastrophic shapes against names that do not match,
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import time
 
-from fx_fp8.patterns import _regex
+from fx_fp8.config.patterns import _regex
 
 NAMES = ([f"transformer_blocks.{i}.{m}" for i in range(60) for m in (
     "norm1.linear", "norm1_context.linear", "attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj",

@@ -15,8 +15,8 @@ import warnings
 
 import torch
 
-from fx_fp8.tools import zoo
-from fx_fp8.tools.families import FAMILIES, build_tiny_transformer, example_inputs
+from fx_fp8.tools.model_zoo import registry as zoo
+from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs
 from fx_fp8.graph.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 
@@ -46,7 +46,7 @@ def check(label, model, kw):
 def main() -> None:
     t0 = time.perf_counter()
     changed = []
-    for name in sorted(zoo.ZOO):
+    for name in sorted(zoo.MODELS):
         try:
             model = zoo.build(name, seed=0)
             kw = zoo.make_inputs(name, model)
@@ -58,7 +58,7 @@ def main() -> None:
             warnings.simplefilter("ignore")
             model = build_tiny_transformer(fam)
         changed += check("family " + fam, model, example_inputs(fam, model))
-    print(f"classes checked: {len(zoo.ZOO)} + {len(FAMILIES)} families; graphs with changed decisions: "
+    print(f"classes checked: {len(zoo.MODELS)} + {len(FAMILIES)} families; graphs with changed decisions: "
           f"{len(changed)}; {time.perf_counter() - t0:.0f} s")
 
 

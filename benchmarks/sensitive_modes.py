@@ -42,7 +42,7 @@ import torch
 from tabulate import tabulate
 
 import fx_fp8
-from fx_fp8.tools import zoo
+from fx_fp8.tools.model_zoo import registry as zoo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

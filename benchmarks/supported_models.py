@@ -32,8 +32,8 @@ import warnings
 import torch
 
 import fx_fp8
-from fx_fp8.tools import zoo
-from fx_fp8.tools.families import FAMILIES  # name patterns, example inputs and tiny pipelines exist for these
+from fx_fp8.tools.model_zoo import registry as zoo
+from fx_fp8.tools.model_zoo.registry import FAMILIES
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from defaults_zoo import rel_err  # noqa: E402  (one definition of the error)
@@ -127,7 +127,7 @@ def measure_real_width(family: str, n_inputs: int) -> dict:
 
 def measure(name: str, n_inputs: int) -> dict:
     """One zoo model: mean relative error of backend="fp8" (defaults) vs native, and the report counts."""
-    entry = zoo.ZOO[name]
+    entry = zoo.MODELS[name]
     model = zoo.build(name, seed=0)
     row = run_and_count(model, [zoo.make_inputs(name, model, seed=s, variant=1) for s in range(n_inputs)])
     row.update(model=name, **{"class": entry.class_name, "kind": entry.kind})
@@ -168,7 +168,7 @@ _FLAG = re.compile(r"^(sdpa=\d+|self-attn-only|cross-attn|mask|gqa.*)$")
 
 def _notes(name: str) -> str:
     """The zoo's notes on graph breaks and attention that is no SDPA (its flags dropped), or ""."""
-    notes = zoo.ZOO[name].notes
+    notes = zoo.MODELS[name].notes
     if not re.search(r"graphs=|no SDPA|eagerly", notes):
         return ""
     return "; ".join(part for part in notes.split("; ") if not _FLAG.match(part))
@@ -319,7 +319,7 @@ def replace_block(path: str, block: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=list(zoo.ZOO), choices=list(zoo.ZOO))
+    p.add_argument("--models", nargs="+", default=list(zoo.MODELS), choices=list(zoo.MODELS))
     p.add_argument("--inputs", type=int, default=2, help="input seeds per model (the error is their mean)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on small shared machines)")
     p.add_argument("--out", help="write the markdown page here (e.g. docs/supported_models.md)")

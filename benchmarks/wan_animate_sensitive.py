@@ -19,13 +19,13 @@ import warnings
 import torch
 
 import fx_fp8
-from fx_fp8 import rules
+from fx_fp8.quant import rules
 
 
 def build():
     from diffusers import WanAnimate2Transformer3DModel
 
-    from fx_fp8.tools.model_zoo import reinit_zero_layers
+    from fx_fp8.tools.model_zoo.registry import reinit_zero_layers
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -68,7 +68,7 @@ def no_name_fallback():
 @contextlib.contextmanager
 def timed_analysis(spent: list):
     """Adds the seconds each call of the structural analysis takes to `spent`."""
-    from fx_fp8 import backend
+    from fx_fp8.compile import backend
 
     real = backend.find_sensitive_linears
 

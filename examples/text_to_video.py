@@ -54,7 +54,7 @@ def load(args, device, dtype):
         call = dict(prompt=args.prompt or "a cat surfing a wave at sunset")
         what = args.model
     else:
-        from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+        from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
         pipe, call = build_tiny_pipeline(args.tiny_pipeline, height=args.height, width=args.width, num_frames=args.num_frames)
         pipe = pipe.to(dtype)

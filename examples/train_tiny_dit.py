@@ -69,7 +69,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel  # noqa: E402
 
-from fx_fp8.config import FP8Config  # noqa: E402
+from fx_fp8.config.fp8_config import FP8Config  # noqa: E402
 
 from fx_fp8.tools.image_metrics import compare_images  # noqa: E402
 from fx_fp8.tools.tiny_model.fake_quant import fake_fp8, quantized_linear_names  # noqa: E402

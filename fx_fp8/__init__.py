@@ -4,23 +4,23 @@
     torch.compile(transformer, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0,1"})
 """
 from fx_fp8.ops import library  # noqa: F401  registers torch.ops.fx_fp8.*
-from fx_fp8.activation_scales import load_activation_scales, save_activation_scales
-from fx_fp8.calibration import calibrate
-from fx_fp8.attention_config import AttentionQuantConfig
-from fx_fp8.config import FP8Config
-from fx_fp8.quantization_config import QuantizationConfig
+from fx_fp8.quant.activation_scales import load_activation_scales, save_activation_scales
+from fx_fp8.quant.calibration import calibrate
+from fx_fp8.config.attention import AttentionQuantConfig
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.quantization import QuantizationConfig
 from fx_fp8.report import CompileReport, ReportEntry, clear_reports, get_reports
-from fx_fp8.selectors import parse_selector
+from fx_fp8.config.selectors import parse_selector
 from fx_fp8.steps import current_step, denoising_step, set_step
-from fx_fp8.prepare import prepare_model
-from fx_fp8.prequantized import adopt_prequantized
-from fx_fp8.checkpoint import load_quantized, save_quantized
-from fx_fp8.weights import reachable_tensor_bytes, refresh_weights
+from fx_fp8.quant.prepare import prepare_model
+from fx_fp8.quant.prequantized import adopt_prequantized
+from fx_fp8.quant.checkpoint import load_quantized, save_quantized
+from fx_fp8.quant.quantized_linear import reachable_tensor_bytes, refresh_weights
 from fx_fp8.pipeline.compile import compile_pipeline  # (diffusers: lazily)
 from fx_fp8.pipeline.restore import restore_pipeline
 from fx_fp8.pipeline.state import pipeline_state
 from fx_fp8.pipeline.step_publishing import publish_steps
-from fx_fp8.diffusers_registration import install as _install_diffusers_quantizer
+from fx_fp8.pipeline.diffusers_registration import install as _install_diffusers_quantizer
 
 _install_diffusers_quantizer()  # fx_fp8 joins diffusers' quantizer mappings (now or when diffusers loads them)
 
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     if name == "DiffusersConfig":  # needs diffusers: imported on first use only
         try:
-            from fx_fp8.diffusers_quantizer import DiffusersConfig
+            from fx_fp8.pipeline.diffusers_quantizer import DiffusersConfig
         except ModuleNotFoundError as e:
             if (e.name or "").split(".")[0] != "diffusers":
                 raise

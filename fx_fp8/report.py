@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import torch
 from tabulate import tabulate
 
-from fx_fp8.shapes import concrete
+from fx_fp8.graph.shapes import concrete
 
 REPORT_LOG_SIZE = 256
 

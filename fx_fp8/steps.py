@@ -21,8 +21,8 @@ import contextlib
 import contextvars
 from typing import Callable, Optional, Union
 
-from fx_fp8.selectors import Selector
-from fx_fp8.step_groups import format_step_groups
+from fx_fp8.config.selectors import Selector
+from fx_fp8.config.step_groups import format_step_groups
 
 #: the current denoising step of this thread / task (None: nothing published)
 _STEP: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("fx_fp8_denoising_step", default=None)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8.tools.families import FAMILIES, build_tiny_transformer, example_inputs
+from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs
 
 # Under pytest-xdist (`-n 2`, one worker per core) each worker computes on one thread, so the
 # workers do not fight over the cores; a single-process run uses both.
@@ -28,7 +28,7 @@ def _fresh_compile_state():
 @pytest.fixture
 def downstream_compiles(monkeypatch):
     """The downstream compiler names fx_fp8's backend called, in order (one per compiled graph)."""
-    from fx_fp8 import backend
+    from fx_fp8.compile import backend
 
     calls = []
     real = backend._downstream_compile

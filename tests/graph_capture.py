@@ -1,8 +1,8 @@
 """Test helpers: a Dynamo backend that keeps each graph it is given (names resolved as the
 fx_fp8 backends resolve them) and runs it natively; and fx_fp8's backend on a stored graph."""
 import fx_fp8
-from fx_fp8.backend import compile_graph
-from fx_fp8.graph.attention_forms import is_attention
+from fx_fp8.compile.backend import compile_graph
+from fx_fp8.graph.forms import is_attention
 from fx_fp8.graph.names import resolve_graph
 
 

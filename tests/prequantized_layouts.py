@@ -146,7 +146,7 @@ def bfl_flux(tmp_path, dtype=torch.bfloat16):
     FluxTransformer2DModel.from_single_file(checkpoint, config=..., quantization_config=BFLQuantizationConfig)."""
     from diffusers import BFLQuantizationConfig, FluxTransformer2DModel
 
-    from fx_fp8.tools.families import build_tiny_transformer
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

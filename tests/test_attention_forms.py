@@ -13,9 +13,10 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fx_fp8
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.passes import CompileContext, FP8AttentionPass
+from fx_fp8.passes.base import CompileContext
+from fx_fp8.passes.attention import FP8AttentionPass
 from fx_fp8.graph.names import LayerMap
 from fx_fp8.report import CompileReport
 

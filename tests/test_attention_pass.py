@@ -8,11 +8,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.config import FP8Config
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.passes import CompileContext, FP8AttentionPass
-from fx_fp8.graph.attention_forms import is_attention
+from fx_fp8.passes.base import CompileContext
+from fx_fp8.passes.attention import FP8AttentionPass
+from fx_fp8.graph.forms import is_attention
 from fx_fp8.graph.fx_utils import meta_val
 from fx_fp8.graph.names import LayerMap, module_name
 from fx_fp8.report import CompileReport

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 
 
 class Block(nn.Module):

@@ -52,7 +52,7 @@ def _pipeline(name: str):
             from fx_fp8.tools.tiny_model import load_tiny_pipeline
 
             return load_tiny_pipeline(), {"prompt": "a red circle on a white background"}
-        from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+        from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
         return build_tiny_pipeline(name)
 

@@ -29,7 +29,7 @@ import fx_fp8
 from fx_fp8 import pipeline_state, restore_pipeline
 from fx_fp8.pipeline.cache_hooks import cache_hooks, enable_cache
 from fx_fp8.pipeline.options import PipelineOptions, canonical_cache_backend, diffusers_cache_config
-from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
 STEPS = 8
 #: settings that skip some (not all) block runs of the tiny pipelines in 8 steps
@@ -268,7 +268,7 @@ def test_pipeline_options_json_round_trip():
 def test_a_cache_that_hooks_nothing_is_an_error():
     """TaylorSeer's default patterns (`^blocks.*attn`) miss Wan's attn1 / attn2: an error that says
     how to name them, and the model is left without a cache."""
-    from fx_fp8.tools.families import build_tiny_transformer
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -10,14 +10,14 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.calibration import FORMAT
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weight_state import state_of
+from fx_fp8.quant.activation_scales import FORMAT
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.quant.weight_state import state_of
 
 STATIC_RUN = textwrap.dedent("""
     import sys, warnings
     import torch
-    from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
     torch.set_num_threads(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

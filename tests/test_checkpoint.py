@@ -13,10 +13,11 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 import fx_fp8
-from fx_fp8.checkpoint import QUANT_NAME, WEIGHTS_NAME
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
-from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
+from fx_fp8.quant.checkpoint import QUANT_NAME, WEIGHTS_NAME
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
+from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 
 def flux(seed=0, dtype=torch.float32, layers=1):

@@ -252,7 +252,7 @@ def test_compare_with_cache_dit_runs_both_sides_under_cache_dit(capsys):
 
 # -- strict JSON -------------------------------------------------------------------------------------
 def test_json_output_is_strict():
-    from fx_fp8.tools.cli import to_json
+    from fx_fp8.tools.cli_common import to_json
 
     text = to_json({"psnr": float("inf"), "low": float("-inf"), "bad": float("nan"), "ok": 1.5,
                     "nested": [(float("inf"), 2)], "np": __import__("numpy").float32("inf")})
@@ -382,7 +382,7 @@ def test_a_model_that_fails_to_load_is_one_line_and_exit_2(command, bad_models, 
 
 @pytest.fixture(scope="module")
 def saved_wan(tmp_path_factory) -> Path:
-    from fx_fp8.tools.families import build_tiny_transformer
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
 
     folder = tmp_path_factory.mktemp("models") / "wan_transformer"
     with warnings.catch_warnings():
@@ -459,7 +459,7 @@ def test_sizes_the_pipeline_cannot_make_are_found_before_any_work(command, tmp_p
 def test_family_size_rules_match_the_tiny_pipelines():
     """The family size rules model_source uses before any work = what the built pipelines' configs say."""
     from fx_fp8.tools.model_source import FAMILY_SIZE_RULES, SizeRule, size_rule
-    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+    from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
     for family, pipeline in (("flux", "flux"), ("qwen-image", "qwen-image"), ("wan", "wan2.1"), ("z-image", "z-image"),
                              ("sd3", "sd3")):

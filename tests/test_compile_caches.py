@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch._functorch._aot_autograd.autograd_cache import check_node_safe
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from graph_capture import compile_stored, graph_module_of
 from test_linear_pass import traced
 

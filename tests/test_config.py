@@ -4,8 +4,10 @@ import warnings
 import pytest
 import yaml
 
-from fx_fp8.backend import config_from_options
-from fx_fp8.config import AttentionQuantConfig, FP8Config, QuantizationConfig
+from fx_fp8.compile.backend import config_from_options
+from fx_fp8.config.attention import AttentionQuantConfig
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.quantization import QuantizationConfig
 
 
 def test_defaults_turn_both_features_on():

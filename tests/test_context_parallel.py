@@ -53,7 +53,7 @@ DEGREES = {"ulysses": (2, 1), "ring": (1, 2)}
 # workers (run in the launched processes)
 # =================================================================================================
 def _out(o) -> torch.Tensor:
-    from fx_fp8.tools.families import output_tensor
+    from fx_fp8.tools.model_zoo.registry import output_tensor
 
     return output_tensor(o).detach().float()
 
@@ -91,9 +91,9 @@ def worker_transformer(rank: int, world: int, family: str, ulysses: int, ring: i
     import fx_fp8
     from fx_fp8.pipeline.context_parallel import enable_context_parallel
     from fx_fp8.pipeline.options import ParallelOptions
-    from fx_fp8.config import FP8Config
+    from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.steps import variant_listener
-    from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
     warnings.simplefilter("ignore")
 
@@ -163,7 +163,7 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
     import fx_fp8
     from fx_fp8.pipeline.cache_hooks import enable_cache
     from fx_fp8 import pipeline_state
-    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+    from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
     warnings.simplefilter("ignore")
     cache = {"threshold": threshold}
@@ -278,7 +278,7 @@ def test_ring_merge_of_fp8_partials(offset):
     partials' log-sum-exp exactly as diffusers merges native ones, the result is as close to exact
     attention as single FP8 attention is. `offset` gives K a large per-chunk mean: the K-smoothing
     shift must be folded back into each chunk's LSE or the merge weights are wrong."""
-    from fx_fp8.config import AttentionQuantConfig
+    from fx_fp8.config.attention import AttentionQuantConfig
 
     c = AttentionQuantConfig()
     kw = dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
@@ -325,7 +325,7 @@ def test_a_linear_carrying_a_diffusers_hook_keeps_it_and_is_quantized_at_compile
     import fx_fp8
     from diffusers.hooks import HookRegistry, ModelHook
     from fx_fp8 import pipeline_state
-    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+    from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
     class Doubling(ModelHook):
         def post_forward(self, module, output):
@@ -382,7 +382,7 @@ def test_yaml_carries_pipeline_keys_next_to_fp8_keys(tmp_path):
     cache_config; FP8Config reads the FP8 keys and ignores them, PipelineOptions reads them."""
     import yaml
 
-    from fx_fp8.config import FP8Config
+    from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.pipeline.options import PipelineOptions
 
     flat = {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0",
@@ -435,7 +435,7 @@ def test_ring_without_a_flash_kernel_is_refused():
     for (the tests register one in the workers): refused with the reason, not a dispatcher error."""
     from fx_fp8.pipeline.attention_backend import choose_attention_backend
     from fx_fp8.pipeline.options import ParallelOptions
-    from fx_fp8.tools.families import build_tiny_transformer
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
 
     if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_dot_product_flash_attention", "CPU"):
         pytest.skip("a CPU flash kernel is registered in this process")
@@ -451,7 +451,7 @@ def test_ring_without_a_flash_kernel_is_refused():
 def test_heads_must_divide_by_ulysses_degree():
     from fx_fp8.pipeline.apply_options import check_pipeline_options
     from fx_fp8.pipeline.options import PipelineOptions
-    from fx_fp8.tools.families import build_tiny_transformer
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

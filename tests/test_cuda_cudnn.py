@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.install_hint import install_hint
 from fx_fp8.ops import cuda, cudnn_attention, quant
 from fx_fp8.ops.lowering import get_lowering

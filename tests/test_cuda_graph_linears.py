@@ -10,12 +10,12 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-import fx_fp8.backend as backend_mod
-from fx_fp8.config import FP8Config
+import fx_fp8.compile.backend as backend_mod
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import cuda as cuda_mod
 from fx_fp8.ops import quant
 from fx_fp8.ops.cuda_graph_gemms import blockwise_gemm, rowwise_gemm, tensorwise_gemm
-from fx_fp8.weight_feeds import STATIC_INPUT, Fed
+from fx_fp8.quant.weight_feeds import STATIC_INPUT, Fed
 from graph_capture import Capture, compile_stored
 
 SCALED_MM = torch.ops.aten._scaled_mm.default

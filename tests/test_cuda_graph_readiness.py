@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8 import backend
+from fx_fp8.compile import backend
 from test_sensitive_layers import rel_err, toy, toy_inputs
 
 

@@ -23,7 +23,7 @@ def rel(a, b) -> float:
 
 
 def _flux():
-    from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -73,7 +73,7 @@ def test_reduce_overhead_records_replays_and_follows_a_weight_write(prepared):
 
 @pytest.mark.parametrize("prepare", [True, False])
 def test_compile_pipeline_with_reduce_overhead(prepare):
-    from fx_fp8.tools.tiny_pipelines import tiny_flux
+    from fx_fp8.tools.model_zoo.pipelines import tiny_flux
 
     pipe, kwargs = tiny_flux()
     pipe.to("cuda", torch.bfloat16)

@@ -13,9 +13,10 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 import fx_fp8
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weight_state import compile_quantizations
-from fx_fp8.weights import WEIGHT_ONLY, QuantizedLinear
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.quant.weight_state import compile_quantizations
+from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel, PipelineQuantizationConfig  # noqa: E402
@@ -68,7 +69,7 @@ def load(folder, cls=FluxTransformer2DModel, **kw):
 def test_fx_fp8_is_in_diffusers_mappings():
     from diffusers.quantizers import auto
 
-    from fx_fp8.diffusers_quantizer import DiffusersConfig, FxFp8Quantizer
+    from fx_fp8.pipeline.diffusers_quantizer import DiffusersConfig, FxFp8Quantizer
 
     assert auto.AUTO_QUANTIZER_MAPPING["fx_fp8"] is FxFp8Quantizer
     assert auto.AUTO_QUANTIZATION_CONFIG_MAPPING["fx_fp8"] is DiffusersConfig
@@ -129,7 +130,7 @@ def test_import_registers_without_importing_diffusers(order):
 def test_a_diffusers_with_another_layout_is_refused_naming_expected_and_found(monkeypatch):
     import types
 
-    from fx_fp8 import diffusers_registration as reg
+    from fx_fp8.pipeline import diffusers_registration as reg
 
     fake = types.ModuleType("diffusers.quantizers.auto")
     fake.AUTO_QUANTIZER_MAPPING = [("torchao", object)]   # a list, not a dict
@@ -199,7 +200,7 @@ def test_settings_load_time_cannot_honour_are_refused(options, match):
 def test_loading_quantizes_the_linears_the_rules_pick(tmp_path):
     """One small load (the fast run's end-to-end check): every linear the rules quantize is a
     QuantizedLinear of its kind, the others stay nn.Linear, and the model's config records them."""
-    from fx_fp8.layer_quantize import layer_kind
+    from fx_fp8.quant.layer_quantize import layer_kind
 
     model = quiet(build_tiny_transformer, "flux", layers=1, dtype=torch.bfloat16)
     model.save_pretrained(tmp_path)
@@ -305,7 +306,7 @@ def test_a_quantized_checkpoint_that_disagrees_with_its_record_is_refused(flux_f
 # -- pipelines -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def flux_pipeline_folder(tmp_path_factory):
-    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+    from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
     pipe, _ = quiet(build_tiny_pipeline, "flux")
     folder = tmp_path_factory.mktemp("pipe") / "flux"
@@ -337,7 +338,7 @@ EAGER = {"downstream": "eager"}  # the graph fx_fp8 hands on is what is checked;
 
 
 def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux_folder, monkeypatch):
-    from fx_fp8 import backend
+    from fx_fp8.compile import backend
 
     loaded = load(flux_folder, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
     kw = example_inputs("flux", loaded, dtype=torch.bfloat16)

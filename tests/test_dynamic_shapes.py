@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8.tools import zoo
+from fx_fp8.tools.model_zoo import registry as zoo
+from fx_fp8.tools.model_zoo.inputs import VARIANTS
 
 FAMILIES = ["flux", "wan", "qwen-image"]
 
@@ -18,7 +19,7 @@ def graphs_over_resolutions(name, backend, dynamic):
     counters.clear()
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     with torch.no_grad():
-        for variant in range(zoo.VARIANTS):  # four resolutions / token counts in a row
+        for variant in range(VARIANTS):  # four resolutions / token counts in a row
             compiled(**zoo.make_inputs(name, model, variant=variant))
     return counters["stats"]["unique_graphs"], compiled
 
@@ -93,7 +94,7 @@ def test_nonzero_dropout_stays_native_with_its_value():
 
 @torch.no_grad()
 def test_symbolic_shapes_in_report_do_not_guard():
-    from fx_fp8.shapes import shape_str
+    from fx_fp8.graph.shapes import shape_str
 
     torch._dynamo.reset()
     counters.clear()

@@ -1,12 +1,13 @@
-"""ignored_layers pattern semantics (fx_fp8/patterns.py), one test per rule, and precedence."""
+"""ignored_layers pattern semantics (fx_fp8/config/patterns.py), one test per rule, and precedence."""
 import pytest
 import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.config import FP8Config, QuantizationConfig
-from fx_fp8.patterns import first_match, matches, validate_pattern
-from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason, linear_plan
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.quantization import QuantizationConfig
+from fx_fp8.config.patterns import first_match, matches, validate_pattern
+from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason, linear_plan
 
 NAME = "transformer_blocks.7.img_mlp.net.0.proj"
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8 import backend
-from fx_fp8.weight_state import state_of
-from fx_fp8.linear_scales import method_scale
+from fx_fp8.compile import backend
+from fx_fp8.quant.weight_state import state_of
+from fx_fp8.quant.linear_scales import method_scale
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.ops import library
 from test_regional import BLOCKS, _entries, _regional, _toy

@@ -16,12 +16,12 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weight_state import quantized_copies_of, state_of
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.quant.weight_state import quantized_copies_of, state_of
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 
 def smoothing_of(model, weight, alpha):
@@ -305,7 +305,7 @@ def test_prepare_model_smooths_each_layer(scheme):
     assert layer.input_smoothing.shape == (layer.in_features,) and layer.input_smoothing.dtype == torch.float32
     assert "smoothed inputs" in repr(layer)
     # compiled with the dynamic config: prepared layers run as prepared (static scales included). The
-    # backend's static-scale name check counts nn.Linear modules only (fx_fp8/backend.py), so a
+    # backend's static-scale name check counts nn.Linear modules only (fx_fp8/compile/backend.py), so a
     # static config would reject a prepared model's scales.
     run_cfg = FP8Config.from_kwargs(**options("int8", ALPHA, calibration))
     with torch.no_grad(), warnings.catch_warnings():
@@ -353,7 +353,7 @@ def test_smoothing_needs_a_calibration_with_channel_statistics():
             FP8Config.from_kwargs(quantization="int8", quantization_config={"smoothing_alpha": bad,
                                                                              "activation_scales": {"0": 0.1}})
     m = one_linear(256, 256)
-    old = {"format": "fx_fp8.activation_scales/1", "scales": {"0": 0.1}}  # written before channel_amax existed
+    old = {"format": "fx_fp8.quant.activation_scales/1", "scales": {"0": 0.1}}  # written before channel_amax existed
     for source in (old, {"0": 0.1}):
         opts = options("int8", ALPHA, source)
         with pytest.raises(Exception, match="smoothing_alpha needs per-channel activation statistics.*'channel_amax'"):
@@ -365,7 +365,7 @@ def test_smoothing_needs_a_calibration_with_channel_statistics():
 
 def test_channel_statistics_of_the_wrong_length_name_the_layer():
     m = one_linear(256, 256)
-    bad = {"format": "fx_fp8.activation_scales/1", "scales": {"0": 0.1}, "channel_amax": {"0": [1.0] * 255}}
+    bad = {"format": "fx_fp8.quant.activation_scales/1", "scales": {"0": 0.1}, "channel_amax": {"0": [1.0] * 255}}
     with pytest.raises(Exception, match="channel_amax for '0' has 255 values but the layer has 256 input features"):
         torch.compile(m, backend="fp8", options=options("int8", ALPHA, bad))(torch.randn(4, 256))
     with pytest.raises(ValueError, match="channel_amax for '0' has 255 values"):
@@ -384,14 +384,14 @@ def test_a_layer_without_channel_statistics_stays_native():
 
     m, x = Two().eval(), torch.randn(8, 64)
     calibration = fx_fp8.calibrate(m, [(x,)])
-    partial = {"format": "fx_fp8.activation_scales/1", "scales": dict(calibration),
+    partial = {"format": "fx_fp8.quant.activation_scales/1", "scales": dict(calibration),
                "channel_amax": {"a": calibration.channel_amax["a"].tolist()}}
     torch.compile(m, backend="fp8", options=options("int8", ALPHA, partial))(x)
     got = {e.module: (e.action, e.reason) for e in fx_fp8.get_reports()[-1].entries}
     assert got["a"][0] == "int8"
     assert got["b"] == ("native", "no channel statistics for smoothing_alpha in the calibration "
                                   "(recalibrate with fx_fp8.calibrate)")
-    other = {"format": "fx_fp8.activation_scales/1", "scales": {"x": 0.1}, "channel_amax": {"x": [1.0] * 64}}
+    other = {"format": "fx_fp8.quant.activation_scales/1", "scales": {"x": 0.1}, "channel_amax": {"x": [1.0] * 64}}
     torch._dynamo.reset()
     with pytest.raises(Exception, match="none of the 2 eligible linears of this graph has channel_amax"):
         torch.compile(m, backend="fp8", options=options("int8", ALPHA, other))(x)

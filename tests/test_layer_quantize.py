@@ -1,15 +1,15 @@
-"""One layer at a time (fx_fp8/layer_quantize.py): a weight quantized in slices of rows is byte for
+"""One layer at a time (fx_fp8/quant/layer_quantize.py): a weight quantized in slices of rows is byte for
 byte WeightRecipe.quantize of the whole weight; the layers and recipes are prepare_model's."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fx_fp8.config import FP8Config
-from fx_fp8.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
                                    quantize_by_rows, quantized_linear, scale_shape, slice_rows)
-from fx_fp8.weight_recipe import recipe
-from fx_fp8.weights import WEIGHT_ONLY
+from fx_fp8.quant.recipe import recipe
+from fx_fp8.ops.formats import WEIGHT_ONLY
 
 RECIPES = [recipe("fp8", "channel"), recipe("int8", "channel"), recipe("fp8", "block", (128, 128)),
            recipe("int8", "block", (1, 32)), recipe("fp8", "block", (32, 48)), recipe("fp8", "tensor")]
@@ -23,7 +23,7 @@ def same_bytes(a, b) -> bool:
 @pytest.mark.parametrize("r", RECIPES, ids=lambda r: f"{r.method}-{r.granularity}-{r.block}")
 @pytest.mark.parametrize("dtype,cap", [(torch.bfloat16, None), (torch.float32, 640)], ids=["bf16", "fp32-5-rows"])
 def test_slices_of_rows_give_the_bytes_of_the_whole_weight(r, dtype, cap, monkeypatch):
-    from fx_fp8 import layer_quantize
+    from fx_fp8.quant import layer_quantize
 
     if cap is not None:  # slices bounded by SLICE_ELEMENTS (5 rows of 128) rather than by ROW_SLICES
         monkeypatch.setattr(layer_quantize, "SLICE_ELEMENTS", cap)

@@ -1,5 +1,5 @@
 """restore_pipeline after dtype moves, memory after restore, what restore means by default, and the
-one rule (fx_fp8.rules.is_plain_linear) by which calibrate, prepare_model and the backend find linears."""
+one rule (fx_fp8.quant.rules.is_plain_linear) by which calibrate, prepare_model and the backend find linears."""
 from __future__ import annotations
 
 import gc
@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 import fx_fp8
 from fx_fp8 import compile_pipeline, pipeline_state, restore_pipeline
-from fx_fp8.rules import is_plain_linear
-from fx_fp8.weight_state import quantized_copies_of
-from fx_fp8.weights import QuantizedLinear, reachable_tensor_bytes
+from fx_fp8.quant.rules import is_plain_linear
+from fx_fp8.quant.weight_state import quantized_copies_of
+from fx_fp8.quant.quantized_linear import QuantizedLinear, reachable_tensor_bytes
 
 
 class SubLinear(nn.Linear):

@@ -7,14 +7,14 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.config import FP8Config
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
-from fx_fp8.patterns import first_match
-from fx_fp8.passes.linear import LINEAR_TARGETS
+from fx_fp8.config.patterns import first_match
+from fx_fp8.graph.forms import LINEAR_TARGETS
 from fx_fp8.graph.names import module_name
-from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS
+from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS
 from graph_capture import Capture, compile_stored, graph_module_of
 
 

@@ -6,10 +6,10 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.tools.families import example_inputs, output_tensor
+from fx_fp8.tools.model_zoo.registry import example_inputs, output_tensor
 from fx_fp8.ops import quant
-from fx_fp8.weight_state import quantized_copies_of, state_of
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.quant.weight_state import quantized_copies_of, state_of
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 
 def bf16_flux():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 
 
 def _rel(a, b):

@@ -7,7 +7,8 @@ import warnings
 import pytest
 import torch
 
-from fx_fp8.tools import families, model_source, model_zoo, tiny_pipelines, zoo
+from fx_fp8.tools import model_source
+from fx_fp8.tools.model_zoo import registry as model_zoo
 from fx_fp8.tools.model_zoo.entry import TinyModel
 from fx_fp8.tools.model_zoo.registry import _table
 
@@ -41,8 +42,6 @@ def test_each_class_and_config_declared_once():
     configs = [(e.class_name, repr(sorted(e.config.items()))) for e in model_zoo.MODELS.values()]
     assert len(configs) == len(set(configs))
     # the thin modules show the registry's objects, not copies
-    assert zoo.ZOO is model_zoo.MODELS and families.FAMILIES is model_zoo.FAMILIES
-    assert families.ALIASES is model_zoo.ALIASES and tiny_pipelines.TINY_PIPELINES is model_zoo.TINY_PIPELINES
 
 
 def test_a_second_declaration_is_refused():
@@ -60,10 +59,10 @@ def test_each_family_and_alias_resolves_to_its_zoo_entry():
     assert FAMILIES == ("flux", "qwen-image", "wan", "z-image", "sd3")
     for name in FAMILIES:
         entry = model_zoo.lookup(name)
-        assert entry is zoo.ZOO[name] and entry.family is not None
+        assert entry is model_zoo.MODELS[name] and entry.family is not None
         assert model_source.resolve_model(name).class_name == entry.class_name
         for alias in entry.family.aliases:
-            assert model_zoo.lookup(alias) is entry and families.canonical_family(alias.upper()) == name
+            assert model_zoo.lookup(alias) is entry and model_zoo.canonical_family(alias.upper()) == name
     assert {e.name for e in model_zoo.MODELS.values() if e.family} == set(FAMILIES)
     assert model_zoo.ALIASES == {"qwen": "qwen-image", "qwenimage": "qwen-image", "wan2.1": "wan", "wan2.2": "wan",
                                  "zimage": "z-image"}
@@ -76,10 +75,10 @@ def test_zoo_families_model_source_and_pipelines_build_one_config(family):
     """The family's transformer has the same config whichever module builds it."""
     expected = dict(model_zoo.MODELS[family].config)
     built = {
-        "zoo": _quiet(zoo.build, family),
-        "families": _quiet(families.build_tiny_transformer, family),
+        "zoo": _quiet(model_zoo.build, family),
+        "families": _quiet(model_zoo.build_tiny_transformer, family),
         "model_source": model_source.resolve_model(family).load_transformer(),
-        "tiny_pipelines": _quiet(tiny_pipelines.build_tiny_pipeline, family)[0].transformer,
+        "tiny_pipelines": _quiet(model_zoo.build_tiny_pipeline, family)[0].transformer,
     }
     reference = _config(built["families"])
     assert {k: _plain(reference[k]) for k in expected} == _plain(expected)
@@ -92,10 +91,10 @@ def test_family_inputs_come_from_one_maker():
     """model_source shapes a folder's transformer with the family's maker: the same kwargs as
     example_inputs wherever the sizes agree (Flux folders get the shipped model's 16x16 tokens)."""
     for name in FAMILIES:
-        model = _quiet(families.build_tiny_transformer, name, layers=1)
+        model = _quiet(model_zoo.build_tiny_transformer, name, layers=1)
         src = model_source.ModelSource(spec="folder", kind="transformer_dir",
                                        class_name=model_zoo.MODELS[name].class_name)
-        ours, theirs = families.example_inputs(name, model, batch=2, seed=1), src.example_inputs(model, batch=2, seed=1)
+        ours, theirs = model_zoo.example_inputs(name, model, batch=2, seed=1), src.example_inputs(model, batch=2, seed=1)
         if name == "flux":
             assert theirs["hidden_states"].shape == (2, 256, 32) and ours["hidden_states"].shape == (2, 64, 32)
             continue
@@ -113,18 +112,18 @@ def test_bad_names_sizes_and_layers_are_named():
     with pytest.raises(ValueError, match="unknown zoo model 'nope': expected one of auraflow, "):
         model_zoo.lookup("nope")
     with pytest.raises(ValueError, match="unknown model family 'dit'"):
-        families.build_tiny_transformer("dit")
+        model_zoo.build_tiny_transformer("dit")
     with pytest.raises(ValueError, match="unknown kind 'sound'"):
         model_zoo.names("sound")
     with pytest.raises(ValueError, match="layers must be an int >= 1, got 0"):
-        families.build_tiny_transformer("flux", layers=0)
+        model_zoo.build_tiny_transformer("flux", layers=0)
     with pytest.raises(ValueError, match="layers=1 for 'dit': only a family"):
         model_zoo.config("dit", layers=1)
     with pytest.raises(ValueError, match="unknown tiny pipeline 'wan3'"):
-        tiny_pipelines.build_tiny_pipeline("wan3")
-    model = zoo.build("dit")
+        model_zoo.build_tiny_pipeline("wan3")
+    model = model_zoo.build("dit")
     with pytest.raises(ValueError, match="variant must be an int in 0..3, got 4"):
-        zoo.make_inputs("dit", model, variant=4)
+        model_zoo.make_inputs("dit", model, variant=4)
 
 
 def test_layers_set_the_family_layer_keys():

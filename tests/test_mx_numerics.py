@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fx_fp8  # noqa: F401  registers torch.ops.fx_fp8.*
-from fx_fp8.config import AttentionQuantConfig
+from fx_fp8.config.attention import AttentionQuantConfig
 from fx_fp8.ops import mx, quant
 
 pytestmark = pytest.mark.slow  # SQNR over B1 H8 S1024 D128 tensors: the full suite (CI) runs it

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import fx_fp8
 from fx_fp8.graph.dynamo_internals import split_source
 from fx_fp8.graph.names import normalize_module_path
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
 LAYERS = {"transformer_blocks.0.attn": 0, "transformer_blocks.1.attn": 1,
           "single_transformer_blocks.0.attn": 2, "single_transformer_blocks.1.attn": 3}

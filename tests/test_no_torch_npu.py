@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(r'''
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    import fx_fp8, fx_fp8.backend, fx_fp8.ops.npu, fx_fp8.ops.lowering
+    import fx_fp8, fx_fp8.compile.backend, fx_fp8.ops.npu, fx_fp8.ops.lowering
     from fx_fp8.ops.lowering import get_lowering, npu_available
     get_lowering("npu")
     import fx_fp8.ops.mindiesd, fx_fp8.ops.mx

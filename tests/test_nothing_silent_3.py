@@ -12,10 +12,11 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.config import AttentionQuantConfig, FP8Config
+from fx_fp8.config.attention import AttentionQuantConfig
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.patterns import matches, validate_pattern
-from fx_fp8.rules import linear_native_reason, linear_plan
+from fx_fp8.config.patterns import matches, validate_pattern
+from fx_fp8.quant.rules import linear_native_reason, linear_plan
 
 
 class Two(nn.Module):
@@ -332,7 +333,7 @@ def test_wan_animate2_with_graph_breaks_keeps_sensitive_layers_native():
 def test_wan_animate2_final_projection_found_across_graph_pieces(monkeypatch):
     """Without the name fallback: the structure alone finds the final projection, in the graph
     Dynamo compiled for `head` on its own (no graph holds the model's output)."""
-    from fx_fp8 import rules
+    from fx_fp8.quant import rules
 
     monkeypatch.setattr(rules, "SENSITIVE_LAYER_PATTERNS", ())
     rows, rel = _wan_animate2_run(*_wan_animate2())

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
 import fx_fp8
-from fx_fp8.checkpoint import QUANT_NAME, WEIGHTS_NAME
+from fx_fp8.quant.checkpoint import QUANT_NAME, WEIGHTS_NAME
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from test_cli import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
 from test_sensitive_layers import FIN, MOD, TC, ToyDiT, toy_inputs

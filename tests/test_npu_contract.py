@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fx_fp8.config import AttentionQuantConfig
+from fx_fp8.config.attention import AttentionQuantConfig
 from fx_fp8.ops import npu, npu_calls, quant
 from npu_sim.mutations import apply, drop, set_
 from npu_sim import SimulatedContractError, torch_npu_sim  # noqa: F401  (fixture)

@@ -11,10 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.config import AttentionQuantConfig, QuantizationConfig
-from fx_fp8.ops import npu, quant
+from fx_fp8.config.attention import AttentionQuantConfig
+from fx_fp8.config.quantization import QuantizationConfig
+from fx_fp8.ops import npu, npu_platform, quant
 from fx_fp8.ops.reference import LOWERING as REFERENCE
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from npu_sim import mindiesd_sim, torch_npu_sim  # noqa: F401  (fixtures)
 from npu_sim.mindiesd_sim import installed_mindiesd
 
@@ -125,19 +126,19 @@ def test_decision_table(machine, over, kernel, words):
     ("garbage", None),
 ])
 def test_cann_version_parsing(text, key):
-    assert npu.parse_cann_version(text) == key
+    assert npu_platform.parse_cann_version(text) == key
 
 
 def test_release_order():
     order = ["8.3.RC1", "8.5.0", "9.0.0-beta.1", OLD_CANN, "9.0.0-rc.1", "9.0.0", "9.1.0-beta.3", "9.1.0.pre", "9.1.0"]
-    keys = [npu.parse_cann_version(v) for v in order]
+    keys = [npu_platform.parse_cann_version(v) for v in order]
     assert keys == sorted(keys)
-    assert [v for v in order if npu.cann_has_mxfp8_attention(v)] == ["9.1.0.pre", "9.1.0"]
+    assert [v for v in order if npu_platform.cann_has_mxfp8_attention(v)] == ["9.1.0.pre", "9.1.0"]
 
 
 def test_mode7_only_on_cann_known_to_accept_it():
     accepts = [v for v in ("8.3.RC1", "8.5.0", "9.0.0-beta.1", OLD_CANN, "9.0.0-rc.1", "9.0.0", "9.1.0", "", "x")
-               if npu.cann_accepts_mode7(v)]
+               if npu_platform.cann_accepts_mode7(v)]
     assert accepts == ["8.3.RC1", "8.5.0", "9.0.0-beta.1", OLD_CANN]
 
 

@@ -16,8 +16,8 @@ import torch.nn as nn
 
 import fx_fp8
 from fx_fp8 import pipeline_state
-from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 CPU = torch.device("cpu")
 

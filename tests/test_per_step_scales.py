@@ -10,9 +10,9 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.calibration import FORMAT
+from fx_fp8.quant.activation_scales import FORMAT
 from fx_fp8.ops import quant
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 STEPS = 4
 FP8_MAX, INT8_MAX = 448.0, 127.0

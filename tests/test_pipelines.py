@@ -19,9 +19,9 @@ import torch.nn.functional as F
 import fx_fp8
 from fx_fp8 import compile_pipeline, pipeline_state, restore_pipeline
 from fx_fp8.pipeline.state import TransformerCall
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
-from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
 STEPS = 5
 SKIP = "0,1"

@@ -8,11 +8,11 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 import fx_fp8
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.passes.base import WEIGHT_ORIGIN
-from fx_fp8.prequantized import weight_origin
-from fx_fp8.weight_state import compile_quantizations
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.quant.prequantized import weight_origin
+from fx_fp8.quant.weight_state import compile_quantizations
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 from graph_capture import Capture, compile_stored, graph_module_of
 from prequantized_layouts import FP8, bfl_checkpoint, bfl_stack, float_stack, modelopt_stack, modelopt_state_dict
 

@@ -1,4 +1,4 @@
-"""The pre-quantized pass (passes/prequantized.py): linears on FP8 weights that a module dequantizes
+"""The pre-quantized pass (fx_fp8/passes/prequantized.py): linears on FP8 weights that a module dequantizes
 in its forward (diffusers' BFL fp8r layer, a module holding a ModelOpt FP8 export) become prepared
 FP8 linears on the stored bytes; look-alikes that are something else stay as they are."""
 import collections
@@ -10,18 +10,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.backend import _copy_graph
-from fx_fp8.config import FP8Config
+from fx_fp8.compile.backend import _copy_graph
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.names import LayerMap, module_name
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.ops.reference import ReferenceLowering
-from fx_fp8.passes import CompileContext, PassManager, PrequantizedLinearPass
+from fx_fp8.passes.base import CompileContext
+from fx_fp8.passes.manager import PassManager
+from fx_fp8.passes.prequantized import PrequantizedLinearPass
 from fx_fp8.passes.base import WEIGHT_ORIGIN
-from fx_fp8.passes.linear import LINEAR_TARGETS
+from fx_fp8.graph.forms import LINEAR_TARGETS
 from fx_fp8.passes.prequantized import find_prequantized
 from fx_fp8.report import CompileReport
-from fx_fp8.weight_state import compile_quantizations
+from fx_fp8.quant.weight_state import compile_quantizations
 from graph_capture import Capture, compile_stored, graph_module_of
 from prequantized_layouts import (FP8, bfl_checkpoint, bfl_flux, bfl_stack, fake_quant_input, float_stack,
                                   modelopt_stack, modelopt_state_dict)
@@ -329,7 +331,7 @@ def test_flux_loaded_through_diffusers_bfl_path(tmp_path, monkeypatch):
     embedders and final projection, bf16 in this checkpoint, weight-only as the defaults say."""
     from diffusers.quantizers.bfl.utils import BFLFP8RLinear
 
-    from fx_fp8.tools.families import example_inputs
+    from fx_fp8.tools.model_zoo.registry import example_inputs
 
     model, sd = bfl_flux(tmp_path)
     bfl = {n: m for n, m in model.named_modules() if isinstance(m, BFLFP8RLinear)}

@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8 import backend, progress
+from fx_fp8 import progress
+from fx_fp8.compile import backend
 
 
 class Block(nn.Module):

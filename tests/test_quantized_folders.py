@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8.checkpoint import QUANT_NAME, WEIGHTS_NAME
-from fx_fp8.state_guard import quantized_layers
+from fx_fp8.quant.checkpoint import QUANT_NAME, WEIGHTS_NAME
+from fx_fp8.quant.state_guard import quantized_layers
 from fx_fp8.tools.cli import main
 from fx_fp8.tools.model_source import ModelSourceError, resolve_model
 from fx_fp8.tools.quantized_folders import folder_quantization, load_pipeline_folder, prepared_transformers

@@ -7,7 +7,8 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8 import backend, dispatch
+from fx_fp8.compile import backend
+from fx_fp8.compile import dispatch
 from fx_fp8.graph import names
 from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
 
@@ -104,7 +105,7 @@ def test_compile_pipeline_regional_compiles_blocks_and_restores():
     import warnings
 
     from fx_fp8 import pipeline_state
-    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+    from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -11,8 +11,8 @@ import torch
 
 import fx_fp8
 from fx_fp8 import steps
-from fx_fp8.config import FP8Config
-from fx_fp8.selectors import Selector, parse_selector, step_patterns
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.selectors import Selector, parse_selector, step_patterns
 from fx_fp8.tools.tiny_model import TINY_MODEL_CONFIG, TINY_MODEL_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -351,7 +351,7 @@ def test_tiny_quality_measures_the_shipped_config_by_default(monkeypatch):
 # -- compiled runs ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_compiled_model_picks_first_and_last_two_in_10_and_30_step_runs():
-    from fx_fp8.tools.families import build_tiny_transformer, example_inputs
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -372,7 +372,7 @@ def test_a_compiled_model_picks_first_and_last_two_in_10_and_30_step_runs():
 @pytest.mark.slow
 def test_compile_pipeline_publishes_the_total_to_a_cfg_batch():
     """SD3 batches both CFG halves into one call; every call of a 6-step run sees total 6."""
-    from fx_fp8.tools.tiny_pipelines import tiny_sd3
+    from fx_fp8.tools.model_zoo.pipelines import tiny_sd3
 
     pipe, kwargs = tiny_sd3()
     fx_fp8.compile_pipeline(pipe, diffusion_kv_cache_skip_steps="first:2,last:2")

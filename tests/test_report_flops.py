@@ -60,8 +60,8 @@ def test_node_flops_unknown_sizes_and_bad_op():
 
 def test_sensitivity_and_tiny_quality_read_the_numbers_not_the_strings():
     import fx_fp8.tools.sensitivity as sens
-    from fx_fp8.tools.sensitivity import _items
-    from fx_fp8.config import FP8Config
+    from fx_fp8.tools.sensitivity_items import items_from_reports as _items
+    from fx_fp8.config.fp8_config import FP8Config
 
     assert not hasattr(sens, "_flops")  # no parser of the display strings left
     # an entry whose display string says nothing: the work comes from its numbers alone

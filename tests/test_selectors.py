@@ -1,7 +1,7 @@
 """Step / layer selectors: "0,1,4-6", lists of ints, and clear errors for bad input."""
 import pytest
 
-from fx_fp8.selectors import format_selector, parse_selector
+from fx_fp8.config.selectors import format_selector, parse_selector
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -54,7 +54,7 @@ def test_format_compacts_ranges():
 def test_huge_range_is_held_as_a_range():
     import time
 
-    from fx_fp8.selectors import Selector
+    from fx_fp8.config.selectors import Selector
 
     t0 = time.perf_counter()
     sel = parse_selector("0-1000000000,5", what="diffusion_kv_cache_skip_layers")

@@ -18,12 +18,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.sensitive import find_sensitive_linears
-from fx_fp8.patterns import first_match
-from fx_fp8.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason
-from fx_fp8.tools import zoo
-from fx_fp8.tools.families import FAMILIES, build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.config.patterns import first_match
+from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason
+from fx_fp8.tools.model_zoo import registry as zoo
+from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs, output_tensor
 
 TC, MOD, FIN = "timestep conditioning", "adaLN modulation", "final projection"
 STRUCTURAL = (TC, MOD, FIN)

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fx_fp8.config import FP8Config
-from fx_fp8.patterns import matches
-from fx_fp8.tools.sensitivity import ErrorModel, Item, block_pattern, greedy, psnr_db
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.patterns import matches
+from fx_fp8.tools.sensitivity_search import ErrorModel, greedy
+from fx_fp8.tools.sensitivity_items import Item
+from fx_fp8.tools.image_metrics import psnr_db
+from fx_fp8.tools.sensitivity_items import block_pattern
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +128,7 @@ def test_sensitivity_tiny_wan_meets_target(tmp_path):
 
 # -- step policy ------------------------------------------------------------------------------
 def test_step_policy_candidates_and_their_fp8_flops():
-    from fx_fp8.tools.sensitivity import edge_steps, step_policy_candidates
+    from fx_fp8.tools.sensitivity_steps import edge_steps, step_policy_candidates
 
     assert edge_steps(1, 4) == [0, 3] and edge_steps(2, 10) == [0, 1, 8, 9]
     # attention 1 FLOP / step, linears 3 FLOPs / step; 4 steps: k = 2 would leave no FP8 step
@@ -148,7 +151,7 @@ def test_step_policy_candidates_and_their_fp8_flops():
 
 
 def test_choose_step_policy_keeps_the_most_fp8_that_meets_the_target():
-    from fx_fp8.tools.sensitivity import StepPolicy, choose_step_policy
+    from fx_fp8.tools.sensitivity_steps import StepPolicy, choose_step_policy
 
     a = StepPolicy("a", [0], [], "", 0.9, psnr=29.0)
     b = StepPolicy("b", [], [0], "native", 0.7, psnr=31.0)
@@ -166,7 +169,8 @@ def test_error_model_work_without_the_steps_a_policy_skips():
 
 
 def test_step_edges_and_a_base_policy_are_refused():
-    from fx_fp8.tools.sensitivity import _check_step_edges, run_sensitivity
+    from fx_fp8.tools.sensitivity import run_sensitivity
+    from fx_fp8.tools.sensitivity_steps import check_step_edges as _check_step_edges
 
     with pytest.raises(ValueError, match="k must be < 2"):
         _check_step_edges((2, 3), 4)

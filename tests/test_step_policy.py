@@ -11,13 +11,13 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.checkpoint import QUANT_NAME
-from fx_fp8.config import FP8Config
-from fx_fp8.selectors import Selector
+from fx_fp8.quant.checkpoint import QUANT_NAME
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.selectors import Selector
 from fx_fp8.steps import attention_skipped, linear_skip_mode, variant_name
 from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 
 def flux(dtype=torch.float32, layers=1):
@@ -87,9 +87,9 @@ def test_yaml_and_cli_flags(tmp_path):
 
 
 def test_sensitive_choice_and_its_synonym():
-    from fx_fp8.config import QuantizationConfig
+    from fx_fp8.config.quantization import QuantizationConfig
 
-    assert QuantizationConfig().sensitive == fx_fp8.config.DEFAULT_SENSITIVE
+    assert QuantizationConfig().sensitive == fx_fp8.config.quantization.DEFAULT_SENSITIVE
     assert QuantizationConfig(quantize_sensitive=True).sensitive == "fp8"
     assert QuantizationConfig(sensitive="FP8").quantize_sensitive is True
     assert QuantizationConfig(sensitive="native").quantize_sensitive is False
@@ -213,7 +213,7 @@ def test_a_whole_run_recompiles_nothing_after_the_first_steps_of_each_variant(na
     from torch._dynamo.utils import counters
 
     from fx_fp8 import compile_pipeline, pipeline_state
-    from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
+    from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
     steps = 30
     with warnings.catch_warnings():
@@ -315,7 +315,7 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
     sys.path.insert(0, str(Path(__file__).parent))
     from npu_sim import SimulatedContractError, installed
 
-    from fx_fp8.ops import npu, quant
+    from fx_fp8.ops import npu_calls, quant
     from fx_fp8.ops.lowering import get_lowering
 
     low = get_lowering("npu")
@@ -334,7 +334,7 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
                                                                 weight_granularity="channel", weight_block=None)
             assert out.dtype == dtype and rel_err(out, ref) < 1e-2
             # the simulator refuses what the contract does not take: FP8 weights, a wrong scale dtype
-            kw = npu.weight_quant_call_kwargs(x, wq, ws, b)
+            kw = npu_calls.weight_quant_call_kwargs(x, wq, ws, b)
             with pytest.raises(SimulatedContractError, match="weight must be int8"):
                 sim.npu_weight_quant_batchmatmul(**dict(kw, weight=kw["weight"].to(torch.float8_e4m3fn)))
             with pytest.raises(SimulatedContractError, match="antiquant_scale must be"):
@@ -352,7 +352,7 @@ def test_npu_weight_only_groups_run_the_weight_quant_matmul_per_group(group):
     sys.path.insert(0, str(Path(__file__).parent))
     from npu_sim import SimulatedContractError, installed
 
-    from fx_fp8.ops import npu, quant
+    from fx_fp8.ops import npu_calls, quant
     from fx_fp8.ops.lowering import get_lowering
 
     low, ref = get_lowering("npu"), get_lowering("reference")
@@ -367,7 +367,7 @@ def test_npu_weight_only_groups_run_the_weight_quant_matmul_per_group(group):
         assert sim.calls["npu_weight_quant_batchmatmul"] == 1
         assert sim.last_kwargs["npu_weight_quant_batchmatmul"]["antiquant_group_size"] == group
         assert rel_err(out, ref.weight_only_linear(x, wq, ws, b, **args)) < 1e-2
-        kw = npu.weight_quant_call_kwargs(x, wq, ws, b, group)
+        kw = npu_calls.weight_quant_call_kwargs(x, wq, ws, b, group)
         with pytest.raises(SimulatedContractError, match="per-group antiquant_scale must be"):
             sim.npu_weight_quant_batchmatmul(**dict(kw, antiquant_scale=ws.to(x.dtype)))  # (N, K/g): not K-major
         with pytest.raises(SimulatedContractError, match="antiquant_group_size=48"):

@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 
 import fx_fp8
 from fx_fp8 import steps
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_steps_are_per_thread():
 def test_publish_steps_counts_each_pipeline_call_from_zero():
     """Outside compile_pipeline, `with publish_steps(pipe):` publishes the step of every pipeline
     call in the block, each from 0 (it once counted on across calls: 0..5 for two 3-step calls)."""
-    from fx_fp8.tools.tiny_pipelines import tiny_flux
+    from fx_fp8.tools.model_zoo.pipelines import tiny_flux
 
     pipe, kwargs = tiny_flux()
     seen = []

@@ -11,8 +11,9 @@ import torch.fx
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.passes import CompileContext, FXPass, PassManager
-from fx_fp8.tools import zoo
+from fx_fp8.passes.base import CompileContext, FXPass
+from fx_fp8.passes.manager import PassManager
+from fx_fp8.tools.model_zoo import registry as zoo
 from graph_capture import Capture, compile_stored
 
 OFF = {"diffusion_kv_cache_dtype": None, "quantization": None}
@@ -55,14 +56,14 @@ def test_zoo_passthrough_exact_and_fp8_close(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in zoo.ZOO if n not in FAST])
+@pytest.mark.parametrize("name", [n for n in zoo.MODELS if n not in FAST])
 def test_zoo_passthrough_exact_and_fp8_close_all(name):
     check_zoo_model(name)
 
 
 def test_zoo_is_broad():
-    kinds = {e.kind for e in zoo.ZOO.values()}
-    assert len(zoo.ZOO) >= 25 and kinds == {"image", "video", "audio"}
+    kinds = {e.kind for e in zoo.MODELS.values()}
+    assert len(zoo.MODELS) >= 25 and kinds == {"image", "video", "audio"}
 
 
 class SideEffects(nn.Module):

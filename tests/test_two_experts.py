@@ -9,8 +9,8 @@ from torch._dynamo.utils import counters
 
 import fx_fp8
 from fx_fp8 import pipeline_state
-from fx_fp8.tools.tiny_pipelines import build_tiny_pipeline
-from fx_fp8.weight_state import state_of
+from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
+from fx_fp8.quant.weight_state import state_of
 
 STEPS = 5
 

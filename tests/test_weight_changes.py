@@ -10,8 +10,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8.tools.families import build_tiny_transformer, example_inputs, output_tensor
-from fx_fp8.weight_state import compile_quantizations
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.quant.weight_state import compile_quantizations
 
 TARGET = "transformer_blocks.0.ff.net.2"  # a quantized linear of the tiny Flux (a feed-forward output)
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
 
 

@@ -1,4 +1,4 @@
-"""One path to quantize a weight (fx_fp8/weight_recipe.py).
+"""One path to quantize a weight (fx_fp8/quant/recipe.py).
 
 prepare_model and the linear pass quantize the same weight to the same bytes (same recipe,
 a smoothing group of one); every caller (prepare_model, the pass at compile and at run time, a
@@ -22,9 +22,9 @@ import fx_fp8
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.tools.tiny_model.fake_quant import fake_fp8
-from fx_fp8.weight_recipe import Smoothing, WeightRecipe, group_smoothing
-from fx_fp8.weight_state import state_of
-from fx_fp8.weights import QuantizedLinear
+from fx_fp8.quant.recipe import Smoothing, WeightRecipe, group_smoothing
+from fx_fp8.quant.weight_state import state_of
+from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 ALPHA = 0.5
 

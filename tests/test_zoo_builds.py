@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fx_fp8.tools.zoo import VARIANTS, ZOO, build, make_inputs, output_tensor
+from fx_fp8.tools.model_zoo.inputs import VARIANTS
+from fx_fp8.tools.model_zoo.registry import MODELS as ZOO, build, make_inputs, output_tensor
 
 NAMES = list(ZOO)
 

@@ -199,6 +199,17 @@ def function_copy(func: types.FunctionType) -> types.FunctionType:
     return new
 
 
+def method_copy(bound) -> Any:
+    """A copy of a bound method whose function has its own code object: Dynamo keeps compiled code
+    per code object and would otherwise reuse one block's graph (its layer decisions baked in) for
+    every block of the same class."""
+    func = getattr(bound, "__func__", None)
+    if func is None or not isinstance(func, types.FunctionType):
+        return bound
+    new = function_copy(func)
+    return types.MethodType(new, bound.__self__)
+
+
 @contextlib.contextmanager
 def forward_on_private_code(model: nn.Module):
     """For the duration, `model.forward` runs a private copy of its class's forward code.

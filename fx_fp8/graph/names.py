@@ -33,7 +33,7 @@ import torch.fx
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import find_compiled_model, split_source, traced_frame_variables
-from fx_fp8.graph.attention_forms import is_attention
+from fx_fp8.graph.forms import is_attention
 
 _BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
 

@@ -45,11 +45,11 @@ from typing import Any, Iterable
 import torch
 import torch.fx
 
-from fx_fp8.graph.attention_forms import is_attention
+from fx_fp8.graph.forms import is_attention
 from fx_fp8.graph.dynamo_internals import forward_on_private_code, isolated_compile_kwargs
-from fx_fp8.passes.linear import LINEAR_TARGETS, PREPARED_TARGETS
+from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.graph.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
-from fx_fp8.shapes import concrete, known_equal, known_one
+from fx_fp8.graph.shapes import concrete, known_equal, known_one
 
 TIMESTEP = "timestep conditioning"
 MODULATION = "adaLN modulation"
@@ -397,7 +397,7 @@ def holds_model_output(gm: torch.fx.GraphModule) -> bool:
 def find_sensitive_linears(gm: torch.fx.GraphModule, *, model_output: bool = True) -> dict[torch.fx.Node, str]:
     """{linear node: why it is sensitive} from the graph's data flow: "timestep conditioning",
     "adaLN modulation" or "final projection" (see the module docstring). Linears are the
-    call_function nodes of passes.linear.LINEAR_TARGETS and prepared fx_fp8::quantized_linear
+    call_function nodes of graph.forms.LINEAR_TARGETS and prepared fx_fp8::quantized_linear
     calls. model_output=False for a graph of one block or attention module (a region compiled
     on its own): its output is not the model's, so its last linear is no final projection
     (holds_model_output decides it from the graph's instance).

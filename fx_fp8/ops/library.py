@@ -16,7 +16,7 @@ called `kernel`: Inductor's fallback kernels take that name themselves.)
     step_scale           per-step static scales: an [n_groups] table indexed by the published step
 
 Every weight these ops read is a graph input: a prepared layer's own parameter, or the quantized
-copy of a model's weight that fx_fp8 appends to the graph (fx_fp8/weight_feeds.py). No op looks
+copy of a model's weight that fx_fp8 appends to the graph (fx_fp8/quant/weight_feeds.py). No op looks
 weight state up at run time.
 
 The ops are inference-only: their autograd formula lets a graph that
@@ -32,7 +32,7 @@ import torch
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8 import steps
-from fx_fp8.weights import WEIGHT_ONLY
+from fx_fp8.ops.formats import WEIGHT_ONLY
 
 
 # -- attention ------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ simulator in the tests. Device modules are imported only when asked for.
 A lowering answers two kinds of question:
 * at compile time, on FakeTensor metadata: can this node run here, and if not
   why (`attention_reason`, `linear_reason`, `weight_only`); it must not
-  specialise symbolic sizes (use fx_fp8.shapes);
+  specialise symbolic sizes (use fx_fp8.graph.shapes);
 * at run time, on real tensors: the kernels (`attention`, `quantize_activation`,
   `scaled_mm`, `weight_only_linear`).
 

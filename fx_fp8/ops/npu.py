@@ -48,25 +48,13 @@ import torch
 
 from fx_fp8.ops import npu_calls, quant
 from fx_fp8.ops.lowering import Lowering
-from fx_fp8.ops.npu_attention import KERNELS, RUNNERS, AttentionPlan, attention_plan, rotate_qk
-from fx_fp8.ops.npu_calls import (BLOCK_QUANT_MODES, INT_MAX, KERNEL_HEAD_DIMS, KERNEL_KV_BLOCK, KERNEL_OUT_DTYPES,
-                                  KERNEL_Q_BLOCK, MAX_MATMUL_DIM, MX_QUANT_MODES, P_SCALE_RANGE, attention_call_kwargs,
-                                  kernel_block_scales, kernel_head_dim, linear_call_kwargs, mindiesd_block_quant,
-                                  mindiesd_call_kwargs, mx_call_kwargs, weight_quant_call_kwargs, weight_quant_group)
-from fx_fp8.ops.npu_platform import (ASCEND_950_SOC, MODE7_REFUSED_FROM, MXFP8_ATTENTION_FROM, cann_accepts_mode7,
-                                     cann_has_mxfp8_attention, cann_version, chip_problem, device_name,
-                                     import_problem, import_torch_npu, is_fp8_chip, parse_cann_version, soc_version)
-from fx_fp8.shapes import concrete
+from fx_fp8.ops.npu_attention import KERNELS, RUNNERS, attention_plan
+from fx_fp8.ops.npu_calls import KERNEL_OUT_DTYPES, MAX_MATMUL_DIM
+from fx_fp8.ops.npu_platform import chip_problem, import_problem, import_torch_npu
+from fx_fp8.graph.shapes import concrete
 
 # every name this module had before its parts moved out stays importable from here; the lowering
 # calls the vendor-call builders through npu_calls, so that is where a test wraps one
-__all__ = ["ASCEND_950_SOC", "AttentionPlan", "BLOCK_QUANT_MODES", "INT_MAX", "KERNELS", "KERNEL_HEAD_DIMS",
-           "KERNEL_KV_BLOCK", "KERNEL_OUT_DTYPES", "KERNEL_Q_BLOCK", "LOWERING", "MAX_MATMUL_DIM",
-           "MODE7_REFUSED_FROM", "MXFP8_ATTENTION_FROM", "MX_QUANT_MODES", "NPULowering", "P_SCALE_RANGE",
-           "attention_call_kwargs", "attention_plan", "cann_accepts_mode7", "cann_has_mxfp8_attention",
-           "cann_version", "chip_problem", "device_name", "import_problem", "is_fp8_chip", "kernel_block_scales",
-           "kernel_head_dim", "linear_call_kwargs", "mindiesd_block_quant", "mindiesd_call_kwargs", "mx_call_kwargs", "parse_cann_version",
-           "rotate_qk", "soc_version", "weight_quant_call_kwargs", "weight_quant_group"]
 
 
 class NPULowering(Lowering):

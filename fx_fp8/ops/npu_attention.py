@@ -14,7 +14,7 @@ from fx_fp8.ops.npu_calls import (KERNEL_HEAD_DIMS, KERNEL_KV_BLOCK, KERNEL_OUT_
 from fx_fp8.ops.npu_platform import (MODE7_REFUSED_FROM, MXFP8_ATTENTION_FROM, cann_accepts_mode7,
                                      cann_has_mxfp8_attention, cann_version, chip_problem, import_problem,
                                      import_torch_npu)
-from fx_fp8.shapes import concrete, known_one
+from fx_fp8.graph.shapes import concrete, known_one
 
 KERNELS = ("mindiesd", "fia_block", "fia_mx")
 

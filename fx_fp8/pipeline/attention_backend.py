@@ -9,11 +9,13 @@ merges native ones.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
-from fx_fp8.pipeline.options import ParallelOptions
+if TYPE_CHECKING:  # an annotation only: options imports cache_dit, which asks this module for the backend
+    from fx_fp8.pipeline.options import ParallelOptions
 
 
 #: diffusers attention backends whose attention the FP8 pass can rewrite (aten SDPA forms)

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.config_files import did_you_mean
+from fx_fp8.config.values import did_you_mean
 from fx_fp8.install_hint import install_hint
 
 
@@ -364,7 +364,7 @@ def compile_regions(model: nn.Module, state: CacheDitState, compile_fn) -> list:
     """CachedBlocks' decisions run eagerly; each real block's forward becomes compile_fn(its own copy),
     called with the transformer's own block lists in place (real names and layers). Returns the
     names of the blocks compiled."""
-    from fx_fp8.pipeline.cache_hooks import method_copy
+    from fx_fp8.graph.dynamo_internals import method_copy
 
     model = getattr(model, "_orig_mod", model)
     names = {id(m): n for n, m in model.named_modules()}

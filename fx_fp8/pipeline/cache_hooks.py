@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.graph.dynamo_internals import function_copy
+from fx_fp8.graph.dynamo_internals import method_copy
 from fx_fp8.pipeline import cache_dit as _cache_dit
 from fx_fp8.pipeline.options import canonical_cache_backend, diffusers_cache_config
 
@@ -95,17 +95,6 @@ def _default_cache_context(module, args):
                 _set_cache_context(module, CacheContext("fx_fp8_default"))
                 return None
     return None
-
-
-def method_copy(bound) -> Any:
-    """A copy of a bound method whose function has its own code object: Dynamo keeps compiled code
-    per code object and would otherwise reuse one block's graph (its layer decisions baked in) for
-    every block of the same class."""
-    func = getattr(bound, "__func__", None)
-    if func is None or not isinstance(func, types.FunctionType):
-        return bound
-    new = function_copy(func)
-    return types.MethodType(new, bound.__self__)
 
 
 @dataclass

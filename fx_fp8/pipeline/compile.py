@@ -20,8 +20,8 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.backend import MODES
-from fx_fp8.config import FP8Config
+from fx_fp8.compile.backend import MODES
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.dynamo_internals import is_compiled_module
 from fx_fp8.pipeline.apply_options import (apply_pipeline_options, check_pipeline_options, compile_regions,
                                            has_diffusers_hooks)
@@ -30,8 +30,8 @@ from fx_fp8.pipeline.options import PipelineOptions
 from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS, PipelineFP8State
 from fx_fp8.pipeline.step_publishing import (call_recorder, check_scheduler, install_scheduler_hook, outside_run,
                                              wrapped_class)
-from fx_fp8.prepare import prepare_model
-from fx_fp8.rules import check_not_prepared
+from fx_fp8.quant.prepare import prepare_model
+from fx_fp8.quant.rules import check_not_prepared
 
 BACKENDS = ("fp8", "fp8_npu")
 

@@ -25,7 +25,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from fx_fp8.config_files import config_keys, did_you_mean, read_config_file
+from fx_fp8.config.files import config_keys, read_config_file
+from fx_fp8.config.values import did_you_mean
 from fx_fp8.pipeline import cache_dit as _cache_dit
 
 

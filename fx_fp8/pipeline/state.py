@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.report import get_reports
 
 

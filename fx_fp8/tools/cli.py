@@ -30,14 +30,12 @@ import sys
 import warnings
 from typing import Optional
 
-from fx_fp8.tools.cli_common import PROG, UsageError, _one_line, to_json
+from fx_fp8.tools.cli_common import PROG, UsageError, _one_line
 from fx_fp8.tools.cli_compare import cmd_compare
-from fx_fp8.tools.cli_inspect import cmd_dump, cmd_inspect, compile_and_report, format_inspect
+from fx_fp8.tools.cli_inspect import cmd_dump, cmd_inspect
 from fx_fp8.tools.cli_sensitivity import SENSITIVITY_HELP, cmd_sensitivity
 
 # the names callers imported from this module before the commands moved out
-__all__ = ["PROG", "UsageError", "build_parser", "cmd_compare", "cmd_dump", "cmd_inspect", "cmd_sensitivity",
-           "compile_and_report", "format_inspect", "main", "to_json"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from fx_fp8.config import DOWNSTREAMS, LOWERINGS, FP8Config
+from fx_fp8.config.fp8_config import DOWNSTREAMS, LOWERINGS, FP8Config
 from fx_fp8.install_hint import install_hint
 
 #: argparse dest -> FP8Config key, for the flags that map one-to-one

@@ -182,7 +182,7 @@ def cmd_dump(args) -> int:
     for i, g in enumerate(data["graphs"]):
         stages = graphs.get(i)
         if not stages:
-            raise RuntimeError("the backend attached no graph dumps (report.graphs): fx_fp8.backend lacks dump_graphs?")
+            raise RuntimeError("the backend attached no graph dumps (report.graphs): fx_fp8.compile.backend lacks dump_graphs?")
         folder = out / f"graph{i}_{g['step_variant'] or 'single'}"
         folder.mkdir(exist_ok=True)
         for j, (stage, code) in enumerate(stages.items()):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from fx_fp8.pipeline.step_publishing import publish_steps
-from fx_fp8.tools import model_zoo
+from fx_fp8.tools.model_zoo import registry as model_zoo
 from fx_fp8.tools.quantized_folders import folder_quantization, is_save_quantized_pipeline
 
 

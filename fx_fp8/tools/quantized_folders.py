@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from fx_fp8.checkpoint import FORMAT, QUANT_NAME, TRANSFORMER_ATTRS
+from fx_fp8.quant.checkpoint import FORMAT, QUANT_NAME, TRANSFORMER_ATTRS
 
 SAVE_QUANTIZED = "save_quantized"
 
@@ -57,7 +57,7 @@ def load_transformer_folder(folder, model_class, dtype: torch.dtype = torch.floa
     else model_class.from_pretrained (offline)."""
     folder = os.fspath(folder)
     if folder_quantization(folder) == SAVE_QUANTIZED:
-        from fx_fp8.checkpoint import load_quantized
+        from fx_fp8.quant.checkpoint import load_quantized
 
         return load_quantized(folder, model_class, dtype=dtype)
     return model_class.from_pretrained(folder, torch_dtype=dtype, local_files_only=True).eval()
@@ -66,7 +66,7 @@ def load_transformer_folder(folder, model_class, dtype: torch.dtype = torch.floa
 def saved_quantized_transformers(pipeline_folder, dtype: torch.dtype = torch.float32) -> dict:
     """{attr: transformer} of the pipeline's transformer folders that fx_fp8.save_quantized wrote,
     loaded (diffusers' from_pretrained cannot read them), to pass to the pipeline's from_pretrained."""
-    from fx_fp8.checkpoint import load_quantized
+    from fx_fp8.quant.checkpoint import load_quantized
 
     out = {}
     for attr in TRANSFORMER_ATTRS:
@@ -87,7 +87,7 @@ def load_pipeline_folder(folder, dtype: torch.dtype = torch.float32, pipeline_cl
 def prepared_transformers(pipe) -> list[str]:
     """The pipeline's transformer attributes that already hold quantized linears (loaded quantized,
     or prepared): compile them with compile_pipeline(prepare=False)."""
-    from fx_fp8.state_guard import quantized_layers
+    from fx_fp8.quant.state_guard import quantized_layers
 
     return [a for a in TRANSFORMER_ATTRS
             if isinstance(getattr(pipe, a, None), torch.nn.Module) and quantized_layers(getattr(pipe, a))]

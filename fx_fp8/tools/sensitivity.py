@@ -47,22 +47,13 @@ from typing import Callable, Optional
 
 import torch
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.tools.image_metrics import psnr_db  # the one PSNR
-from fx_fp8.tools.sensitivity_chart import save_chart
-from fx_fp8.tools.sensitivity_items import (ITEM_KINDS, Item, Measurement, SensitivityResult, block_pattern,
-                                            config_for, item_key, items_from_reports, layer_lists, num_layers,
-                                            only_config)
+from fx_fp8.tools.sensitivity_items import (Item, Measurement, SensitivityResult, config_for, items_from_reports, layer_lists, num_layers, only_config)
 from fx_fp8.tools.sensitivity_search import ErrorModel, greedy
-from fx_fp8.tools.sensitivity_steps import (StepPolicy, check_step_edges, choose_step_policy, edge_steps,
-                                            measure_step_policies, step_policy_candidates)
+from fx_fp8.tools.sensitivity_steps import check_step_edges, measure_step_policies
 
 # callers import the parts from here; two keep their names from before the split
-_check_step_edges, _items = check_step_edges, items_from_reports
-__all__ = ["ITEM_KINDS", "ErrorModel", "Item", "Measurement", "SensitivityResult", "StepPolicy", "SwappableBackend",
-           "block_pattern", "check_step_edges", "choose_step_policy", "config_for", "edge_steps", "greedy",
-           "item_key", "items_from_reports", "layer_lists", "num_layers", "only_config", "psnr_db",
-           "run_sensitivity", "save_chart", "step_policy_candidates"]
 
 
 # -- running configs without re-tracing ------------------------------------------------------
@@ -86,7 +77,7 @@ class SwappableBackend:
         return lambda *args: slot[2](*args)
 
     def _build(self, slot):
-        from fx_fp8.backend import fp8_backend
+        from fx_fp8.compile.backend import fp8_backend
 
         gm, example_inputs, _ = slot
         return gm.forward if self.config is None else fp8_backend(gm, example_inputs, options={"config": self.config})

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 
 if TYPE_CHECKING:
     from fx_fp8.tools.sensitivity_steps import StepPolicy

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 
 
 @dataclass

@@ -37,13 +37,4 @@ count to choose, seeded through ``torch.manual_seed``)::
 Configs are tiny versions of those in diffusers' own model tests, adapted to diffusers 0.42; the
 sizes are chosen for speed, not to resemble a real checkpoint.
 """
-from fx_fp8.tools.model_zoo.entry import KINDS, Family, TinyModel
-from fx_fp8.tools.model_zoo.inputs import VARIANTS
-from fx_fp8.tools.model_zoo.registry import (ALIASES, FAMILIES, MODELS, TINY_PIPELINES, build, build_tiny_pipeline,
-                                               build_tiny_transformer, canonical_family, config, example_inputs,
-                                               lookup, make_inputs, names, normalize_name, output_tensor,
-                                               reinit_zero_layers)
 
-__all__ = ["KINDS", "Family", "TinyModel", "VARIANTS", "ALIASES", "FAMILIES", "MODELS", "TINY_PIPELINES", "build",
-           "build_tiny_pipeline", "build_tiny_transformer", "canonical_family", "config", "example_inputs", "lookup",
-           "make_inputs", "names", "normalize_name", "output_tensor", "reinit_zero_layers"]

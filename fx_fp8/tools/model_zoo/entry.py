@@ -24,7 +24,7 @@ class Family:
     #: the zoo's size variants 0..3: keyword sizes for `inputs`
     variants: tuple[Mapping, ...]
     #: pipeline name -> builder(**kw) -> (pipe, call_kwargs); the first is what the family name means
-    pipelines: Mapping[str, Callable]
+    pipelines: Mapping[str, str]                   # pipeline name -> its builder in model_zoo/pipelines.py
     #: the VAE of its tiny pipelines as a config with "_class_name" (sizes are known without building)
     vae: Mapping = field(default_factory=dict)
 

@@ -11,6 +11,7 @@ from fx_fp8.tools.model_zoo.audio import AUDIO_MODELS
 from fx_fp8.tools.model_zoo.entry import KINDS, TinyModel
 from fx_fp8.tools.model_zoo.families import FAMILY_ENTRIES
 from fx_fp8.tools.model_zoo.image import IMAGE
+from fx_fp8.tools.model_zoo.instantiate import config_with_layers, instantiate
 from fx_fp8.tools.model_zoo.inputs import VARIANTS, pick
 from fx_fp8.tools.model_zoo.video import VIDEO
 
@@ -69,28 +70,10 @@ def names(kind: Optional[str] = None) -> list[str]:
 def config(name: str, *, layers: Optional[int] = None) -> dict:
     """The tiny config of `name`; for a family, `layers` sets its layer counts (default: the entry's)."""
     entry = lookup(name)
-    cfg = dict(entry.config)
-    if layers is not None:
-        if entry.family is None:
-            raise ValueError(f"layers={layers!r} for {name!r}: only a family ({', '.join(FAMILIES)}) has a "
-                             "layer count to set")
-        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-            raise ValueError(f"layers must be an int >= 1, got {layers!r}")
-        cfg.update({k: layers for k in entry.family.layer_keys})
-    return cfg
-
-
-def _cls(name: str):
-    import diffusers
-
-    try:
-        return getattr(diffusers, name)
-    except AttributeError:
-        raise ImportError(f"diffusers {diffusers.__version__} has no {name} (the zoo targets 0.42)") from None
-
-
-def _instantiate(entry: TinyModel, cfg: dict) -> torch.nn.Module:
-    return _cls(entry.class_name)(**cfg)
+    if layers is not None and entry.family is None:
+        raise ValueError(f"layers={layers!r} for {name!r}: only a family ({', '.join(FAMILIES)}) has a "
+                         "layer count to set")
+    return config_with_layers(entry, layers)
 
 
 # --- the zoo: every entry, zero-initialised layers made random ---------------------------------
@@ -134,7 +117,7 @@ def build(name: str, *, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
             warnings.simplefilter("ignore")
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                model = _instantiate(entry, dict(entry.config))
+                model = instantiate(entry, dict(entry.config))
                 reinit_zero_layers(model)
             if dtype != torch.float32:
                 model = _to_dtype(model, dtype)
@@ -178,7 +161,7 @@ def build_tiny_transformer(family: str, *, layers: int = 2, seed: int = 0, dtype
     entry = MODELS[canonical_family(family)]
     cfg = config(entry.name, layers=layers)
     torch.manual_seed(seed)
-    return _instantiate(entry, cfg).to(dtype).eval()
+    return instantiate(entry, cfg).to(dtype).eval()
 
 
 def example_inputs(family: str, model, *, batch: int = 1, seed: int = 0, dtype=torch.float32) -> dict:
@@ -194,7 +177,9 @@ def build_tiny_pipeline(name: str, **kwargs):
     """``(pipe, call_kwargs)`` for one of :data:`TINY_PIPELINES`, or a family name or alias
     (``wan`` is Wan2.1; ``wan2.2`` the two-expert pipeline)."""
     key = normalize_name(name)
-    builders = {p: b for e in FAMILY_ENTRIES for p, b in e.family.pipelines.items()}
+    from fx_fp8.tools.model_zoo import pipelines
+
+    builders = {p: getattr(pipelines, b) for e in FAMILY_ENTRIES for p, b in e.family.pipelines.items()}
     if key not in builders:
         try:
             key = next(iter(MODELS[canonical_family(key)].family.pipelines))

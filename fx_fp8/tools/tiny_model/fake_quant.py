@@ -4,7 +4,7 @@ Used by ``examples/train_tiny_dit.py --fp8-aware`` to fine-tune the shipped tiny
 that it survives the default FP8 recipe.  The forward values are those of
 :mod:`fx_fp8.ops.quant` (the numerics every lowering reproduces): the same scales, the same
 clamp + cast to ``float8_e4m3fn``, the same Hadamard rotation and K smoothing, the same
-P quantization; weights go through the one weight recipe (fx_fp8.weight_recipe, with the
+P quantization; weights go through the one weight recipe (fx_fp8.quant.recipe, with the
 config's method and granularity, as prepare_model and the linear pass quantize them); only
 the fp32 summation order of the matmuls may differ.  Gradients pass
 straight through the rounding (``x + (xq - x).detach()``); the float math around it
@@ -20,10 +20,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fx_fp8.config import FP8Config
+from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.rules import attention_call_reason, linear_plan, short_keys_reason
-from fx_fp8.weight_recipe import WeightRecipe
+from fx_fp8.quant.rules import attention_call_reason, linear_plan, short_keys_reason
+from fx_fp8.quant.recipe import WeightRecipe
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def fake_quant_rows(x: torch.Tensor, method: str = "fp8") -> torch.Tensor:
 
 
 def fake_quant_weight(w: torch.Tensor, granularity="channel", block=None) -> torch.Tensor:
-    """Weight quantize -> dequantize through the one weight recipe (fx_fp8.weight_recipe) that
+    """Weight quantize -> dequantize through the one weight recipe (fx_fp8.quant.recipe) that
     prepare_model and the linear pass use; `granularity` may be a WeightRecipe itself (FP8 otherwise)."""
     recipe = granularity if isinstance(granularity, WeightRecipe) else WeightRecipe("fp8", granularity, block)
     with torch.no_grad():
@@ -115,7 +115,7 @@ def fake_fp8(model: torch.nn.Module, config: FP8Config | None = None):
     acfg = config.attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        # the attention pass's own rules (fx_fp8.rules)
+        # the attention pass's own rules (fx_fp8.quant.rules)
         reason = attention_call_reason(query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                                        enable_gqa=enable_gqa) or short_keys_reason(query, key, acfg)
         if reason is not None:

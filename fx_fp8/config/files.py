@@ -1,0 +1,86 @@
+"""Reading a config's data: YAML files, vLLM-Omni stage configs, and the key spellings users
+bring from vLLM-Omni (legacy kv_cache_* keys). What the keys mean is fx_fp8.config.fp8_config."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Mapping
+
+from fx_fp8.config.keys import TOP_KEYS
+
+LEGACY_KEYS = {
+    "kv_cache_dtype": "diffusion_kv_cache_dtype",
+    "kv_cache_skip_steps": "diffusion_kv_cache_skip_steps",
+    "kv_cache_skip_layers": "diffusion_kv_cache_skip_layers",
+}
+#: keys of a config that belong to fx_fp8.pipeline.options.PipelineOptions, not to FP8Config
+PIPELINE_KEYS = ("parallel_config", "cache_backend", "cache_config")
+
+
+def config_keys(data, where: str, *, warn: bool = True) -> dict:
+    """The keys of a config's data (None, a flat mapping, or a vLLM-Omni stage config, whose
+    diffusion stage's engine_args hold them), FP8 and pipeline keys alike; a ValueError naming
+    `where` for a malformed one. warn: say which stage of several is used and which engine_args
+    keys fx_fp8 does not read (the FP8 reading warns; the pipeline reading of the same data not)."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    if "stage_args" in data:
+        return _diffusion_engine_args(data, where, warn)
+    return dict(data)
+
+
+def read_config_file(path):
+    """A YAML config file's data; a ValueError naming the file when it is missing, a folder, not
+    UTF-8 or not YAML."""
+    import yaml
+
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"config file {path!r} is a directory: expected a YAML file")
+    if not os.path.isfile(path):
+        raise ValueError(f"config file not found: {path!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"config file {path!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
+
+
+def fold_legacy_keys(data: dict) -> dict:
+    """kv_cache_* -> diffusion_kv_cache_*. The new key wins when both have a value (with a
+    warning if they differ); a new key whose value is None counts as not given."""
+    for old, new in LEGACY_KEYS.items():
+        if old in data:
+            old_value = data.pop(old)
+            if data.get(new) is not None and old_value is not None and data[new] != old_value:
+                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={data[new]!r}", stacklevel=3)
+            elif data.get(new) is None and (old_value is not None or new not in data):
+                data[new] = old_value
+    return data
+
+
+def _diffusion_engine_args(data: Mapping, where: str, warn: bool) -> dict:
+    stages = data["stage_args"]
+    if not isinstance(stages, list):
+        raise ValueError(f"{where}: stage_args must be a list of stages")
+    diffusion = [s for s in stages if isinstance(s, Mapping) and s.get("stage_type") == "diffusion"]
+    if not diffusion:
+        raise ValueError(f"{where}: no stage with stage_type: diffusion in stage_args")
+    if len(diffusion) > 1 and warn:
+        ids = [s.get("stage_id") for s in diffusion]
+        warnings.warn(f"{where}: several diffusion stages {ids}; using stage_id {ids[0]}", stacklevel=3)
+    engine_args = diffusion[0].get("engine_args") or {}
+    if not isinstance(engine_args, Mapping):
+        raise ValueError(f"{where}: engine_args of stage {diffusion[0].get('stage_id')} must be a mapping")
+
+    known = set(TOP_KEYS) | set(LEGACY_KEYS) | set(PIPELINE_KEYS)  # pipeline keys: see from_mapping
+    ours = {k: v for k, v in engine_args.items() if k in known}
+    others = sorted(k for k in engine_args if k not in known)
+    if others and warn:
+        # Stage configs carry serving keys (model, dtype, ...) that are not ours: say so once.
+        warnings.warn(f"{where}: engine_args keys not used by fx_fp8: {others}", stacklevel=3)
+    return ours

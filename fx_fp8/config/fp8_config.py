@@ -1,0 +1,301 @@
+"""FP8Config: what to quantize, where, and how; built from keywords, a mapping or a YAML file.
+
+Keys follow vLLM-Omni's diffusion options (`diffusion_kv_cache_dtype`,
+`diffusion_kv_cache_skip_steps`, `diffusion_kv_cache_skip_layers`,
+`quantization`, `quantization_config`) plus two nested mappings of our own
+(`attention`, and extra keys of `quantization_config`) and the backend keys
+`lowering` / `downstream`. The nested settings are fx_fp8.config.attention and
+fx_fp8.config.quantization, the flat keys' merge rules fx_fp8.config.keys, the
+value checks fx_fp8.config.values, reading files fx_fp8.config.files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from fx_fp8.config.attention import AttentionQuantConfig
+from fx_fp8.config.files import LEGACY_KEYS, PIPELINE_KEYS, config_keys, fold_legacy_keys, read_config_file
+from fx_fp8.config.values import did_you_mean
+from fx_fp8.config.keys import (TOP_KEYS, apply_step_shortcuts, check_method_agrees, merge_ignored_layers_shortcut, pop_step_shortcuts)
+from fx_fp8.config.values import check_choice, dataclass_from_mapping, is_off
+from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
+from fx_fp8.config.selectors import Selector, parse_selector
+
+KV_CACHE_DTYPES = (None, "auto", "fp8")
+LOWERINGS = ("auto", "reference", "cuda", "npu")
+DOWNSTREAMS = ("auto", "eager", "inductor", "npugraph_ex")
+
+
+@dataclass(frozen=True)
+class FP8Config:
+    """Everything the fp8 backends need. Build it with from_kwargs / from_yaml / load.
+
+    diffusion_kv_cache_dtype: "fp8" -> FP8 attention; None / "auto" -> native attention.
+    diffusion_kv_cache_skip_steps: denoising steps whose attention stays native.
+    diffusion_kv_cache_skip_layers: transformer layer indices whose attention stays native.
+    quantization: "fp8" -> FP8 W8A8 linears; None -> native linears.
+    lowering: "auto" (from the tensors' device), "reference" (CPU), "cuda", "npu".
+    downstream: compiler after the passes: "auto", "eager", "inductor", "npugraph_ex".
+    """
+
+    diffusion_kv_cache_dtype: str | None = "fp8"
+    diffusion_kv_cache_skip_steps: Selector = field(default_factory=Selector)
+    diffusion_kv_cache_skip_layers: Selector = field(default_factory=Selector)
+    quantization: str | None = "fp8"
+    quantization_config: QuantizationConfig = field(default_factory=QuantizationConfig)
+    attention: AttentionQuantConfig = field(default_factory=AttentionQuantConfig)
+    lowering: str = "auto"
+    downstream: str = "auto"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
+        set_("diffusion_kv_cache_dtype", check_choice("diffusion_kv_cache_dtype", self.diffusion_kv_cache_dtype, KV_CACHE_DTYPES))
+        set_("quantization", check_choice("quantization", self.quantization, QUANTIZATION_METHODS))
+        set_("diffusion_kv_cache_skip_steps", parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps", relative=True))
+        set_("diffusion_kv_cache_skip_layers", parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"))
+        set_("quantization_config", dataclass_from_mapping(QuantizationConfig, self.quantization_config, "quantization_config"))
+        set_("attention", dataclass_from_mapping(AttentionQuantConfig, self.attention, "attention"))
+        set_("lowering", check_choice("lowering", self.lowering, LOWERINGS))
+        set_("downstream", check_choice("downstream", self.downstream, DOWNSTREAMS))
+        method = self.quantization_config.method
+        if self.quantization is not None and method != self.quantization:
+            if method != "fp8":  # "fp8" is the default: `quantization` decides
+                raise ValueError(f"quantization {self.quantization!r} disagrees with quantization_config.method {method!r}")
+            set_("quantization_config", dataclasses.replace(self.quantization_config, method=self.quantization))
+        self._warn_unused_selectors()
+
+    def _warn_unused_selectors(self) -> None:
+        """Selectors of a feature that is off would do nothing: say so instead of ignoring them."""
+        unused = []
+        if not self.attention_enabled:
+            if self.diffusion_kv_cache_skip_steps:
+                unused.append("diffusion_kv_cache_skip_steps")
+            if self.diffusion_kv_cache_skip_layers:
+                unused.append("diffusion_kv_cache_skip_layers")
+        if unused:
+            warnings.warn(f"{' and '.join(unused)} set but FP8 attention is off "
+                          f"(diffusion_kv_cache_dtype={self.diffusion_kv_cache_dtype!r}): they have no effect", stacklevel=4)
+        if not self.linear_enabled and self.quantization_config.skip_steps:
+            warnings.warn("quantization_config.skip_steps set but quantized linears are off (quantization=None): it "
+                          "has no effect", stacklevel=4)
+        if not self.linear_enabled and self.quantization_config.ignored_layers:
+            warnings.warn("ignored_layers set but quantized linears are off (quantization=None): it has no effect", stacklevel=4)
+
+    # -- what is on --------------------------------------------------------
+    @property
+    def attention_enabled(self) -> bool:
+        return self.diffusion_kv_cache_dtype == "fp8"
+
+    @property
+    def linear_enabled(self) -> bool:
+        return self.quantization is not None
+
+    @property
+    def has_step_skips(self) -> bool:
+        """Some step runs another graph variant (attention or linear step selectors in use)."""
+        return self.attention_step_skips or self.linear_step_skips
+
+    @property
+    def attention_step_skips(self) -> bool:
+        return self.attention_enabled and bool(self.diffusion_kv_cache_skip_steps)
+
+    @property
+    def linear_step_skips(self) -> bool:
+        return self.linear_enabled and bool(self.quantization_config.skip_steps)
+
+    def step_variants(self) -> tuple:
+        """The step variants some step can map to (fx_fp8.steps.variant_name), the unskipped one
+        first: at most 4, from the two selectors' overlaps (held as ranges, never expanded)."""
+        from fx_fp8.steps import variant_name
+
+        if not self.has_step_skips:
+            return (None,)
+        a = self.diffusion_kv_cache_skip_steps if self.attention_step_skips else Selector()
+        lin = self.quantization_config.skip_steps if self.linear_step_skips else Selector()
+        mode = self.quantization_config.skip_steps_mode
+        combos = [(False, False)]  # steps past both selectors' ends
+        if a.needs_total or lin.needs_total:  # "last:k": the pairs some run length shows
+            from fx_fp8.config.selectors import step_patterns
+
+            seen = step_patterns(a, lin)
+            combos += [c for c in ((True, False), (True, True), (False, True)) if c in seen]
+            return tuple(variant_name(x, y, mode) for x, y in combos)
+        if _ranges_differ(a, lin):
+            combos.append((True, False))
+        if _ranges_intersect(a, lin):
+            combos.append((True, True))
+        if _ranges_differ(lin, a):
+            combos.append((False, True))
+        return tuple(variant_name(x, y, mode) for x, y in combos)
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "FP8Config":
+        """Build from flat keyword arguments (vLLM-Omni names, legacy kv_cache_* accepted).
+
+        Which features are on:
+        * neither `quantization` nor `diffusion_kv_cache_dtype` (nor legacy
+          `kv_cache_dtype`, nor `quantization_config` / `ignored_layers`) given:
+          both are on (choosing an fp8 backend is the opt-in);
+        * one feature switched on: the other is off unless also given, as in
+          vLLM-Omni where each is a separate opt-in. `quantization_config` (a
+          mapping, or a method name such as "fp8") or `ignored_layers` given
+          without `quantization` switch linears on with that method;
+        * one feature switched off (None / "auto"): the other stays on;
+        * a linear opt-in next to attention selectors (skip steps / layers) but no
+          `diffusion_kv_cache_dtype`: both are on (the selectors say attention is wanted).
+        A key whose value is None next to a legacy key with a value counts as
+        not given (argparse-built dicts carry None for every flag).
+        """
+        data = fold_legacy_keys(dict(kwargs))
+        for key in data:
+            if key in PIPELINE_KEYS:  # a pipeline option, read by fx_fp8.pipeline.options.PipelineOptions
+                raise ValueError(f"{key!r} is a pipeline option, not an FP8 option: pass it to "
+                                 "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
+            if key not in TOP_KEYS:
+                raise ValueError(f"unknown config key {key!r}{did_you_mean(key, TOP_KEYS + tuple(LEGACY_KEYS))}")
+        shortcuts = pop_step_shortcuts(data)
+        if "ignored_layers" in data and not clean_patterns(data["ignored_layers"]):
+            del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in
+        qc_given = data.get("quantization_config") is not None or data.get("ignored_layers") is not None
+        if isinstance(data.get("quantization_config"), str):  # vLLM-Omni's tests pass quantization_config="fp8"
+            data["quantization_config"] = {"method": data["quantization_config"]}
+        check_method_agrees(data)
+        if "ignored_layers" in data:
+            merge_ignored_layers_shortcut(data)
+        if "quantization" not in data and qc_given:
+            qc = data.get("quantization_config")
+            method = qc.method if isinstance(qc, QuantizationConfig) else dict(qc or {}).get("method", "fp8")
+            data["quantization"] = check_choice("quantization_config.method", method, QUANTIZATION_METHODS[1:])
+        mentions_attention = "diffusion_kv_cache_dtype" in data
+        mentions_linear = "quantization" in data
+        if mentions_linear and not mentions_attention and not is_off(data["quantization"]) and (
+                data.get("diffusion_kv_cache_skip_steps") or data.get("diffusion_kv_cache_skip_layers")):
+            data["diffusion_kv_cache_dtype"] = "fp8"  # attention selectors next to a linear opt-in: both on
+            mentions_attention = True
+        given = data.get("diffusion_kv_cache_dtype") if mentions_attention else data.get("quantization")
+        # Only an opt-in (a feature switched on) turns the unnamed feature off;
+        # switching one feature off (None / "auto") keeps the other at its default.
+        if mentions_attention != mentions_linear and not is_off(given):
+            data.setdefault("diffusion_kv_cache_dtype", None)
+            data.setdefault("quantization", None)
+        apply_step_shortcuts(data, shortcuts)
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path) -> "FP8Config":
+        """Read a flat mapping or a vLLM-Omni stage config (stage_args[*].engine_args)."""
+        return cls.from_mapping(read_config_file(path), where=os.fspath(path))
+
+    @classmethod
+    def from_mapping(cls, data, *, where: str = "config") -> "FP8Config":
+        return cls.from_kwargs(**_fp8_keys(data, where))
+
+    @classmethod
+    def load(cls, config=None, **overrides) -> "FP8Config":
+        """Anything a user may hand us: None, FP8Config, mapping, YAML path; then overrides."""
+        if config is None:
+            base = cls.from_kwargs(**overrides) if overrides else cls()
+            return base
+        if isinstance(config, FP8Config):
+            base = config
+        elif isinstance(config, Mapping):
+            if not _fp8_keys(config, "config"):  # {} (or only pipeline keys): as if no config was given
+                return cls.load(None, **overrides)
+            base = cls.from_mapping(config)
+        elif isinstance(config, (str, os.PathLike)):
+            data = read_config_file(config)
+            if not _fp8_keys(data, os.fspath(config)):
+                return cls.load(None, **overrides)
+            base = cls.from_mapping(data, where=os.fspath(config))
+        else:
+            raise ValueError(f"invalid config {config!r}: expected an FP8Config, a mapping or a YAML path")
+        return base.replace(**overrides) if overrides else base
+
+    def replace(self, **overrides) -> "FP8Config":
+        """A copy with some keys changed (same key rules as from_kwargs, without the opt-in rule)."""
+        data = self.to_dict()
+        data["quantization_config"]["activation_scales"] = self.quantization_config.activation_scales
+        overrides = fold_legacy_keys(dict(overrides))
+        shortcuts = pop_step_shortcuts(overrides)
+        if overrides.get("quantization") is not None and "quantization_config" not in overrides:
+            data["quantization_config"]["method"] = overrides["quantization"]
+        if "ignored_layers" in overrides:
+            data["quantization_config"]["ignored_layers"] = clean_patterns(overrides.pop("ignored_layers"))
+        if isinstance(overrides.get("quantization_config"), str):
+            overrides["quantization_config"] = {"method": overrides["quantization_config"]}
+        check_method_agrees({"quantization": overrides.get("quantization", data["quantization"]),
+                              "quantization_config": overrides.get("quantization_config")})
+        for key, value in overrides.items():
+            if key not in TOP_KEYS:
+                raise ValueError(f"unknown config key {key!r}{did_you_mean(key, TOP_KEYS)}")
+            if key == "quantization_config" and isinstance(value, Mapping):
+                value = dict(value)
+                # quantize_sensitive and sensitive are one setting: the one given here replaces the base's
+                if value.get("quantize_sensitive") and "sensitive" not in value:
+                    value["sensitive"] = "fp8"
+                elif "sensitive" in value and "quantize_sensitive" not in value:
+                    value["quantize_sensitive"] = False
+            if key in ("quantization_config", "attention") and isinstance(value, Mapping):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        if shortcuts:
+            given = overrides.get("quantization_config")
+            apply_step_shortcuts({"quantization_config": dict(given) if isinstance(given, Mapping) else {}}, shortcuts)
+            data["quantization_config"].update(shortcuts)
+        return FP8Config(**data)
+
+    def to_dict(self) -> dict:
+        """Plain data (selectors as strings), the inverse of from_kwargs; YAML/JSON-safe."""
+        qc = dataclasses.asdict(self.quantization_config)
+        qc["ignored_layers"] = list(qc["ignored_layers"])
+        qc["weight_block_size"] = list(qc["weight_block_size"]) if qc["weight_block_size"] else None
+        qc["skip_steps"] = str(self.quantization_config.skip_steps)
+        if isinstance(qc["activation_scales"], os.PathLike):
+            qc["activation_scales"] = os.fspath(qc["activation_scales"])
+        elif isinstance(qc["activation_scales"], Mapping) and not isinstance(qc["activation_scales"], dict):
+            # the object calibrate returns (fx_fp8.quant.activation_scales.ActivationScales): its JSON form
+            scales = qc["activation_scales"]
+            qc["activation_scales"] = scales.to_json() if hasattr(scales, "to_json") else dict(scales)
+        return {
+            "diffusion_kv_cache_dtype": self.diffusion_kv_cache_dtype,
+            "diffusion_kv_cache_skip_steps": str(self.diffusion_kv_cache_skip_steps),
+            "diffusion_kv_cache_skip_layers": str(self.diffusion_kv_cache_skip_layers),
+            "quantization": self.quantization,
+            "quantization_config": qc,
+            "attention": dataclasses.asdict(self.attention),
+            "lowering": self.lowering,
+            "downstream": self.downstream,
+        }
+
+    def to_yaml(self, path) -> None:
+        import yaml
+
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+
+
+def _ranges_intersect(a: Selector, b: Selector) -> bool:
+    return any(max(lo, lo2) <= min(hi, hi2) for lo, hi in a.ranges for lo2, hi2 in b.ranges)
+
+
+def _ranges_differ(a: Selector, b: Selector) -> bool:
+    """Some value of `a` is not in `b` (checked on range ends: a gap of b inside a range of a
+    starts right after one of b's ranges)."""
+    for lo, hi in a.ranges:
+        if lo not in b:
+            return True
+        for _, hi2 in b.ranges:
+            if lo <= hi2 < hi and hi2 + 1 not in b:
+                return True
+    return False
+
+
+def _fp8_keys(data, where: str) -> dict:
+    """The FP8 keys of a config mapping (a vLLM-Omni stage config's diffusion engine_args);
+    parallel_config / cache_backend / cache_config belong to fx_fp8.pipeline.options.PipelineOptions."""
+    return {k: v for k, v in config_keys(data, where).items() if k not in PIPELINE_KEYS}

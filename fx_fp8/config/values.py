@@ -1,0 +1,60 @@
+"""Checks of single config values, shared by FP8Config and its nested settings: each returns the
+normalised value or raises a ValueError naming the key and the bad value."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Mapping
+
+
+def did_you_mean(key, known) -> str:
+    """' (did you mean 'x'?)' for the known name closest to a misspelt key, or ''."""
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_choice(name: str, value, choices) -> Any:
+    if isinstance(value, str):
+        value = value.strip().lower()
+        if value in ("none", "null", ""):
+            value = None
+    if value not in choices:
+        shown = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"invalid {name} {value!r}: expected one of {shown}")
+    return value
+
+
+def is_off(value) -> bool:
+    """None / "none" / "auto" / "": the value that switches a feature off."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "", "auto"))
+
+
+def check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
+    return value
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"invalid {name} {value!r}: expected true or false")
+    return value
+
+
+def dataclass_from_mapping(cls, data: Mapping[str, Any] | None, where: str):
+    """Build a dataclass from a mapping, refusing unknown keys with a hint."""
+    if data is None:
+        return cls()
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ValueError(f"invalid {where} {data!r}: expected a mapping")
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise ValueError(f"unknown key {key!r} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}")
+    return cls(**dict(data))

@@ -1,0 +1,179 @@
+"""fx_fp8 as a diffusers quantization backend: how `import fx_fp8` registers it, without importing diffusers.
+
+diffusers (0.42) finds the quantizer of `Model.from_pretrained(..., quantization_config=cfg)`, and
+of a folder whose config.json carries a `quantization_config`, by the config's `quant_method` in
+two dicts of `diffusers.quantizers.auto`:
+* AUTO_QUANTIZER_MAPPING: name -> DiffusersQuantizer subclass (read by DiffusersAutoQuantizer.from_config);
+* AUTO_QUANTIZATION_CONFIG_MAPPING: name -> config class (read by DiffusersAutoQuantizer.from_dict, and
+  by PipelineQuantizationConfig to accept a `quant_mapping` entry).
+fx_fp8 adds METHOD ("fx_fp8") to both (fx_fp8.pipeline.diffusers_quantizer's DiffusersQuantizer and
+DiffusersConfig). `import fx_fp8` registers at once when diffusers' quantizers are already
+imported; otherwise a finder on sys.meta_path waits for that one module and registers right after
+it runs, then removes itself. So importing fx_fp8 never imports diffusers, and works without it.
+
+The `quant_method` of fx_fp8's config is a str enum member whose value is METHOD: diffusers
+reads `quant_method.value` and compares `quant_method` with strings; its own closed
+QuantizationMethod enum is not extended.
+
+A diffusers whose mapping differs from what is described above (another layout, a name already
+taken by another backend) is refused: nothing is registered, a warning says what was expected and
+what was found, and fx_fp8.DiffusersConfig(...) raises DiffusersLayoutError with the same text.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import sys
+import warnings
+from typing import Optional
+
+#: the quant_method name fx_fp8 registers
+METHOD = "fx_fp8"
+#: the diffusers module holding the mappings
+AUTO_MODULE = "diffusers.quantizers.auto"
+#: the mappings (name -> what a name maps to)
+MAPPINGS = {"AUTO_QUANTIZER_MAPPING": "quantizer class", "AUTO_QUANTIZATION_CONFIG_MAPPING": "config class"}
+#: DiffusersQuantizer methods from_pretrained calls, which fx_fp8's quantizer implements
+QUANTIZER_HOOKS = ("validate_environment", "update_torch_dtype", "preprocess_model", "postprocess_model",
+                   "check_if_quantized_param", "create_quantized_param", "maybe_update_loaded_keys",
+                   "get_state_dict_and_metadata", "_process_model_before_weight_loading",
+                   "_process_model_after_weight_loading")
+
+#: how registration went: None (not tried yet), True, or the refusal's message
+_STATE: dict = {"result": None}
+
+
+class DiffusersLayoutError(RuntimeError):
+    """The installed diffusers does not register quantizers the way fx_fp8 expects."""
+
+
+def layout_problems(auto) -> list[str]:
+    """What differs between `auto` (diffusers.quantizers.auto) and the layout fx_fp8 registers
+    into: each problem says what was expected and what was found. [] when it matches."""
+    problems = []
+    for name, what in MAPPINGS.items():
+        found = getattr(auto, name, None)
+        if not isinstance(found, dict):
+            problems.append(f"{AUTO_MODULE}.{name}: expected a dict (quant_method name -> {what}), found "
+                            f"{type(found).__name__ if found is not None else 'nothing'}")
+    readers = getattr(auto, "DiffusersAutoQuantizer", None)
+    for method in ("from_config", "from_dict"):
+        fn = getattr(getattr(readers, method, None), "__func__", None)
+        if fn is None or getattr(fn, "__globals__", None) is not vars(auto):
+            problems.append(f"{AUTO_MODULE}.DiffusersAutoQuantizer.{method}: expected a classmethod of that module "
+                            "(reading its mappings), found "
+                            + ("nothing" if fn is None else f"one defined in {getattr(fn, '__module__', '?')}"))
+    base = sys.modules.get("diffusers.quantizers.base")
+    quantizer = getattr(base, "DiffusersQuantizer", None)
+    if not isinstance(quantizer, type):
+        problems.append("diffusers.quantizers.base.DiffusersQuantizer: expected the quantizer base class, found nothing")
+    else:
+        missing = [h for h in QUANTIZER_HOOKS if not callable(getattr(quantizer, h, None))]
+        if missing:
+            problems.append(f"diffusers.quantizers.base.DiffusersQuantizer: expected the methods {list(QUANTIZER_HOOKS)}, "
+                            f"found none named {missing}")
+    mixin = getattr(sys.modules.get("diffusers.quantizers.quantization_config"), "QuantizationConfigMixin", None)
+    if not isinstance(mixin, type):
+        problems.append("diffusers.quantizers.quantization_config.QuantizationConfigMixin: expected the config base "
+                        "class, found nothing")
+    for name in MAPPINGS:
+        taken = getattr(auto, name, {}).get(METHOD) if isinstance(getattr(auto, name, None), dict) else None
+        if taken is not None and getattr(taken, "__module__", "") != "fx_fp8.pipeline.diffusers_quantizer":
+            problems.append(f"{AUTO_MODULE}.{name}[{METHOD!r}]: expected free (or fx_fp8's), found "
+                            f"{getattr(taken, '__module__', '?')}.{getattr(taken, '__qualname__', taken)!r}")
+    return problems
+
+
+def _diffusers_version() -> str:
+    return getattr(sys.modules.get("diffusers"), "__version__", "(unknown version)")
+
+
+def register(auto=None) -> None:
+    """Add fx_fp8 to diffusers' quantizer mappings (`auto`: the imported diffusers.quantizers.auto).
+    Raises DiffusersLayoutError, registering nothing, when the layout differs."""
+    auto = sys.modules[AUTO_MODULE] if auto is None else auto
+    problems = layout_problems(auto)
+    if problems:
+        raise DiffusersLayoutError(
+            f"fx_fp8 cannot register its diffusers quantization backend with diffusers {_diffusers_version()} "
+            f"(written for diffusers 0.42's layout):\n  " + "\n  ".join(problems))
+    from fx_fp8.pipeline.diffusers_quantizer import DiffusersConfig, FxFp8Quantizer
+
+    auto.AUTO_QUANTIZER_MAPPING[METHOD] = FxFp8Quantizer
+    auto.AUTO_QUANTIZATION_CONFIG_MAPPING[METHOD] = DiffusersConfig
+
+
+def _register_or_warn(auto=None) -> None:
+    try:
+        register(auto)
+    except DiffusersLayoutError as e:
+        _STATE["result"] = str(e)
+        warnings.warn(f"{e}\n(fx_fp8's FP8 backend works; only loading with fx_fp8.DiffusersConfig is unavailable)",
+                      stacklevel=3)
+        return
+    _STATE["result"] = True
+
+
+def ensure_registered() -> None:
+    """Register now if not yet done (importing diffusers' quantizers); raise DiffusersLayoutError
+    if this diffusers was refused."""
+    if _STATE["result"] is None:
+        import importlib
+
+        importlib.import_module(AUTO_MODULE)  # runs the finder below, or is already imported
+        if _STATE["result"] is None:
+            _register_or_warn()
+    if _STATE["result"] is not True:
+        raise DiffusersLayoutError(_STATE["result"])
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when AUTO_MODULE is about to be imported, wraps the loader the other
+    finders return so that fx_fp8 registers as soon as the module has run."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != AUTO_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        _remove_finder()
+        spec.loader = _RegisteringLoader(spec.loader)
+        return spec
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _register_or_warn(module)
+
+    def __getattr__(self, name):  # resources, source, ... as the real loader has them
+        return getattr(self._loader, name)
+
+
+def _remove_finder() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _RegisterAfterImport)]
+
+
+def install() -> Optional[bool]:
+    """Called by `import fx_fp8`: register now when diffusers' quantizers are imported, else when
+    they are (never importing diffusers). Returns True when registered now, None when waiting."""
+    if AUTO_MODULE in sys.modules:
+        if _STATE["result"] is None:
+            _register_or_warn(sys.modules[AUTO_MODULE])
+        return _STATE["result"] is True
+    if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())
+    return None

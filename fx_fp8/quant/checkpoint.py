@@ -1,0 +1,481 @@
+"""Quantized checkpoints: save a prepared model as it is, load it back without re-quantizing.
+
+    fx_fp8.prepare_model(transformer, config)            # or compile_pipeline + one call
+    fx_fp8.save_quantized(transformer, "out/")           # a model: the folder itself
+    fx_fp8.save_quantized(pipe, "out/")                  # a pipeline: out/transformer[, out/transformer_2]
+    transformer = fx_fp8.load_quantized("out/")          # rebuilt from config.json, bit-identical outputs
+    fx_fp8.load_quantized("out/", pipe=pipe)             # put the saved transformer(s) into a pipeline
+    fx_fp8.load_quantized("out/", model=module)          # into an existing model of the same structure
+
+A folder holds, per model, diffusers' `config.json` (diffusers models), every tensor of the
+prepared model in `fx_fp8_quantized.safetensors` (the FP8/INT8 weights under `weight`, their
+fp32 `weight_scale`, `input_scale` / `input_smoothing`, and all other parameters and buffers
+unchanged) and `fx_fp8_quantization.json` (the recipe of each quantized linear and the
+native ones, and a digest of every tensor's bytes: safetensors has no checksum, so a file
+damaged in place would otherwise load and compute NaN; load_quantized checks them unless
+verify=False). Every load error names the file it comes from. The weights file deliberately does not bear diffusers' name
+(`diffusion_pytorch_model.safetensors`): `from_pretrained` of such a folder fails loudly
+("no file named diffusion_pytorch_model...") instead of reading FP8 codes as weights.
+
+Prepared models are guarded (`guard`, called by prepare_model; fx_fp8/quant/state_guard.py):
+`save_pretrained` raises and names save_quantized; `load_state_dict` checks every quantized
+layer's incoming entries before anything is copied, and QuantizedLinear re-quantizes
+full-precision weights with its own recipe (fx_fp8/quant/quantized_linear.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from fx_fp8.graph.dynamo_internals import is_compiled_module
+from fx_fp8.quant.rules import is_plain_linear
+from fx_fp8.quant.state_guard import guard, native_reasons, quantized_layers
+from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.quant.quantized_linear import QuantizedLinear
+
+# guard / unguard / quantized_layers were defined here before state_guard.py: importable from here still
+
+FORMAT = "fx_fp8.quantized_checkpoint"
+VERSION = 1
+WEIGHTS_NAME = "fx_fp8_quantized.safetensors"
+QUANT_NAME = "fx_fp8_quantization.json"
+CONFIG_NAME = "config.json"
+#: how each tensor's bytes are digested (recorded in the description, checked at load)
+DIGEST = "blake2b-128"
+#: pipeline attributes holding a denoising transformer (as fx_fp8.pipeline.state)
+TRANSFORMER_ATTRS = ("transformer", "transformer_2")
+
+
+# -- save ------------------------------------------------------------------------------------
+def _unwrap(module):
+    return getattr(module, "_orig_mod", module)
+
+
+def _targets(obj) -> dict:
+    """{subfolder ("" for a model): model} of what save_quantized writes."""
+    if isinstance(obj, nn.Module):
+        return {"": _unwrap(obj)}
+    found = {a: getattr(obj, a, None) for a in TRANSFORMER_ATTRS}
+    found = {a: _unwrap(m) for a, m in found.items() if m is not None}
+    if not found:
+        raise ValueError(f"save_quantized expects a prepared torch.nn.Module or a diffusers pipeline with a "
+                         f"{' or '.join(TRANSFORMER_ATTRS)}; got {type(obj).__name__}")
+    for a, m in found.items():
+        if not isinstance(m, nn.Module):
+            raise ValueError(f"pipe.{a} is a {type(m).__name__}, not a torch.nn.Module")
+    return found
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str, where: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"invalid dtype {name!r} in {where}")
+    return dtype
+
+
+def _layer_record(layer: QuantizedLinear) -> dict:
+    return {"in_features": layer.in_features, "out_features": layer.out_features, "bias": layer.bias is not None,
+            "method": layer.method, "weight_dtype": _dtype_name(layer.weight.dtype),
+            "weight_granularity": layer.weight_granularity, "weight_block": list(layer.weight_block),
+            "act_granularity": layer.act_granularity, "orig_dtype": _dtype_name(layer.orig_dtype),
+            "input_scale": layer.input_scale is not None, "input_smoothing": layer.input_smoothing is not None,
+            "weight_only": layer.weight_only,
+            "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None}
+
+
+def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
+    """(quantization record, tensors) of one prepared model, checked before anything is written."""
+    layers = {n: _layer_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
+    if not layers:
+        raise ValueError(f"nothing quantized to save in {where} ({type(module).__name__} has no QuantizedLinear): "
+                         "call fx_fp8.prepare_model(model, config) first (compile_pipeline prepares on the first "
+                         "call), or save the unquantized model with save_pretrained")
+    tensors = {}
+    for key, t in module.state_dict().items():
+        if t.is_meta:
+            raise ValueError(f"{where}: {key!r} is on the meta device (no data to save)")
+        tensors[key] = t.detach().contiguous()
+    reasons = native_reasons(module)
+    native = {n: reasons.get(n) for n, m in module.named_modules() if is_plain_linear(m)}
+    persistent = set(tensors)
+    # buffers a model makes in __init__ and does not save (rotary tables): their dtype is restored on load
+    extra = {n: _dtype_name(b.dtype) for n, b in module.named_buffers()
+             if n not in persistent and b.is_floating_point()}
+    record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
+              "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
+              "layers": layers, "native": native, "nonpersistent_buffer_dtypes": extra,
+              "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
+    return record, tensors
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """DIGEST of a tensor's bytes as safetensors stores them (C order), read in place on the CPU."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy()  # any dtype: bf16 / fp8 have no numpy type
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def tensor_digests(tensors: dict) -> dict:
+    """{key: tensor_digest} of every tensor, several at once (hashlib lets go of the GIL while it
+    hashes a large buffer: the digests of a big checkpoint take the cores there are)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, min(8, os.cpu_count() or 1, len(tensors)))
+    if workers == 1:
+        return {k: tensor_digest(t) for k, t in tensors.items()}
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip(tensors, pool.map(tensor_digest, tensors.values())))
+
+
+def _has_config(module) -> bool:
+    return callable(getattr(module, "save_config", None)) and getattr(module, "config", None) is not None
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def save_quantized(model_or_pipe, directory) -> str:
+    """Save a prepared model (or a torch.compile'd one, or a pipeline's transformers) as they
+    are, quantized: config.json (diffusers models), fx_fp8_quantized.safetensors and
+    fx_fp8_quantization.json, in `directory` for a model and in `directory/<attr>` for each
+    transformer of a pipeline (plus an index naming them). Nothing is written unless every
+    model is prepared. Returns the directory."""
+    from safetensors.torch import save_file
+
+    directory = os.fspath(directory)
+    targets = _targets(model_or_pipe)
+    is_pipe = not isinstance(model_or_pipe, nn.Module)
+    described = {sub: _describe(m, f"pipe.{sub}" if is_pipe else type(m).__name__) for sub, m in targets.items()}
+    for sub, module in targets.items():
+        folder = os.path.join(directory, sub) if sub else directory
+        os.makedirs(folder, exist_ok=True)
+        record, tensors = described[sub]
+        if record["diffusers_config"]:
+            module.save_config(folder)
+        tmp = os.path.join(folder, WEIGHTS_NAME + ".tmp")
+        save_file(tensors, tmp, metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"})
+        os.replace(tmp, os.path.join(folder, WEIGHTS_NAME))
+        _write_json(os.path.join(folder, QUANT_NAME), record)
+    if is_pipe:
+        _write_json(os.path.join(directory, QUANT_NAME),
+                    {"format": FORMAT, "version": VERSION, "pipeline": type(model_or_pipe).__name__,
+                     "components": sorted(targets, key=TRANSFORMER_ATTRS.index)})
+    return directory
+
+
+# -- load ------------------------------------------------------------------------------------
+def _read_json(path: str):
+    """A checkpoint's JSON file; a damaged one is a ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"cannot read {path!r}: {e} (the file is damaged or not what save_quantized wrote: save "
+                         "the model again)") from e
+
+
+def _read_record(folder: str) -> dict:
+    path = os.path.join(folder, QUANT_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder!r} is not an fx_fp8 quantized checkpoint: no {QUANT_NAME} "
+                                "(write one with fx_fp8.save_quantized)")
+    record = _read_json(path)
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError(f"{path!r} is not an fx_fp8 quantized-checkpoint description")
+    if record.get("version") != VERSION:
+        raise ValueError(f"{path!r} has format version {record.get('version')!r}; this fx_fp8 reads version {VERSION}")
+    for key, kind in (("model_class", str), ("layers", dict), ("native", dict)):
+        if not isinstance(record.get(key), kind):
+            raise ValueError(f"{path!r} is damaged: {key!r} is {type(record.get(key)).__name__}, expected "
+                             f"{kind.__name__} (save the model again)")
+    return record
+
+
+def _read_tensors(path: str) -> dict:
+    """Every tensor of a weights file, on the CPU; a damaged file is a ValueError naming it."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device="cpu")
+    except Exception as e:  # safetensors' own error type, OSError, ...: say which file
+        raise ValueError(f"cannot read {path!r}: {type(e).__name__}: {e} (the file is damaged or truncated: save "
+                         "the model again)") from e
+
+
+def _verify(tensors: dict, record: dict, path: str) -> None:
+    """Each tensor's bytes against the digest save_quantized recorded: a file damaged in place
+    (same size, other bytes), or the weights of another save, is refused, naming the tensors,
+    instead of computing NaN. After the structural checks (_plan), so those name the model's keys."""
+    digests = record.get("tensor_digests")
+    if digests is None:
+        warnings.warn(f"fx_fp8: {os.path.join(os.path.dirname(path), QUANT_NAME)!r} records no tensor digests "
+                      "(saved by an fx_fp8 before they were recorded): the bytes of its tensors are not verified; "
+                      "save the model again to record them", stacklevel=4)
+        return
+    quant_path = os.path.join(os.path.dirname(path), QUANT_NAME)
+    if not isinstance(digests, dict) or digests.get("algorithm") != DIGEST or not isinstance(digests.get("tensors"), dict):
+        raise ValueError(f"{quant_path!r} is damaged: its tensor_digests are not {DIGEST} digests (save the model again)")
+    recorded = digests["tensors"]
+    if set(recorded) != set(tensors):
+        extra, missing = sorted(set(tensors) - set(recorded)), sorted(set(recorded) - set(tensors))
+        raise ValueError(f"{path!r} does not hold the tensors {quant_path!r} describes (in the file only: "
+                         f"{_some(extra) or 'none'}; described only: {_some(missing) or 'none'}): the two files come "
+                         "from different saves")
+    bad = sorted(k for k, d in tensor_digests(tensors).items() if d != recorded[k])
+    if bad:
+        raise ValueError(f"{path!r} is damaged: the bytes of {_some(bad)} differ from those save_quantized wrote "
+                         f"(their {DIGEST} digests in {QUANT_NAME} do not match: the file was damaged, or is not "
+                         "the one saved with this description); save the model again")
+
+
+def _model_class(record: dict, folder: str, model_class):
+    if model_class is not None:
+        if model_class.__name__ != record["model_class"]:
+            raise ValueError(f"{folder!r} holds a {record['model_class']}, not a {model_class.__name__}")
+        return model_class
+    if not record.get("diffusers_config"):
+        raise ValueError(f"{folder!r} holds a {record['model_class']} without a diffusers config.json: load it into "
+                         f"a model you build with load_quantized({folder!r}, model=module)")
+    import diffusers
+
+    cls = getattr(diffusers, record["model_class"], None)
+    if cls is None:
+        raise ValueError(f"diffusers has no class {record['model_class']!r} (recorded in {folder!r}); "
+                         "pass model_class=")
+    return cls
+
+
+@contextlib.contextmanager
+def _empty_parameters():
+    """Parameters on the meta device while a model is built (its buffers stay real: rotary
+    tables and the like are computed in __init__ and not saved)."""
+    try:
+        from accelerate import init_empty_weights
+    except ImportError:
+        yield False
+        return
+    with init_empty_weights(include_buffers=False):
+        yield True
+
+
+def _build(cls, folder: str):
+    config = cls.load_config(folder)
+    with _empty_parameters() as empty, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # diffusers' notes on config keys it fills in
+        model = cls.from_config(config)
+    return model, empty
+
+
+def _expected_scale_shape(rec: dict) -> tuple:
+    if rec["weight_granularity"] == "tensor":
+        return ()
+    if rec["weight_granularity"] == "channel":
+        return (rec["out_features"], 1)
+    br, bc = rec["weight_block"]
+    return (-(-rec["out_features"] // br), -(-rec["in_features"] // bc))
+
+
+def _quantized_keys(name: str, rec: dict) -> dict:
+    """{key: expected shape} of one quantized layer's entries."""
+    keys = {f"{name}.weight": (rec["out_features"], rec["in_features"]), f"{name}.weight_scale": _expected_scale_shape(rec)}
+    if rec["bias"]:
+        keys[f"{name}.bias"] = (rec["out_features"],)
+    if rec["input_scale"]:
+        keys[f"{name}.input_scale"] = ()
+    if rec["input_smoothing"]:
+        keys[f"{name}.input_smoothing"] = (rec["in_features"],)
+    if rec.get("input_step_groups"):  # per-step static scales: one per step group
+        keys[f"{name}.input_step_scales"] = (len(rec["input_step_groups"]) // 2,)
+    return keys
+
+
+def _some(keys: list, n: int = 10) -> str:
+    return ", ".join(keys[:n]) + (f" (+{len(keys) - n} more)" if len(keys) > n else "")
+
+
+def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
+    """Check the model's structure and the saved tensors against the record, then build the
+    QuantizedLinear replacements: [(name, old linear, new)]. Touches nothing."""
+    layers = record["layers"]
+    where = f"in {folder!r}"
+    problems, expected = [], {}
+    linears = dict(model.named_modules())
+    for name, rec in layers.items():
+        old = linears.get(name)
+        if not is_plain_linear(old):
+            problems.append(f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
+                            "expected an nn.Linear to quantize")
+        elif (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
+                                                                           rec["bias"]):
+            problems.append(f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
+                            f"{old.bias is not None}), the checkpoint's {rec['in_features']}->{rec['out_features']} "
+                            f"(bias {rec['bias']})")
+        expected.update(_quantized_keys(name, rec))
+    skip = {f"{n}.{p}" for n in layers for p in ("weight", "bias")}
+    for key, t in model.state_dict(keep_vars=True).items():
+        if key not in skip:
+            expected[key] = tuple(t.shape)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        problems.append(f"missing keys {where}: {_some(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {where}: {_some(unexpected)}")
+    for key in sorted(set(expected) & set(tensors)):
+        if tuple(tensors[key].shape) != expected[key]:
+            problems.append(f"{key!r} {where} has shape {list(tensors[key].shape)}, the model expects "
+                            f"{list(expected[key])}")
+    for name, rec in layers.items():
+        w = tensors.get(f"{name}.weight")
+        if w is not None and _dtype_name(w.dtype) != rec["weight_dtype"]:
+            problems.append(f"{name + '.weight'!r} {where} is {_dtype_name(w.dtype)}, recorded as "
+                            f"{rec['weight_dtype']}")
+    if problems:
+        raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
+                         + "\n  ".join(problems))
+    for name, rec in layers.items():  # older records have no "weight_only": act_granularity says it
+        if "weight_only" in rec and bool(rec["weight_only"]) != (rec["act_granularity"] == WEIGHT_ONLY):
+            problems.append(f"{name}: recorded weight_only={rec['weight_only']!r} with act_granularity "
+                            f"{rec['act_granularity']!r}")
+    if problems:
+        raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
+                         + "\n  ".join(problems))
+    plan = []
+    for name, rec in layers.items():
+        t = lambda k: tensors.get(f"{name}.{k}")  # noqa: E731
+        plan.append((name, linears[name], QuantizedLinear(
+            t("weight"), t("weight_scale"), t("bias"), method=rec["method"],
+            weight_granularity=rec["weight_granularity"], weight_block=rec["weight_block"],
+            act_granularity=rec["act_granularity"], input_scale=t("input_scale"),
+            orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"),
+            input_step_scales=t("input_step_scales"), input_step_groups=rec.get("input_step_groups"))))
+    return plan
+
+
+def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None,
+                 verify: bool = True):
+    from fx_fp8.quant.prepare import _carry_hooks
+
+    record = _read_record(folder)
+    path = os.path.join(folder, WEIGHTS_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder!r}: no {WEIGHTS_NAME}")
+    built = model is None
+    if built:
+        model, _ = _build(_model_class(record, folder, model_class), folder)
+    else:
+        model = _unwrap(model)
+        if quantized_layers(model):
+            raise ValueError(f"load_quantized(model=...) expects an unprepared {type(model).__name__}; it already holds "
+                             f"quantized linears (first: {quantized_layers(model)[0]!r})")
+    raw = _read_tensors(path)  # views of the file's bytes
+    # own, aligned storage: views into the file's buffer sit at any byte offset, and CPU matmul
+    # kernels chosen by alignment would then round differently from the saved model's
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    tensors = {k: t.clone() if target.type == "cpu" else t.to(target) for k, t in raw.items()}
+    buffer_dtypes = {n: _dtype(d, folder) for n, d in record.get("nonpersistent_buffer_dtypes", {}).items()}
+    if dtype is not None:  # as model.to(dtype): quantized weights and their scales keep theirs
+        frozen = {f"{n}.{k}" for n in record["layers"] for k in QuantizedLinear._FROZEN_DTYPE}
+        tensors = {k: t.to(dtype) if t.is_floating_point() and k not in frozen else t for k, t in tensors.items()}
+        buffer_dtypes = {n: dtype for n in buffer_dtypes}
+        record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()}}
+    plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
+    if verify:
+        _verify(raw, record, path)
+    del raw
+    # everything checked: only now change the model
+    for name, old, new in plan:
+        parent, _, child = name.rpartition(".")
+        _carry_hooks(old, new)
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+    model.load_state_dict(tensors, strict=True, assign=True)  # QuantizedLinear accepts its weight bytes here
+    target = torch.device(device) if device is not None else None
+    for name, buf in list(model.named_buffers()):
+        # the buffers a model makes in __init__: the saved dtype, on the device asked for
+        want_dtype = buffer_dtypes.get(name, buf.dtype)
+        want_device = target if target is not None and buf.device.type != target.type else buf.device
+        if buf.dtype != want_dtype or buf.device != want_device:
+            owner, _, leaf = name.rpartition(".")
+            (model.get_submodule(owner) if owner else model)._buffers[leaf] = buf.to(want_device, want_dtype)
+    meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if meta:
+        raise RuntimeError(f"{folder!r}: {meta[0]!r} (and {len(meta) - 1} more) still on the meta device after loading")
+    if built:
+        model.eval()
+    guard(model, {n: r for n, r in record["native"].items() if r is not None})
+    return model
+
+
+def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = None, pipe=None, device=None,
+                   dtype: Optional[torch.dtype] = None, verify: bool = True):
+    """Load what save_quantized wrote, without re-quantizing.
+
+    load_quantized(directory[, model_class]): build the model from its config.json (the class
+      named there, from diffusers, unless model_class is given) with empty parameters, put
+      QuantizedLinear modules where the checkpoint has them, and load every tensor (strict:
+      missing or unexpected keys raise, naming them). Returns the model, in eval mode.
+    load_quantized(directory, model=module): the same into an unprepared model you built
+      (any nn.Module); its parameters are replaced by the checkpoint's. Returns `module`.
+    load_quantized(directory, pipe=pipe): a folder saved from a pipeline: each saved
+      transformer (`transformer`, `transformer_2`) is built and set on `pipe` (replacing what
+      is there). The pipeline must not be compiled yet: call compile_pipeline afterwards.
+      Returns `pipe`.
+    device: where the tensors are loaded (default CPU); dtype: cast the non-quantized
+    parameters (the quantized weights and scales keep theirs), as `model.to(dtype)`.
+    verify: check every tensor's bytes against the digest save_quantized recorded (a damaged
+    file is a ValueError naming the tensors and the file, not NaN outputs); verify=False skips
+    it, for a huge checkpoint read often (the digests read every byte once more, on up to 8 threads:
+    benchmarks/checkpoint_digests.py measures what that costs).
+    Every error of a damaged checkpoint names its file.
+    """
+    directory = os.fspath(directory)
+    if model is not None and pipe is not None:
+        raise ValueError("load_quantized takes model= or pipe=, not both")
+    if model is not None and not isinstance(model, nn.Module):
+        raise ValueError(f"model= expects a torch.nn.Module, got {type(model).__name__}")
+    index = None
+    index_path = os.path.join(directory, QUANT_NAME)
+    if os.path.isfile(index_path):
+        data = _read_json(index_path)
+        index = data if isinstance(data, dict) and "components" in data else None
+    if pipe is None:
+        if index is not None:
+            raise ValueError(f"{directory!r} holds a pipeline's transformers ({', '.join(index['components'])}): "
+                             f"pass pipe=, or load one of them, e.g. {os.path.join(directory, index['components'][0])!r}")
+        return _load_folder(directory, model_class=model_class, model=model, device=device, dtype=dtype,
+                            verify=verify)
+    if index is None:
+        raise ValueError(f"{directory!r} was not saved from a pipeline (no component index in {QUANT_NAME}); "
+                         "load it as a model and set it on the pipeline yourself")
+    if getattr(pipe, "_fx_fp8", None) is not None:
+        raise ValueError(f"{type(pipe).__name__} is compiled by fx_fp8.compile_pipeline: call "
+                         "fx_fp8.restore_pipeline(pipe) first, load, then compile it again")
+    for attr in index["components"]:
+        if attr not in TRANSFORMER_ATTRS or not hasattr(pipe, attr):
+            raise ValueError(f"{type(pipe).__name__} has no {attr!r} to load {os.path.join(directory, attr)!r} into")
+        if is_compiled_module(getattr(pipe, attr)):
+            raise ValueError(f"pipe.{attr} is torch.compile'd: load into the uncompiled pipeline, then compile it")
+    loaded = {attr: _load_folder(os.path.join(directory, attr), model_class=model_class, device=device, dtype=dtype,
+                                 verify=verify)
+              for attr in index["components"]}
+    for attr, m in loaded.items():
+        setattr(pipe, attr, m)
+    return pipe

@@ -1,0 +1,191 @@
+"""prepare_model: a model's eligible linears become QuantizedLinear modules, before compiling.
+
+The same rules as the linear pass decide (fx_fp8.quant.rules), including the sensitive
+layers found by the graph's structure (fx_fp8/graph/sensitive.py) when example inputs
+are given: the model is traced once on them.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from fx_fp8 import progress
+from fx_fp8.quant.activation_scales import load_activation_scales
+from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
+                                  method_scale, smoothed_static_scale, step_scale_table)
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.graph.sensitive import sensitive_linear_names
+from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
+from fx_fp8.quant.rules import check_not_prepared, is_plain_linear, linear_plan
+from fx_fp8.quant.recipe import WeightRecipe, group_smoothing
+from fx_fp8.quant.weight_state import state_on
+from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.quant.quantized_linear import QuantizedLinear
+
+
+#: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
+#: compile_pipeline rebuilds over the new modules after preparing (fx_fp8/pipeline/offload.py)
+REBUILT_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
+
+
+def hooks_lost_by_replacing(module: nn.Module) -> list[str]:
+    """Names of the diffusers hooks on `module` that replacing it would lose (context parallelism's
+    output gather on proj_out, TaylorSeer's lite mode): they live on the module object and its
+    patched forward, which a new module does not have."""
+    registry = getattr(module, "_diffusers_hook", None)
+    return [h for h in getattr(registry, "hooks", None) or {} if h not in REBUILT_HOOKS]
+
+
+def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensitive: Optional[dict] = None,
+                  **overrides) -> dict:
+    """Quantize eligible nn.Linear weights of `model` in place, freeing the originals.
+
+    Uses the same rules as the linear pass (fx_fp8.quant.rules: ignored_layers,
+    sensitive layers, sizes). The sensitive layers are found by structure, as
+    the backend finds them, when `example_inputs` is given (a tuple of
+    arguments, a dict of keyword arguments, or (args, kwargs)): the model is
+    traced once on them. Without it only the name patterns are known (the
+    backend then warns about prepared layers it finds sensitive). `sensitive`
+    ({module name: reason}) passes such a result directly.
+    Everything is checked and every weight quantized before the model is
+    touched: an error leaves the model exactly as it was.
+    With quantization_config.smoothing_alpha, each layer is smoothed on its own (prepare_model
+    sees no graph, so no activation-quantization groups): s from the calibrated channel
+    maxima and the layer's weight columns, the weight stored as quantized W * s and 1/s as
+    the layer's `input_smoothing` buffer (bytes_after counts it).
+    With per-step static scales (fx_fp8.calibrate(..., per_step=True)) each layer keeps its scale
+    per step group (`input_step_scales`), looked up from the published step per call.
+    Sensitive layers with quantization_config.sensitive "weight_only" become weight-only
+    (W8A16) QuantizedLinear modules (`weight_only` is true; scales as weight_only_group_size says).
+    A linear carrying diffusers hooks (other than group offloading's) is not replaced, since the
+    hooks would be lost: it stays an nn.Linear with its hooks and original weight, the backend
+    quantizes it at compile time, and `hooked` ({name: reason}) and a warning say so.
+    Returns {"quantized": [names], "weight_only": [names among them], "native": {name: reason},
+    "hooked": {name: reason}, "bytes_before", "bytes_after", "method"}.
+    Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
+    started = time.perf_counter()  # progress log
+    cfg = FP8Config.load(config, **overrides)
+    qcfg = cfg.quantization_config
+    result = {"quantized": [], "weight_only": [], "native": {}, "hooked": {}, "bytes_before": 0, "bytes_after": 0,
+              "method": qcfg.method}
+    if not cfg.linear_enabled:
+        return result
+    check_not_prepared(model, "it cannot be prepared again", "prepare the original model once; compile a prepared "
+                       "model as it is (torch.compile(model, backend='fp8'), or compile_pipeline(pipe, prepare=False))")
+    linears = [(n, m) for n, m in model.named_modules() if is_plain_linear(m)]
+    if example_inputs is not None and sensitive is None:
+        args, kwargs = _split_inputs(example_inputs)
+        sensitive = sensitive_linear_names(model, args, kwargs)
+    sensitive = sensitive or {}
+    scales = channel = None
+    if qcfg.activation_scheme == "static":
+        scales = load_activation_scales(qcfg.activation_scales)
+        check_scales_match(scales, [n for n, _ in linears])
+        check_per_step_supported(scales, qcfg.smoothing_alpha)
+    if qcfg.smoothing_alpha is not None:
+        channel = channel_stats(qcfg.activation_scales)
+        check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
+    plan, hooked = [], []
+    for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
+        kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
+                                   sensitive.get(name))
+        if kind == "quantized":
+            if scales is not None and name not in scales:
+                kind, reason = "native", "no static activation scale for this layer (recalibrate)"
+            elif channel is not None and name not in channel:
+                kind, reason = "native", ("no channel statistics for smoothing_alpha in the calibration (recalibrate "
+                                          "with fx_fp8.calibrate)")
+        if kind == "native":
+            result["native"][name] = reason
+            continue
+        hooks = hooks_lost_by_replacing(module)
+        if hooks:
+            hooked.append(module)
+            result["hooked"][name] = (
+                f"carries diffusers hooks {hooks}: not replaced (the hooks would be lost); the backend quantizes it "
+                f"at compile time ({'weight-only' if kind == 'weight_only' else qcfg.method}) and it keeps its "
+                "original weight")
+            continue
+        if kind == "weight_only":  # W8A16: weight_only_method / weight_only_group_size storage, as the device's weight-only matmul takes it
+            lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
+            recipe = WeightRecipe.weight_only(qcfg, get_lowering(lowering))
+            wq, ws = recipe.quantize(module.weight)
+            plan.append((name, module, QuantizedLinear(
+                wq, ws, module.bias, method=recipe.method, weight_granularity=recipe.granularity,
+                weight_block=recipe.block, act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
+            continue
+        device = module.weight.device
+        smoothing = inverse = static = steps = None
+        if channel is not None:  # per layer: prepare_model sees no graph, so no activation-quantization groups
+            check_channel_amax(name, channel[name], module.in_features)
+            smoothing = group_smoothing([(channel[name], module.weight)], qcfg.smoothing_alpha, device)
+            inverse = smoothing.inverse
+            if scales is not None:
+                static = smoothed_static_scale(channel[name], inverse, qcfg.method)
+        elif scales is not None:
+            static = method_scale(scales[name], qcfg.method)
+            steps = step_scale_table(scales, name, lambda v: method_scale(v, qcfg.method))
+        wq, ws = WeightRecipe.w8a8(qcfg).quantize(module.weight, smoothing)
+        input_scale = torch.tensor(static, dtype=torch.float32, device=device) if static is not None else None
+        step_kw = {} if steps is None else dict(  # per-step scales: a buffer the published step indexes
+            input_step_groups=steps[0], input_step_scales=torch.tensor(steps[1], dtype=torch.float32, device=device))
+        plan.append((name, module, QuantizedLinear(
+            wq, ws, module.bias, method=qcfg.method, weight_granularity=qcfg.weight_granularity,
+            weight_block=qcfg.weight_block_size,
+            act_granularity=qcfg.act_granularity if qcfg.act_granularity != "static" else qcfg.activation_granularity,
+            input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse, **step_kw)))
+    # every check passed and every weight is quantized: only now change the model
+    for name, module, new in plan:
+        parent_name, _, child = name.rpartition(".")
+        _carry_hooks(module, new)
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        new.accept_weight(name)
+        result["bytes_before"] += module.weight.numel() * module.weight.element_size()
+        result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
+        if new.input_smoothing is not None:
+            result["bytes_after"] += new.input_smoothing.numel() * 4
+        result["quantized"].append(name)
+        if new.weight_only:
+            result["weight_only"].append(name)
+    for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
+        state_on(module, "weight", name).left_by_prepare = reason
+    if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
+        from fx_fp8.quant.state_guard import guard
+
+        guard(model, {**result["native"], **result["hooked"]})  # save_quantized records why they are full precision
+    if result["hooked"]:
+        names = list(result["hooked"])
+        warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
+                      f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
+                      "and they keep their original weights", stacklevel=2)
+    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
+    return result
+
+
+def _carry_hooks(old: nn.Module, new: nn.Module) -> None:
+    """The replaced linear's forward (pre-)hooks keep running on its quantized replacement
+    (copied: removing an old handle no longer removes them)."""
+    for attr in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
+        getattr(new, attr).update(getattr(old, attr))
+
+
+def _split_inputs(example_inputs) -> tuple[tuple, dict]:
+    """A tuple of arguments, a dict of keyword arguments, or (args, kwargs)."""
+    if isinstance(example_inputs, dict):
+        return (), example_inputs
+    if (isinstance(example_inputs, tuple) and len(example_inputs) == 2 and isinstance(example_inputs[0], (tuple, list))
+            and isinstance(example_inputs[1], dict)):
+        return tuple(example_inputs[0]), example_inputs[1]
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise ValueError(f"invalid example_inputs of type {type(example_inputs).__name__}: expected a tuple of "
+                     "arguments, a dict of keyword arguments, or (args, kwargs)")
