@@ -166,6 +166,8 @@ class ModelRecord:
     def __init__(self):
         self.reports: list[CompileReport] = []
         self.warned: set[str] = set()
+        #: module instances planned for this model: by running the passes, or by reusing an equal instance's decisions
+        self.plans = {"passes": 0, "reused": 0}
         self._lock = threading.Lock()
 
     @classmethod

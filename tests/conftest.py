@@ -28,16 +28,16 @@ def _fresh_compile_state():
 @pytest.fixture
 def downstream_compiles(monkeypatch):
     """The downstream compiler names fx_fp8's backend called, in order (one per compiled graph)."""
-    from fx_fp8.compile import backend
+    from fx_fp8.compile import downstream
 
     calls = []
-    real = backend._downstream_compile
+    real = downstream.compile_downstream
 
     def counting(name, gm, inputs, mode):
         calls.append(name)
         return real(name, gm, inputs, mode)
 
-    monkeypatch.setattr(backend, "_downstream_compile", counting)
+    monkeypatch.setattr(downstream, "compile_downstream", counting)
     return calls
 
 

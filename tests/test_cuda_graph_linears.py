@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-import fx_fp8.compile.backend as backend_mod
+from fx_fp8.compile import downstream
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import cuda as cuda_mod
 from fx_fp8.ops import quant
@@ -45,7 +45,7 @@ def cuda_on_cpu(monkeypatch):
         kept.append((gm, list(example_inputs)))
         return gm.forward
 
-    monkeypatch.setattr(backend_mod, "_downstream_compile", keep)
+    monkeypatch.setattr(downstream, "compile_downstream", keep)
     return kept
 
 

@@ -7,6 +7,8 @@ import torch
 
 import fx_fp8
 from fx_fp8.compile import backend
+from fx_fp8.compile import downstream as downstream_module
+from fx_fp8.compile.dispatch import InstanceDispatch
 from test_sensitive_layers import rel_err, toy, toy_inputs
 
 
@@ -14,7 +16,7 @@ from test_sensitive_layers import rel_err, toy, toy_inputs
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monkeypatch):
     compiles, returned = [], []
-    real_downstream, real_compile_graph = backend._downstream_compile, backend.compile_graph
+    real_downstream, real_compile_graph = downstream_module.compile_downstream, backend.compile_graph
 
     def downstream(name, gm, inputs, mode_):
         graph = str(gm.graph)  # before Inductor's own passes rewrite it in place
@@ -26,7 +28,7 @@ def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monke
         returned.append(real_compile_graph(*args, **kwargs))
         return returned[-1]
 
-    monkeypatch.setattr(backend, "_downstream_compile", downstream)
+    monkeypatch.setattr(downstream_module, "compile_downstream", downstream)
     monkeypatch.setattr(backend, "compile_graph", compile_graph)
     model, kw = toy(), toy_inputs()
     compiled = torch.compile(model, backend="fp8", options={"mode": mode, "diffusion_kv_cache_skip_steps": "0"})
@@ -42,7 +44,7 @@ def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monke
     assert "fx_fp8.fp8_attention" in fp8_graph and "fp8_attention" not in native_graph
     # the choice between the two compiled graphs is a Python call around them
     (dispatch,) = returned
-    step = dispatch.first if isinstance(dispatch, backend.InstanceDispatch) else dispatch
+    step = dispatch.first if isinstance(dispatch, InstanceDispatch) else dispatch
     assert isinstance(step, backend.StepDispatch)
     # step 0 ran first: the native variant compiled on its first call, then the FP8 one
     assert step.variants == {"native": compiles[0][3], "fp8": compiles[1][3]}

@@ -338,14 +338,14 @@ EAGER = {"downstream": "eager"}  # the graph fx_fp8 hands on is what is checked;
 
 
 def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux_folder, monkeypatch):
-    from fx_fp8.compile import backend
+    from fx_fp8.compile import downstream
 
     loaded = load(flux_folder, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
     kw = example_inputs("flux", loaded, dtype=torch.bfloat16)
     layers = layers_of(loaded)
     graphs = []
-    real = backend._downstream_compile
-    monkeypatch.setattr(backend, "_downstream_compile",
+    real = downstream.compile_downstream
+    monkeypatch.setattr(downstream, "compile_downstream",
                         lambda name, gm, inputs, mode: graphs.append(gm) or real(name, gm, inputs, mode))
     before = compile_quantizations(loaded)
     compiled = torch.compile(loaded, backend="fp8", options=EAGER)

@@ -2,7 +2,7 @@
 the passes' decisions read through its names and inputs: layer selectors, ignored_layers hits,
 static scales) equal an earlier instance's reuses that one's rewritten graph and renamed report,
 and gets the per-weight work (quantized copy, static scale) done on its own weights. Every test
-here also runs the passes for each reused instance (backend.CHECK_REUSE) and fails on any
+here also runs the passes for each reused instance (option check_reuse, here from FX_FP8_CHECK_REUSE) and fails on any
 difference; each fact that can differ gets a block that differs, with its report row and the
 kernel that really runs for it."""
 import warnings
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fx_fp8
-from fx_fp8.compile import backend
+from fx_fp8.compile.backend import CHECK_REUSE_ENV
+from fx_fp8.report import ModelRecord
 from fx_fp8.quant.weight_state import state_of
 from fx_fp8.quant.linear_scales import method_scale
 from fx_fp8.ops.lowering import get_lowering
@@ -22,15 +23,13 @@ from test_sensitive_layers import toy_inputs
 
 @pytest.fixture(autouse=True)
 def _check_reuse(monkeypatch):
-    monkeypatch.setattr(backend, "CHECK_REUSE", True)
+    monkeypatch.setenv(CHECK_REUSE_ENV, "1")
 
 
 @pytest.fixture
-def plans(monkeypatch):
-    """Instances planned since the test started: {"passes": n, "reused": n}."""
-    counts = {"passes": 0, "reused": 0}
-    monkeypatch.setattr(backend, "INSTANCE_PLANS", counts)
-    return counts
+def plans():
+    """A model's planned instances: {"passes": n, "reused": n} (its record counts them)."""
+    return lambda model: dict(ModelRecord.of(model).plans)
 
 
 @pytest.fixture
@@ -77,7 +76,7 @@ def _run(model, kw, **options):
 def test_alike_instances_run_the_passes_once(plans, kernels, downstream_compiles):
     model, kw = _toy(), toy_inputs()
     _run(model, kw)
-    assert plans == {"passes": 1, "reused": BLOCKS - 1}
+    assert plans(model) == {"passes": 1, "reused": BLOCKS - 1}
     assert len(downstream_compiles) == 1
     reports = fx_fp8.get_reports(model)
     assert len(reports) == BLOCKS
@@ -97,7 +96,7 @@ def test_a_skipped_layer_gets_its_own_plan_and_runs_native_attention(plans, kern
     assert attention["blocks.3"].action == "native"
     assert attention["blocks.3"].reason == "layer 3 in diffusion_kv_cache_skip_layers"
     assert [attention[f"blocks.{i}"].action for i in range(BLOCKS) if i != 3] == ["fp8"] * (BLOCKS - 1)
-    assert plans == {"passes": 2, "reused": BLOCKS - 2}  # block 0, and block 3
+    assert plans(model) == {"passes": 2, "reused": BLOCKS - 2}  # block 0, and block 3
     assert len(downstream_compiles) == 2
     kernels["attention"] = 0
     with torch.no_grad():
@@ -118,7 +117,7 @@ def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
                                         ("fp8", e.reason)), (i, e.reason)
         assert (f"blocks.{i}.fc1" in _fp8_linears(model, kernels)) == (i not in native)
     # one pattern naming every block: one plan; naming one block: that block plans on its own
-    assert plans == ({"passes": 1, "reused": BLOCKS - 1} if len(native) == BLOCKS else
+    assert plans(model) == ({"passes": 1, "reused": BLOCKS - 1} if len(native) == BLOCKS else
                      {"passes": 2, "reused": BLOCKS - 2})
 
 
@@ -136,7 +135,7 @@ def test_a_pattern_for_one_block_is_not_warned_about_but_a_typo_is(plans):
 
 def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
     # without the check (its passes would attach the scales too): the reuse alone must attach them
-    monkeypatch.setattr(backend, "CHECK_REUSE", False)
+    monkeypatch.setenv(CHECK_REUSE_ENV, "0")
     model, kw = _toy(), toy_inputs()
     scales = {f"blocks.{i}.{p}": 0.01 * (i + 1) + 0.001 * j
               for i in range(BLOCKS) for j, p in enumerate(("q", "k", "v", "o", "fc1", "fc2"))}
@@ -146,7 +145,7 @@ def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
     assert entries["blocks.3.fc1"].action == "native" and "no static activation scale" in entries["blocks.3.fc1"].reason
     assert "static activations" in entries["blocks.4.fc1"].reason
     assert "blocks.3.fc1" not in _fp8_linears(model, kernels) and "blocks.5.fc1" in _fp8_linears(model, kernels)
-    assert plans == {"passes": 2, "reused": BLOCKS - 2}
+    assert plans(model) == {"passes": 2, "reused": BLOCKS - 2}
     for i in (0, 1, 2, 4, 5):  # each reused instance's weight carries its own layer's scale
         got = state_of(model, model.blocks[i].fc1.weight).input_scale.item()
         assert got == pytest.approx(method_scale(scales[f"blocks.{i}.fc1"], "fp8"))
@@ -161,7 +160,7 @@ def test_step_variants_are_reused_together(plans, downstream_compiles):
                 model(**kw)
     reports = fx_fp8.get_reports(model)
     assert len(reports) == 2 * BLOCKS and {r.step_variant for r in reports} == {"fp8", "native"}
-    assert plans == {"passes": 1, "reused": BLOCKS - 1}
+    assert plans(model) == {"passes": 1, "reused": BLOCKS - 1}
     assert len(downstream_compiles) == 2  # one per variant, shared by every block
 
 
@@ -175,7 +174,7 @@ def test_a_plan_whose_passes_warned_is_not_carried_to_other_names(plans):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _run(model, kw, quantization_config={"ignored_layers": ["re:blocks\\.\\d+\\.fc1"]})
-    assert plans == {"passes": BLOCKS, "reused": 0}
+    assert plans(model) == {"passes": BLOCKS, "reused": 0}
     named = [i for i in range(BLOCKS) if any(f"blocks.{i}.fc1 (pattern" in str(w.message) for w in caught)]
     assert named == list(range(BLOCKS))
 
@@ -189,7 +188,7 @@ def test_a_warning_that_names_no_layer_is_carried_to_every_instance(plans, kerne
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _run(model, kw)
-    assert plans == {"passes": 1, "reused": BLOCKS - 1}
+    assert plans(model) == {"passes": 1, "reused": BLOCKS - 1}
     assert sum("no FP8 matrix units here (test)" in str(w.message) for w in caught) == 1  # once per model
     assert not kernels["scaled_mm"] and {id(w) for w in kernels["weight_only_linear"]} >= {
         id(c.wq) for i in range(BLOCKS) for c in state_of(model, model.blocks[i].fc1.weight).copies.values()}

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fx_fp8
-from fx_fp8.compile.backend import _copy_graph
+from fx_fp8.compile.graph_copies import copy_graph as _copy_graph
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.names import LayerMap, module_name
 from fx_fp8.ops import quant

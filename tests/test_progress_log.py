@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fx_fp8
 from fx_fp8 import progress
-from fx_fp8.compile import backend
+from fx_fp8.compile import downstream
 
 
 class Block(nn.Module):
@@ -39,13 +39,13 @@ class Block(nn.Module):
 def compiled_graphs(monkeypatch):
     """The rewritten graphs fx_fp8's backend handed to its downstream compiler, in order."""
     graphs = []
-    real = backend._downstream_compile
+    real = downstream.compile_downstream
 
     def keep(name, gm, inputs, mode):
         graphs.append(gm)
         return real(name, gm, inputs, mode)
 
-    monkeypatch.setattr(backend, "_downstream_compile", keep)
+    monkeypatch.setattr(downstream, "compile_downstream", keep)
     return graphs
 
 

@@ -7,7 +7,7 @@ import torch.nn as nn
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8.compile import backend
+from fx_fp8.compile.backend import CHECK_REUSE_ENV
 from fx_fp8.compile import dispatch
 from fx_fp8.graph import names
 from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
@@ -20,7 +20,7 @@ NATIVE = {"quantization_config": {"sensitive": "native"}}
 @pytest.fixture(autouse=True)
 def _check_reuse(monkeypatch):
     """Every instance that reuses another's decisions also runs the passes here, and must agree."""
-    monkeypatch.setattr(backend, "CHECK_REUSE", True)
+    monkeypatch.setenv(CHECK_REUSE_ENV, "1")
 
 
 def _toy(seed=0):
