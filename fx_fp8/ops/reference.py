@@ -11,11 +11,45 @@ from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import Lowering
 
 
+#: fp64 holds a sum of this many e4m3 x e4m3 (or int8 x int8) products exactly, in any order
+EXACT_SUM_TERMS = 1 << 17
+
+
+def exact_product_sum(aq, bq):
+    """aq [M, K] @ bq [N, K]^T of FP8 / int8 codes: the exact sum, rounded once to fp32.
+
+    An e4m3 x e4m3 product is exact in fp32, but an fp32 sum of them rounds, so its bits depend
+    on the order the BLAS (and its version, and the CPU's vector width) adds in. In fp64 every
+    product is a multiple of 2**-18 below 2**18 in magnitude, and every partial sum of up to
+    2**17 of them a multiple of 2**-18 below 2**35: within fp64's 53-bit significand, so exact
+    whatever the order. The result is therefore the same on every torch, BLAS, CPU and device.
+    Longer sums add their 2**17-term pieces in index order (still deterministic).
+    """
+    k = aq.shape[1]
+    total = None
+    for k0 in range(0, max(k, 1), EXACT_SUM_TERMS):
+        part = aq[:, k0:k0 + EXACT_SUM_TERMS].double() @ bq[:, k0:k0 + EXACT_SUM_TERMS].double().t()
+        total = part if total is None else total + part
+    return total.float()
+
+
 def block_matmul(xq, xs, wq, ws, *, weight_block, out_dtype):
-    """Block weight scales (activations per token and per group of weight_block[1] columns):
-    both operands dequantized exactly, fp32 matmul."""
-    x = quant.dequantize_activation(xq, xs, group=weight_block[1])
-    return (x @ quant.dequantize_weight(wq, ws, "block", weight_block).t()).to(out_dtype)
+    """Block weight scales (activations per token and per group of weight_block[1] columns): per
+    group of columns the exact product sum in fp32, times both scales, added in group order in
+    fp32 (the promotion a blockwise FP8 GEMM does), so the bits depend on no BLAS."""
+    br, bc = weight_block
+    n = wq.shape[0]
+    per_group = xs.dim() == 2 and xs.shape[-1] != 1  # else per token [M, 1] or static []
+    out = None
+    for g, k0 in enumerate(range(0, xq.shape[1], bc)):
+        acc = exact_product_sum(xq[:, k0:k0 + bc], wq[:, k0:k0 + bc])
+        x_scale = xs[:, g:g + 1] if per_group else xs.reshape(-1, 1)
+        w_scale = ws[:, g].repeat_interleave(br)[:n].reshape(1, n)
+        part = acc * x_scale.float() * w_scale.float()
+        out = part if out is None else out + part
+    if out is None:  # no input columns: an empty sum
+        out = torch.zeros(xq.shape[0], n, device=xq.device)
+    return out.to(out_dtype)
 
 
 def int8_matmul(xq, xs, wq, ws, *, weight_granularity, weight_block, out_dtype):
@@ -27,18 +61,13 @@ def int8_matmul(xq, xs, wq, ws, *, weight_granularity, weight_block, out_dtype):
 
 
 def fp8_matmul(xq, xs, wq, ws, *, weight_granularity, weight_block, out_dtype):
-    """FP8 x FP8 with fp32 scales, via torch._scaled_mm where it applies (CPU)."""
-    m, n = xq.shape[0], wq.shape[0]
-    if weight_granularity in ("tensor", "channel") and xq.device.type == "cpu":
-        sa = xs.reshape(-1, 1).expand(m, 1) if xs.numel() > 1 else xs.reshape(1, 1).expand(m, 1)
-        sb = ws.reshape(1, -1).expand(1, n) if ws.numel() > 1 else ws.reshape(1, 1).expand(1, n)
-        return torch._scaled_mm(xq, wq.t(), scale_a=sa.float().contiguous(), scale_b=sb.float().contiguous(),
-                                out_dtype=out_dtype)
+    """FP8 x FP8 with fp32 scales: the exact product sum rounded to fp32, then one fp32 rescale
+    (activation scale, then weight scale), as the device GEMMs apply scales after accumulating.
+    Plain tensor ops only, so every supported torch gives the same bits on any device."""
     if weight_granularity == "block":
         return block_matmul(xq, xs, wq, ws, weight_block=weight_block, out_dtype=out_dtype)
-    x = xq.float() * xs
-    w = quant.dequantize_weight(wq, ws, weight_granularity, weight_block)
-    return (x @ w.t()).to(out_dtype)
+    acc = exact_product_sum(xq, wq)
+    return (acc * xs.float().reshape(-1, 1) * ws.float().reshape(1, -1)).to(out_dtype)
 
 
 class ReferenceLowering(Lowering):
