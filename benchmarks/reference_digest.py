@@ -34,13 +34,14 @@ M, K, N = 77, 320, 200  # K: two full 128-column groups and a partial one; N: a 
 
 
 def pattern(rows: int, cols: int, salt: int, device) -> torch.Tensor:
-    """A fixed fp32 [rows, cols] matrix with a wide range of magnitudes: integers, one division."""
-    i = torch.arange(rows, device=device, dtype=torch.int64).reshape(-1, 1)
-    j = torch.arange(cols, device=device, dtype=torch.int64).reshape(1, -1)
+    """A fixed fp32 [rows, cols] matrix with a wide range of magnitudes, made on the CPU from
+    integers, exact powers of two and one correctly rounded division, then moved to `device`."""
+    i = torch.arange(rows, dtype=torch.int64).reshape(-1, 1)
+    j = torch.arange(cols, dtype=torch.int64).reshape(1, -1)
     h = (i * 7919 + j * 104729 + salt * 1299709) % 1000003
     value = (h % 2001 - 1000).float()
-    exponent = (h // 2001 % 9 - 4).float()  # magnitudes 2**-4 .. 2**4 times the value
-    return value * torch.exp2(exponent) / 997.0
+    power = torch.tensor([2.0 ** e for e in range(-4, 5)])[h // 2001 % 9]  # 2**-4 .. 2**4
+    return (value * power / 997.0).to(device)
 
 
 def digest(t: torch.Tensor) -> str:

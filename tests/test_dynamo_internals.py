@@ -17,7 +17,8 @@ def test_installed_torch_is_in_the_checked_range():
                                   "tests/test_names.py on it, then widen SUPPORTED_TORCH")
     low, high = di.SUPPORTED_TORCH
     text = (ROOT / "pyproject.toml").read_text()
-    assert f"torch>={low[0]}.{low[1]}" in text, "pyproject's torch range and SUPPORTED_TORCH disagree"
+    assert f'"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"' in text, \
+        "pyproject's torch range and SUPPORTED_TORCH disagree"
 
 
 def test_dynamo_source_spellings():

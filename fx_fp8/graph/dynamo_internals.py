@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 #: (oldest, newest) torch minor releases these internals were checked on
-SUPPORTED_TORCH = ((2, 11), (2, 14))
+SUPPORTED_TORCH = ((2, 11), (2, 15))
 
 _ROOT = re.compile(r"^([LG])\[['\"]([^'\"]*)['\"]\]")
 _DICT_MODULES = re.compile(r"\.__dict__\[['\"]_modules['\"]\]\[['\"]([^'\"]+)['\"]\]")
