@@ -23,14 +23,18 @@ def exact_product_sum(aq, bq):
     product is a multiple of 2**-18 below 2**18 in magnitude, and every partial sum of up to
     2**17 of them a multiple of 2**-18 below 2**35: within fp64's 53-bit significand, so exact
     whatever the order. The result is therefore the same on every torch, BLAS, CPU and device.
-    Longer sums add their 2**17-term pieces in index order (still deterministic).
+    Longer sums add their 2**17-term pieces in index order (still deterministic). Devices other
+    than CPU and CUDA (whose fp64 matmul may be missing) sum on the CPU.
     """
+    device = aq.device
+    if device.type not in ("cpu", "cuda"):
+        aq, bq = aq.cpu(), bq.cpu()
     k = aq.shape[1]
     total = None
     for k0 in range(0, max(k, 1), EXACT_SUM_TERMS):
         part = aq[:, k0:k0 + EXACT_SUM_TERMS].double() @ bq[:, k0:k0 + EXACT_SUM_TERMS].double().t()
         total = part if total is None else total + part
-    return total.float()
+    return total.float().to(device)
 
 
 def block_matmul(xq, xs, wq, ws, *, weight_block, out_dtype):
