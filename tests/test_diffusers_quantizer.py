@@ -98,6 +98,12 @@ import fx_fp8
 from diffusers.quantizers import auto
 print(auto.AUTO_QUANTIZER_MAPPING["fx_fp8"].__name__, auto.AUTO_QUANTIZATION_CONFIG_MAPPING["fx_fp8"].__name__)
 """,
+    "config-first": """
+import fx_fp8
+cfg = fx_fp8.DiffusersConfig()   # the quantizer module itself imports diffusers' quantizers: no half-loaded module
+from diffusers.quantizers import auto
+print(auto.AUTO_QUANTIZER_MAPPING["fx_fp8"].__name__, type(cfg).__name__)
+""",
     "no-diffusers": """
 import sys
 class NoDiffusers:

@@ -33,7 +33,7 @@ from diffusers.quantizers.base import DiffusersQuantizer
 from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered
+from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
 from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe, quantized_linear)
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.quant.state_guard import guard
@@ -352,3 +352,6 @@ class FxFp8Quantizer(DiffusersQuantizer):
 
     def __repr__(self):
         return f"FxFp8Quantizer({json.dumps(self.fp8.to_dict()['quantization_config'], default=str)})"
+
+
+register_pending()  # diffusers' quantizers may have been imported by this module's own imports

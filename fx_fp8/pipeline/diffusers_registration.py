@@ -30,6 +30,8 @@ from typing import Optional
 METHOD = "fx_fp8"
 #: the diffusers module holding the mappings
 AUTO_MODULE = "diffusers.quantizers.auto"
+#: the module defining what is registered
+QUANTIZER_MODULE = "fx_fp8.pipeline.diffusers_quantizer"
 #: the mappings (name -> what a name maps to)
 MAPPINGS = {"AUTO_QUANTIZER_MAPPING": "quantizer class", "AUTO_QUANTIZATION_CONFIG_MAPPING": "config class"}
 #: DiffusersQuantizer methods from_pretrained calls, which fx_fp8's quantizer implements
@@ -96,15 +98,33 @@ def register(auto=None) -> None:
         raise DiffusersLayoutError(
             f"fx_fp8 cannot register its diffusers quantization backend with diffusers {_diffusers_version()} "
             f"(written for diffusers 0.42's layout):\n  " + "\n  ".join(problems))
+    quantizer = sys.modules.get(QUANTIZER_MODULE)
+    if quantizer is not None and not hasattr(quantizer, "FxFp8Quantizer"):
+        # diffusers' quantizers are being imported by the quantizer module itself, which has not defined
+        # its classes yet: it registers when it has (register_pending, at its end)
+        raise _QuantizerLoading()
     from fx_fp8.pipeline.diffusers_quantizer import DiffusersConfig, FxFp8Quantizer
 
     auto.AUTO_QUANTIZER_MAPPING[METHOD] = FxFp8Quantizer
     auto.AUTO_QUANTIZATION_CONFIG_MAPPING[METHOD] = DiffusersConfig
 
 
+class _QuantizerLoading(Exception):
+    """register() ran while the quantizer module was half loaded."""
+
+
+def register_pending() -> None:
+    """The quantizer module's last line: register now if diffusers' quantizers were imported while it
+    loaded (the import hook then had no classes to register)."""
+    if _STATE["result"] is None and AUTO_MODULE in sys.modules:
+        _register_or_warn(sys.modules[AUTO_MODULE])
+
+
 def _register_or_warn(auto=None) -> None:
     try:
         register(auto)
+    except _QuantizerLoading:
+        return
     except DiffusersLayoutError as e:
         _STATE["result"] = str(e)
         warnings.warn(f"{e}\n(fx_fp8's FP8 backend works; only loading with fx_fp8.DiffusersConfig is unavailable)",
