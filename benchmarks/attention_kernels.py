@@ -468,7 +468,8 @@ def main(argv=None) -> int:
 
         with open(args.table_from) as f:
             results = json.load(f)
-        table = attention_table.table_from_probe(results)
+        # this GPU's rows replace its old ones; other GPUs' rows stay
+        table = attention_table.merged(attention_table.load_table(), attention_table.table_from_probe(results))
         attention_table.write_table(table)
         print(f"wrote {attention_table.TABLE_PATH} ({len(table['rows'])} rows)")
         print(attention_table.format_rows(table))

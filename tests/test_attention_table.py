@@ -159,3 +159,14 @@ def test_the_shipped_h200_table_keeps_flux_length_attention_native():
     assert at.auto_kernel("NVIDIA H200", 128, 16384, False, "triton", yes, table)[0] == "native"
     assert at.auto_kernel("NVIDIA H200", 128, 32760, False, "triton", yes, table)[0] == "triton"
     assert at.auto_kernel("NVIDIA H200", 64, 4608, False, "triton", yes, table)[0] == "native"
+
+
+def test_a_probe_run_replaces_its_gpus_rows_and_keeps_the_others():
+    h200 = at.table_from_probe(probe("NVIDIA H200"))
+    h100 = at.table_from_probe(probe("NVIDIA H100 80GB HBM3"))
+    both = at.merged(h200, h100)
+    assert {r["gpu"] for r in both["rows"]} == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+    assert len(both["rows"]) == len(h200["rows"]) + len(h100["rows"])
+    again = at.merged(both, at.table_from_probe(probe("NVIDIA H100 80GB HBM3")))
+    assert len(again["rows"]) == len(both["rows"])  # its own old rows replaced, not doubled
+    assert [s["device"] for s in again["sources"]] == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]

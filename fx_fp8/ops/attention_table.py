@@ -97,6 +97,15 @@ def table_from_probe(results: dict) -> dict:
             "bar": BAR, "rows": rows}
 
 
+def merged(old: dict, new: dict) -> dict:
+    """`new`'s rows, and `old`'s rows of every GPU `new` did not measure (one probe run measures one GPU)."""
+    gpus = {r["gpu"] for r in new["rows"]}
+    rows = [r for r in old.get("rows", []) if r["gpu"] not in gpus] + list(new["rows"])
+    sources = [s for s in (old.get("sources") or ([old["source"]] if old.get("source") else []))
+               if s.get("device") not in gpus] + [new["source"]]
+    return {"source": new["source"], "sources": sources, "bar": new["bar"], "rows": rows}
+
+
 def write_table(table: dict, path=TABLE_PATH) -> None:
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     _load.cache_clear()
