@@ -81,8 +81,8 @@ def _entry_point_backends() -> set[str]:
 def _check_call(call: ast.Call) -> None:
     """Builds the FP8Config a call of the page would build (raises what fx_fp8 raises)."""
     import fx_fp8
-    from fx_fp8.backend import MODES, config_from_options
-    from fx_fp8.config import FP8Config
+    from fx_fp8.compile.backend import MODES, config_from_options
+    from fx_fp8.config.fp8_config import FP8Config
 
     chain = _chain(call.func)
     kwargs = {k.arg: k.value for k in call.keywords if k.arg is not None}
@@ -141,7 +141,7 @@ def _load_script(rel: str):
 
 
 def _parse_cuda_bench(argv):
-    from fx_fp8.backend import config_from_options
+    from fx_fp8.compile.backend import config_from_options
 
     args = _load_script("benchmarks/cuda_bench.py").parse_args(argv)
     if args.fx_options is not None:
@@ -275,7 +275,7 @@ def inline_problems(text: str, imports: bool = False) -> list[str]:
         elif keyword and keyword.group(1) not in NOT_CONFIG_KEYWORDS:
             out += python_problems(f"import fx_fp8\nfx_fp8.compile_pipeline(pipe, {span})", f"`{span}`", imports)
         elif setting:
-            from fx_fp8.config import FP8Config
+            from fx_fp8.config.fp8_config import FP8Config
 
             import yaml
 
@@ -296,7 +296,7 @@ def page_problems(text: str, page: Path = PAGE, imports: bool = False) -> list[s
         out += python_problems(block, f"python block {i + 1}", imports)
     out += inline_problems(text, imports)  # after the blocks, whose imports the prose assumes
     for block in _fences(text, "yaml"):
-        from fx_fp8.config import FP8Config
+        from fx_fp8.config.fp8_config import FP8Config
 
         import yaml
 
@@ -386,7 +386,7 @@ def gpu(monkeypatch):
 
 def test_quoted_reasons_are_the_lowerings(gpu, monkeypatch):
     import triton  # noqa: F401  a test dependency ([test] extra): attention_reason names a missing Triton first
-    from fx_fp8.config import FP8Config
+    from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.ops import cudnn_attention
     from fx_fp8.ops.cuda import LOWERING
 
