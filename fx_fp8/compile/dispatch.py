@@ -14,9 +14,9 @@ import torch
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.dynamo_internals import find_compiled_model, runtime_instance
 from fx_fp8.graph.names import OWNERS, instance_holding, module_names_of
+from fx_fp8.quant.weight_state import OWNERS as OWNERS_BY_TENSOR
 from fx_fp8.report import ModelRecord
 from fx_fp8.steps import variant_for_step
-from fx_fp8.quant.weight_state import OWNERS as OWNERS_BY_TENSOR
 
 
 class StepDispatch:

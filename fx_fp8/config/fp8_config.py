@@ -18,11 +18,11 @@ from typing import Mapping
 
 from fx_fp8.config.attention import AttentionQuantConfig
 from fx_fp8.config.files import LEGACY_KEYS, PIPELINE_KEYS, config_keys, fold_legacy_keys, read_config_file
-from fx_fp8.config.values import did_you_mean
-from fx_fp8.config.keys import (TOP_KEYS, apply_step_shortcuts, check_method_agrees, merge_ignored_layers_shortcut, pop_step_shortcuts)
-from fx_fp8.config.values import check_choice, dataclass_from_mapping, is_off
+from fx_fp8.config.keys import (TOP_KEYS, apply_step_shortcuts, check_method_agrees, merge_ignored_layers_shortcut,
+                                pop_step_shortcuts)
 from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
 from fx_fp8.config.selectors import Selector, parse_selector
+from fx_fp8.config.values import check_choice, dataclass_from_mapping, did_you_mean, is_off
 
 KV_CACHE_DTYPES = (None, "auto", "fp8")
 LOWERINGS = ("auto", "reference", "cuda", "npu")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from fx_fp8.config.values import check_choice, is_off
 from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
 from fx_fp8.config.selectors import parse_selector
+from fx_fp8.config.values import check_choice, is_off
 
 #: the keys of a flat FP8 config (legacy kv_cache_* spellings aside: fx_fp8.config.files folds them)
 TOP_KEYS = (

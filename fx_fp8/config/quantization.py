@@ -7,9 +7,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fx_fp8.config.values import check_bool, check_choice, check_int, is_number
 from fx_fp8.config.patterns import validate_pattern
 from fx_fp8.config.selectors import Selector, parse_selector
+from fx_fp8.config.values import check_bool, check_choice, check_int, is_number
 
 QUANTIZATION_METHODS = (None, "fp8", "int8")
 #: older configs wrote "@defaults" in ignored_layers to keep the sensitive layers: now always kept

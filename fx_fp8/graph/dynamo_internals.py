@@ -143,6 +143,11 @@ def runtime_instance(module_name_of: dict[int, str]) -> Optional[str]:
 
 
 # -- Dynamo's tracing context -----------------------------------------------------------------------
+def unwrap_compiled(obj):
+    """The module a torch.compile'd module wraps (its `_orig_mod`), else `obj` itself."""
+    return getattr(obj, "_orig_mod", obj)
+
+
 def current_tracing_context():
     """Dynamo's tracing context of the graph being compiled now (None outside Dynamo)."""
     return torch._guards.TracingContext.try_get()

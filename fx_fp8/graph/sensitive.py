@@ -45,9 +45,8 @@ from typing import Any, Iterable
 import torch
 import torch.fx
 
-from fx_fp8.graph.forms import is_attention
 from fx_fp8.graph.dynamo_internals import forward_on_private_code, isolated_compile_kwargs
-from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
+from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS, is_attention
 from fx_fp8.graph.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
 from fx_fp8.graph.shapes import concrete, known_equal, known_one
 

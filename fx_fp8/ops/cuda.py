@@ -51,10 +51,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from fx_fp8.graph.shapes import broadcasts_to, concrete, size_str
 from fx_fp8.ops import quant
 from fx_fp8.ops.formats import FLOAT_DTYPES
 from fx_fp8.ops.lowering import Lowering
-from fx_fp8.graph.shapes import broadcasts_to, concrete, size_str
 
 HEAD_DIMS = (64, 128)
 KEY_TILE = 64  # kv_block must be a multiple of it: every autotune config list has a key tile (BLOCK_N) dividing 64

@@ -42,8 +42,8 @@ from typing import Optional
 
 import torch
 
-from fx_fp8.ops import quant
 from fx_fp8.graph.shapes import concrete, size_str
+from fx_fp8.ops import quant
 
 #: the bar of tests/test_attention_numerics.py (Gaussian and x5-outlier inputs)
 SQNR_BAR_DB = 25.0

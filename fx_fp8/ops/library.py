@@ -29,10 +29,10 @@ from typing import Optional
 
 import torch
 
-from fx_fp8.ops import quant
-from fx_fp8.ops.lowering import get_lowering
 from fx_fp8 import steps
+from fx_fp8.ops import quant
 from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.ops.lowering import get_lowering
 
 
 # -- attention ------------------------------------------------------------------------------

@@ -46,12 +46,12 @@ from typing import Optional
 
 import torch
 
+from fx_fp8.graph.shapes import concrete
 from fx_fp8.ops import npu_calls, quant
 from fx_fp8.ops.lowering import Lowering
 from fx_fp8.ops.npu_attention import KERNELS, RUNNERS, attention_plan
 from fx_fp8.ops.npu_calls import KERNEL_OUT_DTYPES, MAX_MATMUL_DIM
 from fx_fp8.ops.npu_platform import chip_problem, import_problem, import_torch_npu
-from fx_fp8.graph.shapes import concrete
 
 # every name this module had before its parts moved out stays importable from here; the lowering
 # calls the vendor-call builders through npu_calls, so that is where a test wraps one

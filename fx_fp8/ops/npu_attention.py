@@ -8,13 +8,13 @@ from typing import Optional
 
 import torch
 
+from fx_fp8.graph.shapes import concrete, known_one
 from fx_fp8.ops import mindiesd, mx, npu_calls, quant
-from fx_fp8.ops.npu_calls import (KERNEL_HEAD_DIMS, KERNEL_KV_BLOCK, KERNEL_OUT_DTYPES, KERNEL_Q_BLOCK,
-                                  P_SCALE_RANGE, kernel_block_scales, kernel_head_dim, pad_head_dim, to_tnd)
+from fx_fp8.ops.npu_calls import (KERNEL_HEAD_DIMS, KERNEL_KV_BLOCK, KERNEL_OUT_DTYPES, KERNEL_Q_BLOCK, P_SCALE_RANGE,
+                                  kernel_block_scales, kernel_head_dim, pad_head_dim, to_tnd)
 from fx_fp8.ops.npu_platform import (MODE7_REFUSED_FROM, MXFP8_ATTENTION_FROM, cann_accepts_mode7,
                                      cann_has_mxfp8_attention, cann_version, chip_problem, import_problem,
                                      import_torch_npu)
-from fx_fp8.graph.shapes import concrete, known_one
 
 KERNELS = ("mindiesd", "fia_block", "fia_mx")
 

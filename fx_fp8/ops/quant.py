@@ -11,8 +11,9 @@ import math
 
 import torch
 
-from fx_fp8.ops.formats import FP8_DTYPE, FP8_MAX, INT8_MAX, METHODS  # noqa: F401 (re-exported)
 from fx_fp8.ops import mx
+from fx_fp8.ops.formats import FP8_DTYPE, FP8_MAX, INT8_MAX, METHODS  # noqa: F401 (re-exported)
+
 _TINY = 1e-12
 
 

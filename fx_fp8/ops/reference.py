@@ -10,7 +10,6 @@ import torch
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import Lowering
 
-
 #: fp64 holds a sum of this many e4m3 x e4m3 (or int8 x int8) products exactly, in any order
 EXACT_SUM_TERMS = 1 << 17
 

@@ -8,12 +8,12 @@ import torch
 import torch.fx
 
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.ops.lowering import Lowering
 from fx_fp8.graph.dynamo_internals import fake_mode_of
 from fx_fp8.graph.fx_utils import placeholder_index
 from fx_fp8.graph.names import LayerMap, is_resolved
-from fx_fp8.report import CompileReport
+from fx_fp8.ops.lowering import Lowering
 from fx_fp8.quant.weight_feeds import FeedPlan, Resolver
+from fx_fp8.report import CompileReport
 
 #: node.meta key: where a prepared linear's quantized weight came from ("BFL fp8r checkpoint (per-channel
 #: weight scales)", ...), set by the pre-quantized pass (fx_fp8/passes/prequantized.py) for the linear pass's report

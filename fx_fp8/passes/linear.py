@@ -44,22 +44,21 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
-                                  smoothed_static_scale, step_scale_table)
-from fx_fp8.ops import quant
-from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass, NotReusable
-from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
-from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_PARAMS, PREPARED_TARGETS
-from fx_fp8.graph.names import module_name
 from fx_fp8.config.patterns import first_match
-from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
-from fx_fp8.quant.rules import linear_native_reason, linear_plan
-from fx_fp8.report import dims_of
+from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_PARAMS, PREPARED_TARGETS
+from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
+from fx_fp8.graph.names import module_name
 from fx_fp8.graph.shapes import shape_str
-from fx_fp8.steps import linear_skip_mode
-from fx_fp8.quant.weight_feeds import Feed
+from fx_fp8.ops import quant
+from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
+from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass, NotReusable
+from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
+                                        smoothed_static_scale, step_scale_table)
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, group_smoothing
-
+from fx_fp8.quant.rules import linear_native_reason, linear_plan
+from fx_fp8.quant.weight_feeds import Feed
+from fx_fp8.report import dims_of
+from fx_fp8.steps import linear_skip_mode
 
 
 @functools.lru_cache(maxsize=None)

@@ -48,19 +48,16 @@ from typing import Optional
 import torch
 import torch.fx
 
+from fx_fp8.config.patterns import first_match
+from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
-from fx_fp8.ops.formats import FP8_MAX
-from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
-from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
-from fx_fp8.config.patterns import first_match
-from fx_fp8.quant.prequantized import (SCALE_DTYPES, describe_origin, scale_granularity, source_of_class,
-                                 weight_origin)
-from fx_fp8.ops.formats import FLOAT_DTYPES
-from fx_fp8.quant.rules import linear_plan
 from fx_fp8.graph.shapes import concrete
+from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_MAX, WEIGHT_ONLY
+from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
+from fx_fp8.quant.prequantized import SCALE_DTYPES, describe_origin, scale_granularity, source_of_class, weight_origin
+from fx_fp8.quant.rules import linear_plan
 from fx_fp8.steps import linear_skip_mode
-from fx_fp8.ops.formats import WEIGHT_ONLY
 
 FP8_WEIGHT = torch.float8_e4m3fn
 MUL_TARGETS = {operator.mul, torch.mul}

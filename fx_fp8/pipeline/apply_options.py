@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.pipeline import cache_dit as _cache_dit
 from fx_fp8.pipeline.cache_hooks import (CacheRegions, compile_cache_regions, enable_cache, sync_first_block_cache,
                                          unsync_first_block_cache)
@@ -41,7 +42,7 @@ def check_pipeline_options(opts: PipelineOptions, models: list, *, compile_kwarg
     """Everything compile_pipeline can find wrong with the pipeline options before it changes anything;
     with context parallelism it also joins the torchrun job (torch.distributed.init_process_group)."""
     for model in models:
-        model = getattr(model, "_orig_mod", model)
+        model = unwrap_compiled(model)
         cached = opts.cache_backend is not None or getattr(model, "_cache_config", None) is not None
         if cached and compile_kwargs.get("fullgraph"):
             raise ValueError("fullgraph=True cannot be combined with a cache backend: diffusers' cache hooks decide on "
@@ -101,7 +102,7 @@ def _update_regions(extras: TransformerExtras, model: nn.Module) -> None:
     extras.regions.modules += new.modules
     if new.hooks and extras.parallel is not None:
         extras.fbc_synced += sync_first_block_cache(model, extras.parallel["mesh"].get_group())
-    unknown = getattr(getattr(model, "_orig_mod", model), "_cache_config", None)
+    unknown = getattr(unwrap_compiled(model), "_cache_config", None)
     if unknown is not None and type(unknown).__name__ not in CACHE_BACKENDS.values() and not extras.warned_unknown:
         extras.warned_unknown = True
         warnings.warn(f"fx_fp8: {type(unknown).__name__} has not been tested with fx_fp8; its hooks are traced by "
@@ -138,7 +139,7 @@ def undo_pipeline_options(model: nn.Module, extras: Optional[TransformerExtras])
     if extras is None:
         return
     extras.regions.undo()
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if isinstance(extras.cache, _cache_dit.CacheDitState):
         _cache_dit.disable(model, extras.cache)
         return

@@ -34,8 +34,8 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.config.values import did_you_mean
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.install_hint import install_hint
-
 
 #: the tested cache-dit range (pyproject's `cache-dit` extra)
 CACHE_DIT_REQUIREMENT = "cache-dit>=1.5.3,<1.6"
@@ -206,8 +206,8 @@ def cache_dit_config(cache_config=None) -> CacheDitConfig:
 
 # -- enabling it on a transformer -----------------------------------------------------------------
 def is_cache_dit_enabled(model: nn.Module) -> bool:
-    return bool(getattr(getattr(model, "_orig_mod", model), "_is_cached", False)) \
-        and hasattr(getattr(model, "_orig_mod", model), "_context_manager")
+    return bool(getattr(unwrap_compiled(model), "_is_cached", False)) \
+        and hasattr(unwrap_compiled(model), "_context_manager")
 
 
 @dataclass
@@ -261,7 +261,7 @@ def enable(model: nn.Module, config: CacheDitConfig) -> CacheDitState:
     cache_dit = _import()
     from fx_fp8.pipeline.attention_backend import current_attention_backend
 
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if is_cache_dit_enabled(model):
         raise ValueError(f"{type(model).__name__} already has cache-dit enabled; pass cache_backend 'cache_dit' to "
                          "fx_fp8 only, or enable it yourself and pass none")
@@ -366,7 +366,7 @@ def compile_regions(model: nn.Module, state: CacheDitState, compile_fn) -> list:
     names of the blocks compiled."""
     from fx_fp8.graph.dynamo_internals import method_copy
 
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     names = {id(m): n for n, m in model.named_modules()}
     done = []
     for cb in state.cached_blocks:
@@ -403,7 +403,7 @@ def disable(model: nn.Module, state: Optional[CacheDitState]) -> None:
     """cache_dit.disable_cache on the transformer, regions removed first."""
     import cache_dit
 
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if state is not None:
         undo_regions(state)
         for cb in state.cached_blocks:
@@ -417,7 +417,7 @@ def disable(model: nn.Module, state: Optional[CacheDitState]) -> None:
 def block_runs(model: nn.Module) -> dict:
     """{cache context: (transformer calls computed, transformer calls cached)} since the last reset, from
     cache-dit's own counters."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     manager = getattr(model, "_context_manager", None)
     out = {}
     for name in getattr(model, "_context_names", []) or []:

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.graph.dynamo_internals import method_copy
+from fx_fp8.graph.dynamo_internals import method_copy, unwrap_compiled
 from fx_fp8.pipeline import cache_dit as _cache_dit
 from fx_fp8.pipeline.options import canonical_cache_backend, diffusers_cache_config
 
@@ -40,7 +40,7 @@ def cache_hooks(model: nn.Module) -> list[tuple[str, str, Any]]:
     """[(module name, hook name, hook)] of diffusers' cache hooks on `model` that replace a forward."""
     names = _cache_hook_names()
     out = []
-    for mod_name, m in getattr(model, "_orig_mod", model).named_modules():
+    for mod_name, m in unwrap_compiled(model).named_modules():
         registry = getattr(m, "_diffusers_hook", None)
         if registry is None:
             continue
@@ -57,7 +57,7 @@ def enable_cache(model: nn.Module, backend, cache_config=None) -> Optional[Any]:
     cfg = diffusers_cache_config(backend, cache_config)
     if cfg is None:
         return None
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if _cache_dit.is_cache_dit_enabled(model):
         raise ValueError(f"{type(model).__name__} already has cache-dit enabled; pass cache_backend to fx_fp8 only")
     if backend == "cache_dit":

@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.pipeline.attention_backend import choose_attention_backend
 from fx_fp8.pipeline.launch import check_accelerator, init_distributed
 from fx_fp8.pipeline.options import ParallelOptions
@@ -18,7 +19,7 @@ from fx_fp8.pipeline.options import ParallelOptions
 def check_parallel_target(model: nn.Module, opts: ParallelOptions) -> None:
     """What diffusers' enable_parallelism would refuse, or do wrong, on this transformer: a
     ValueError naming it, before anything is changed."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     if getattr(model, "_parallel_config", None) is not None:
         raise ValueError(f"{type(model).__name__} already has parallelism enabled (enable_parallelism was called) "
                          "and parallel_config was given: pass one of them")
@@ -36,7 +37,7 @@ def enable_context_parallel(model: nn.Module, opts, *, warn=None) -> Optional[di
         return None
     from diffusers import ContextParallelConfig
 
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     check_parallel_target(model, opts)
     init_distributed(opts)
     check_accelerator()

@@ -33,13 +33,14 @@ from diffusers.quantizers.base import DiffusersQuantizer
 from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 
 from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
-from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe, quantized_linear)
+from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
+                                         quantized_linear)
+from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.quant.recipe import recipe
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.quant.state_guard import guard
-from fx_fp8.quant.recipe import recipe
-from fx_fp8.ops.formats import WEIGHT_ONLY
-from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 #: version of the quantized_layers record in config.json
 FORMAT_VERSION = 1

@@ -29,7 +29,6 @@ from fx_fp8.config.files import config_keys, read_config_file
 from fx_fp8.config.values import did_you_mean
 from fx_fp8.pipeline import cache_dit as _cache_dit
 
-
 # -- cache backends -------------------------------------------------------------------------------
 #: canonical name -> the diffusers config class (in diffusers.hooks)
 CACHE_BACKENDS: dict[str, str] = {

@@ -7,9 +7,8 @@ from fx_fp8.pipeline.apply_options import undo_pipeline_options
 from fx_fp8.pipeline.offload import reapply_group_offload
 from fx_fp8.pipeline.state import STATE_ATTR, pipeline_state
 from fx_fp8.pipeline.step_publishing import remove_scheduler_hook
-from fx_fp8.quant.weight_state import release_quantized_copies
 from fx_fp8.quant.quantized_linear import QuantizedLinear
-
+from fx_fp8.quant.weight_state import release_quantized_copies
 
 #: restore_pipeline(pipe, linears=...): what the prepared linears become
 RESTORE_LINEARS = ("original", "quantized")

@@ -7,7 +7,6 @@ from typing import Any, Optional
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.report import get_reports
 
-
 #: pipeline attributes holding a denoising transformer, in the order they run
 TRANSFORMER_ATTRS = ("transformer", "transformer_2")
 

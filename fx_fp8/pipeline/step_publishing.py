@@ -25,11 +25,11 @@ from typing import Optional
 
 import torch
 
-from fx_fp8.quant.weight_state import refresh_copies
 from fx_fp8 import steps as _steps
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.pipeline.apply_options import on_pipeline_run
 from fx_fp8.pipeline.state import STATE_ATTR, PipelineFP8State, SchedulerHook, TransformerCall
+from fx_fp8.quant.weight_state import refresh_copies
 
 
 @dataclass

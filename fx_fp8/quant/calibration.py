@@ -26,10 +26,11 @@ from typing import Callable, Iterable, Mapping
 import torch
 import torch.nn as nn
 
-from fx_fp8.quant.activation_scales import ActivationScales
-from fx_fp8.ops.formats import FP8_MAX
-from fx_fp8.quant.rules import check_not_prepared, is_plain_linear
 from fx_fp8.config.step_groups import group_steps, parse_step_groups
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
+from fx_fp8.ops.formats import FP8_MAX
+from fx_fp8.quant.activation_scales import ActivationScales
+from fx_fp8.quant.rules import check_not_prepared, is_plain_linear
 from fx_fp8.steps import current_step
 
 # every name this module had before its parts moved out stays importable from here
@@ -80,7 +81,7 @@ def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *
                 steps[step] = max(steps.get(step, 0.0), top)
         return hook
 
-    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: the names of the model it wraps
+    model = unwrap_compiled(model)  # a torch.compile'd module: the names of the model it wraps
     check_not_prepared(model, "it cannot be calibrated (its linears no longer see their original weights)",
                        "calibrate the original model, then prepare it with that calibration")
     if step_groups is not None:  # a bad grouping fails before the (long) calibration run

@@ -34,11 +34,11 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.graph.dynamo_internals import is_compiled_module
-from fx_fp8.quant.rules import is_plain_linear
-from fx_fp8.quant.state_guard import guard, native_reasons, quantized_layers
+from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.quant.rules import is_plain_linear
+from fx_fp8.quant.state_guard import guard, native_reasons, quantized_layers
 
 # guard / unguard / quantized_layers were defined here before state_guard.py: importable from here still
 
@@ -55,7 +55,7 @@ TRANSFORMER_ATTRS = ("transformer", "transformer_2")
 
 # -- save ------------------------------------------------------------------------------------
 def _unwrap(module):
-    return getattr(module, "_orig_mod", module)
+    return unwrap_compiled(module)
 
 
 def _targets(obj) -> dict:

@@ -22,12 +22,11 @@ from typing import Optional
 import torch
 
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.ops.formats import METHODS
+from fx_fp8.ops.formats import METHODS, WEIGHT_ONLY
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
-from fx_fp8.quant.rules import linear_plan
-from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.quant.recipe import WeightRecipe
+from fx_fp8.quant.rules import linear_plan
 
 #: linear_plan's kinds of a quantized layer
 W8A8, WEIGHT_ONLY_KIND = "quantized", "weight_only"

@@ -7,9 +7,9 @@ from typing import Callable, Mapping
 
 import torch
 
-from fx_fp8.quant.activation_scales import CHANNEL_SECTION, ActivationScales, load_activation_scales
-from fx_fp8.ops.formats import FP8_MAX, METHODS
 from fx_fp8.config.step_groups import format_step_groups
+from fx_fp8.ops.formats import FP8_MAX, METHODS
+from fx_fp8.quant.activation_scales import CHANNEL_SECTION, ActivationScales, load_activation_scales
 
 
 def step_scale_table(scales: ActivationScales, name: str, scale_of: Callable[[float], float]):

@@ -14,18 +14,18 @@ import torch
 import torch.nn as nn
 
 from fx_fp8 import progress
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
+from fx_fp8.graph.sensitive import sensitive_linear_names
+from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.quant.activation_scales import load_activation_scales
 from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
-                                  method_scale, smoothed_static_scale, step_scale_table)
-from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.graph.sensitive import sensitive_linear_names
-from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
-from fx_fp8.quant.rules import check_not_prepared, is_plain_linear, linear_plan
-from fx_fp8.quant.recipe import WeightRecipe, group_smoothing
-from fx_fp8.quant.weight_state import state_on
-from fx_fp8.ops.formats import WEIGHT_ONLY
+                                        method_scale, smoothed_static_scale, step_scale_table)
 from fx_fp8.quant.quantized_linear import QuantizedLinear
-
+from fx_fp8.quant.recipe import WeightRecipe, group_smoothing
+from fx_fp8.quant.rules import check_not_prepared, is_plain_linear, linear_plan
+from fx_fp8.quant.weight_state import state_on
 
 #: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
 #: compile_pipeline rebuilds over the new modules after preparing (fx_fp8/pipeline/offload.py)
@@ -70,7 +70,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"prepare_model expects a torch.nn.Module, got {type(model).__name__}")
-    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: prepare what it wraps
+    model = unwrap_compiled(model)  # a torch.compile'd module: prepare what it wraps
     started = time.perf_counter()  # progress log
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config

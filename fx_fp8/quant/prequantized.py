@@ -22,6 +22,8 @@ from typing import Mapping, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
+
 FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BFL_FP8R = "BFL fp8r checkpoint"
@@ -161,11 +163,11 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     "state_dict_keys": [keys read]}.
     """
     from fx_fp8.config.fp8_config import FP8Config
+    from fx_fp8.ops.formats import WEIGHT_ONLY
     from fx_fp8.quant.prepare import _carry_hooks
+    from fx_fp8.quant.quantized_linear import QuantizedLinear
     from fx_fp8.quant.rules import linear_plan
     from fx_fp8.quant.state_guard import guard
-    from fx_fp8.ops.formats import WEIGHT_ONLY
-    from fx_fp8.quant.quantized_linear import QuantizedLinear
 
     if not isinstance(model, nn.Module):
         raise ValueError(f"adopt_prequantized expects a torch.nn.Module, got {type(model).__name__}")
@@ -177,7 +179,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
                          "as state_dict=...")
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     modules = dict(model.named_modules())
     plans, problems, used = {}, [], []
     for name, module in modules.items():

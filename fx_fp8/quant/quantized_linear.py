@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.ops.lowering import resolve_lowering_name
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, recipe
@@ -241,7 +242,7 @@ def reachable_tensor_bytes(obj) -> int:
             seen.add(key)
             total += st.nbytes()
 
-    module = getattr(obj, "_orig_mod", obj)
+    module = unwrap_compiled(obj)
     tensors = list(module.parameters()) + list(module.buffers()) if isinstance(module, nn.Module) else []
     for t in tensors:
         add(t)
@@ -257,7 +258,7 @@ def refresh_weights(model: nn.Module) -> list[str]:
     whose source bytes changed, and check every prepared layer's bytes (raising, naming the
     layer, for one written since prepare_model). Reads each weight once. compile_pipeline
     runs it at the start of every pipeline call. Returns the names of the re-quantized weights."""
-    module = getattr(model, "_orig_mod", model)
+    module = unwrap_compiled(model)
     if not isinstance(module, nn.Module):
         raise ValueError(f"refresh_weights expects a torch.nn.Module, got {type(model).__name__}")
     for m in module.modules():

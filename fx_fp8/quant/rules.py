@@ -17,9 +17,8 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from torch.nn.utils.parametrize import is_parametrized
 
 from fx_fp8.config.patterns import first_match
-from fx_fp8.ops.formats import FLOAT_DTYPES
 from fx_fp8.graph.shapes import broadcasts_to, concrete, known_equal, known_true, size_str
-
+from fx_fp8.ops.formats import FLOAT_DTYPES
 
 #: Name patterns of linears known to be sensitive in the supported families
 #: (timestep / text / image input embedders, adaLN modulation, the final

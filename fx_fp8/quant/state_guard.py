@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 #: attribute of a prepared model: {"native": {linear name: reason}} from prepare_model
@@ -59,7 +60,7 @@ def guard(module: nn.Module, native: Optional[dict] = None, *, refuse_save_pretr
     `native`: {linear name: reason} kept native, recorded for save_quantized.
     refuse_save_pretrained=False: a model loaded through fx_fp8's diffusers quantizer, whose
     save_pretrained records its quantized layers in config.json (fx_fp8/pipeline/diffusers_quantizer.py)."""
-    module = getattr(module, "_orig_mod", module)
+    module = unwrap_compiled(module)
     record = module.__dict__.setdefault(_PREPARED_ATTR, {"native": {}})
     record["native"].update(native or {})
     if refuse_save_pretrained and callable(getattr(type(module), "save_pretrained", None)) and not isinstance(
@@ -71,7 +72,7 @@ def guard(module: nn.Module, native: Optional[dict] = None, *, refuse_save_pretr
 
 def unguard(module: nn.Module) -> None:
     """Undo guard (the model keeps its quantized layers)."""
-    module = getattr(module, "_orig_mod", module)
+    module = unwrap_compiled(module)
     if isinstance(module.__dict__.get("save_pretrained"), _RefuseSavePretrained):
         del module.__dict__["save_pretrained"]
     handle = module.__dict__.pop(_HOOK_ATTR, None)

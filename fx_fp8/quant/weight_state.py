@@ -30,6 +30,7 @@ from typing import Iterator, Optional
 import torch
 import torch.nn as nn
 
+from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe
 
 #: the attribute of a module's __dict__ holding {weight attribute name: WeightState}
@@ -229,7 +230,7 @@ OWNERS = Owners()
 
 def states_in(model: nn.Module) -> Iterator[tuple[nn.Module, str, WeightState]]:
     """Every WeightState kept on `model`'s modules: (module, weight attribute, state)."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap_compiled(model)
     for module in model.modules():
         for attr, st in list(module.__dict__.get(STATE_ATTR, {}).items()):
             yield module, attr, st
@@ -282,5 +283,5 @@ def compile_quantizations(module: nn.Module) -> int:
 
 def state_of(model: nn.Module, weight: torch.Tensor) -> Optional[WeightState]:
     """The WeightState the backend keeps for `weight` of `model` (None: it derived nothing from it)."""
-    owner = OWNERS.owner(getattr(model, "_orig_mod", model), weight)
+    owner = OWNERS.owner(unwrap_compiled(model), weight)
     return None if owner is None else owner[0].__dict__.get(STATE_ATTR, {}).get(owner[1])

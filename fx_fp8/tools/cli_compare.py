@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import (UsageError, _check_file, _check_sizes, _check_source, _config, _one_line,
-                                     _source, to_json)
+from fx_fp8.tools.cli_common import (UsageError, _check_file, _check_sizes, _check_source, _config, _one_line, _source,
+                                     to_json)
 
 
 def _latent_psnr(ref, x) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import (UsageError, _check_dir, _check_file, _check_sizes, _check_source, _config,
-                                     _source, to_json)
+from fx_fp8.tools.cli_common import (UsageError, _check_dir, _check_file, _check_sizes, _check_source, _config, _source,
+                                     to_json)
 
 SENSITIVITY_HELP = """\
 Measure how much FP8 in each block's attention, each block's linears and each

@@ -33,7 +33,6 @@ from fx_fp8.pipeline.step_publishing import publish_steps
 from fx_fp8.tools.model_zoo import registry as model_zoo
 from fx_fp8.tools.quantized_folders import folder_quantization, is_save_quantized_pipeline
 
-
 #: a model folder's own fx_fp8 config, which the examples and `fx-fp8 compare` start from
 MODEL_CONFIG_NAME = "fx_fp8.yaml"
 

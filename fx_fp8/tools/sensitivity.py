@@ -49,7 +49,8 @@ import torch
 
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.tools.image_metrics import psnr_db  # the one PSNR
-from fx_fp8.tools.sensitivity_items import (Item, Measurement, SensitivityResult, config_for, items_from_reports, layer_lists, num_layers, only_config)
+from fx_fp8.tools.sensitivity_items import (Item, Measurement, SensitivityResult, config_for, items_from_reports,
+                                            layer_lists, num_layers, only_config)
 from fx_fp8.tools.sensitivity_search import ErrorModel, greedy
 from fx_fp8.tools.sensitivity_steps import check_step_edges, measure_step_policies
 

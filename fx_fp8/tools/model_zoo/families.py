@@ -5,9 +5,9 @@ maker, its aliases and its tiny pipelines. The zoo, fx_fp8.tools.families, the t
 from __future__ import annotations
 
 from fx_fp8.tools.model_zoo.entry import Family, TinyModel
-from fx_fp8.tools.model_zoo.vaes import AUTOENCODER_KL, QWEN_VAE, WAN_VAE
 from fx_fp8.tools.model_zoo.inputs import (VID_P2, family_variants, flux_inputs, image_sizes, qwen_image_inputs,
-                                             sd3_inputs, wan_inputs, z_image_inputs)
+                                           sd3_inputs, wan_inputs, z_image_inputs)
+from fx_fp8.tools.model_zoo.vaes import AUTOENCODER_KL, QWEN_VAE, WAN_VAE
 
 #: Wan's zoo variants: (frames, side) in tokens, from the (1, 2, 2)-patch latent table
 _WAN_SIZES = tuple(dict(frames=f, side=s // 2, txt=n) for (f, s), n in zip(VID_P2, (6, 8, 10, 12)))

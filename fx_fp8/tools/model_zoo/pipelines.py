@@ -21,6 +21,7 @@ from fx_fp8.tools.model_zoo.families import FAMILY_ENTRIES
 from fx_fp8.tools.model_zoo.instantiate import config_with_layers, instantiate
 from fx_fp8.tools.model_zoo.vaes import AUTOENCODER_KL, QWEN_VAE, WAN_VAE
 
+
 def _transformer(family: str, layers: int, seed: int):
     """The family's tiny transformer, as registry.build_tiny_transformer makes it."""
     entry = next(e for e in FAMILY_ENTRIES if e.name == family)

@@ -11,8 +11,8 @@ from fx_fp8.tools.model_zoo.audio import AUDIO_MODELS
 from fx_fp8.tools.model_zoo.entry import KINDS, TinyModel
 from fx_fp8.tools.model_zoo.families import FAMILY_ENTRIES
 from fx_fp8.tools.model_zoo.image import IMAGE
-from fx_fp8.tools.model_zoo.instantiate import config_with_layers, instantiate
 from fx_fp8.tools.model_zoo.inputs import VARIANTS, pick
+from fx_fp8.tools.model_zoo.instantiate import config_with_layers, instantiate
 from fx_fp8.tools.model_zoo.video import VIDEO
 
 

@@ -18,15 +18,7 @@ import torch
 
 from .pipeline import DEFAULT_NUM_INFERENCE_STEPS, TinyShapesPipeline
 from .prompt_encoder import TinyPromptEncoder
-from .shapes import (
-    COLORS,
-    SHAPES,
-    dominant_colors,
-    make_prompt,
-    parse_prompt,
-    random_prompt,
-    render_prompt_image,
-)
+from .shapes import COLORS, SHAPES, dominant_colors, make_prompt, parse_prompt, random_prompt, render_prompt_image
 
 TINY_MODEL_DIR: Path = Path(__file__).resolve().parent / "weights"
 #: the model's own fx_fp8 config (its step policy), next to its weights

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.quant.rules import attention_call_reason, linear_plan, short_keys_reason
 from fx_fp8.quant.recipe import WeightRecipe
+from fx_fp8.quant.rules import attention_call_reason, linear_plan, short_keys_reason
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 from diffusers.pipelines.pipeline_utils import ImagePipelineOutput
 from diffusers.utils.torch_utils import randn_tensor

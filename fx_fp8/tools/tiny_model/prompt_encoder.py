@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
 
 from .shapes import VOCAB
 
