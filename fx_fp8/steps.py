@@ -75,11 +75,8 @@ def current_total() -> Optional[int]:
 
 
 @contextlib.contextmanager
-def denoising_step(step: int, total: Optional[int] = None):
-    """`with fx_fp8.denoising_step(i, total=N): transformer(...)` for custom loops (`total`, the
-    run's number of steps, is needed by step selectors that count from the end: "last:k")."""
-    _check(step)
-    _check_total(step, total)
+def _published(step: int, total) -> None:
+    """The step and the run's total published for the block's duration (then the previous ones)."""
     token, total_token = _STEP.set(step), _TOTAL.set(total)
     try:
         yield
@@ -88,16 +85,18 @@ def denoising_step(step: int, total: Optional[int] = None):
         _STEP.reset(token)
 
 
-@contextlib.contextmanager
+def denoising_step(step: int, total: Optional[int] = None):
+    """`with fx_fp8.denoising_step(i, total=N): transformer(...)` for custom loops (`total`, the
+    run's number of steps, is needed by step selectors that count from the end: "last:k")."""
+    _check(step)
+    _check_total(step, total)
+    return _published(step, total)
+
+
 def pipeline_steps(total: Callable[[], int]):
     """A pipeline run: step 0 published, and `total()` (which reads the run's number of steps
     once it is known) as its total; advance_step moves the step within it."""
-    token, total_token = _STEP.set(0), _TOTAL.set(total)
-    try:
-        yield
-    finally:
-        _TOTAL.reset(total_token)
-        _STEP.reset(token)
+    return _published(0, total)
 
 
 def advance_step(step: int) -> None:

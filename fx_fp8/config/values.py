@@ -13,6 +13,13 @@ def did_you_mean(key, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def check_known_key(key, known, what: str, where: str = "") -> None:
+    """Raise a ValueError for a key `known` lacks:
+    "unknown <what> key 'x'<where> (did you mean 'y'?); known keys: [...]"."""
+    if key not in known:
+        raise ValueError(f"unknown {what} key {key!r}{where}{did_you_mean(key, known)}; known keys: {sorted(known)}")
+
+
 def check_choice(name: str, value, choices) -> Any:
     if isinstance(value, str):
         value = value.strip().lower()

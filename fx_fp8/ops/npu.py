@@ -155,9 +155,7 @@ class NPULowering(Lowering):
             return torch_npu.npu_weight_quant_batchmatmul(**kwargs)
         # FP8 weights, or a block layout outside the op's contract (prepared elsewhere, a W8A8 layer on a
         # skipped step, a group size that is no multiple of 32): dequantize for a native matmul
-        w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
-        out = x2d @ w.t()
-        return out + bias.to(out.dtype) if bias is not None else out
+        return quant.dequantized_linear(x2d, wq, w_scale, bias, weight_granularity, weight_block)
 
 
 LOWERING = NPULowering()

@@ -278,3 +278,12 @@ def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_blo
     if not return_lse:
         return out
     return out, (row_max + torch.log(denom)).squeeze(-1)
+
+
+def dequantized_linear(x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias, granularity: str,
+                       block=None) -> torch.Tensor:
+    """x2d @ dequantize(W)^T + bias with the weight dequantized to x's dtype first: the weight-only
+    (W8A16) matmul where no fused kernel takes the layout (the reference's numerics)."""
+    w = dequantize_weight(wq, w_scale, granularity, block).to(x2d.dtype)
+    out = x2d @ w.t()
+    return out + bias.to(out.dtype) if bias is not None else out

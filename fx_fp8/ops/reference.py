@@ -104,9 +104,7 @@ class ReferenceLowering(Lowering):
         return out + bias.to(out.dtype) if bias is not None else out
 
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
-        w = quant.dequantize_weight(wq, w_scale, weight_granularity, weight_block).to(x2d.dtype)
-        out = x2d @ w.t()
-        return out + bias.to(out.dtype) if bias is not None else out
+        return quant.dequantized_linear(x2d, wq, w_scale, bias, weight_granularity, weight_block)
 
 
 LOWERING = ReferenceLowering()

@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fx_fp8.ops.triton_quant import SEQ_PAD, interpreting, round_bf16, round_e4m3
+from fx_fp8.ops.triton_quant import SEQ_PAD, interpreting, padded_len, round_bf16, round_e4m3
 
 try:  # host-side TMA descriptors (Triton >= 3.4)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -329,7 +329,7 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
         bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
     else:
         bias = m.float() * LOG2E
-    s_pad = -(-s_k // SEQ_PAD) * SEQ_PAD
+    s_pad = padded_len(s_k)
     out = torch.full((b, m.shape[1], s_pad), float("-inf"), dtype=torch.float32, device=m.device)
     out[:, :, :s_k] = bias[:, :, 0, :].expand(b, m.shape[1], s_k)
     return out

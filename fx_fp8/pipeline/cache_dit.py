@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.nn as nn
 
-from fx_fp8.config.values import did_you_mean
+from fx_fp8.config.values import check_known_key
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.install_hint import install_hint
 
@@ -125,9 +125,7 @@ def check_keys(mapping: Mapping) -> dict:
     value checked (no cache-dit import needed), the first bad one named in a ValueError."""
     out: dict = {"db": {}, "calibrator": {}, "scm": {}}
     for key, value in mapping.items():
-        if key not in CACHE_DIT_KEYS:
-            raise ValueError(f"unknown cache_config key {key!r} for cache_backend 'cache_dit'"
-                             f"{did_you_mean(key, CACHE_DIT_KEYS)}; known keys: {sorted(CACHE_DIT_KEYS)}")
+        check_known_key(key, CACHE_DIT_KEYS, "cache_config", " for cache_backend 'cache_dit'")
         target, name = CACHE_DIT_KEYS[key]
         out[target][name] = _check(key, value)
     db, cal, scm = out["db"], out["calibrator"], out["scm"]

@@ -37,6 +37,7 @@ from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
 from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
                                          quantized_linear)
+from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import recipe
 from fx_fp8.quant.rules import is_plain_linear
@@ -156,11 +157,6 @@ def _record_recipes(record: list) -> dict:
     return out
 
 
-def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, module)
-
-
 def _some(names, n: int = 8) -> str:
     names = list(names)
     return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
@@ -260,7 +256,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
                              "(quantization_config.quantized_layers):\n  " + "\n  ".join(problems))
         for name, (weight_recipe, act) in self.recorded.items():
             old = linears[name]
-            _set_child(model, name, empty_quantized_linear(old.in_features, old.out_features, old.bias is not None,
+            replace_module(model, name, empty_quantized_linear(old.in_features, old.out_features, old.bias is not None,
                                                            self._layer_dtype(name, old.weight.dtype), weight_recipe, act))
             self.loaded[name] = set()
         for name, m in linears.items():
@@ -287,7 +283,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
                              "quantizes full-precision (fp32 / bf16 / fp16) weights")
         weight_recipe, act = layer_recipe(self.plan[name], self.fp8, torch.device(target_device))
         new = quantized_linear(param_value, layer.bias, weight_recipe, act, target_device)
-        _set_child(model, name, new)
+        replace_module(model, name, new)
 
     def _set_stored(self, layer: QuantizedLinear, name: str, tensor: str, value: torch.Tensor, device) -> None:
         """One stored tensor of a quantized layer, as it is in the file (never cast)."""

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from fx_fp8.config.files import config_keys, read_config_file
-from fx_fp8.config.values import did_you_mean
+from fx_fp8.config.values import check_known_key, did_you_mean
 from fx_fp8.pipeline import cache_dit as _cache_dit
 
 # -- cache backends -------------------------------------------------------------------------------
@@ -249,9 +249,7 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
     known = CACHE_KEYS[backend]
     kwargs: dict = {}
     for key, value in mapping.items():
-        if key not in known:
-            raise ValueError(f"unknown cache_config key {key!r} for cache_backend {backend!r}"
-                             f"{did_you_mean(key, known)}; known keys: {sorted(known)}")
+        check_known_key(key, known, "cache_config", f" for cache_backend {backend!r}")
         target = known[key]
         value = _check_cache_value(backend, key, value)
         if target in kwargs and kwargs[target][1] != value:

@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.quant.state_guard import guard, native_reasons, quantized_layers
@@ -372,7 +373,6 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
 
 def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None,
                  verify: bool = True):
-    from fx_fp8.quant.prepare import _carry_hooks
 
     record = _read_record(folder)
     path = os.path.join(folder, WEIGHTS_NAME)
@@ -403,9 +403,7 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     del raw
     # everything checked: only now change the model
     for name, old, new in plan:
-        parent, _, child = name.rpartition(".")
-        _carry_hooks(old, new)
-        setattr(model.get_submodule(parent) if parent else model, child, new)
+        replace_module(model, name, new, old=old)
     model.load_state_dict(tensors, strict=True, assign=True)  # QuantizedLinear accepts its weight bytes here
     target = torch.device(device) if device is not None else None
     for name, buf in list(model.named_buffers()):

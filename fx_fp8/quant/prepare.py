@@ -22,6 +22,7 @@ from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.quant.activation_scales import load_activation_scales
 from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
                                         method_scale, smoothed_static_scale, step_scale_table)
+from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import WeightRecipe, group_smoothing
 from fx_fp8.quant.rules import check_not_prepared, is_plain_linear, linear_plan
@@ -144,9 +145,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse, **step_kw)))
     # every check passed and every weight is quantized: only now change the model
     for name, module, new in plan:
-        parent_name, _, child = name.rpartition(".")
-        _carry_hooks(module, new)
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        replace_module(model, name, new, old=module)
         new.accept_weight(name)
         result["bytes_before"] += module.weight.numel() * module.weight.element_size()
         result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
@@ -168,14 +167,6 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
                       "and they keep their original weights", stacklevel=2)
     progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
     return result
-
-
-def _carry_hooks(old: nn.Module, new: nn.Module) -> None:
-    """The replaced linear's forward (pre-)hooks keep running on its quantized replacement
-    (copied: removing an old handle no longer removes them)."""
-    for attr in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):
-        getattr(new, attr).update(getattr(old, attr))
 
 
 def _split_inputs(example_inputs) -> tuple[tuple, dict]:

@@ -164,7 +164,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     """
     from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.ops.formats import WEIGHT_ONLY
-    from fx_fp8.quant.prepare import _carry_hooks
+    from fx_fp8.quant.module_swap import replace_module
     from fx_fp8.quant.quantized_linear import QuantizedLinear
     from fx_fp8.quant.rules import linear_plan
     from fx_fp8.quant.state_guard import guard
@@ -227,9 +227,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
         if bias is not None:
             module.bias = nn.Parameter(bias.detach().to(weight.dtype), requires_grad=False)
     for name, old, new, origin in swaps:
-        parent, _, child = name.rpartition(".")
-        _carry_hooks(old, new)
-        setattr(model.get_submodule(parent) if parent else model, child, new)
+        replace_module(model, name, new, old=old)
         new.accept_weight(name)
     if swaps:
         guard(model, kept)  # save_quantized records why the kept layers are full precision
