@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # ~15 s: the Triton interpreter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "attention_kernels.py")
 
 

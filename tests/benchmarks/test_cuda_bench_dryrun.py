@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.autograd import DeviceType
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "cuda_bench.py")
 
 

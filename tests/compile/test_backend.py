@@ -6,29 +6,11 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
 
-
-class Block(nn.Module):
-    """One attention block: qkv linear, SDPA, output linear; then the model's final projection
-    (a sensitive layer: weight-only under the default `sensitive`)."""
-
-    def __init__(self, dim=64, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.to_qkv = nn.Linear(dim, 3 * dim)
-        self.to_out = nn.Linear(dim, dim)
-        self.proj_out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.to_qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v)
-        return self.proj_out(torch.relu(self.to_out(o.transpose(1, 2).reshape(b, s, d))))
+from toy_models import AttentionBlock
 
 
 def rel_err(a, b):
@@ -38,7 +20,7 @@ def rel_err(a, b):
 @pytest.fixture
 def block():
     torch.manual_seed(0)
-    return Block().eval(), torch.randn(2, 64, 64)
+    return AttentionBlock().eval(), torch.randn(2, 64, 64)
 
 
 ENTRY_POINT_SCRIPT = textwrap.dedent("""

@@ -13,8 +13,9 @@ import torch
 from torch._functorch._aot_autograd.autograd_cache import check_node_safe
 
 from fx_fp8.config.fp8_config import FP8Config
-from graph_capture import compile_stored, graph_module_of
-from test_linear_pass import traced
+
+import toy_models
+from graph_capture import compile_stored, graph_module_of, traced
 
 
 def test_every_inserted_node_has_an_example_value_and_is_cache_safe():
@@ -33,7 +34,7 @@ WORKER = textwrap.dedent("""
     import torch
     from torch._dynamo.utils import counters
     import fx_fp8
-    from test_sensitive_layers import toy, toy_inputs
+    from toy_models import toy, toy_inputs
     warnings.simplefilter("ignore")
     artifacts = sys.argv[1]
     if sys.argv[2] == "load":
@@ -57,7 +58,7 @@ WORKER = textwrap.dedent("""
 def _run(tmp_path, cache: str, action: str) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / cache), OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "artifacts.bin"), action],
-                         env=env, capture_output=True, text=True, cwd=os.path.dirname(__file__), timeout=900)
+                         env=env, capture_output=True, text=True, cwd=os.path.dirname(toy_models.__file__), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

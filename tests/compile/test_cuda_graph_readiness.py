@@ -9,7 +9,9 @@ import fx_fp8
 from fx_fp8.compile import backend
 from fx_fp8.compile import downstream as downstream_module
 from fx_fp8.compile.dispatch import InstanceDispatch
-from test_sensitive_layers import rel_err, toy, toy_inputs
+
+from checks import rel_err
+from toy_models import toy, toy_inputs
 
 
 @pytest.mark.slow

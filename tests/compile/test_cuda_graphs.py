@@ -3,7 +3,7 @@ torch.compile and compile_pipeline. A capture that kept tensors it allocated out
 fails at record time ("tensors in the cudagraph pool not tracked as outputs"); replays must be
 deterministic; a weight written between replays must be followed (its quantized copy is
 rewritten in place, outside the graph, so the recorded address stays valid). Marked cuda:
-skipped without a GPU (the CPU side of the same contract is tests/test_cuda_graph_readiness.py)."""
+skipped without a GPU (the CPU side of the same contract is tests/compile/test_cuda_graph_readiness.py)."""
 from __future__ import annotations
 
 import warnings

@@ -17,8 +17,9 @@ from fx_fp8.quant.weight_state import state_of
 from fx_fp8.quant.linear_scales import method_scale
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.ops import library
-from test_regional import BLOCKS, _entries, _regional, _toy
-from test_sensitive_layers import toy_inputs
+
+from checks import linear_rows
+from toy_models import BLOCKS, compile_regionally, regional_toy, toy_inputs
 
 
 @pytest.fixture(autouse=True)
@@ -70,11 +71,11 @@ def _fp8_linears(model, seen) -> set:
 
 def _run(model, kw, **options):
     with torch.no_grad():
-        _regional(model, **options)(**kw)
+        compile_regionally(model, **options)(**kw)
 
 
 def test_alike_instances_run_the_passes_once(plans, kernels, downstream_compiles):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     _run(model, kw)
     assert plans(model) == {"passes": 1, "reused": BLOCKS - 1}
     assert len(downstream_compiles) == 1
@@ -90,7 +91,7 @@ def test_alike_instances_run_the_passes_once(plans, kernels, downstream_compiles
 
 
 def test_a_skipped_layer_gets_its_own_plan_and_runs_native_attention(plans, kernels, downstream_compiles):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     _run(model, kw, diffusion_kv_cache_skip_layers="3")
     attention = {e.module: e for r in fx_fp8.get_reports(model) for e in r.entries if e.op == "attention"}
     assert attention["blocks.3"].action == "native"
@@ -106,11 +107,11 @@ def test_a_skipped_layer_gets_its_own_plan_and_runs_native_attention(plans, kern
 
 @pytest.mark.parametrize("pattern, native", [("blocks.3.fc1", {3}), ("re:blocks\\.\\d+\\.fc1", set(range(BLOCKS)))])
 def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _run(model, kw, quantization_config={"ignored_layers": [pattern]})
-    entries = _entries(fx_fp8.get_reports(model))
+    entries = linear_rows(fx_fp8.get_reports(model))
     for i in range(BLOCKS):
         e = entries[f"blocks.{i}.fc1"]
         assert (e.action, e.reason) == (("native", f"ignored_layers pattern {pattern!r}") if i in native else
@@ -124,24 +125,24 @@ def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
 def test_a_pattern_for_one_block_is_not_warned_about_but_a_typo_is(plans):
     """Block by block, "blocks.3.fc1" matches no linear in the other blocks' graphs: that is no
     mistake (it names a linear of the model). A pattern naming nothing in the model still is."""
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         _run(model, kw, quantization_config={"ignored_layers": ["blocks.3.fc1", "blocks.3.fc9"]})
     unmatched = [str(w.message) for w in record if "matched no linear" in str(w.message)]
     assert unmatched and all("['blocks.3.fc9']" in m and "of the model" in m for m in unmatched), unmatched
-    assert _entries(fx_fp8.get_reports(model))["blocks.3.fc1"].action == "native"
+    assert linear_rows(fx_fp8.get_reports(model))["blocks.3.fc1"].action == "native"
 
 
 def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
     # without the check (its passes would attach the scales too): the reuse alone must attach them
     monkeypatch.setenv(CHECK_REUSE_ENV, "0")
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     scales = {f"blocks.{i}.{p}": 0.01 * (i + 1) + 0.001 * j
               for i in range(BLOCKS) for j, p in enumerate(("q", "k", "v", "o", "fc1", "fc2"))}
     del scales["blocks.3.fc1"]  # block 3 has no calibrated scale for fc1: native there, and only there
     _run(model, kw, quantization_config={"activation_scheme": "static", "activation_scales": scales})
-    entries = _entries(fx_fp8.get_reports(model))
+    entries = linear_rows(fx_fp8.get_reports(model))
     assert entries["blocks.3.fc1"].action == "native" and "no static activation scale" in entries["blocks.3.fc1"].reason
     assert "static activations" in entries["blocks.4.fc1"].reason
     assert "blocks.3.fc1" not in _fp8_linears(model, kernels) and "blocks.5.fc1" in _fp8_linears(model, kernels)
@@ -152,9 +153,9 @@ def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
 
 
 def test_step_variants_are_reused_together(plans, downstream_compiles):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with torch.no_grad():
-        _regional(model, diffusion_kv_cache_skip_steps="0")
+        compile_regionally(model, diffusion_kv_cache_skip_steps="0")
         for step in (0, 1):
             with fx_fp8.denoising_step(step):
                 model(**kw)
@@ -167,7 +168,7 @@ def test_step_variants_are_reused_together(plans, downstream_compiles):
 def test_a_plan_whose_passes_warned_is_not_carried_to_other_names(plans):
     """Prepared linears named by ignored_layers warn, naming the layers: such a plan is not
     reused under another instance's names (its warning would name the wrong block)."""
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fx_fp8.prepare_model(model, quantization="fp8")
@@ -184,7 +185,7 @@ def test_a_warning_that_names_no_layer_is_carried_to_every_instance(plans, kerne
     check compares the reused warnings with the passes' own) and every linear runs weight-only."""
     reference = type(get_lowering("reference"))
     monkeypatch.setattr(reference, "weight_only", lambda self, w, qcfg: "no FP8 matrix units here (test)")
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _run(model, kw)

@@ -10,9 +10,10 @@ import fx_fp8
 from fx_fp8.compile.backend import CHECK_REUSE_ENV
 from fx_fp8.compile import dispatch
 from fx_fp8.graph import names
-from test_sensitive_layers import MOD, ToyBlock, ToyDiT, rel_err, structural, toy_inputs
 
-BLOCKS = 6
+from checks import MOD, linear_rows, rel_err, structural
+from toy_models import BLOCKS, compile_regionally, regional_toy, toy_inputs
+
 #: these tests check the analysis' decisions: sensitive layers found by structure read "...; kept native"
 NATIVE = {"quantization_config": {"sensitive": "native"}}
 
@@ -23,31 +24,14 @@ def _check_reuse(monkeypatch):
     monkeypatch.setenv(CHECK_REUSE_ENV, "1")
 
 
-def _toy(seed=0):
-    torch.manual_seed(seed)
-    model = ToyDiT().eval()
-    model.blocks = nn.ModuleList([ToyBlock(32) for _ in range(BLOCKS)])
-    return model
-
-
-def _entries(reports):
-    return {e.module: e for r in reports for e in r.entries if e.op == "linear"}
-
-
-def _regional(model, **options):
-    for block in model.blocks:
-        block.compile(backend="fp8", options={"lowering": "reference", **options})
-    return model
-
-
 def test_every_block_keeps_its_modulation_native_and_blocks_share_one_compile(downstream_compiles):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     graphs = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         native = model(**kw)
-        out = _regional(model, **NATIVE)(**kw)
+        out = compile_regionally(model, **NATIVE)(**kw)
     reports = fx_fp8.get_reports(model)
-    entries = _entries(reports)
+    entries = linear_rows(reports)
     # the one-graph compile keeps every block's adaLN modulation native: so must each block alone
     assert [structural(entries[f"blocks.{i}.ada"]) for i in range(BLOCKS)] == [MOD] * BLOCKS
     assert all(entries[f"blocks.{i}.{p}"].action == "fp8" for i in range(BLOCKS) for p in ("q", "fc2"))
@@ -58,18 +42,18 @@ def test_every_block_keeps_its_modulation_native_and_blocks_share_one_compile(do
 
 
 def test_a_block_that_decides_differently_gets_its_own_compile(downstream_compiles):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with torch.no_grad():
-        _regional(model, quantization_config={"ignored_layers": ["blocks.3.fc1"]})(**kw)
-    entries = _entries(fx_fp8.get_reports(model))
+        compile_regionally(model, quantization_config={"ignored_layers": ["blocks.3.fc1"]})(**kw)
+    entries = linear_rows(fx_fp8.get_reports(model))
     assert entries["blocks.3.fc1"].action == "native" and entries["blocks.2.fc1"].action == "fp8"
     assert len(downstream_compiles) == 2
 
 
 def test_no_stack_walk_per_call(monkeypatch):
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with torch.no_grad():
-        _regional(model)(**kw)
+        compile_regionally(model)(**kw)
 
         def forbidden(*_):
             raise AssertionError("the compiled graph walked the Python stack on a call")
@@ -92,9 +76,9 @@ def test_instances_generate_no_python_code(monkeypatch, downstream_compiles):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.fx.Graph, "python_code", counting)
-    model, kw = _toy(), toy_inputs()
+    model, kw = regional_toy(), toy_inputs()
     with torch.no_grad():
-        _regional(model)(**kw)
+        compile_regionally(model)(**kw)
     assert len(downstream_compiles) == 1
     # Dynamo's own graph module and the one compiled artifact; nothing per instance (was 3 per instance)
     assert len(generated) <= 3, f"{len(generated)} code generations for {BLOCKS} block instances"

@@ -1,13 +1,14 @@
 """ignored_layers pattern semantics (fx_fp8/config/patterns.py), one test per rule, and precedence."""
 import pytest
 import torch
-import torch.nn as nn
 
 import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.quantization import QuantizationConfig
 from fx_fp8.config.patterns import first_match, matches, validate_pattern
 from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason, linear_plan
+
+from toy_models import TwoLinears
 
 NAME = "transformer_blocks.7.img_mlp.net.0.proj"
 
@@ -90,18 +91,8 @@ def test_default_patterns(name, ignored):
     assert (first_match(SENSITIVE_LAYER_PATTERNS, name) is not None) is ignored
 
 
-class _TwoLinears(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(64, 64)
-        self.fc2 = nn.Linear(64, 64)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 def test_unmatched_user_pattern_warns():
-    model = _TwoLinears().eval()
+    model = TwoLinears(names=("fc1", "fc2")).eval()
     compiled = torch.compile(model, backend="fp8", options={"ignored_layers": ["fc1", "no_such_layer"]})
     with pytest.warns(UserWarning, match=r"ignored_layers patterns matched no linear of the model: \['no_such_layer'\]"):
         compiled(torch.randn(4, 64))

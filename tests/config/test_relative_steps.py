@@ -15,7 +15,7 @@ from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.selectors import Selector, parse_selector, step_patterns
 from fx_fp8.tools.tiny_model import TINY_MODEL_CONFIG, TINY_MODEL_DIR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATTN = "diffusion_kv_cache_skip_steps"
 
 

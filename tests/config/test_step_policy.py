@@ -309,10 +309,6 @@ def test_sensitive_modes_at_compile_time():
 
 
 def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from npu_sim import SimulatedContractError, installed
 
     from fx_fp8.ops import npu_calls, quant
@@ -346,10 +342,6 @@ def test_npu_weight_only_groups_run_the_weight_quant_matmul_per_group(group):
     """Weight-only layers stored with per-group scales (quantization_config.weight_only_group_size)
     run npu_weight_quant_batchmatmul's per-group case (A2/A3: g a multiple of 32 below K, scales
     (ceil(K/g), N)), not a dequantize + matmul; a group outside the contract falls back, counted."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from npu_sim import SimulatedContractError, installed
 
     from fx_fp8.ops import npu_calls, quant

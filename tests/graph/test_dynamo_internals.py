@@ -9,12 +9,12 @@ import torch.nn as nn
 
 from fx_fp8.graph import dynamo_internals as di
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_installed_torch_is_in_the_checked_range():
     assert di.torch_supported(), (f"torch {torch.__version__} is outside {di.SUPPORTED_TORCH}: run this file and "
-                                  "tests/test_names.py on it, then widen SUPPORTED_TORCH")
+                                  "tests/graph/test_names.py on it, then widen SUPPORTED_TORCH")
     low, high = di.SUPPORTED_TORCH
     text = (ROOT / "pyproject.toml").read_text()
     assert f'"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"' in text, \

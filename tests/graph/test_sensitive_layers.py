@@ -8,7 +8,6 @@ a toy DiT whose module names match no pattern, and PRX; the zoo and family sweep
 """
 from __future__ import annotations
 
-import math
 import re
 import warnings
 
@@ -25,16 +24,12 @@ from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason
 from fx_fp8.tools.model_zoo import registry as zoo
 from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs, output_tensor
 
-TC, MOD, FIN = "timestep conditioning", "adaLN modulation", "final projection"
-STRUCTURAL = (TC, MOD, FIN)
+from checks import FIN, MOD, TC, big_enough, rel_err, structural
+from toy_models import ToyBlock, ToyScheduler, toy, toy_inputs
+
 #: attention projections: never sensitive
 QKV = re.compile(r"(^|\.)(to_q|to_k|to_v|to_qkv|to_kv|to_query|to_key|to_value|add_[qkv]_proj|[qkv]_proj|"
                  r"img_qkv_proj|txt_kv_proj|to_q_t|to_k_t|to_v_t|q|k|v)$")
-
-
-def rel_err(a, b) -> float:
-    a, b = a.detach().float(), b.detach().float()
-    return float((a - b).norm() / b.norm())
 
 
 def linear_entries(compiled) -> dict:
@@ -67,18 +62,6 @@ def compile_run(model, kwargs, *, dynamic=False, **options):
     return compiled, out
 
 
-def structural(entry) -> str | None:
-    """The structural reason an entry was kept native for, or None."""
-    for why in STRUCTURAL:
-        if entry.action == "native" and entry.reason.startswith(f"{why}; kept native"):
-            return why
-    return None
-
-
-def big_enough(lin: nn.Linear) -> bool:
-    return lin.in_features % 16 == 0 and lin.out_features % 16 == 0 and min(lin.in_features, lin.out_features) >= 32
-
-
 def check_decisions(model, entries: dict, expected: dict, token: list) -> None:
     """expected: {module: structural reason}; token: token-stream linears that must not be flagged."""
     modules = dict(model.named_modules())
@@ -99,76 +82,9 @@ def check_decisions(model, entries: dict, expected: dict, token: list) -> None:
     assert not [n for n, e in entries.items() if QKV.search(n) and structural(e)]
 
 
-# -- a toy DiT whose names match no pattern -----------------------------------------------------
-class ToyBlock(nn.Module):
-    def __init__(self, dim: int, heads: int = 2):
-        super().__init__()
-        self.heads = heads
-        self.ada = nn.Linear(dim, 6 * dim)
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, h, c):
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(c))[:, None].chunk(6, dim=-1)
-        b, s, d = h.shape
-        n = F.layer_norm(h, (d,)) * (1 + scale1) + shift1
-        q, k, v = (p(n).view(b, s, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
-        h = h + gate1 * self.o(a)
-        n = F.layer_norm(h, (d,)) * (1 + scale2) + shift2
-        return h + gate2 * self.fc2(F.gelu(self.fc1(n)))
-
-
-class ToyDiT(nn.Module):
-    """Latents (B, C, H, W), a timestep (B,) and a pooled vector broadcast as (B, 1, P); with
-    timestep=False the blocks are modulated by a learned vector instead (no conditioning input)."""
-
-    def __init__(self, channels=16, dim=32, freq=64, pooled=48, timestep=True):
-        super().__init__()
-        self.freq = freq
-        self.patch = nn.Linear(channels, dim)
-        if timestep:
-            self.t_fc1, self.t_fc2 = nn.Linear(freq, dim), nn.Linear(dim, dim)
-            self.p_fc = nn.Linear(pooled, dim)
-        else:
-            self.cond = nn.Parameter(torch.randn(dim))
-        self.blocks = nn.ModuleList([ToyBlock(dim) for _ in range(2)])
-        self.final_ada = nn.Linear(dim, 2 * dim)
-        self.head = nn.Linear(dim, channels)
-
-    def forward(self, x, t=None, pooled=None):
-        h = self.patch(x.flatten(2).transpose(1, 2))
-        if t is not None:
-            half = self.freq // 2
-            freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
-            emb = t[:, None].float() * freqs[None]
-            c = self.t_fc2(F.silu(self.t_fc1(torch.cat([emb.cos(), emb.sin()], -1))))
-            c = c + self.p_fc(pooled).squeeze(1)
-        else:
-            c = self.cond.expand(x.shape[0], -1)
-        for block in self.blocks:
-            h = block(h, c)
-        shift, scale = self.final_ada(F.silu(c)).chunk(2, dim=-1)
-        h = F.layer_norm(h, h.shape[-1:]) * (1 + scale[:, None]) + shift[:, None]
-        return self.head(h).transpose(1, 2).reshape(x.shape)
-
-
 TOY_EXPECTED = {"t_fc1": TC, "t_fc2": TC, "p_fc": TC, "final_ada": MOD, "head": FIN,
                 **{f"blocks.{i}.ada": MOD for i in range(2)}}
 TOY_TOKEN = [f"blocks.{i}.{p}" for i in range(2) for p in ("q", "k", "v", "o", "fc1", "fc2")]
-
-
-def toy(timestep=True, seed=0):
-    torch.manual_seed(seed)
-    return ToyDiT(timestep=timestep).eval()
-
-
-def toy_inputs(batch=1, side=8, timestep=True, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kw = {"x": torch.randn(batch, 16, side, side, generator=g)}
-    if timestep:
-        kw.update(t=torch.rand(batch, generator=g) * 1000, pooled=torch.randn(batch, 1, 48, generator=g))
-    return kw
 
 
 def test_toy_names_match_no_pattern():
@@ -250,13 +166,9 @@ def test_prepare_model_with_example_inputs_finds_them_by_structure():
 def test_compile_pipeline_prepares_by_structure_on_the_first_call():
     from fx_fp8 import compile_pipeline, pipeline_state
 
-    class Scheduler:
-        def step(self, out, t, x):
-            return x - 0.1 * out
-
     class Pipe:
         def __init__(self):
-            self.transformer, self.scheduler = toy(), Scheduler()
+            self.transformer, self.scheduler = toy(), ToyScheduler()
 
         def __call__(self, steps=2):
             kw = toy_inputs()

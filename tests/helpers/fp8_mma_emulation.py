@@ -10,7 +10,7 @@ with about 14 bits of precision, truncating (DeepSeek-V3's report measured that 
 with trunc cutting the running sum toward zero to `bits` significant bits. The effective width is
 calibrated to the H200 measurement of fx_fp8's old kernel (P @ V accumulated in place over every
 key tile: 3.2 % error at 4608 keys, 11.5 % at 16384; B1 H24 D128, Q, K ~ N(0, 1), V ~ N(0.5, 1)):
-11 bits a chunk gives the same linear growth and size (tests/test_attention_accumulation.py). It
+11 bits a chunk gives the same linear growth and size (tests/ops/test_attention_accumulation.py). It
 lumps the hardware's finer steps together: truncating to 14 bits every 4 products, closer to the
 published figure, gives the same growth about 25 % lower.
 

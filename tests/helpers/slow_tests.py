@@ -1,7 +1,7 @@
 """Regenerate tests/slow_tests.txt from a `pytest --durations=0` report of the fast run.
 
     python -m pytest -m "not slow" --durations=0 -q > durations.txt
-    python tests/slow_tests.py durations.txt [--threshold 0.4]
+    python tests/helpers/slow_tests.py durations.txt [--threshold 0.4]
 
 Tests whose call + setup took longer than the threshold are listed (the ones already listed
 stay listed: they no longer run in the fast run, so the report cannot time them).
@@ -13,7 +13,7 @@ import collections
 import pathlib
 import re
 
-LIST = pathlib.Path(__file__).with_name("slow_tests.txt")
+LIST = pathlib.Path(__file__).resolve().parent.parent / "slow_tests.txt"
 LINE = re.compile(r"([\d.]+)s (call|setup|teardown)\s+(\S+)")
 
 

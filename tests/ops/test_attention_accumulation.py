@@ -104,7 +104,7 @@ print("RESULT" + json.dumps(res))
 @pytest.fixture(scope="module")
 def emulated():  # ~30 s on a quiet 2-core machine: the interpreter runs 16k keys several times
     env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([os.path.dirname(emu.__file__), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])

@@ -21,7 +21,7 @@ from fx_fp8.install_hint import install_hint
 from fx_fp8.ops import cuda, cudnn_attention, quant
 from fx_fp8.ops.lowering import get_lowering
 
-B, H, S, D = 1, 8, 1024, 128  # tests/test_attention_numerics.py's inputs and bar
+B, H, S, D = 1, 8, 1024, 128  # tests/ops/test_attention_numerics.py's inputs and bar
 OUTLIER_CHANNELS = [3, 17, 64, 100]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
 import os
 import re
 
@@ -14,7 +13,9 @@ import pytest
 import fx_fp8
 from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args, overrides_from_args
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from example_scripts import load_example
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "examples", "configs", "*.yaml")))
 
 
@@ -62,14 +63,6 @@ def test_bad_flag_values_fail_clearly():
         config_from_args(_parse("--diffusion-kv-cache-skip-steps", "0,x"))
     with pytest.raises(SystemExit):
         _parse("--quantization", "fp4")
-
-
-def load_example(name: str):
-    """examples/<name>.py as a module (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"example_{name}", os.path.join(ROOT, "examples", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run_example(script, *argv, tmp_path, monkeypatch, capsys):

@@ -17,7 +17,7 @@ from typing import Optional
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "gpu_quickstart.md"
 
 

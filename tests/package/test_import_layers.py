@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fx_fp8"
+PACKAGE = Path(__file__).resolve().parents[2] / "fx_fp8"
 
 #: the layers, lowest first: module name prefixes (the longest matching prefix decides)
 LAYERS = [

@@ -9,7 +9,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn as nn
 
 import fx_fp8
 from fx_fp8.config.attention import AttentionQuantConfig
@@ -18,15 +17,7 @@ from fx_fp8.ops import quant
 from fx_fp8.config.patterns import matches, validate_pattern
 from fx_fp8.quant.rules import linear_native_reason, linear_plan
 
-
-class Two(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 64)
-        self.b = nn.Linear(64, 64)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
+from toy_models import TwoLinears
 
 
 def _messages(record) -> list[str]:
@@ -38,7 +29,7 @@ def test_cuda_lowering_on_cpu_tensors_warns():
     torch.manual_seed(0)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        c = torch.compile(Two().eval(), backend="fp8", options={"quantization": "fp8", "lowering": "cuda"})
+        c = torch.compile(TwoLinears().eval(), backend="fp8", options={"quantization": "fp8", "lowering": "cuda"})
         with torch.no_grad():
             c(torch.randn(4, 64))
     assert any("lowering 'cuda'" in m and "'cpu'" in m and "stays native" in m for m in _messages(record))
@@ -149,7 +140,7 @@ def test_vllm_omni_flux_preset_keeps_dual_stream_blocks_native():
 
 def test_prepared_layer_named_in_ignored_layers_is_warned_about():
     torch.manual_seed(0)
-    model = Two().eval()
+    model = TwoLinears().eval()
     fx_fp8.prepare_model(model, {"quantization": "fp8", "quantization_config": {"quantize_sensitive": True}})
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -206,7 +197,7 @@ def test_empty_base_config_means_no_base_config(tmp_path):
 
 def test_to_yaml_with_calibrated_scales_round_trips(tmp_path):
     torch.manual_seed(0)
-    model = Two().eval()
+    model = TwoLinears().eval()
     scales = fx_fp8.calibrate(model, [(torch.randn(4, 64),)])
     cfg = FP8Config.from_kwargs(quantization="int8", quantization_config={
         "activation_scheme": "static", "activation_scales": scales, "quantize_sensitive": True})
@@ -233,7 +224,7 @@ def test_config_file_errors_name_the_file(tmp_path):
 # -- numerics ------------------------------------------------------------------------------------
 def test_int8_static_keeps_a_nan_row_nan():
     torch.manual_seed(0)
-    model = Two().eval()
+    model = TwoLinears().eval()
     x = torch.randn(4, 64)
     scales = fx_fp8.calibrate(model, [(x,)])
     x[1, 3] = float("nan")
@@ -258,8 +249,8 @@ def test_int8_static_keeps_a_nan_row_nan():
 def test_zero_row_input_gives_an_empty_output(method, qc):
     torch.manual_seed(0)
     options = {"quantization": method, "quantization_config": {**qc, "quantize_sensitive": True}}
-    c = torch.compile(Two().eval(), backend="fp8", options=options)
-    prepared = Two().eval()
+    c = torch.compile(TwoLinears().eval(), backend="fp8", options=options)
+    prepared = TwoLinears().eval()
     fx_fp8.prepare_model(prepared, options)
     with torch.no_grad():
         assert c(torch.randn(0, 64)).shape == (0, 64)
@@ -293,7 +284,7 @@ def _wan_animate2():
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "wan_animate_sensitive.py"
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "wan_animate_sensitive.py"
     spec = importlib.util.spec_from_file_location("wan_animate_sensitive", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -18,10 +18,13 @@ from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 import fx_fp8
 from fx_fp8.quant.checkpoint import QUANT_NAME, WEIGHTS_NAME
 from fx_fp8.graph.sensitive import sensitive_linear_names
-from test_cli import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
-from test_sensitive_layers import FIN, MOD, TC, ToyDiT, toy_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+from checks import FIN, MOD, TC, big_enough, decisions
+from cli_runs import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
+from graph_capture import run_pass
+from toy_models import ToyDiT, ToyScheduler, TwoLinears, toy_inputs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _messages(record) -> list[str]:
@@ -60,15 +63,10 @@ class RegionalToy(ToyDiT):
                 module.compile(*args, **kwargs)
 
 
-class _Scheduler:
-    def step(self, out, t, x):
-        return x - 0.1 * out
-
-
 class _ToyPipe:
     def __init__(self):
         torch.manual_seed(0)
-        self.transformer, self.scheduler = RegionalToy().eval(), _Scheduler()
+        self.transformer, self.scheduler = RegionalToy().eval(), ToyScheduler()
 
     def __call__(self, steps=2):
         kw = toy_inputs()
@@ -178,18 +176,9 @@ def test_inspect_refuses_a_run_of_no_steps(capsys, no_work):
 
 
 # -- damaged checkpoints --------------------------------------------------------------------------
-class _Two(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
 def _saved(tmp_path) -> Path:
     torch.manual_seed(0)
-    model = _Two().eval()
+    model = TwoLinears().eval()
     fx_fp8.prepare_model(model, quantization="fp8")
     fx_fp8.save_quantized(model, tmp_path)
     return tmp_path
@@ -209,13 +198,13 @@ def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_tensor_and_the_fi
     raw = bytearray(path.read_bytes())
     raw[_data_offset(path, "a.weight")] = 0x7F  # an e4m3fn NaN code: the same size, no format error
     path.write_bytes(bytes(raw))
-    fresh = _Two().eval()
+    fresh = TwoLinears().eval()
     before = {k: v.clone() for k, v in fresh.state_dict().items()}
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}.* is damaged: the bytes of a\.weight differ"):
         fx_fp8.load_quantized(folder, model=fresh)
     assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())  # the model is untouched
     # the switch for huge models skips the check (and the NaN it let through is the caller's)
-    loaded = fx_fp8.load_quantized(folder, model=_Two().eval(), verify=False)
+    loaded = fx_fp8.load_quantized(folder, model=TwoLinears().eval(), verify=False)
     with torch.no_grad():
         assert loaded(torch.randn(2, 64)).isnan().any()
 
@@ -226,29 +215,29 @@ def test_every_damaged_checkpoint_file_is_named_in_the_error(tmp_path):
     good_weights, good_description = weights.read_bytes(), description.read_bytes()
     weights.write_bytes(good_weights[: len(good_weights) // 2])  # truncated
     with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(weights)))}: .*damaged or truncated"):
-        fx_fp8.load_quantized(folder, model=_Two())
+        fx_fp8.load_quantized(folder, model=TwoLinears())
     weights.write_bytes(good_weights)
     description.write_bytes(good_description[:40])  # unreadable JSON
     with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(description)))}"):
-        fx_fp8.load_quantized(folder, model=_Two())
+        fx_fp8.load_quantized(folder, model=TwoLinears())
     description.write_bytes(b"\xff\xfe not text")
     with pytest.raises(ValueError, match=rf"cannot read {re.escape(repr(str(description)))}"):
-        fx_fp8.load_quantized(folder, model=_Two())
+        fx_fp8.load_quantized(folder, model=TwoLinears())
     record = json.loads(good_description)
     del record["layers"]
     description.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=rf"{re.escape(repr(str(description)))} is damaged: 'layers'"):
-        fx_fp8.load_quantized(folder, model=_Two())
+        fx_fp8.load_quantized(folder, model=TwoLinears())
 
 
 def test_the_weights_file_of_another_save_is_refused(tmp_path):
     one, other = _saved(tmp_path / "one"), tmp_path / "other"
-    model = _Two().eval()  # the same structure, other weights
+    model = TwoLinears().eval()  # the same structure, other weights
     fx_fp8.prepare_model(model, quantization="fp8")
     fx_fp8.save_quantized(model, other)
     (one / WEIGHTS_NAME).write_bytes((other / WEIGHTS_NAME).read_bytes())
     with pytest.raises(ValueError, match=r"the bytes of a\.bias, a\.weight, .* not the one saved with this description"):
-        fx_fp8.load_quantized(one, model=_Two())
+        fx_fp8.load_quantized(one, model=TwoLinears())
 
 
 def test_a_checkpoint_without_digests_loads_with_a_warning(tmp_path):
@@ -259,7 +248,7 @@ def test_a_checkpoint_without_digests_loads_with_a_warning(tmp_path):
     del record["tensor_digests"]  # as an fx_fp8 before digests wrote it
     (folder / QUANT_NAME).write_text(json.dumps(record))
     with pytest.warns(UserWarning, match="records no tensor digests.*not verified"):
-        fx_fp8.load_quantized(folder, model=_Two())
+        fx_fp8.load_quantized(folder, model=TwoLinears())
 
 
 # -- a module without parameters, compiled once per instance --------------------------------------
@@ -308,8 +297,6 @@ VLLM_OMNI_CASES = {
 
 @pytest.mark.parametrize("case", list(VLLM_OMNI_CASES))
 def test_sensitive_native_keeps_vllm_omnis_bf16_layers_and_the_default_runs_them_weight_only(case):
-    from test_linear_pass import big_enough, decisions, run_pass
-
     family, extra = VLLM_OMNI_CASES[case]
     bf16 = re.compile(VLLM_OMNI_BF16[family])
     img_mlp = re.compile(r".*\.img_mlp\..*") if extra.get("ignored_layers") else None

@@ -8,60 +8,18 @@ import torch.nn as nn
 
 import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops import quant
 from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.config.patterns import first_match
-from fx_fp8.graph.forms import LINEAR_TARGETS
-from fx_fp8.graph.names import module_name
 from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS
-from graph_capture import Capture, compile_stored, graph_module_of
+
+from checks import big_enough, decisions
+from graph_capture import compile_stored, graph_module_of, run_pass, traced
+from toy_models import TwoLinears
 
 
 def rel_err(a, b):
     return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
-
-
-_RUNS = {}
-
-
-def traced(family):
-    """(model, gm, inputs, native output, {linear module name: nn.Linear}) traced once per family."""
-    if family not in _RUNS:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = build_tiny_transformer(family)
-        kw = example_inputs(family, model)
-        cap = Capture()
-        torch._dynamo.reset()
-        with torch.no_grad():
-            model(**kw)  # warm lazy caches (Z-Image RoPE) so the model traces to one graph
-            native = output_tensor(torch.compile(model, backend=cap, fullgraph=True)(**kw))
-        (gm, inputs), = cap.graphs
-        nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LINEAR_TARGETS]
-        modules = dict(model.named_modules())
-        linears = {module_name(n): modules[module_name(n)] for n in nodes}
-        assert len(linears) == len(nodes)  # each linear runs once
-        _RUNS[family] = (model, gm, inputs, native, linears)
-    return _RUNS[family]
-
-
-def run_pass(family, **kw):
-    model, gm, inputs, native, linears = traced(family)
-    cfg = FP8Config.from_kwargs(quantization=kw.pop("quantization", "fp8"), **kw)
-    fn, report = compile_stored(gm, inputs, cfg)
-    with torch.no_grad():
-        res = fn(*inputs)
-    out = output_tensor(res[0] if isinstance(res, (list, tuple)) else res)
-    return report, out, native, linears
-
-
-def big_enough(lin):
-    return lin.in_features % 16 == 0 and lin.out_features % 16 == 0 and min(lin.in_features, lin.out_features) >= 32
-
-
-def decisions(report):
-    return {e.module: e for e in report.entries if e.op == "linear"}
 
 
 def test_defaults_quantize_every_eligible_linear(family):
@@ -231,16 +189,6 @@ def test_static_input_scale_in_op():
     assert rel_err(run(scale / 20), lin(x).detach()) > 0.3
 
 
-class _Two(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = nn.Linear(64, 128)
-        self.b = nn.Linear(128, 64)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
 def test_weight_only_fallback_warns_once(monkeypatch):
     calls = []
 
@@ -249,7 +197,7 @@ def test_weight_only_fallback_warns_once(monkeypatch):
         return "test device has no FP8 matrix units"
 
     monkeypatch.setattr(ReferenceLowering, "weight_only", weight_only)
-    m, x = _Two().eval(), torch.randn(8, 64)
+    m, x = TwoLinears(hidden=128).eval(), torch.randn(8, 64)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         compiled = torch.compile(m, backend="fp8", options={"quantization": "fp8"})

@@ -31,7 +31,9 @@ from fx_fp8.pipeline import cache_dit as fcd
 from fx_fp8.pipeline.apply_options import check_pipeline_options
 from fx_fp8.pipeline.cache_hooks import enable_cache
 from fx_fp8.pipeline.options import PipelineOptions, diffusers_cache_config
-from test_cache_hooks import STEPS, _rel, _run  # the same runs and error measure as diffusers' caches
+
+from cache_runs import STEPS, block_counters, run_steps  # the same runs as diffusers' caches' tests
+from checks import rel_err
 
 #: settings that cache some (not all) transformer calls of the tiny pipelines in 8 steps
 CACHE_CONFIG = {"Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 2,
@@ -57,21 +59,6 @@ def _pipeline(name: str):
         return build_tiny_pipeline(name)
 
 
-def _counters(transformer) -> list:
-    model = getattr(transformer, "_orig_mod", transformer)
-    counts = []
-    for name, m in model.named_modules():
-        if name.endswith((".attn.to_q", ".attn1.to_q")):
-            count = torch.zeros((), dtype=torch.long)
-
-            def hook(module, args, count=count):
-                count.add_(1)
-
-            m.register_forward_pre_hook(hook)
-            counts.append(count)
-    return counts
-
-
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "wan2.1"])
@@ -82,27 +69,27 @@ def test_compile_pipeline_with_cache_dit(name):
     # cache-only native, then FP8 without a cache (the usual FP8 error), then both
     pipe, kwargs = _pipeline(name)
     enable_cache(pipe.transformer, "cache_dit", CACHE_CONFIG)
-    native, native_calls = _run(pipe, kwargs, _counters(pipe.transformer))
+    native, native_calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
     native_steps = list(fcd.block_runs(pipe.transformer).values())
 
     pipe, kwargs = _pipeline(name)
-    plain, _ = _run(pipe, kwargs, [])
+    plain, _ = run_steps(pipe, kwargs, [])
     fx_fp8.compile_pipeline(pipe, fp8_cfg)
-    fp8_only, _ = _run(pipe, kwargs, [])
+    fp8_only, _ = run_steps(pipe, kwargs, [])
 
     pipe, kwargs = _pipeline(name)
     fx_fp8.compile_pipeline(pipe, fp8_cfg, cache_backend="cache_dit", cache_config=CACHE_CONFIG)
     original = pipeline_state(pipe).originals["transformer"]
-    counts = _counters(pipe.transformer)
+    counts = block_counters(pipe.transformer)
     counters.clear()
-    out, calls = _run(pipe, kwargs, counts)
+    out, calls = run_steps(pipe, kwargs, counts)
     graphs = counters["stats"]["unique_graphs"]
     steps = list(fcd.block_runs(original).values())
     counters.clear()
-    again, calls_again = _run(pipe, kwargs, counts)
+    again, calls_again = run_steps(pipe, kwargs, counts)
     print(f"\n{name}: block runs cache-only {native_calls}, fp8 {calls}; cache-dit computed/cached calls "
-          f"{native_steps} / {steps}; graphs {graphs}; rel error vs cache-only {_rel(out, native):.4f}, "
-          f"FP8 alone vs native {_rel(fp8_only, plain):.4f}")
+          f"{native_steps} / {steps}; graphs {graphs}; rel error vs cache-only {rel_err(out, native):.4f}, "
+          f"FP8 alone vs native {rel_err(fp8_only, plain):.4f}")
 
     # cache-dit caches exactly as without FP8, and does cache
     assert calls == native_calls and steps == native_steps
@@ -131,7 +118,7 @@ def test_compile_pipeline_with_cache_dit(name):
         assert all(e.action == action for e in rows if e.op == "linear" and e.module == layer)
     assert set(SENSITIVE[name]) & set(prepared["weight_only"])
     # FP8's error on top of the cache is FP8's usual error
-    assert _rel(out, native) <= 1.5 * _rel(fp8_only, plain) + 0.01
+    assert rel_err(out, native) <= 1.5 * rel_err(fp8_only, plain) + 0.01
 
     restore_pipeline(pipe, linears="quantized")
     assert not fcd.is_cache_dit_enabled(original)
@@ -144,7 +131,7 @@ def test_cache_dit_step_skips_follow_the_pipeline_steps():
     pipe, kwargs = _pipeline("tiny")
     fx_fp8.compile_pipeline(pipe, {"diffusion_kv_cache_skip_steps": "0,1", "lowering": "reference",
                                    "quantization": None}, cache_backend="cache_dit", cache_config=CACHE_CONFIG)
-    _run(pipe, kwargs, [])
+    run_steps(pipe, kwargs, [])
     variants = pipeline_state(pipe).step_variants()
     assert len(variants) == STEPS
     assert all(set(v) == {"native"} for v in variants[:2])

@@ -31,7 +31,10 @@ from fx_fp8.pipeline.cache_hooks import cache_hooks, enable_cache
 from fx_fp8.pipeline.options import PipelineOptions, canonical_cache_backend, diffusers_cache_config
 from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
-STEPS = 8
+from cache_runs import STEPS, block_counters, run_steps
+from checks import rel_err
+from example_scripts import load_example
+
 #: settings that skip some (not all) block runs of the tiny pipelines in 8 steps
 CACHES = {
     "first_block_cache": {"threshold": 0.4},
@@ -49,40 +52,10 @@ SELF_ATTENTION = {"flux": ("transformer_blocks.0.attn", "transformer_blocks.1.at
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-def _counters(transformer) -> list:
-    """A run counter on each block's self-attention query projection (called iff the block computes).
-    The counter lives in the hook, not on the module: prepare_model may replace the module (its
-    hooks move to the replacement)."""
-    model = getattr(transformer, "_orig_mod", transformer)
-    counts = []
-    for name, m in model.named_modules():
-        if name.endswith((".attn.to_q", ".attn1.to_q")):
-            count = torch.zeros((), dtype=torch.long)
-
-            def hook(module, args, count=count):
-                count.add_(1)  # (a pre-hook's return value would replace the arguments)
-
-            m.register_forward_pre_hook(hook)
-            counts.append(count)
-    return counts
-
-
 def _pipeline(name: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return build_tiny_pipeline(name)
-
-
-def _run(pipe, kwargs, counts):
-    for c in counts:
-        c.zero_()
-    out = pipe(**kwargs, num_inference_steps=STEPS, generator=torch.Generator().manual_seed(0), output_type="latent")
-    out = out.images if hasattr(out, "images") else out.frames
-    return out.float(), [int(c) for c in counts]
-
-
-def _rel(a, b) -> float:
-    return float((a - b).norm() / b.norm())
 
 
 # -- end to end ------------------------------------------------------------------------------------
@@ -96,18 +69,18 @@ def test_compile_pipeline_with_cache(name, backend):
     # cache-only native: the same pipeline, the same cache, no FP8
     pipe, kwargs = _pipeline(name)
     enable_cache(pipe.transformer, backend, cache_config)
-    native, native_calls = _run(pipe, kwargs, _counters(pipe.transformer))
+    native, native_calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
 
     pipe, kwargs = _pipeline(name)
     fx_fp8.compile_pipeline(pipe, {"diffusion_kv_cache_skip_layers": "1", "lowering": "reference"},
                             cache_backend=backend, cache_config=cache_config)
     original = pipeline_state(pipe).originals["transformer"]
-    mods = _counters(pipe.transformer)
-    out, calls = _run(pipe, kwargs, mods)
+    mods = block_counters(pipe.transformer)
+    out, calls = run_steps(pipe, kwargs, mods)
     counters.clear()
-    again, calls_again = _run(pipe, kwargs, mods)
+    again, calls_again = run_steps(pipe, kwargs, mods)
     print(f"\n{name} {backend}: block runs native {native_calls}, fp8 {calls}; latents rel error vs cache-only "
-          f"native {_rel(out, native):.2e}")
+          f"native {rel_err(out, native):.2e}")
 
     # blocks are still skipped, as often as without FP8 (TaylorSeer and MagCache decide on the step
     # count alone; FirstBlockCache on residuals, which FP8 moves a little)
@@ -143,7 +116,7 @@ def test_compile_pipeline_with_cache(name, backend):
         assert all(e.action == action for e in rows if e.op == "linear" and e.module == layer)
     assert set(SENSITIVE[name]) & set(prepared["weight_only"])
     # FP8's error on top of the cache is FP8's usual error
-    assert _rel(out, native) < 0.02
+    assert rel_err(out, native) < 0.02
 
     restore_pipeline(pipe, linears="quantized")
     assert original._cache_config is None and not cache_hooks(original)
@@ -161,7 +134,7 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
                                                         taylor_factors_dtype=torch.float32))
     fx_fp8.compile_pipeline(pipe, {"lowering": "reference"})
     assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4   # at compile time
-    _, calls = _run(pipe, kwargs, _counters(pipe.transformer))
+    _, calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
     assert calls == [5, 5, 5, 5]
     original = pipeline_state(pipe).originals["transformer"]
     restore_pipeline(pipe, linears="quantized")
@@ -171,7 +144,7 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
     pipe, kwargs = _pipeline("flux")
     fx_fp8.compile_pipeline(pipe, {"lowering": "reference"})
     pipe.transformer.enable_cache(diffusers_cache_config("first_block_cache", {"threshold": 0.4}))
-    _, calls = _run(pipe, kwargs, _counters(pipe.transformer))
+    _, calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
     assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4   # at the run
     assert calls[0] == STEPS and min(calls) < STEPS
     attn = [e for r in fx_fp8.get_reports(pipe.transformer) for e in r.entries if e.op == "attention"]
@@ -280,17 +253,6 @@ def test_a_cache_that_hooks_nothing_is_an_error():
     assert [m for m, _, _ in cache_hooks(model)] == ["blocks.0.attn1", "blocks.1.attn1"]
 
 
-def _example(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("flags,words", [
     (["--cache-backend", "tea_cache"], "cache_backend 'tea_cache' is not supported: diffusers has no TeaCache hook"),
     (["--cache-backend", "first_block_cache", "--cache-config", "{threshold: 1}"], "invalid --cache-config"),
@@ -303,7 +265,7 @@ def test_examples_refuse_bad_pipeline_flags_before_loading(flags, words, monkeyp
     value (exit status 2, as fx-fp8), before any model is loaded."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for name, loader in (("text_to_image", "load_pipeline"), ("text_to_video", "load")):
-        example = _example(name)
+        example = load_example(name)
         monkeypatch.setattr(example, loader, lambda *a, **k: pytest.fail("loaded a model before checking the flags"))
         assert example.main(flags) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import cp_helpers
 
 HERE = Path(__file__).resolve()
-ROOT = HERE.parent.parent
+ROOT = HERE.parents[2]
 
 #: linears the family defaults keep native (the model-family sensitive layers), by family
 SENSITIVE = {

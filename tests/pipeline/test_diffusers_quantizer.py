@@ -428,7 +428,7 @@ def test_the_docs_snippet_runs(flux_pipeline_folder, tmp_path, monkeypatch):
 
     from diffusers import FluxPipeline
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "diffusers_quantization.md").read_text()
     code = re.search(r"<!-- diffusers-quantization-snippet -->\n```python\n(.*?)```", text, re.S).group(1)
     for old, new in (('"/models/FLUX.1-dev"', f'"{flux_pipeline_folder}"'), ('device_map="cuda"', 'device_map="cpu"'),

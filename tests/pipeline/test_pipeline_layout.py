@@ -17,7 +17,7 @@ from fx_fp8.config.files import config_keys
 from fx_fp8.config.values import did_you_mean
 from fx_fp8.pipeline.options import PipelineOptions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_did_you_mean_names_the_closest_key_and_takes_any_key():

@@ -23,6 +23,8 @@ from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
+from toy_models import ToyScheduler
+
 STEPS = 5
 SKIP = "0,1"
 EXPECTED_VARIANTS = ["native", "native", "fp8", "fp8", "fp8"]
@@ -118,11 +120,6 @@ class ToyDiT(nn.Module):
         q, k, v = self.to_qkv(x).view(1, -1, 3, 2, 16).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(q, k, v)
         return self.to_out(o.transpose(1, 2).reshape(1, -1, 32))
-
-
-class ToyScheduler:
-    def step(self, out, t, x):
-        return x - 0.1 * out
 
 
 class ToyPipeline:

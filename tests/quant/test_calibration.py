@@ -14,6 +14,8 @@ from fx_fp8.quant.activation_scales import FORMAT
 from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.quant.weight_state import state_of
 
+from toy_models import TwoLinears
+
 STATIC_RUN = textwrap.dedent("""
     import sys, warnings
     import torch
@@ -75,15 +77,7 @@ def test_calibrated_scales_are_max_over_batches():
 
 
 def test_missing_scale_keeps_layer_native():
-    class Two(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
-
-        def forward(self, x):
-            return self.b(self.a(x))
-
-    m, x = Two().eval(), torch.randn(8, 64)
+    m, x = TwoLinears(relu=False).eval(), torch.randn(8, 64)
     scales = {"a": float(x.abs().max()) / 448.0}
     torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {
         "activation_scheme": "static", "activation_scales": scales}})(x)

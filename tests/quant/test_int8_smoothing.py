@@ -28,6 +28,7 @@ def smoothing_of(model, weight, alpha):
     return state_of(model, weight).smoothing[alpha]
 from graph_capture import Capture, compile_stored, graph_module_of
 from npu_sim import torch_npu_sim  # noqa: F401  (fixture)
+from toy_models import TwoLinears
 
 ALPHA = 0.5
 
@@ -218,7 +219,8 @@ def test_graph_reads_smoothing_as_an_input_and_fuses_into_one_quantization_per_g
 @pytest.mark.slow
 def test_inductor_fuses_the_smoothing_multiply_into_the_quantization():
     """Under Inductor, x * (1/s) adds no kernel: it joins the kernel that produces and quantizes x."""
-    from test_inductor_fusion import ModulatedBlock, kernels
+    from inductor_code import kernels
+    from toy_models import ModulatedBlock
 
     m = ModulatedBlock().eval()
     calibration = fx_fp8.calibrate(m, [(torch.randn(1, 256, 128), torch.randn(1, 128))])
@@ -235,7 +237,7 @@ def test_inductor_fuses_the_smoothing_multiply_into_the_quantization():
 @pytest.mark.slow
 def test_one_instance_callable_refuses_another_instances_weights():
     """Dynamo shares one graph between model instances (Wan2.2's two experts); fx_fp8's dispatch
-    gives each instance its own callable, with its own W * s copies and 1/s (tests/test_two_experts.py
+    gives each instance its own callable, with its own W * s copies and 1/s (tests/pipeline/test_two_experts.py
     runs both experts). One instance's callable handed another instance's weights must refuse,
     naming the problem, rather than run expert 0's copies on expert 1's tensors."""
     def capture(model, kw):
@@ -374,15 +376,7 @@ def test_channel_statistics_of_the_wrong_length_name_the_layer():
 
 
 def test_a_layer_without_channel_statistics_stays_native():
-    class Two(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
-
-        def forward(self, x):
-            return self.b(self.a(x))
-
-    m, x = Two().eval(), torch.randn(8, 64)
+    m, x = TwoLinears(relu=False).eval(), torch.randn(8, 64)
     calibration = fx_fp8.calibrate(m, [(x,)])
     partial = {"format": "fx_fp8.quant.activation_scales/1", "scales": dict(calibration),
                "channel_amax": {"a": calibration.channel_amax["a"].tolist()}}

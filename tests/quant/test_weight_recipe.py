@@ -239,7 +239,7 @@ def test_an_unprepared_model_is_told_to_prepare():
 def test_sensitive_layers_prepared_w8a8_warning_says_what_the_rules_would_do(mode, would):
     """prepare_model without example inputs quantizes structurally sensitive layers W8A8; the
     compile's warning says what its rules would have done with them under `sensitive`."""
-    from test_sensitive_layers import toy, toy_inputs
+    from toy_models import toy, toy_inputs
 
     model, kw = toy(), toy_inputs()
     result = fx_fp8.prepare_model(model, quantization="fp8", quantization_config={"sensitive": mode})

@@ -16,43 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fx_fp8.tools.cli import main
-from fx_fp8.tools.model_source import ModelSource, resolve_model
+from fx_fp8.tools.model_source import resolve_model
 
-ROOT = Path(__file__).resolve().parents[1]
+from cli_runs import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
 TINY_TRANSFORMER_CONFIG = ROOT / "fx_fp8" / "tools" / "tiny_model" / "weights" / "transformer" / "config.json"
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of `fx-fp8 ARGV`, in-process."""
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def _not_json(constant):
-    raise ValueError(f"not strict JSON: bare {constant}")
-
-
-def strict_json(text: str):
-    """json.loads that refuses the non-standard Infinity / -Infinity / NaN."""
-    return json.loads(text, parse_constant=_not_json)
-
-
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fx-fp8: error: "), err
-    return lines[0]
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fail the test if a command loads a model: its bad input must be found before any work."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("the command started working before rejecting its input")
-
-    monkeypatch.setattr(ModelSource, "load_transformer", refuse)
-    monkeypatch.setattr(ModelSource, "load_pipeline", refuse)
 
 
 def count_nodes(model, kwargs) -> dict:

@@ -1,4 +1,4 @@
-"""`fx-fp8 inspect --quantization int8` reports INT8 rows (in-process, like tests/test_cli.py)."""
+"""`fx-fp8 inspect --quantization int8` reports INT8 rows (in-process, like tests/tools/test_cli.py)."""
 from __future__ import annotations
 
 import re

@@ -140,5 +140,5 @@ def test_the_registry_is_packaged():
     import pathlib
     import tomllib
 
-    pyproject = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert "fx_fp8.tools.model_zoo" in pyproject["tool"]["setuptools"]["packages"]

@@ -13,10 +13,11 @@ import torch
 import fx_fp8
 from fx_fp8.quant.checkpoint import QUANT_NAME, WEIGHTS_NAME
 from fx_fp8.quant.state_guard import quantized_layers
-from fx_fp8.tools.cli import main
 from fx_fp8.tools.model_source import ModelSourceError, resolve_model
 from fx_fp8.tools.quantized_folders import folder_quantization, load_pipeline_folder, prepared_transformers
 from fx_fp8.tools.tiny_model import TINY_MODEL_DIR, TinyShapesPipeline
+
+from cli_runs import cli
 
 pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel  # noqa: E402
@@ -64,12 +65,6 @@ def marked(tmp_path) -> dict:
                 {"format": "fx_fp8.quantized_checkpoint", "version": 1, "layers": {}}))
         out[kind] = folder
     return out
-
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_the_folders_are_told_apart(marked, tmp_path):
@@ -138,7 +133,7 @@ def test_sensitivity_refuses_a_quantized_model_before_any_work(marked, capsys, t
 
 
 def test_text_to_image_example_on_a_quantized_copy_of_the_tiny_model(folders, tmp_path, monkeypatch, capsys):
-    from test_examples import load_example
+    from example_scripts import load_example
 
     monkeypatch.chdir(tmp_path)
     argv = ["--model", str(folders["diffusers"]), "--compare", "--num-inference-steps", "2", "--output", "img.png"]

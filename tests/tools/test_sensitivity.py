@@ -18,7 +18,7 @@ from fx_fp8.tools.sensitivity_items import Item
 from fx_fp8.tools.image_metrics import psnr_db
 from fx_fp8.tools.sensitivity_items import block_pattern
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _items():

@@ -297,7 +297,7 @@ def test_tiny_quality_takes_the_heldout_set_and_refuses_bad_counts(capsys):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "tiny_quality", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "tiny_quality.py"))
+        "tiny_quality", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "tiny_quality.py"))
     tq = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tq)
     assert tq.prompts_and_seeds(2) == tq.prompt_cases("tuning", 2)

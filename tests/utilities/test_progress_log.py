@@ -17,22 +17,7 @@ import fx_fp8
 from fx_fp8 import progress
 from fx_fp8.compile import downstream
 
-
-class Block(nn.Module):
-    """qkv linear, SDPA, output linear, then the final projection (sensitive: weight-only by default)."""
-
-    def __init__(self, dim=64, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.to_qkv = nn.Linear(dim, 3 * dim)
-        self.to_out = nn.Linear(dim, dim)
-        self.proj_out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.to_qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v)
-        return self.proj_out(self.to_out(o.transpose(1, 2).reshape(b, s, d)))
+from toy_models import AttentionBlock
 
 
 @pytest.fixture
@@ -60,7 +45,7 @@ def _fx_fp8_ops(gm) -> dict:
 
 def _run(options=None, steps=(None,)):
     torch.manual_seed(0)
-    compiled = torch.compile(Block().eval(), backend="fp8", options=options or {})
+    compiled = torch.compile(AttentionBlock(relu=False).eval(), backend="fp8", options=options or {})
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for step in steps:
@@ -77,7 +62,7 @@ def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, compiled_
     with caplog.at_level(logging.INFO, logger="fx_fp8"):
         compiled = _run()
     before, after = _messages(caplog)
-    # the counts are the graph's: one SDPA node and three linear nodes in Block's graph
+    # the counts are the graph's: one SDPA node and three linear nodes in AttentionBlock's graph
     (gm,) = compiled_graphs
     ops = _fx_fp8_ops(gm)
     assert ops["fp8_attention"] == 1 and ops["weight_only_linear"] == 1 and ops.get("scaled_mm", 0) == 2, ops
@@ -111,7 +96,7 @@ def test_silent_at_the_default_level(capfd):
     assert logging.getLogger("fx_fp8").handlers == []  # the package never installs a handler
     assert not logging.getLogger("fx_fp8").isEnabledFor(logging.INFO)
     _run()
-    model = Block()
+    model = AttentionBlock(relu=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fx_fp8.prepare_model(model)
@@ -129,7 +114,7 @@ def test_prepare_model_shows_a_bar_on_a_terminal_and_logs_a_summary(monkeypatch,
     monkeypatch.setattr(sys, "stderr", terminal)
     with caplog.at_level(logging.INFO, logger="fx_fp8"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = fx_fp8.prepare_model(Block())
+        result = fx_fp8.prepare_model(AttentionBlock(relu=False))
     assert "fx_fp8: quantizing linears" in terminal.getvalue() and " 0/3 " in terminal.getvalue()
     (summary,) = _messages(caplog)
     assert len(result["quantized"]) == 3 and len(result["weight_only"]) == 1
