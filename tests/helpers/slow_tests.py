@@ -14,7 +14,7 @@ import pathlib
 import re
 
 LIST = pathlib.Path(__file__).resolve().parent.parent / "slow_tests.txt"
-LINE = re.compile(r"([\d.]+)s (call|setup|teardown)\s+(\S+)")
+LINE = re.compile(r"([\d.]+)s (call|setup|teardown)\s+(\S.*?)\s*$")  # ids may hold spaces: test[a b]
 
 
 def read_list(path: pathlib.Path = LIST) -> tuple[list[str], set[str]]:
