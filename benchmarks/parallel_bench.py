@@ -15,7 +15,7 @@ Inductor; degree 2 needs 2 devices.
 On a machine without accelerators it runs anyway, as a CORRECTNESS / OVERHEAD check and says so:
 the FP8 ops run the CPU reference lowering (slower than native by design), the ranks share the
 CPU cores, and diffusers' context parallelism is started with the CPU shims of
-tests/cp_helpers.py (device count, a CPU kernel for aten._scaled_dot_product_flash_attention).
+tests/helpers/cp_helpers.py (device count, a CPU kernel for aten._scaled_dot_product_flash_attention).
 The table's error column (FP8 vs native output of the same model and degree) is meaningful on
 every device; its latency columns only on accelerators.
 """
@@ -51,8 +51,8 @@ def _accelerator() -> str | None:
 
 
 def _install_cpu_shims() -> None:
-    """Only where no accelerator is present: the test shims (see tests/cp_helpers.py)."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    """Only where no accelerator is present: the test shims (see tests/helpers/cp_helpers.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     import cp_helpers
 
     cp_helpers.install_cpu_shims()
@@ -156,7 +156,7 @@ def measure(mode: str, args) -> dict:
 # -- launching ---------------------------------------------------------------------------------------
 def _launch_two(modes: list[str], args, timeout: float) -> list[dict]:
     """This script on 2 processes (127.0.0.1, a free port), as torchrun would; rank 0's rows."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     import cp_helpers
 
     port = cp_helpers.free_port()
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     if accel is None:
         notes.insert(0, "NO ACCELERATOR: a correctness / overhead check, not a speed measurement. FP8 runs the CPU "
                         "reference lowering (slower than native by design); both ranks share the CPU cores; diffusers' "
-                        "context parallelism is started with the test shims of tests/cp_helpers.py (device count 1, "
+                        "context parallelism is started with the test shims of tests/helpers/cp_helpers.py (device count 1, "
                         "CPU kernel for aten._scaled_dot_product_flash_attention).")
     text = table(rows)
     print(text)

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+
+# the shared helpers (tiny models, graph capture, simulators, ...) import by bare name from every test folder
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 import fx_fp8
 from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs
