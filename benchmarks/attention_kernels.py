@@ -46,6 +46,10 @@ import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if "--dry-run" in sys.argv[1:]:
+    # Triton reads TRITON_INTERPRET when it decorates its own library (tl.zeros, ...) and our kernels:
+    # before the first import of triton, which importing torch._dynamo (fx_fp8 below) already does
+    os.environ["TRITON_INTERPRET"] = "1"
 try:  # the installed fx_fp8 (a checkout's fx_fp8/ lacks fx_fp8.passes, which the package maps in)
     import fx_fp8  # noqa: F401
 except ImportError:
@@ -474,9 +478,8 @@ def main(argv=None) -> int:
         print(f"wrote {attention_table.TABLE_PATH} ({len(table['rows'])} rows)")
         print(attention_table.format_rows(table))
         return 0
-    if args.dry_run:
-        # the Triton kernels read TRITON_INTERPRET when they are decorated: before fx_fp8's kernels are imported
-        os.environ["TRITON_INTERPRET"] = "1"
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--dry-run: TRITON_INTERPRET=1 must be set before triton is imported (done at the top)")
     import torch
     import torch.nn.functional as F
 

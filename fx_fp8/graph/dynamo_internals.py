@@ -1,7 +1,7 @@
 """The one place fx_fp8 reads Python frames or PyTorch internals that carry no stability promise.
 
 Everything here depends on how this torch release's Dynamo spells sources, keeps the frame it
-traces, and hands fake tensors to backends. tests/test_dynamo_internals.py checks each piece on
+traces, and hands fake tensors to backends. tests/graph/test_dynamo_internals.py checks each piece on
 the installed torch; SUPPORTED_TORCH is the range those checks have passed on. Outside it the
 backend still runs, but names may go unresolved (the report then says so, node by node).
 

@@ -17,7 +17,7 @@ of `triton_quant`, scales stay on the device: no host sync); then
 Numerics: the reference at granularity "tensor" (`quant.prepare_qkv` +
 `quant.attention_from_fp8`), plus the e4m3 rounding of O (`emulate` below).
 SQNR against float64 attention, B1 H8 S1024 D128, Q/K/V ~ N(0, 1), "x5" =
-four channels of Q and K scaled by 5 (tests/test_attention_numerics.py's
+four channels of Q and K scaled by 5 (tests/ops/test_attention_numerics.py's
 inputs and its 25 dB bar), measured with the CPU reference:
 
     recipe                                          Gaussian   x5 outliers
@@ -30,7 +30,7 @@ inputs, so the default of `attention.kernel: auto` (`cuda.AUTO_KERNEL`) is the
 Triton kernel and cuDNN an opt-in (`attention.kernel: cudnn`, with
 `attention.granularity: tensor`); auto picks cuDNN only where the measured table
 (`attention_table`) shows it fastest within 1.5x of the reference's error on
-that GPU and the node uses per-tensor scales. tests/test_cuda_cudnn.py
+that GPU and the node uses per-tensor scales. tests/ops/test_cuda_cudnn.py
 re-measures the SQNR and fails if the default and the measurement disagree.
 
 cudnn is imported lazily, only here; a missing package, GPU or cuDNN
@@ -45,7 +45,7 @@ import torch
 from fx_fp8.graph.shapes import concrete, size_str
 from fx_fp8.ops import quant
 
-#: the bar of tests/test_attention_numerics.py (Gaussian and x5-outlier inputs)
+#: the bar of tests/ops/test_attention_numerics.py (Gaussian and x5-outlier inputs)
 SQNR_BAR_DB = 25.0
 #: cuDNN backend version with the FP8 SDPA forward (cudnn-frontend 1.3's sdpa_fp8 needs cuDNN 9.1)
 MIN_CUDNN_BACKEND = 90100

@@ -37,7 +37,7 @@ machines without CANN.
 This module is the lowering (NPULowering: compile-time choices, run-time
 dispatch); npu_platform reads torch_npu, the chip and CANN; npu_attention
 chooses and runs the attention paths; npu_calls builds every vendor call's
-arguments (the contract tests/npu_sim checks).
+arguments (the contract tests/helpers/npu_sim checks).
 """
 from __future__ import annotations
 

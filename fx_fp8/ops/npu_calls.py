@@ -1,6 +1,6 @@
 """The arguments of every vendor call the npu lowering makes, built by name (and MindIE-SD's
 block quantization, called one sample at a time): the contract torch_npu and MindIE-SD
-publish, and what the simulator in tests/npu_sim checks. Also the kernels' fixed facts
+publish, and what the simulator in tests/helpers/npu_sim checks. Also the kernels' fixed facts
 (block rows, quant modes, head dims, dtypes, limits).
 
 The lowering looks these functions up through this module at call time (`npu_calls.x(...)`),

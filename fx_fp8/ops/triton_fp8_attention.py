@@ -21,7 +21,7 @@ with about 14 bits (DeepSeek-V3's report; SageAttention2 promotes its FP8 P @ V
 the same way), so `acc = tl.dot(Pq, Vq, acc)` across every key tile loses a
 little at each tile: on an H200 that in-place form gave 3.2 % error at 4608
 keys and 11.5 % at 16384, growing with length, against 0.36 / 0.28 % for the
-reference; under the emulation of tests/test_attention_accumulation.py, dots of
+reference; under the emulation of tests/ops/test_attention_accumulation.py, dots of
 128 keys still cost 1.3-1.4x the reference's error at 16k-32k keys, 64 keys
 1.15-1.26x. Triton's `max_num_imprecise_acc` would promote inside the dot
 instead, but its lowering reads the wgmma accumulator before the wait, and
@@ -29,7 +29,7 @@ ptxas then serializes every wgmma of the kernel (warning C7514). The
 accumulator is kept in units of the current tile's V scale: when a tile with
 another sv starts, the rescale also carries sv_prev / sv. At the end
 O = acc * sv_last / l.
-tests/test_attention_accumulation.py pins this structure (the compiled PV dot
+tests/ops/test_attention_accumulation.py pins this structure (the compiled PV dot
 starts from zero and is not folded back into an in-place dot; no ptxas
 serialization) and shows, with the tensor cores' accumulation emulated in the
 interpreter, the in-place form's error growing with length and this one's not.
@@ -101,7 +101,7 @@ _LN2 = tl.constexpr(LN2)  # read inside the kernel
 #   (Before two-level accumulation, Triton 3.9: TMA D=128 (128,128,8,2|3|4) 219-255 regs, 0 spill;
 #   pointers on sm_90a spilled 0-1012 B: that path serves sm89, or a Triton without TMA descriptors.)
 # The lists keep only configs with 0 spill stores under both Tritons and every flag combination;
-# tests/test_cuda_kernel_spills.py recompiles them (TMA for sm_90a, pointers for sm_89) with the
+# tests/ops/test_cuda_kernel_spills.py recompiles them (TMA for sm_90a, pointers for sm_89) with the
 # installed Triton and checks that they still do not spill and that ptxas does not serialize wgmmas.
 TMA_CONFIGS = {
     128: [(128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3)],

@@ -103,7 +103,7 @@ def test_prepare_model_and_the_pass_quantize_to_identical_bytes(method, scheme, 
 def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):
     """quant.quantize_weight is called only from WeightRecipe.quantize and quant.smoothing_factors
     only from group_smoothing, by each caller: prepare_model, the pass at compile time, its
-    run-time re-quantization after a weight change, a full-precision load into a prepared layer,
+    run-time re-quantization after a weight change, refresh_weights, a full-precision load into a prepared layer,
     and fake quantization."""
     calls = []
 
@@ -116,8 +116,8 @@ def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):
 
     monkeypatch.setattr(quant, "quantize_weight", spy(quant.quantize_weight))
     monkeypatch.setattr(quant, "smoothing_factors", spy(quant.smoothing_factors))
-    one_path = {("quantize_weight", "quantize", "weight_recipe.py"),
-                ("smoothing_factors", "group_smoothing", "weight_recipe.py")}
+    one_path = {("quantize_weight", "quantize", "recipe.py"),
+                ("smoothing_factors", "group_smoothing", "recipe.py")}
 
     def through_recipe(what, run) -> list:
         calls.clear()
@@ -136,8 +136,10 @@ def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):
     with torch.no_grad():
         assert sorted(through_recipe("the pass", lambda: compiled(inputs(9)))) == [
             "quantize_weight", "quantize_weight", "smoothing_factors"]
-        unprepared.lin.weight.data.mul_(0.5)  # through .data: the run-time op re-quantizes W * s
+        unprepared.lin.weight.data = unprepared.lin.weight * 0.5  # followed on the next call: W * s again
         assert through_recipe("re-quantization at run time", lambda: compiled(inputs(9))) == ["quantize_weight"]
+        unprepared.lin.weight.data.mul_(0.5)  # in place through the alias: seen by refresh_weights
+        assert through_recipe("refresh_weights", lambda: fx_fp8.refresh_weights(unprepared)) == ["quantize_weight"]
     assert through_recipe("load_state_dict", lambda: model.load_state_dict(full)) == ["quantize_weight"] * 2
     fake = Two()
 

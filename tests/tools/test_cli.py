@@ -142,7 +142,9 @@ def test_dump_writes_graphs_and_torch_logs_shows_them(tmp_path, capsys, torch_lo
     for variant in ("fp8", "native"):
         folder = out / ("graph0_fp8" if variant == "fp8" else "graph1_native")
         files = sorted(p.name for p in folder.iterdir())
-        assert files == ["00_before.py", "01_after_fp8_attention.py", "02_after_quantized_linear.py"]
+        # one file per pass that ran, in order (the pre-quantized pass runs and finds no FP8 weights here)
+        assert files == ["00_before.py", "01_after_fp8_attention.py", "02_after_prequantized_linear.py",
+                         "03_after_quantized_linear.py"]
         before = (folder / files[0]).read_text()
         after = (folder / files[-1]).read_text()
         assert "scaled_dot_product_attention" in before and "fx_fp8.scaled_mm" not in before

@@ -32,7 +32,7 @@ count to choose, seeded through ``torch.manual_seed``)::
 - ``mask`` where some SDPA gets an attn_mask; ``gqa`` where some SDPA has fewer kv than query heads;
 - ``graphs=N`` where torch.compile(backend="eager", fullgraph=False) makes N > 1 graphs (breaks);
   absent means one graph. Every entry's compiled output equals its eager output (allclose 1e-5)
-  at all variants (tests/test_zoo_builds.py).
+  at all variants (tests/tools/test_zoo_builds.py).
 
 Configs are tiny versions of those in diffusers' own model tests, adapted to diffusers 0.42; the
 sizes are chosen for speed, not to resemble a real checkpoint.
