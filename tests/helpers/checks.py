@@ -33,3 +33,20 @@ def decisions(report):
 def linear_rows(reports):
     """{module: entry} of the linear rows of several reports (one per compiled block)."""
     return {e.module: e for r in reports for e in r.entries if e.op == "linear"}
+
+
+def check_layer_one_native(transformer, self_attention) -> list:
+    """The report's rows of a compiled transformer: each of the self-attention modules named has a
+    row whose name resolved, layer 1 kept native by diffusion_kv_cache_skip_layers, the others FP8."""
+    import fx_fp8
+
+    rows = [e for r in fx_fp8.get_reports(transformer) for e in r.entries]
+    attn = {e.module: e for e in rows if e.op == "attention" and e.module in self_attention}
+    assert set(attn) == set(self_attention)
+    for module, e in attn.items():
+        assert e.name_resolved
+        if e.layer == 1:
+            assert e.action == "native" and "diffusion_kv_cache_skip_layers" in e.reason
+        else:
+            assert e.action == "fp8", (module, e.reason)
+    return rows

@@ -33,7 +33,7 @@ from fx_fp8.pipeline.cache_hooks import enable_cache
 from fx_fp8.pipeline.options import PipelineOptions, diffusers_cache_config
 
 from cache_runs import STEPS, block_counters, run_steps  # the same runs as diffusers' caches' tests
-from checks import rel_err
+from checks import check_layer_one_native, rel_err
 
 #: settings that cache some (not all) transformer calls of the tiny pipelines in 8 steps
 CACHE_CONFIG = {"Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 2,
@@ -101,15 +101,7 @@ def test_compile_pipeline_with_cache_dit(name):
     # each real block is its own compiled region, named as the model names it
     regions = pipeline_state(pipe).extras["transformer"].regions.modules
     assert sorted(regions) == sorted(m.rsplit(".", 1)[0] for m in SELF_ATTENTION[name])
-    rows = [e for r in fx_fp8.get_reports(pipe.transformer) for e in r.entries]
-    attn = {e.module: e for e in rows if e.op == "attention" and e.module in SELF_ATTENTION[name]}
-    assert set(attn) == set(SELF_ATTENTION[name])
-    for module, e in attn.items():
-        assert e.name_resolved
-        if e.layer == 1:
-            assert e.action == "native" and "diffusion_kv_cache_skip_layers" in e.reason
-        else:
-            assert e.action == "fp8", (module, e.reason)
+    rows = check_layer_one_native(pipe.transformer, SELF_ATTENTION[name])
     assert not [e for e in rows if not e.name_resolved]
     prepared = pipeline_state(pipe).prepared["transformer"]
     for layer in SENSITIVE[name]:   # weight-only by default (native where too small to quantize)

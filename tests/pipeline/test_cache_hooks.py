@@ -32,7 +32,7 @@ from fx_fp8.pipeline.options import PipelineOptions, canonical_cache_backend, di
 from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
 from cache_runs import STEPS, block_counters, run_steps
-from checks import rel_err
+from checks import check_layer_one_native, rel_err
 from example_scripts import load_example
 
 #: settings that skip some (not all) block runs of the tiny pipelines in 8 steps
@@ -100,15 +100,7 @@ def test_compile_pipeline_with_cache(name, backend):
     assert regions and all(m.startswith(("transformer_blocks", "single_transformer_blocks", "blocks"))
                            for m in regions)
     # the layer selector and the defaults hold
-    rows = [e for r in fx_fp8.get_reports(pipe.transformer) for e in r.entries]
-    attn = {e.module: e for e in rows if e.op == "attention" and e.module in SELF_ATTENTION[name]}
-    assert set(attn) == set(SELF_ATTENTION[name])
-    for module, e in attn.items():
-        assert e.name_resolved
-        if e.layer == 1:
-            assert e.action == "native" and "diffusion_kv_cache_skip_layers" in e.reason
-        else:
-            assert e.action == "fp8", (module, e.reason)
+    rows = check_layer_one_native(pipe.transformer, SELF_ATTENTION[name])
     prepared = pipeline_state(pipe).prepared["transformer"]
     for layer in SENSITIVE[name]:   # weight-only by default (native where too small to quantize)
         action = "weight-only" if layer in prepared["weight_only"] else "native"
