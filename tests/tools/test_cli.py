@@ -108,9 +108,10 @@ def test_inspect_table_and_json_match_the_graph(tiny_counts, capsys):
 def torch_logs():
     """Set TORCH_LOGS for this test only: PyTorch logging re-reads the variable, and its handlers
     write to the (captured) stderr of the test."""
-    from torch._logging._internal import _init_logs
+    from torch._logging._internal import _init_logs, log_registry
 
     original = os.environ.get("TORCH_LOGS")
+    registered = dict(log_registry.log_alias_to_log_qnames)
 
     def set_(value: str):
         os.environ["TORCH_LOGS"] = value
@@ -121,14 +122,19 @@ def torch_logs():
         os.environ.pop("TORCH_LOGS", None)
     else:
         os.environ["TORCH_LOGS"] = original
+    # "+fx_fp8" registered fx_fp8 as a PyTorch log: every later reset of PyTorch's logs would make it
+    # non-propagating again (pytest then attaches its capture handlers to it, and records miss the root)
+    log_registry.log_alias_to_log_qnames.clear()
+    log_registry.log_alias_to_log_qnames.update(registered)
     _init_logs()
-    # "+fx_fp8" names a module logger, which _init_logs leaves at DEBUG with its handler (on this
-    # test's closed stderr): later tests would format a graph dump on every pass
+    # _init_logs left the module logger at DEBUG with its handler (on this test's closed stderr) and
+    # not propagating: later tests would format a graph dump on every pass
     import logging
 
     for name in ["fx_fp8", *[n for n in logging.root.manager.loggerDict if n.startswith("fx_fp8.")]]:
         logger = logging.getLogger(name)
         logger.setLevel(logging.NOTSET)
+        logger.propagate = True
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
 
