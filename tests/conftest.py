@@ -30,20 +30,31 @@ def _fresh_compile_state():
     fx_fp8.set_step(None)
 
 
+def _watch_downstream(monkeypatch, record) -> list:
+    """Calls fx_fp8's downstream compiler as before, appending record(name, gm) for each graph."""
+    from fx_fp8.compile import downstream
+
+    seen = []
+    real = downstream.compile_downstream
+
+    def watching(name, gm, inputs, mode):
+        seen.append(record(name, gm))
+        return real(name, gm, inputs, mode)
+
+    monkeypatch.setattr(downstream, "compile_downstream", watching)
+    return seen
+
+
 @pytest.fixture
 def downstream_compiles(monkeypatch):
     """The downstream compiler names fx_fp8's backend called, in order (one per compiled graph)."""
-    from fx_fp8.compile import downstream
+    return _watch_downstream(monkeypatch, lambda name, gm: name)
 
-    calls = []
-    real = downstream.compile_downstream
 
-    def counting(name, gm, inputs, mode):
-        calls.append(name)
-        return real(name, gm, inputs, mode)
-
-    monkeypatch.setattr(downstream, "compile_downstream", counting)
-    return calls
+@pytest.fixture
+def downstream_graphs(monkeypatch):
+    """The rewritten graphs fx_fp8's backend handed to its downstream compiler, in order."""
+    return _watch_downstream(monkeypatch, lambda name, gm: gm)
 
 
 @pytest.fixture(params=[pytest.param(f, marks=() if f == "flux" else pytest.mark.slow) for f in FAMILIES])

@@ -343,21 +343,15 @@ def test_pipeline_quantization_config_quantizes_the_transformer(flux_pipeline_fo
 EAGER = {"downstream": "eager"}  # the graph fx_fp8 hands on is what is checked; no Inductor needed
 
 
-def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux_folder, monkeypatch):
-    from fx_fp8.compile import downstream
-
+def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux_folder, downstream_graphs):
     loaded = load(flux_folder, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
     kw = example_inputs("flux", loaded, dtype=torch.bfloat16)
     layers = layers_of(loaded)
-    graphs = []
-    real = downstream.compile_downstream
-    monkeypatch.setattr(downstream, "compile_downstream",
-                        lambda name, gm, inputs, mode: graphs.append(gm) or real(name, gm, inputs, mode))
     before = compile_quantizations(loaded)
     compiled = torch.compile(loaded, backend="fp8", options=EAGER)
     out = run(compiled, kw)
     assert compile_quantizations(loaded) == before   # no weight quantized at compile time
-    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    targets = [str(n.target) for gm in downstream_graphs for n in gm.graph.nodes if n.op == "call_function"]
     w8a8 = sum(v[3] != WEIGHT_ONLY for v in layers.values())
     assert targets.count("fx_fp8.scaled_mm.default") == w8a8
     assert targets.count("fx_fp8.weight_only_linear.default") == len(layers) - w8a8

@@ -15,23 +15,8 @@ import torch.nn.functional as F
 
 import fx_fp8
 from fx_fp8 import progress
-from fx_fp8.compile import downstream
 
 from toy_models import AttentionBlock
-
-
-@pytest.fixture
-def compiled_graphs(monkeypatch):
-    """The rewritten graphs fx_fp8's backend handed to its downstream compiler, in order."""
-    graphs = []
-    real = downstream.compile_downstream
-
-    def keep(name, gm, inputs, mode):
-        graphs.append(gm)
-        return real(name, gm, inputs, mode)
-
-    monkeypatch.setattr(downstream, "compile_downstream", keep)
-    return graphs
 
 
 def _fx_fp8_ops(gm) -> dict:
@@ -58,12 +43,12 @@ def _messages(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "fx_fp8" and r.levelno == logging.INFO]
 
 
-def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, compiled_graphs):
+def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, downstream_graphs):
     with caplog.at_level(logging.INFO, logger="fx_fp8"):
         compiled = _run()
     before, after = _messages(caplog)
     # the counts are the graph's: one SDPA node and three linear nodes in AttentionBlock's graph
-    (gm,) = compiled_graphs
+    (gm,) = downstream_graphs
     ops = _fx_fp8_ops(gm)
     assert ops["fp8_attention"] == 1 and ops["weight_only_linear"] == 1 and ops.get("scaled_mm", 0) == 2, ops
     assert not any(n.target is F.scaled_dot_product_attention for n in gm.graph.nodes)
@@ -78,18 +63,18 @@ def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, compiled_
     assert report.count("linear", "fp8") == 2 and report.count("linear", "weight-only") == 1
 
 
-def test_each_step_variant_is_one_compile_record(caplog, compiled_graphs):
+def test_each_step_variant_is_one_compile_record(caplog, downstream_graphs):
     with caplog.at_level(logging.INFO, logger="fx_fp8"):
         _run({"diffusion_kv_cache_skip_steps": "0"}, steps=(0, 1))
     messages = [m for m in _messages(caplog) if "compiled by" not in m]
-    assert len(messages) == len(compiled_graphs) == 2
+    assert len(messages) == len(downstream_graphs) == 2
     native, fp8 = messages  # step 0 skips FP8 attention: its variant compiles first
     # the graph number is the report's index in fx_fp8.get_reports(compiled): both variants' reports
     # are made on the first call, the fp8 one first
     assert native.startswith("fx_fp8: graph 1, step variant native: attention 1 native of 1;")
     assert "fp8_attention" not in native
     assert fp8.startswith("fx_fp8: graph 0, step variant fp8: attention 1 fp8 of 1;")
-    assert [_fx_fp8_ops(g).get("fp8_attention", 0) for g in compiled_graphs] == [0, 1]
+    assert [_fx_fp8_ops(g).get("fp8_attention", 0) for g in downstream_graphs] == [0, 1]
 
 
 def test_silent_at_the_default_level(capfd):
