@@ -14,36 +14,24 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import os
 import platform
 import shutil
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from linear_memory import HEADER, RESULTS, build_flux  # noqa: E402  (one Flux builder)
+from linear_memory import HEADER, RESULTS, build_flux, flux_size_arguments, timed  # noqa: E402  (one Flux builder)
 
 import fx_fp8  # noqa: E402
 from fx_fp8.quant.checkpoint import WEIGHTS_NAME, tensor_digests  # noqa: E402
 
 
-def timed(fn):
-    gc.collect()
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--double", type=int, default=1, help="double-stream blocks")
-    ap.add_argument("--single", type=int, default=1, help="single-stream blocks")
-    ap.add_argument("--repeat", type=int, default=3, help="loads of each kind (best time kept)")
-    ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    flux_size_arguments(ap, blocks=1, repeat=(3, "loads of each kind (best time kept)"))
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     from safetensors.torch import load_file

@@ -24,13 +24,12 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 import warnings
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from linear_memory import RESULTS, HEADER, build_flux, inputs  # noqa: E402  (one Flux builder)
+from linear_memory import HEADER, RESULTS, build_flux, flux_size_arguments, inputs, timed  # noqa: E402  (one Flux builder)
 
 import fx_fp8  # noqa: E402
 from fx_fp8.quant.checkpoint import WEIGHTS_NAME  # noqa: E402
@@ -67,19 +66,9 @@ def extrapolate(parts: dict) -> float:
     return parts["rest"] + FULL_FLUX[0] * parts["double"] + FULL_FLUX[1] * parts["single"]
 
 
-def timed(fn):
-    gc.collect()
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--double", type=int, default=1, help="double-stream blocks")
-    ap.add_argument("--single", type=int, default=1, help="single-stream blocks")
-    ap.add_argument("--repeat", type=int, default=2, help="loads of each folder (best time kept)")
-    ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    flux_size_arguments(ap, blocks=1, repeat=(2, "loads of each folder (best time kept)"))
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     from diffusers import FluxTransformer2DModel

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import platform
 import time
 import warnings
 from collections import defaultdict
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -28,6 +30,24 @@ from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 HEADER = "# Benchmark results\n\nDated sections appended by the scripts in benchmarks/; newest last.\n"
+
+
+def flux_size_arguments(ap: argparse.ArgumentParser, *, blocks: int, repeat: Optional[tuple[int, str]] = None):
+    """--double / --single (the Flux model's depth), optionally --repeat, and --no-results: the
+    arguments the Flux benchmarks share."""
+    ap.add_argument("--double", type=int, default=blocks, help="double-stream blocks")
+    ap.add_argument("--single", type=int, default=blocks, help="single-stream blocks")
+    if repeat is not None:
+        ap.add_argument("--repeat", type=int, default=repeat[0], help=repeat[1])
+    ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
+
+
+def timed(fn):
+    """fn's result and its wall seconds, after a garbage collection."""
+    gc.collect()
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
 
 
 def build_flux(double: int, single: int) -> nn.Module:
@@ -104,12 +124,10 @@ def report_sensitive(args) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--double", type=int, default=2, help="double-stream blocks")
-    ap.add_argument("--single", type=int, default=2, help="single-stream blocks")
+    flux_size_arguments(ap, blocks=2)
     ap.add_argument("--quantization", choices=["fp8", "int8"], default="fp8", help="W8A8 method (default fp8)")
     ap.add_argument("--sensitive", choices=["native", "weight_only", "fp8"], default=None,
                     help="quantization_config.sensitive (default: the config's default)")
-    ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
 
