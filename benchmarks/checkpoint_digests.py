@@ -13,9 +13,7 @@ also what save_quantized adds. The digests (hashlib's blake2b) run on up to 8 th
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -23,7 +21,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from linear_memory import HEADER, RESULTS, build_flux, flux_size_arguments, timed  # noqa: E402  (one Flux builder)
+from linear_memory import append_section, build_flux, flux_size_arguments, timed  # noqa: E402  (one Flux builder)
 
 import fx_fp8  # noqa: E402
 from fx_fp8.quant.checkpoint import WEIGHTS_NAME, tensor_digests  # noqa: E402
@@ -73,17 +71,7 @@ def main(argv=None):
         print(title)
         print(tabulate(rows, headers=headers))
         if not args.no_results:
-            import diffusers
-
-            new = not os.path.exists(RESULTS)
-            with open(RESULTS, "a") as f:
-                if new:
-                    f.write(HEADER)
-                f.write(f"\n## {datetime.date.today().isoformat()} checkpoint_digests.py\n\n")
-                f.write(f"Machine: {platform.machine()} ({os.cpu_count()} CPUs), {platform.system()}; torch "
-                        f"{torch.__version__}; diffusers {diffusers.__version__}.\n\n{title}.\n\n")
-                f.write(tabulate(rows, headers=headers, tablefmt="github") + "\n")
-            print(f"appended to {RESULTS}")
+            append_section("checkpoint_digests.py", title, tabulate(rows, headers=headers, tablefmt="github"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

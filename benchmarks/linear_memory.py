@@ -50,6 +50,21 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
+def append_section(script: str, title: str, table: str) -> None:
+    """Append a dated section (script, machine, torch and diffusers versions, title, table) to RESULTS.md."""
+    import diffusers
+
+    new = not os.path.exists(RESULTS)
+    with open(RESULTS, "a") as f:
+        if new:
+            f.write(HEADER)
+        f.write(f"\n## {datetime.date.today().isoformat()} {script}\n\n")
+        f.write(f"Machine: {platform.machine()} ({os.cpu_count()} CPUs), {platform.system()}; torch "
+                f"{torch.__version__}; diffusers {diffusers.__version__}.\n\n{title}.\n\n")
+        f.write(table + "\n")
+    print(f"appended to {RESULTS}")
+
+
 def build_flux(double: int, single: int) -> nn.Module:
     from diffusers import FluxTransformer2DModel
 
