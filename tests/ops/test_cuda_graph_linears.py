@@ -111,7 +111,6 @@ def test_static_activations_with_tensor_weights_use_one_tensor_wise_gemm(cuda_on
     assert all("tensor-wise scales" in e.reason for e in report.entries if e.action == "fp8")
 
 
-@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 dtype")
 @pytest.mark.parametrize("xs_scalar, ws_scalar", [(False, False), (True, False), (False, True)])
 def test_rowwise_form_matches_the_reference_numerics(xs_scalar, ws_scalar):
     """The row-wise form's scale layouts, run through CPU torch._scaled_mm where that takes row-wise

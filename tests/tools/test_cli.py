@@ -478,6 +478,23 @@ def test_unwritable_outputs_are_found_before_any_work(tmp_path, capsys, no_work)
     assert not (tmp_path / "s").exists()   # nothing created
 
 
+def test_output_folder_on_a_read_only_file_system(tmp_path, capsys, no_work, monkeypatch):
+    """The probe's failure as root meets it (a read-only mount): a permission bit does not stop root."""
+    import errno
+
+    from fx_fp8.tools import cli_flags
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(cli_flags.tempfile, "TemporaryFile", read_only)
+    code, _, err = cli(capsys, "dump", "--out", tmp_path / "dump")
+    assert code == 2
+    assert (f"cannot write --out '{tmp_path / 'dump'}': '{tmp_path}' is not writable "
+            f"({os.strerror(errno.EROFS)})") in one_error_line(err)
+    assert not (tmp_path / "dump").exists()
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_output_folder(tmp_path, capsys, no_work):
     ro = tmp_path / "ro"
