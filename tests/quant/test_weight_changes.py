@@ -10,7 +10,8 @@ import torch
 from torch._dynamo.utils import counters
 
 import fx_fp8
-from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+from fx_fp8.tools.model_zoo.registry import MODELS as ZOO
+from fx_fp8.tools.model_zoo.registry import build, build_tiny_transformer, example_inputs, make_inputs, output_tensor
 from fx_fp8.quant.weight_state import compile_quantizations
 
 TARGET = "transformer_blocks.0.ff.net.2"  # a quantized linear of the tiny Flux (a feed-forward output)
@@ -182,3 +183,74 @@ def test_swap_based_module_conversion_works_after_compiling():
     finally:
         torch.__future__.set_swap_module_params_on_conversion(previous)
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
+
+
+def _hooked_zoo_model(name):
+    """Zoo model `name` with a forward pre-hook on every linear that counts its calls in a tensor
+    (`hook_calls`, a non-persistent buffer: counted in the graph, nothing for Dynamo to guard on)."""
+    model = build(name)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_buffer("hook_calls", torch.zeros((), dtype=torch.int64), persistent=False)
+            module.register_forward_pre_hook(_count_call)
+    return model
+
+
+def _count_call(module, args):
+    module.hook_calls.add_(1)
+
+
+def _add_noise(model, layers):
+    """Add twice the weight's spread in seeded noise to each layer's weight, in place."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in layers:
+            w = model.get_submodule(layer).weight
+            w.add_(torch.randn(w.shape, generator=gen) * w.std() * 2)
+
+
+@SLOW
+@pytest.mark.parametrize("name", list(ZOO))
+def test_weight_writes_are_followed_across_the_zoo_with_dynamic_shapes_and_hooks(name):
+    """Every zoo model (graph breaks included, where its notes say graphs=2) with a forward pre-hook
+    on each linear, compiled with dynamic=True: after writing every linear's weight in place, the
+    compiled model gives at two sizes what a fresh compile of the written weights gives, bit for
+    bit; each written quantized weight is re-quantized once; nothing recompiles. Zoo widths that
+    are not multiples of 16 have no FP8 linears: their native linears must follow the writes too.
+    (Hooks are registered before compiling: Dynamo does not guard on hooks added later, whatever
+    the backend: torch._dynamo.config.skip_nnmodule_hook_guards.)"""
+    import diffusers
+
+    if not hasattr(diffusers, ZOO[name].class_name):
+        pytest.skip(f"{ZOO[name].class_name} is not in diffusers {diffusers.__version__}")
+    options = {"quantization": "fp8", "quantization_config": {"min_features": 1}}  # the zoo is 16-32 wide
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = _hooked_zoo_model(name)
+        sizes = [make_inputs(name, model, variant=v) for v in (0, 2)]
+        compiled = torch.compile(model, backend="fp8", dynamic=True, options=options)
+        with torch.no_grad():
+            before = [output_tensor(compiled(**kw)) for kw in sizes]
+        linears = [e for r in fx_fp8.get_reports(compiled) for e in r.entries if e.op == "linear"]
+        quantized = {e.module for e in linears if e.action in ("fp8", "weight-only")}  # both hold a copy
+        written = sorted({e.module for e in linears})
+        calls = {layer: int(model.get_submodule(layer).hook_calls) for layer in written
+                 if isinstance(model.get_submodule(layer), torch.nn.Linear)}  # (HiDream's MoE gate is not)
+        assert min(calls.values()) >= len(sizes), f"the hooks ran in the compiled model on each call: {calls}"
+        frames = counters["stats"]["unique_graphs"]
+        _add_noise(model, written)
+        n0 = compile_quantizations(model)
+        with torch.no_grad():
+            after = [output_tensor(compiled(**kw)) for kw in sizes]
+        requantized = compile_quantizations(model) - n0
+        recompiled = counters["stats"]["unique_graphs"] - frames
+        fresh_model = _hooked_zoo_model(name)
+        _add_noise(fresh_model, written)
+        fresh = torch.compile(fresh_model, backend="fp8", dynamic=True, options=options)
+        with torch.no_grad():
+            expected = [output_tensor(fresh(**kw)) for kw in sizes]
+    for b, a, e in zip(before, after, expected):
+        assert _rel(e, b) > 0.05, "the writes must change the model's output visibly"
+        torch.testing.assert_close(a, e, rtol=0, atol=0, msg=f"{name}: not what a compile of the new weights gives")
+    assert requantized == len(quantized), (requantized, sorted(quantized))
+    assert recompiled == 0, "a weight write must not recompile"
