@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from fx_fp8.graph.shapes import broadcasts_to, concrete, size_str
 from fx_fp8.ops import quant
+from fx_fp8.ops.cuda_graph_gemms import blockwise_gemm, rowwise_gemm, tensorwise_gemm
 from fx_fp8.ops.formats import FLOAT_DTYPES
 from fx_fp8.ops.lowering import Lowering
 
@@ -113,7 +114,7 @@ class CudaLowering(Lowering):
 
     def __init__(self):
         self._warned: set[str] = set()
-        self._blockwise_failed: dict[tuple, str] = {}  # (device, fast_accum) -> why blockwise _scaled_mm failed
+        self._blockwise_failed: dict[str, str] = {}  # device -> why blockwise _scaled_mm failed
         self._cudnn = None  # cudnn_attention.CudnnFP8Attention, made on first use (owns the cuDNN graphs)
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -250,7 +251,7 @@ class CudaLowering(Lowering):
                 return block_fallback_matmul(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype)
             return int8_matmul(xq, x_scale, wq, w_scale, bias, out_dtype)
         if weight_granularity == "block":
-            return self._block_scaled_mm(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype, fast_accum)
+            return self._block_scaled_mm(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype)
         return scaled_mm(xq, x_scale, wq, w_scale, bias, out_dtype, fast_accum=fast_accum)
 
     # -- compile time: FP8 GEMMs written into the graph as aten ops ------------------------------
@@ -268,21 +269,17 @@ class CudaLowering(Lowering):
         return insert_function(graph, form, args, meta)
 
     def _graph_gemm(self, method, weight_granularity, weight_block, out_dtype, fast_accum, act, weight_val, has_bias):
-        from fx_fp8.ops import cuda_graph_gemms as g
-
         if method != "fp8":
             return None
         if weight_granularity == "block":
             k = weight_val.shape[1] if weight_val is not None else None
             device = weight_val.device if weight_val is not None else None
-            if act != "group" or k is None or self.blockwise_reason(device, weight_block, int(k), False) is not None:
+            if act != "group" or k is None or self.blockwise_reason(device, weight_block, int(k)) is not None:
                 return None
-            return g.blockwise_gemm(has_bias, out_dtype)
+            return blockwise_gemm(has_bias, out_dtype)
         xs_scalar = act in ("static", "tensor")
         ws_scalar = weight_granularity == "tensor"
-        if xs_scalar and ws_scalar:
-            return g.tensorwise_gemm(has_bias, out_dtype, fast_accum)
-        return g.rowwise_gemm(xs_scalar, ws_scalar, has_bias, out_dtype, fast_accum)
+        return _scale_shape_gemm(xs_scalar, ws_scalar, has_bias, out_dtype, fast_accum)
 
     def gemm_description(self, method, weight_granularity, weight_block, fast_accum, act="token",
                          weight_val=None) -> str:
@@ -297,7 +294,7 @@ class CudaLowering(Lowering):
         return (f"cuBLASLt torch._scaled_mm in the graph ({scales} scales, "
                 f"{'fast' if fast_accum else 'exact'} accumulation)")
 
-    def blockwise_reason(self, device, weight_block, k: int, fast_accum: bool = True) -> Optional[str]:
+    def blockwise_reason(self, device, weight_block, k: int) -> Optional[str]:
         """None when torch._scaled_mm's blockwise scaling (1x128 x 128x128) can run this GEMM, else why not."""
         if tuple(weight_block) != SCALED_MM_BLOCK:
             return (f"weight_block_size {list(weight_block)} (blockwise torch._scaled_mm takes "
@@ -308,19 +305,18 @@ class CudaLowering(Lowering):
         k_blocks = -(-k // 128)
         if k_blocks % 4:
             return f"in_features {k}: ceil(K / 128) = {k_blocks} is not a multiple of 4 (16-byte aligned scale rows)"
-        return self._blockwise_failed.get((str(device), fast_accum))
+        return self._blockwise_failed.get(str(device))
 
-    def _block_scaled_mm(self, xq, xs, wq, ws, weight_block, bias, out_dtype, fast_accum):
-        fast_accum = False  # torch's block-wise scaled_gemm refuses fast accumulation (torch 2.11)
-        reason = self.blockwise_reason(xq.device, weight_block, xq.shape[1], fast_accum)
+    def _block_scaled_mm(self, xq, xs, wq, ws, weight_block, bias, out_dtype):
+        reason = self.blockwise_reason(xq.device, weight_block, xq.shape[1])
         if reason is None:
             try:
-                return blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype, fast_accum=fast_accum)
+                return blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype)
             except (RuntimeError, NotImplementedError) as e:  # e.g. cuBLASLt < 12.9: remember, fall back
                 if torch.cuda.is_current_stream_capturing():
                     raise  # never change paths inside a CUDA graph capture (eager warm-up runs first)
                 reason = f"torch._scaled_mm blockwise failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-                self._blockwise_failed[(str(xq.device), fast_accum)] = reason
+                self._blockwise_failed[str(xq.device)] = reason
         if reason is not None:
             self._warn_once(f"block-fallback:{reason}",
                             f"fx_fp8 CUDA: FP8 linears with block weight scales run a bf16 dequant fallback "
@@ -367,54 +363,25 @@ def add_smoothing_shift(res, shift, softmax_scale: float):
 
 
 # -- GEMMs ---------------------------------------------------------------------------------
+def _scale_shape_gemm(xs_scalar: bool, ws_scalar: bool, has_bias: bool, out_dtype, fast_accum: bool):
+    """The tensor-wise GEMM when both scales are scalars, else the row-wise one."""
+    if xs_scalar and ws_scalar:
+        return tensorwise_gemm(has_bias, out_dtype, fast_accum)
+    return rowwise_gemm(xs_scalar, ws_scalar, has_bias, out_dtype, fast_accum)
+
+
 def scaled_mm(xq, xs, wq, ws, bias, out_dtype, *, fast_accum: bool = True):
     """torch._scaled_mm for tensor / channel weight scales with per-token ([M, 1]) or scalar ([])
-    activation scales. Row-wise scaling (any per-row or per-channel scale) runs with bf16 output
-    (other dtypes are cast afterwards); tensor-wise with the output dtype itself."""
-    m, n = xq.shape[0], wq.shape[0]
-    if xs.numel() > 1 or ws.numel() > 1:
-        sa = xs.float().reshape(-1, 1).expand(m, 1).contiguous()
-        sb = ws.float().reshape(1, -1).expand(1, n).contiguous()
-        out = torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                               bias=bias.to(torch.bfloat16) if bias is not None else None,
-                               use_fast_accum=fast_accum)
-        return out.to(out_dtype)
-    sa, sb = xs.float().reshape(1, 1), ws.float().reshape(1, 1)
-    fused_bias = bias is not None and out_dtype in (torch.bfloat16, torch.float16)
-    out = torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype,
-                           bias=bias.to(out_dtype) if fused_bias else None, use_fast_accum=fast_accum)
-    if bias is not None and not fused_bias:  # cuBLASLt takes no bias with fp32 output
-        out = out + bias.to(out_dtype)
-    return out
+    activation scales: the graph's forms (fx_fp8.ops.cuda_graph_gemms) run eagerly."""
+    gemm = _scale_shape_gemm(xs.numel() == 1, ws.numel() == 1, bias is not None, out_dtype, fast_accum)
+    return gemm(xq, xs, wq, ws) if bias is None else gemm(xq, xs, wq, ws, bias)
 
 
-def blockwise_scale_args(xs: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale_a, scale_b) of torch._scaled_mm's (BlockWise1x128, BlockWise128x128) recipe from
-    per-group activation scales xs [M, ceil(K/128)] and block weight scales ws [ceil(N/128), ceil(K/128)]:
-    scale_a outer-dim-major (strides (1, M)), scale_b = ws^T (so that scale_b^T is ws, row-major)."""
-    scale_a = xs.float().t().contiguous().t()
-    scale_b = ws.float().contiguous().t()
-    return scale_a, scale_b
-
-
-def blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype, *, fast_accum: bool = False):
-    """FP8 x FP8 with 1x128 activation and 128x128 weight block scales in one cuBLASLt call (sm90).
-    Output in bf16 (or fp16) from the GEMM, bias added after (not fused: not every cuBLASLt
-    block-scaling kernel has a bias epilogue). Rows are zero-padded to a multiple of 4 so the
-    activation scales' leading dimension is 16-byte aligned (zero rows are exact)."""
-    m = xq.shape[0]
-    pad = (-m) % 4
-    if pad:
-        xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(xq.dtype)
-        xs = F.pad(xs, (0, 0, 0, pad), value=1.0)
-    scale_a, scale_b = blockwise_scale_args(xs, ws)
-    mm_dtype = out_dtype if out_dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-    out = torch._scaled_mm(xq, wq.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=mm_dtype,
-                           use_fast_accum=fast_accum)
-    if pad:
-        out = out[:m]
-    out = out.to(out_dtype)
-    return out + bias.to(out_dtype) if bias is not None else out
+def blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype):
+    """FP8 x FP8 with 1x128 activation and 128x128 weight block scales in one cuBLASLt call (sm90),
+    without fast accumulation (torch's block-wise path refuses it): the graph's form run eagerly."""
+    gemm = blockwise_gemm(bias is not None, out_dtype)
+    return gemm(xq, xs, wq, ws) if bias is None else gemm(xq, xs, wq, ws, bias)
 
 
 def int8_matmul(xq, xs, wq, ws, bias, out_dtype):

@@ -4,7 +4,8 @@ Inductor then sees `aten._scaled_mm` itself (cuBLASLt, the field's FP8 GEMM): it
 output join Inductor's epilogues, the activation quantization before it fuses into its
 producer, nothing opaque runs Python per linear per call, and CUDA graphs capture it. Each form
 is a plain function of graph nodes (traced once by fx_fp8.graph.fx_utils.insert_function),
-made per static choice (scale shapes, bias, output dtype, fast accumulation):
+made per static choice (scale shapes, bias, output dtype, fast accumulation); the eager CUDA
+lowering (fx_fp8.ops.cuda) calls the same forms:
 
 * row-wise: activation scale per token [M, 1] (a static scalar broadcast to it), weight scale
   per output channel [N, 1] viewed as [1, N] (a per-tensor scalar broadcast to it); bf16
@@ -67,6 +68,15 @@ def tensorwise_gemm(has_bias: bool, out_dtype: torch.dtype, fast_accum: bool):
     return gemm
 
 
+def blockwise_scale_args(xs: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale_a, scale_b) of torch._scaled_mm's (BlockWise1x128, BlockWise128x128) recipe from
+    per-group activation scales xs [M, ceil(K/128)] and block weight scales ws [ceil(N/128), ceil(K/128)]:
+    scale_a outer-dim-major (strides (1, M)), scale_b = ws^T (so that scale_b^T is ws, row-major)."""
+    scale_a = xs.float().t().contiguous().t()
+    scale_b = ws.float().contiguous().t()
+    return scale_a, scale_b
+
+
 @functools.lru_cache(maxsize=None)
 def blockwise_gemm(has_bias: bool, out_dtype: torch.dtype):
     """(xq, xs [M, K/128], wq, ws [N/128, K/128][, bias]) -> [M, N] out_dtype: cuBLASLt's
@@ -77,9 +87,7 @@ def blockwise_gemm(has_bias: bool, out_dtype: torch.dtype):
         m = xq.shape[0]
         pad = (-m) % 4  # the activation scales' leading dimension must be 16-byte aligned: zero rows are exact
         xq_p = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(xq.dtype)
-        xs_p = F.pad(xs.float(), (0, 0, 0, pad), value=1.0)
-        scale_a = xs_p.t().contiguous().t()
-        scale_b = ws.float().contiguous().t()
+        scale_a, scale_b = blockwise_scale_args(F.pad(xs.float(), (0, 0, 0, pad), value=1.0), ws)
         out = _MM(xq_p, wq.t(), scale_a, scale_b, None, None, mm_dtype, False)
         return out[:m].to(out_dtype)
 

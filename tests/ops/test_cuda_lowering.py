@@ -13,7 +13,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
-from fx_fp8.ops.cuda import (CudaLowering, blockwise_scale_args, is_key_padding_mask, resolve_kernel, scaled_mm)
+from fx_fp8.ops.cuda import CudaLowering, is_key_padding_mask, resolve_kernel, scaled_mm
+from fx_fp8.ops.cuda_graph_gemms import blockwise_scale_args
 from fx_fp8.ops.lowering import get_lowering
 
 CUDA = torch.cuda.is_available()
