@@ -22,6 +22,7 @@ import torch
 
 import fx_fp8
 from fx_fp8.compile import backend
+from fx_fp8.compile.dispatch import InstanceDispatch, StepDispatch
 from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
 CONFIGS = {
@@ -73,10 +74,10 @@ def compiled_blocks(config: dict, device: str):
             return 1e6 * (time.perf_counter() - start) / (calls * len(blocks))
 
     returned = list(_RETURNED)
-    inner = [fn for d in returned if isinstance(d, backend.InstanceDispatch)
-             for _, fn in d.by_param.values() if isinstance(fn, backend.StepDispatch)]
-    steps = [d for d in returned if isinstance(d, backend.StepDispatch)] + inner
-    instances = [d for d in returned if isinstance(d, backend.InstanceDispatch)]
+    inner = [fn for d in returned if isinstance(d, InstanceDispatch)
+             for _, fn in d.by_param.values() if isinstance(fn, StepDispatch)]
+    steps = [d for d in returned if isinstance(d, StepDispatch)] + inner
+    instances = [d for d in returned if isinstance(d, InstanceDispatch)]
     return time_calls, steps[:1] + instances[:1]  # the step layer is measured first
 
 
@@ -95,12 +96,12 @@ def dispatch_alone_us(dispatcher, calls: int) -> float:
     def noop(*_):
         return None
 
-    if isinstance(dispatcher, backend.InstanceDispatch):
+    if isinstance(dispatcher, InstanceDispatch):
         args = [None] * (dispatcher.anchor_slot + 1) if dispatcher.anchor_slot is not None else []
         if dispatcher.anchor_slot is not None:
-            ref, _ = next(iter(dispatcher.by_param.values()))
-            args[dispatcher.anchor_slot] = ref()
-            dispatcher.by_param = {k: (r, noop) for k, (r, _) in dispatcher.by_param.items()}
+            (module_ref, attr), _ = next(iter(dispatcher.by_param.values()))
+            args[dispatcher.anchor_slot] = module_ref()._parameters[attr]  # the anchor parameter
+            dispatcher.by_param = {k: (owner, noop) for k, (owner, _) in dispatcher.by_param.items()}
     else:
         dispatcher.variants = {k: noop for k in dispatcher.variants}
         args = []
