@@ -2,8 +2,9 @@
 is kept as a Template, and a later instance with equal facts (FXPass.instance_facts) reuses
 its decisions instead of running the passes again.
 
-fx_fp8.compile.backend.compile_graph plans each instance; with fx_fp8.compile.backend.CHECK_REUSE set it also
-runs the passes for a reused instance and check_reuse compares the two."""
+fx_fp8.compile.graph_plan plans each instance; with the check_reuse setting on (backend option
+`check_reuse`, default from FX_FP8_CHECK_REUSE) it also runs the passes for a reused instance and
+check_reuse compares the two."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,7 @@ class Template:
     def of(cls, name: str, variants: dict, warnings: list, gm: torch.fx.GraphModule) -> Optional["Template"]:
         """None when its decisions cannot be carried to another instance: a weight side effect
         that is not redone per instance, or two nodes' modules spelled alike here but not elsewhere."""
-        if any(a is None or a.slot is None for _, _, ctx in variants.values() for a in ctx.weight_actions):
+        if any(a is None for _, _, ctx in variants.values() for a in ctx.weight_actions):
             return None
         nodes_of, originals = {}, {}
         for node in gm.graph.nodes:
@@ -44,7 +45,7 @@ class Template:
 
 
 def check_reuse(reused: dict, full: dict, reused_warnings: list, warnings: list, name: str) -> None:
-    """fx_fp8.compile.backend.CHECK_REUSE: the reused decisions must be exactly what the passes decide."""
+    """The check_reuse setting (compile.graph_plan.Settings): the reused decisions must be exactly what the passes decide."""
     problems = []
     if sorted(reused_warnings) != sorted(warnings):
         problems.append(f"warnings {reused_warnings} != {warnings}")

@@ -42,7 +42,6 @@ from typing import Optional
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 
 from fx_fp8.config.patterns import first_match
 from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_PARAMS, PREPARED_TARGETS
@@ -98,9 +97,8 @@ class WeightAction:
     static scale. Kept in CompileContext.weight_actions, so an instance that reuses another's
     decisions gets the same done to its own weight (apply_weight_action)."""
 
-    slot: Optional[int]          # the weight's graph input; None: not an input (cannot be redone per instance)
+    slot: int                    # the weight's graph input
     node: str                    # the linear's node in the graph
-    module: str                  # the linear's name in the instance the pass ran for
     recipe: WeightRecipe
     static: bool                 # attach the layer's calibrated activation scale
 
@@ -281,7 +279,7 @@ class FP8LinearPass(FXPass):
             check_channel_amax(module, amax, real_w.shape[1])
         slot = self.ctx.placeholders[args["weight"]]
         if amax is None:
-            action = WeightAction(slot, node.name, module, recipe,
+            action = WeightAction(slot, node.name, recipe,
                                   static=q.activation_scheme == "static" and not weight_only)
             self.ctx.weight_actions.append(action)
             copy = apply_weight_action(action, real_w, module, q, self.scales, self.ctx.resolver)

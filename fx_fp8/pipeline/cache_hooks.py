@@ -14,7 +14,6 @@ single-process decision.
 from __future__ import annotations
 
 import copy
-import types
 from dataclasses import dataclass, field
 from typing import Any, Optional
 

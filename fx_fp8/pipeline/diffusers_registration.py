@@ -79,7 +79,7 @@ def layout_problems(auto) -> list[str]:
                         "class, found nothing")
     for name in MAPPINGS:
         taken = getattr(auto, name, {}).get(METHOD) if isinstance(getattr(auto, name, None), dict) else None
-        if taken is not None and getattr(taken, "__module__", "") != "fx_fp8.pipeline.diffusers_quantizer":
+        if taken is not None and getattr(taken, "__module__", "") != QUANTIZER_MODULE:
             problems.append(f"{AUTO_MODULE}.{name}[{METHOD!r}]: expected free (or fx_fp8's), found "
                             f"{getattr(taken, '__module__', '?')}.{getattr(taken, '__qualname__', taken)!r}")
     return problems

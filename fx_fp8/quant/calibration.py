@@ -33,8 +33,6 @@ from fx_fp8.quant.activation_scales import ActivationScales
 from fx_fp8.quant.rules import check_not_prepared, is_plain_linear
 from fx_fp8.steps import current_step
 
-# every name this module had before its parts moved out stays importable from here
-
 
 def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *,
               progress: bool = False, per_step: bool = False, step_groups=None) -> ActivationScales:

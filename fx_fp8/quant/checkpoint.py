@@ -36,12 +36,12 @@ import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.quant.layer_quantize import scale_shape
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.quant.recipe import WeightRecipe
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.quant.state_guard import guard, native_reasons, quantized_layers
-
-# guard / unguard / quantized_layers were defined here before state_guard.py: importable from here still
 
 FORMAT = "fx_fp8.quantized_checkpoint"
 VERSION = 1
@@ -285,18 +285,11 @@ def _build(cls, folder: str):
     return model, empty
 
 
-def _expected_scale_shape(rec: dict) -> tuple:
-    if rec["weight_granularity"] == "tensor":
-        return ()
-    if rec["weight_granularity"] == "channel":
-        return (rec["out_features"], 1)
-    br, bc = rec["weight_block"]
-    return (-(-rec["out_features"] // br), -(-rec["in_features"] // bc))
-
-
 def _quantized_keys(name: str, rec: dict) -> dict:
     """{key: expected shape} of one quantized layer's entries."""
-    keys = {f"{name}.weight": (rec["out_features"], rec["in_features"]), f"{name}.weight_scale": _expected_scale_shape(rec)}
+    recipe = WeightRecipe(granularity=rec["weight_granularity"], block=rec["weight_block"])
+    keys = {f"{name}.weight": (rec["out_features"], rec["in_features"]),
+            f"{name}.weight_scale": scale_shape(recipe, rec["out_features"], rec["in_features"])}
     if rec["bias"]:
         keys[f"{name}.bias"] = (rec["out_features"],)
     if rec["input_scale"]:

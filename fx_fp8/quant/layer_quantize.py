@@ -63,8 +63,8 @@ def layer_recipe(kind: str, cfg: FP8Config, device) -> tuple[WeightRecipe, str]:
     prepare_model gives such a layer on that device (weight-only storage follows the lowering)."""
     qcfg = cfg.quantization_config
     if kind == WEIGHT_ONLY_KIND:
-        lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", torch.device(device))
-        return WeightRecipe.weight_only(qcfg, get_lowering(lowering)), WEIGHT_ONLY
+        lowering = get_lowering(resolve_lowering_name(cfg.lowering, torch.device(device)))
+        return WeightRecipe.weight_only(qcfg, lowering), WEIGHT_ONLY
     if kind != W8A8:
         raise ValueError(f"a {kind!r} linear has no quantization recipe")
     return WeightRecipe.w8a8(qcfg), qcfg.act_granularity

@@ -116,8 +116,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
                 "original weight")
             continue
         if kind == "weight_only":  # W8A16: weight_only_method / weight_only_group_size storage, as the device's weight-only matmul takes it
-            lowering = cfg.lowering if cfg.lowering != "auto" else resolve_lowering_name("auto", module.weight.device)
-            recipe = WeightRecipe.weight_only(qcfg, get_lowering(lowering))
+            recipe = WeightRecipe.weight_only(qcfg, get_lowering(resolve_lowering_name(cfg.lowering, module.weight.device)))
             wq, ws = recipe.quantize(module.weight)
             plan.append((name, module, QuantizedLinear(
                 wq, ws, module.bias, method=recipe.method, weight_granularity=recipe.granularity,

@@ -35,8 +35,6 @@ from fx_fp8.tools.cli_compare import cmd_compare
 from fx_fp8.tools.cli_inspect import cmd_dump, cmd_inspect
 from fx_fp8.tools.cli_sensitivity import SENSITIVITY_HELP, cmd_sensitivity
 
-# the names callers imported from this module before the commands moved out
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one short line instead of the usage block

@@ -60,5 +60,3 @@ class TensorMemoryTracker(TorchDispatchMode):
                 self._tracked.discard(ptr)
                 self.live -= size
 
-    def reset_peak(self) -> None:
-        self.peak = self.live

@@ -54,8 +54,6 @@ from fx_fp8.tools.sensitivity_items import (Item, Measurement, SensitivityResult
 from fx_fp8.tools.sensitivity_search import ErrorModel, greedy
 from fx_fp8.tools.sensitivity_steps import check_step_edges, measure_step_policies
 
-# callers import the parts from here; two keep their names from before the split
-
 
 # -- running configs without re-tracing ------------------------------------------------------
 class SwappableBackend:

@@ -23,8 +23,8 @@ class Family:
     inputs: Callable[..., dict]
     #: the zoo's size variants 0..3: keyword sizes for `inputs`
     variants: tuple[Mapping, ...]
-    #: pipeline name -> builder(**kw) -> (pipe, call_kwargs); the first is what the family name means
-    pipelines: Mapping[str, str]                   # pipeline name -> its builder in model_zoo/pipelines.py
+    #: pipeline name -> the name of its builder in model_zoo/pipelines.py; the first is what the family name means
+    pipelines: Mapping[str, str]
     #: the VAE of its tiny pipelines as a config with "_class_name" (sizes are known without building)
     vae: Mapping = field(default_factory=dict)
 
