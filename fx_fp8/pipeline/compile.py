@@ -97,9 +97,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     if regional:
         _check_regional(transformers, popts)
     options = {"config": cfg}
-    if mode is not None:
-        if mode not in MODES:
-            raise ValueError(f"invalid mode {mode!r}: expected one of {', '.join(map(str, MODES[1:]))}")
+    if mode is not None:  # checked with compile_kwargs' mode below
         if compile_kwargs and "mode" in compile_kwargs and compile_kwargs["mode"] != mode:
             raise ValueError(f"mode={mode!r} and compile_kwargs['mode']={compile_kwargs['mode']!r} disagree: give one")
         compile_kwargs = {**(compile_kwargs or {}), "mode": mode}
@@ -229,6 +227,6 @@ def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
     if "mode" in kwargs:
         mode = kwargs.pop("mode")
         if mode not in MODES:
-            raise ValueError(f"invalid mode {mode!r} in compile_kwargs: expected one of {', '.join(map(str, MODES[1:]))}")
+            raise ValueError(f"invalid mode {mode!r}: expected one of {', '.join(map(str, MODES[1:]))}")
         options["mode"] = mode
     return kwargs

@@ -17,18 +17,17 @@ import warnings
 
 import torch
 
-from fx_fp8.tools.model_zoo.families import FAMILY_ENTRIES
-from fx_fp8.tools.model_zoo.instantiate import config_with_layers, instantiate
 from fx_fp8.tools.model_zoo.vaes import AUTOENCODER_KL, QWEN_VAE, WAN_VAE
 
 
 def _transformer(family: str, layers: int, seed: int):
-    """The family's tiny transformer, as registry.build_tiny_transformer makes it."""
-    entry = next(e for e in FAMILY_ENTRIES if e.name == family)
+    """The family's tiny transformer (registry.build_tiny_transformer; imported here: registry
+    imports this module when it builds a pipeline)."""
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
+
     with warnings.catch_warnings():  # diffusers warns about unused config keys of tiny models
         warnings.simplefilter("ignore")
-        torch.manual_seed(seed)
-        return instantiate(entry, config_with_layers(entry, layers)).eval()
+        return build_tiny_transformer(family, layers=layers, seed=seed)
 
 
 def _gen(seed: int) -> torch.Generator:
