@@ -53,27 +53,17 @@ from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
 from fx_fp8.graph.shapes import concrete
-from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_MAX, WEIGHT_ONLY
+from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_DTYPE, FP8_MAX, WEIGHT_ONLY
 from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
-from fx_fp8.quant.prequantized import SCALE_DTYPES, describe_origin, scale_granularity, source_of_class, weight_origin
+from fx_fp8.quant.prequantized import (channel_scale, describe_origin, scale_granularity, source_of_class,
+                                       tensor_scale, weight_origin)
 from fx_fp8.quant.rules import linear_plan
 from fx_fp8.steps import linear_skip_mode
 
-FP8_WEIGHT = torch.float8_e4m3fn
 MUL_TARGETS = {operator.mul, torch.mul}
 DIV_TARGETS = {operator.truediv, torch.div}
 _CAST_METHODS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16}
 _RESHAPES = ("view", "reshape", "unsqueeze")
-
-
-def channel_scale(scale):
-    """A stored per-row scale ([N] or [N, 1]) as the lowerings take it: fp32 [N, 1]."""
-    return scale.float().reshape(-1, 1)
-
-
-def tensor_scale(scale):
-    """A stored one-element scale as the lowerings take it: fp32 []."""
-    return scale.float().reshape(())
 
 
 @dataclasses.dataclass
@@ -207,7 +197,7 @@ def _dequantized_weight(weight_arg) -> Optional[tuple]:
         wv, sv, operand = meta_val(w), meta_val(s), meta_val(s_side)
         if not (_stored(w) and _stored(s)) or wv is None or sv is None or operand is None or out is None:
             continue
-        if wv.dtype != FP8_WEIGHT or wv.dim() != 2 or sv.dtype not in SCALE_DTYPES:
+        if wv.dtype != FP8_DTYPE or wv.dim() != 2 or sv.dtype not in FLOAT_DTYPES:
             continue
         n, k = concrete(wv.shape[0]), concrete(wv.shape[1])
         if n is None or k is None or tuple(out.shape) != (n, k):
@@ -225,7 +215,7 @@ def _one_element_input(node) -> Optional[tuple]:
     """(s, chain) when `node` passes on a stored one-element float tensor."""
     s, chain = _root(node, reshape=True)
     val = meta_val(s)
-    if not _stored(s) or val is None or val.dtype not in SCALE_DTYPES or val.numel() != 1:
+    if not _stored(s) or val is None or val.dtype not in FLOAT_DTYPES or val.numel() != 1:
         return None
     return s, chain
 
@@ -259,7 +249,7 @@ def _static_input(x_arg) -> Optional[tuple]:
             q_chain.append(node)
             node = cast[0]
         fp8 = _cast(node)
-        if fp8 is None or fp8[1] != FP8_WEIGHT:
+        if fp8 is None or fp8[1] != FP8_DTYPE:
             continue
         division = _clamp_source(fp8[0])
         if division is None or not _is_call(division, "div", DIV_TARGETS) or division.kwargs or len(division.args) != 2:

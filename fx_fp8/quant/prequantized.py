@@ -23,9 +23,8 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
+from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_DTYPE
 
-FP8_WEIGHT_DTYPE = torch.float8_e4m3fn
-SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 BFL_FP8R = "BFL fp8r checkpoint"
 MODELOPT_FP8 = "ModelOpt FP8 checkpoint"
 #: module classes whose forward dequantizes a pre-quantized weight, by class name (what Dynamo's
@@ -59,11 +58,20 @@ def scale_granularity(shape, out_features: int) -> Optional[str]:
     return None
 
 
+def channel_scale(scale):
+    """A stored per-row scale ([N] or [N, 1]) as the lowerings take it: fp32 [N, 1] (graph-traceable)."""
+    return scale.float().reshape(-1, 1)
+
+
+def tensor_scale(scale):
+    """A stored one-element scale as the lowerings take it: fp32 [] (graph-traceable)."""
+    return scale.float().reshape(())
+
+
 def canonical_weight_scale(scale: torch.Tensor, granularity: str) -> torch.Tensor:
     """The stored scale as QuantizedLinear and the lowerings take it: fp32, [] (tensor) or [N, 1]
     (channel); a view of the stored tensor when it is already fp32."""
-    scale = scale.detach().float()
-    return scale.reshape(()) if granularity == "tensor" else scale.reshape(-1, 1)
+    return (tensor_scale if granularity == "tensor" else channel_scale)(scale.detach())
 
 
 def _is_bfl_fp8r(module: nn.Module) -> bool:
@@ -87,8 +95,8 @@ def _bfl_plan(name: str, module: nn.Module, problems: list) -> Optional[tuple]:
     n, k = module.out_features, module.in_features
     if w.is_meta or (s is not None and s.is_meta):
         problems.append(f"{name}: BFLFP8RLinear whose weights were never loaded (meta tensors)")
-    elif w.dtype != FP8_WEIGHT_DTYPE or tuple(w.shape) != (n, k):
-        problems.append(f"{name}: BFLFP8RLinear weight {w.dtype} {list(w.shape)}, expected {FP8_WEIGHT_DTYPE} "
+    elif w.dtype != FP8_DTYPE or tuple(w.shape) != (n, k):
+        problems.append(f"{name}: BFLFP8RLinear weight {w.dtype} {list(w.shape)}, expected {FP8_DTYPE} "
                         f"[{n}, {k}]")
     elif s is None or s.dtype != torch.float32 or tuple(s.shape) != (n,):
         problems.append(f"{name}: BFLFP8RLinear weight_scale "
@@ -112,16 +120,16 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
         problems.append(f"{prefix}: the checkpoint quantizes it but the model has {what}")
         return None
     n, k = module.out_features, module.in_features
-    if w is None or w.dtype != FP8_WEIGHT_DTYPE or tuple(w.shape) != (n, k):
+    if w is None or w.dtype != FP8_DTYPE or tuple(w.shape) != (n, k):
         got = "no weight" if w is None else f"weight {w.dtype} {list(w.shape)}"
-        problems.append(f"{prefix}: {got}, expected {FP8_WEIGHT_DTYPE} [{n}, {k}] beside its weight_scale")
+        problems.append(f"{prefix}: {got}, expected {FP8_DTYPE} [{n}, {k}] beside its weight_scale")
         return None
     g = scale_granularity(s.shape, n)
-    if g is None or s.dtype not in SCALE_DTYPES:
+    if g is None or s.dtype not in FLOAT_DTYPES:
         problems.append(f"{prefix}: weight_scale {s.dtype} {list(s.shape)}: expected a float scale of shape [] / [1] "
                         f"(per tensor) or [{n}] / [{n}, 1] (per channel); block scales are not supported")
         return None
-    if i is not None and (i.numel() != 1 or i.dtype not in SCALE_DTYPES):
+    if i is not None and (i.numel() != 1 or i.dtype not in FLOAT_DTYPES):
         problems.append(f"{prefix}: input_scale {i.dtype} {list(i.shape)}: expected one float (a static per-tensor "
                         "activation scale)")
         return None
@@ -131,7 +139,7 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
                         f"{prefix}.bias in the state dict")
         return None
     dtype = bias.dtype if bias is not None else module.weight.dtype
-    if dtype not in SCALE_DTYPES:
+    if dtype not in FLOAT_DTYPES:
         dtype = torch.bfloat16
     return w, s, i, bias, dtype, describe_origin(MODELOPT_FP8, g, i is not None), g
 
@@ -216,7 +224,7 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
                 kept[name] += f"; {origin} dequantized into its weight ({dtype})"
             continue
         weight_only = kind == "weight_only"
-        input_scale = i.detach().float().reshape(()) if i is not None and not weight_only else None
+        input_scale = tensor_scale(i.detach()) if i is not None and not weight_only else None
         new = QuantizedLinear(w.detach(), canonical_weight_scale(s, g), bias, method="fp8", weight_granularity=g,
                               weight_block=None, act_granularity=WEIGHT_ONLY if weight_only else
                               qcfg.activation_granularity, input_scale=input_scale, orig_dtype=dtype, origin=origin)

@@ -22,12 +22,12 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
-from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.ops.formats import METHODS, WEIGHT_ONLY
 from fx_fp8.ops.lowering import resolve_lowering_name
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, recipe
 from fx_fp8.quant.weight_state import digest, fingerprint, quantized_copies_of, refresh_copies
 
-QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8)
+QUANTIZED_DTYPES = tuple(dtype for dtype, _ in METHODS.values())  # fp8, int8
 #: attributes in a QuantizedLinear's __dict__: its name for messages, its accepted (fingerprint, digest)
 NAME_ATTR, ACCEPTED_ATTR = "_fx_fp8_name", "_fx_fp8_accepted"
 
