@@ -229,7 +229,7 @@ def forward_on_private_code(model: nn.Module):
     if "forward" in vars(model) or not isinstance(forward, types.FunctionType):
         yield
         return
-    model.forward = types.MethodType(function_copy(forward), model)
+    model.forward = method_copy(model.forward)
     try:
         yield
     finally:

@@ -105,10 +105,9 @@ def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, wei
               bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
               out_dtype: torch.dtype, fast_accum: bool, lowering: str) -> torch.Tensor:
     """xq [M, K] (quantized) x quantized weight [N, K] with its fp32 scale -> [M, N] in out_dtype."""
-    wq, ws = weight, weight_scale
     if xq.shape[0] == 0:  # a 0-row input: the GEMMs refuse it, native returns an empty tensor
-        return xq.new_zeros((0, wq.shape[0]), dtype=out_dtype)
-    out = get_lowering(lowering).scaled_mm(xq, x_scale, wq, ws, bias, method=method,
+        return xq.new_zeros((0, weight.shape[0]), dtype=out_dtype)
+    out = get_lowering(lowering).scaled_mm(xq, x_scale, weight, weight_scale, bias, method=method,
                                            weight_granularity=weight_granularity,
                                            weight_block=tuple(weight_block) or None, out_dtype=out_dtype,
                                            fast_accum=fast_accum)
@@ -125,9 +124,8 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
                        bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
                        lowering: str) -> torch.Tensor:
     """x [..., K] with a quantized weight [N, K] dequantized for a native matmul -> [..., N]."""
-    wq, ws = weight, weight_scale
     x2d = x.reshape(-1, x.shape[-1])
-    out = get_lowering(lowering).weight_only_linear(x2d, wq, ws, bias, method=method,
+    out = get_lowering(lowering).weight_only_linear(x2d, weight, weight_scale, bias, method=method,
                                                     weight_granularity=weight_granularity,
                                                     weight_block=tuple(weight_block) or None)
     return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()

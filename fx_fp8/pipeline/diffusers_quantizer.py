@@ -35,6 +35,7 @@ from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
+from fx_fp8.quant.checkpoint import some_names
 from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
                                          quantized_linear)
 from fx_fp8.quant.module_swap import replace_module
@@ -157,11 +158,6 @@ def _record_recipes(record: list) -> dict:
     return out
 
 
-def _some(names, n: int = 8) -> str:
-    names = list(names)
-    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
-
-
 class FxFp8Quantizer(DiffusersQuantizer):
     """diffusers' loader calls this per tensor (fx_fp8/pipeline/diffusers_registration.py registers it).
 
@@ -221,7 +217,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
             return model
         prequantized = [n for n in linears if f"{n}.weight_scale" in self.loaded_keys]
         if prequantized:
-            raise ValueError(f"the checkpoint already holds quantized linears ({_some(prequantized)} have a "
+            raise ValueError(f"the checkpoint already holds quantized linears ({some_names(prequantized, 8)} have a "
                              "weight_scale): fx_fp8.DiffusersConfig quantizes full-precision checkpoints")
         for name, m in linears.items():
             kind, why = layer_kind(name, m.in_features, m.out_features, m.weight.dtype, self.fp8)
@@ -250,7 +246,8 @@ class FxFp8Quantizer(DiffusersQuantizer):
                 problems.append(f"{name}: recorded as quantized, the checkpoint has no {' / '.join(missing)}")
         stray = [n for n in linears if n not in self.recorded and f"{n}.weight_scale" in self.loaded_keys]
         if stray:
-            problems.append(f"the checkpoint holds quantized weights for linears its record does not name: {_some(stray)}")
+            problems.append("the checkpoint holds quantized weights for linears its record does not name: "
+                            f"{some_names(stray, 8)}")
         if problems:
             raise ValueError("the fx_fp8 quantized checkpoint does not match its config.json record "
                              "(quantization_config.quantized_layers):\n  " + "\n  ".join(problems))
@@ -309,7 +306,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
         else:
             missing = [f"{n}.weight" for n in self.plan if n not in layers]
         if missing:  # a weight the checkpoint lacks stays empty: diffusers only warns; nothing can run
-            raise ValueError(f"the checkpoint has no {_some(missing)}: those quantized layers would stay empty")
+            raise ValueError(f"the checkpoint has no {some_names(missing, 8)}: those quantized layers would stay empty")
         for name, layer in layers.items():
             if self.pre_quantized and layer.bias is not None:
                 layer.orig_dtype = layer.bias.dtype
@@ -328,7 +325,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
         if recorded != stored:
             raise ValueError("the model's quantized layers changed since it was loaded (config.json's record: "
                              f"{len(recorded)} layers, the state dict: {len(stored)}; e.g. "
-                             f"{_some(sorted(recorded ^ stored), 3)}): save it with fx_fp8.save_quantized")
+                             f"{some_names(sorted(recorded ^ stored), 3)}): save it with fx_fp8.save_quantized")
         return state_dict, {}
 
     @property

@@ -238,11 +238,11 @@ def _verify(tensors: dict, record: dict, path: str) -> None:
     if set(recorded) != set(tensors):
         extra, missing = sorted(set(tensors) - set(recorded)), sorted(set(recorded) - set(tensors))
         raise ValueError(f"{path!r} does not hold the tensors {quant_path!r} describes (in the file only: "
-                         f"{_some(extra) or 'none'}; described only: {_some(missing) or 'none'}): the two files come "
+                         f"{some_names(extra) or 'none'}; described only: {some_names(missing) or 'none'}): the two files come "
                          "from different saves")
     bad = sorted(k for k, d in tensor_digests(tensors).items() if d != recorded[k])
     if bad:
-        raise ValueError(f"{path!r} is damaged: the bytes of {_some(bad)} differ from those save_quantized wrote "
+        raise ValueError(f"{path!r} is damaged: the bytes of {some_names(bad)} differ from those save_quantized wrote "
                          f"(their {DIGEST} digests in {QUANT_NAME} do not match: the file was damaged, or is not "
                          "the one saved with this description); save the model again")
 
@@ -301,8 +301,10 @@ def _quantized_keys(name: str, rec: dict) -> dict:
     return keys
 
 
-def _some(keys: list, n: int = 10) -> str:
-    return ", ".join(keys[:n]) + (f" (+{len(keys) - n} more)" if len(keys) > n else "")
+def some_names(names, n: int = 10) -> str:
+    """The first n names, comma-separated, and how many more there are: for one-line errors."""
+    names = list(names)
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
 def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
@@ -330,9 +332,9 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing:
-        problems.append(f"missing keys {where}: {_some(missing)}")
+        problems.append(f"missing keys {where}: {some_names(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {where}: {_some(unexpected)}")
+        problems.append(f"unexpected keys {where}: {some_names(unexpected)}")
     for key in sorted(set(expected) & set(tensors)):
         if tuple(tensors[key].shape) != expected[key]:
             problems.append(f"{key!r} {where} has shape {list(tensors[key].shape)}, the model expects "
