@@ -11,6 +11,7 @@
 #   flux       benchmarks/cuda_bench.py --flux: full-depth Flux-dev (FLUX_TIMEOUT, 320)
 #   pytest     python -m pytest -m cuda -q <repo>/tests (PYTEST_TIMEOUT, 300)
 #   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)
+#   w8a16      benchmarks/w8a16_forms.py: the weight-only kernel's forms on the conditioning linears (W8A16_TIMEOUT, 180)
 # Each step logs to $OUT/<step>.log; $OUT/gpu_run.log gets the environment and one line per step
 # (exit status, seconds); the benchmarks append their dated sections to $OUT/RESULTS.md.
 # PYTEST_ARGS adds arguments to pytest (e.g. "-n 4" with pytest-xdist among the wheels),
@@ -32,8 +33,8 @@ STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(env quick)
 
 for step in "${STEPS[@]}"; do
-  case $step in env|quick|flux|pytest|attention) ;;
-    *) echo "gpu_run.sh: unknown step '$step' (expected env, quick, flux, pytest, attention)" >&2; exit 2 ;;
+  case $step in env|quick|flux|pytest|attention|w8a16) ;;
+    *) echo "gpu_run.sh: unknown step '$step' (expected env, quick, flux, pytest, attention, w8a16)" >&2; exit 2 ;;
   esac
 done
 
@@ -94,6 +95,7 @@ run_step() {
     flux)      limit=${FLUX_TIMEOUT:-320};      cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --flux --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
     pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider ${PYTEST_ARGS:-} "$REPO/tests") ;;
     attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
+    w8a16)     limit=${W8A16_TIMEOUT:-180};     cmd=("$PYTHON" "$REPO/benchmarks/w8a16_forms.py" --out "$OUT/RESULTS.md") ;;
   esac
   if [ "$step" = attention ] && [ ! -f "$REPO/benchmarks/attention_kernels.py" ]; then
     note "step attention: benchmarks/attention_kernels.py is not in this checkout"; return 2

@@ -46,6 +46,30 @@ def compile_attention(d, bm, bn, warps, stages, *, arch=90, tma=True, bias=False
                           options=dict(num_warps=warps, num_stages=stages))
 
 
+def compile_w8a16(config, *, int8_groups: bool, arch=90):
+    """fx_fp8.ops.triton_w8a16's kernel for sm_<arch> with a (BLOCK_M, BLOCK_N, BLOCK_K, FMA, warps, stages)
+    config, as the JIT specialises a launch at Flux's sizes (unit K strides; pointers, N, K and row strides
+    divisible by 16): INT8 codes with 1 x 32 group scales, or FP8 codes (bytes) with per-channel scales."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fx_fp8.ops.triton_w8a16 import _w8a16_kernel
+
+    bm, bn, bk, fma, warps, stages = config
+    cons = dict(BLOCK_ROWS=1, BLOCK_COLS=32 if int8_groups else 1, SCALE_MODE=2 if int8_groups else 1,
+                W_FP8=not int8_groups, HAS_BIAS=True, DOT_F32=False, ROUND_BF16=False, BLOCK_M=bm, BLOCK_N=bn,
+                BLOCK_K=bk, GROUP_M=8, FMA=bool(fma), stride_xk=1, stride_wk=1)
+    types = {"x_ptr": "*bf16", "w_ptr": "*i8" if int8_groups else "*u8", "s_ptr": "*fp32", "b_ptr": "*bf16",
+             "out_ptr": "*bf16"}
+    names = _w8a16_kernel.arg_names
+    sig = {n: "constexpr" if n in cons else types.get(n, "i32") for n in names}
+    divisible = ("x_ptr", "w_ptr", "s_ptr", "b_ptr", "out_ptr", "N", "K", "stride_xm", "stride_wn", "stride_om",
+                 "stride_sn")
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    return triton.compile(ASTSource(_w8a16_kernel, sig, constexprs=cons, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
 def ptxas_report(kernel, arch, tmp_path) -> str | None:
     """`ptxas -v`'s report (stderr) on the kernel's PTX; None when ptxas cannot assemble it."""
     ptx = tmp_path / "k.ptx"

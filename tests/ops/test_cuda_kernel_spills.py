@@ -84,3 +84,34 @@ def test_quantization_kernel_does_not_spill(block, d, mode, smooth, hadamard, do
     regs, spill = _spills(kernel, 90, tmp_path)
     assert spill == 0, f"{rows} rows x {d} ({'one pass' if one_pass else 'two passes'}, {warps} warps): " \
                        f"{regs} registers, {spill} bytes of spill stores"
+
+
+def _w8a16_cases():
+    # every small-M autotune candidate, for the default weight-only storage (INT8, 1 x 32 groups) and FP8
+    # per-channel scales; tile_config's larger-M tiles too
+    from fx_fp8.ops.triton_w8a16 import SMALL_M_CONFIGS, full_config
+
+    configs = sorted(set(SMALL_M_CONFIGS) | {full_config(None, m, bc) for m in (64, 300) for bc in (None, 32)})
+    return [pytest.param(c, id="x".join(str(int(v)) for v in c)) for c in configs]
+
+
+@pytest.mark.parametrize("config", _w8a16_cases())
+def test_weight_only_kernel_does_not_spill(config, tmp_path):
+    """Every W8A16 tile compiles for sm_90a without spills; the FMA form reads its weight tiles in vectors,
+    never byte by byte (its speed is the weight bytes it streams)."""
+    if _ptxas() is None:
+        pytest.skip("no ptxas in this Triton install")
+    import re
+
+    bm, bn, bk, fma, warps, stages = config
+    for int8_groups in (True, False):
+        if int8_groups and not fma and 32 % bk:
+            continue  # the tensor-core form's K step lies in one 32-column group
+        kernel = triton_compile.compile_w8a16(config, int8_groups=int8_groups)
+        regs, spill = _spills(kernel, 90, tmp_path)
+        storage = "INT8, 1x32 groups" if int8_groups else "FP8, channel scales"
+        assert spill == 0, f"{config} ({storage}): {regs} registers, {spill} bytes of spill stores"
+        if fma:
+            ptx = kernel.asm["ptx"]
+            assert not re.search(r"ld\.global(\.\w+)*\.[bu]8\b", ptx), f"{config} ({storage}): weights read byte by byte"
+            assert re.search(r"ld\.global(\.\w+)*\.v[24]\.b32", ptx), f"{config} ({storage}): no vector loads"

@@ -314,6 +314,55 @@ def test_fused_weight_only_fit_reasons():
     assert tile_config(1, 32)[2] == 32 and tile_config(1, 48)[2] == 16 and tile_config(500, None)[2] == 64
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 16])
+@pytest.mark.parametrize("bc", [None, 32, 48, 128])
+def test_small_m_candidates_keep_the_old_tile_and_fit_every_fma_tile(m, bc):
+    """The autotuner times the tensor-core tile that ran before the FMA form existed (so tuning cannot
+    lose it) and only FMA tiles that take all m rows, fit the scale groups and stay within 64 fp32
+    products per thread."""
+    from fx_fp8.ops import triton_w8a16 as t
+
+    cands = t.small_m_candidates(m, bc)
+    assert t.full_config(None, m, bc) in cands
+    assert len(cands) == len(set(cands)) <= 8
+    for bm, bn, bk, fma, warps, _ in cands:
+        if fma:
+            assert bm == 1 << (m - 1).bit_length() and bm * bn * bk <= 64 * 32 * warps
+            assert bc is None or (bc % bk == 0 if bk <= bc else bk % bc == 0)
+        else:
+            assert bm >= m and (bc is None or bc % bk == 0)
+    fma = [c for c in cands if c[3]]
+    assert bool(fma) == (m <= 8 and bc != 48)  # 48-column groups: no power-of-two FMA step fits them
+    pruned = t._prune_small_m(t._w8a16_small_m_tuned.configs, {"M": m}, BLOCK_COLS=bc or 1,
+                              SCALE_MODE=2 if bc else 1)
+    assert sorted((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["FMA"], c.num_warps,
+                   c.num_stages) for c in pruned) == sorted(cands)
+
+
+def test_small_m_autotuning_only_on_a_gpu_outside_capture():
+    from fx_fp8.ops.triton_w8a16 import SMALL_M, uses_autotuner
+
+    assert uses_autotuner(1, interpreting_now=False, capturing=False)
+    assert uses_autotuner(SMALL_M, interpreting_now=False, capturing=False)
+    assert not uses_autotuner(SMALL_M + 1, interpreting_now=False, capturing=False)
+    assert not uses_autotuner(1, interpreting_now=True, capturing=False)
+    assert not uses_autotuner(1, interpreting_now=False, capturing=True)
+
+
+def test_w8a16_rejects_tiles_that_do_not_fit_before_launching():
+    from fx_fp8.ops.triton_w8a16 import w8a16_linear
+
+    x = torch.zeros(3, 64, dtype=torch.bfloat16)
+    wq, ws = quant.quantize_weight(torch.randn(32, 64), "block", (1, 32), "int8")
+    kw = dict(weight_granularity="block", weight_block=(1, 32))
+    with pytest.raises(ValueError, match="FMA tile BLOCK_M 2 x BLOCK_K 64 does not fit 3 rows"):
+        w8a16_linear(x, wq, ws, None, config=(2, 32, 64, True, 4, 3), **kw)
+    with pytest.raises(ValueError, match="FMA tile BLOCK_M 4 x BLOCK_K 48 does not fit 3 rows / scale groups of 32"):
+        w8a16_linear(x, wq, ws, None, config=(4, 32, 48, True, 4, 3), **kw)
+    with pytest.raises(ValueError, match="BLOCK_K 64 does not divide the scale group width 32"):
+        w8a16_linear(x, wq, ws, None, config=(16, 32, 64, 4), **kw)
+
+
 # -- GPU: numerics ---------------------------------------------------------------
 def _qkv(b, h, s, d, seed=0):
     torch.manual_seed(seed)
@@ -470,6 +519,45 @@ def test_fused_weight_only_kernel_on_gpu(method, granularity, block, m):
     ref = F.linear(x, quant.dequantize_weight(wq, ws, granularity, block).to(x.dtype), bias)
     assert out.shape == (m, 1000) and out.dtype == torch.bfloat16
     assert rel(out, exact) < 4e-3 and rel(out, exact) <= 1.05 * rel(ref, exact) + 1e-4
+
+
+@pytest.mark.parametrize("granularity,block,method", [("block", (1, 32), "int8"), ("channel", None, "fp8"),
+                                                     ("block", (128, 128), "fp8")])
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_every_small_m_candidate_and_the_tuned_pick_on_gpu(granularity, block, method):
+    """Every candidate the autotuner may pick for the conditioning layers' shapes (M 1-3) is as exact as
+    the old tile; the autotuned call picks one of them; inside CUDA-graph capture the old tile runs (no
+    timing in the graph) and the replay gives the same output."""
+    from fx_fp8.ops import triton_w8a16 as t
+
+    torch.manual_seed(0)
+    w = torch.randn(3000, 3072, device="cuda") / 20
+    bias = torch.randn(3000, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quant.quantize_weight(w, granularity, block, method=method)
+    deq = quant.dequantize_weight(wq, ws, granularity, block).double()
+    kw = dict(weight_granularity=granularity, weight_block=block)
+    bc = block[1] if block else None
+    for m in (1, 2, 3):
+        x = torch.randn(m, 3072, device="cuda", dtype=torch.bfloat16)
+        exact = x.double() @ deq.t() + bias.double()
+        old = t.w8a16_linear(x, wq, ws, bias, config=t.full_config(None, m, bc), **kw)
+        for c in t.small_m_candidates(m, bc):
+            out = t.w8a16_linear(x, wq, ws, bias, config=c, **kw)
+            assert rel(out, exact) <= 1.05 * rel(old, exact) + 1e-4, (m, c)
+        tuned = t.w8a16_linear(x, wq, ws, bias, **kw)
+        assert rel(tuned, exact) <= 1.05 * rel(old, exact) + 1e-4
+        best = t._w8a16_small_m_tuned.best_config
+        assert (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.kwargs["BLOCK_K"], best.kwargs["FMA"],
+                best.num_warps, best.num_stages) in t.small_m_candidates(m, bc)
+    x = torch.randn(1, 3072, device="cuda", dtype=torch.bfloat16)
+    t.w8a16_linear(x, wq, ws, bias, **kw)  # warm-up outside capture, as CUDA-graph trees do
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = t.w8a16_linear(x, wq, ws, bias, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, t.w8a16_linear(x, wq, ws, bias, config=t.full_config(None, 1, bc), **kw))
 
 
 def _flux_head_dim_64():

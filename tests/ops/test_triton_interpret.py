@@ -190,6 +190,25 @@ for method, gran, blk, m, dt, with_bias in wo_cases:
         "fused": not any("unfused" in str(c.message) for c in caught), "shape": list(ours.shape),
         "dtype": str(ours.dtype), "want_dtype": str(dt), "vs_reference": rel(ours, ref), "err": rel(ours, exact),
         "ref_err": rel(ref, exact)}
+
+# -- weight-only, few rows: every candidate the GPU autotuner may pick (both forms) --------------------
+from fx_fp8.ops import triton_w8a16 as tw
+for method, gran, blk in [("int8", "block", (1, 32)), ("fp8", "channel", None), ("fp8", "block", (128, 128)),
+                          ("fp8", "tensor", None)]:
+    for m in (1, 3):
+        x = (torch.randn(m, 2 * 200) * 2).bfloat16()[:, ::2]
+        w = torch.randn(96, 200) / 8
+        w[3] *= 50
+        bias = torch.randn(96).bfloat16()
+        wq, ws = quant.quantize_weight(w, gran, blk, method)
+        exact = x.double() @ quant.dequantize_weight(wq, ws, gran, blk).double().t() + bias.double()
+        bc = blk[1] if blk else None
+        kw = dict(weight_granularity=gran, weight_block=blk)
+        old = tw.w8a16_linear(x, wq, ws, bias, config=tw.full_config(None, m, bc), **kw)
+        res[f"small_m_{method}_{gran}_m{m}"] = {
+            "old_err": rel(old, exact),
+            "candidates": {"x".join(str(int(v)) for v in c): rel(tw.w8a16_linear(x, wq, ws, bias, config=c, **kw), exact)
+                           for c in tw.small_m_candidates(m, bc)}}
 print("RESULT" + json.dumps(res))
 """
 
@@ -308,3 +327,15 @@ def test_fused_weight_only_kernel(results, case):
     bound = 4e-3 if r["dtype"] == "torch.bfloat16" else 6e-4
     assert r["err"] < bound and r["vs_reference"] < 2 * bound, r
     assert r["err"] <= 1.05 * r["ref_err"] + 1e-5, r
+
+
+@pytest.mark.parametrize("case", ["small_m_int8_block_m1", "small_m_int8_block_m3", "small_m_fp8_channel_m1",
+                                  "small_m_fp8_channel_m3", "small_m_fp8_block_m1", "small_m_fp8_tensor_m3"])
+def test_every_small_m_candidate_is_as_exact_as_the_old_tile(results, case):
+    """Both forms (tensor-core dot on raw codes; FMA on the dequantized tile, K steps spanning several
+    32-column scale groups) round once to bf16: every candidate within 5 % of the old tile's error."""
+    r = results[case]
+    fma = [name for name in r["candidates"] if name.split("x")[3] == "1"]
+    assert fma and len(r["candidates"]) > len(fma), r  # both forms were run
+    for name, err in r["candidates"].items():
+        assert err < 4e-3 and err <= 1.05 * r["old_err"] + 1e-5, (name, r)
