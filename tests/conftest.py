@@ -37,9 +37,9 @@ def _watch_downstream(monkeypatch, record) -> list:
     seen = []
     real = downstream.compile_downstream
 
-    def watching(name, gm, inputs, mode):
+    def watching(name, gm, inputs, mode, inductor_options=None):
         seen.append(record(name, gm))
-        return real(name, gm, inputs, mode)
+        return real(name, gm, inputs, mode, inductor_options)
 
     monkeypatch.setattr(downstream, "compile_downstream", watching)
     return seen

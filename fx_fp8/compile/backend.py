@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
-from fx_fp8.compile.downstream import choose_downstream
+from fx_fp8.compile.downstream import check_inductor_options, choose_downstream
 from fx_fp8.compile.graph_plan import Settings, compile_graph_plan
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import check_bool
@@ -22,10 +22,10 @@ from fx_fp8.report import ModelRecord
 
 #: torch.compile options that configure the backend rather than the FP8 config: `config` (a base
 #: config), `dump_graphs` (the graphs before and after each pass, in the report), `mode` (Inductor's),
-#: `check_reuse` (debugging: an instance that reuses another's decisions also runs the passes, and
+#: `inductor_options` (Inductor config patches for every graph fx_fp8 hands to Inductor), `check_reuse` (debugging: an instance that reuses another's decisions also runs the passes, and
 #: any difference raises; default from the environment variable CHECK_REUSE_ENV, for compiles made
 #: where options cannot be passed, e.g. inside compile_pipeline)
-BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode", "check_reuse")
+BACKEND_OPTION_KEYS = ("config", "dump_graphs", "mode", "inductor_options", "check_reuse")
 CHECK_REUSE_ENV = "FX_FP8_CHECK_REUSE"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -37,6 +37,8 @@ def config_from_options(options: Optional[dict]) -> tuple[FP8Config, dict]:
     base = backend_opts.pop("config", None)
     if backend_opts.get("mode") not in MODES:
         raise ValueError(f"invalid mode {backend_opts['mode']!r}: expected one of {', '.join(map(str, MODES[1:]))}")
+    if "inductor_options" in backend_opts:
+        backend_opts["inductor_options"] = check_inductor_options(backend_opts["inductor_options"])
     if "check_reuse" in backend_opts:
         backend_opts["check_reuse"] = check_bool("check_reuse", backend_opts["check_reuse"])
     if base is None:
@@ -76,8 +78,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     mode = mode or backend_opts.get("mode")
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
     lowering = choose_lowering(backend, config, _graph_device(example_inputs), ModelRecord.of(owner).warn)
+    inductor_options = backend_opts.get("inductor_options", {})
     settings = Settings(backend=backend, config=config, lowering=lowering,
-                        downstream=choose_downstream(config, lowering, mode), mode=mode,
+                        downstream=choose_downstream(config, lowering, mode, inductor_options), mode=mode,
+                        inductor_options=inductor_options,
                         dump_graphs=bool(backend_opts.get("dump_graphs")),
                         check_reuse=backend_opts.get("check_reuse", os.environ.get(CHECK_REUSE_ENV, "0") not in ("", "0")))
     return compile_graph_plan(gm, example_inputs, settings, model=model, owner=owner)

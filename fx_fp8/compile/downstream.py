@@ -1,20 +1,51 @@
 """The compiler a rewritten graph goes to: its choice and the call (eager, Inductor, npugraph_ex)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 import torch.fx
 
 from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.values import did_you_mean
 from fx_fp8.graph.dynamo_internals import generate_code_now
 from fx_fp8.ops.lowering import npu_available
 
 
-def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str]) -> str:
+def check_inductor_options(value: Any) -> dict:
+    """The `inductor_options` backend option: Inductor config patches ({"cpp_wrapper": True,
+    "triton.multi_kernel": 1, ...}: what torch.compile(backend="inductor", options=...) takes) for
+    every graph fx_fp8 hands to Inductor. Every key must name an Inductor setting."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"inductor_options must be a mapping of Inductor settings to values, got "
+                         f"{type(value).__name__} {value!r}")
+    import torch._inductor.config as inductor_config
+
+    known = set(inductor_config._config)
+    for key in value:
+        if not isinstance(key, str) or key not in known:
+            raise ValueError(f"unknown Inductor setting {key!r} in inductor_options{did_you_mean(str(key), sorted(known))}:"
+                             " the settings are torch._inductor.config's keys")
+    return dict(value)
+
+
+def inductor_patches(mode: Optional[str], inductor_options: Optional[Mapping] = None) -> dict:
+    """Inductor's config patches: the mode's (torch._inductor.list_mode_options), then inductor_options."""
+    patches = dict(torch._inductor.list_mode_options(mode)) if mode else {}
+    patches.update(inductor_options or {})
+    return patches
+
+
+def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str],
+                      inductor_options: Optional[Mapping] = None) -> str:
+    if inductor_options and config.downstream not in ("auto", "inductor"):
+        raise ValueError(f"inductor_options {sorted(inductor_options)} configure Inductor, but downstream is "
+                         f"{config.downstream!r}: use downstream 'inductor' (or 'auto') or drop inductor_options")
     if config.downstream != "auto":
         return config.downstream
-    if mode:
+    if mode or inductor_options:
         return "inductor"
     if lowering == "npu" and npu_available():
         return "npugraph_ex"
@@ -23,15 +54,15 @@ def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str]) -> 
     return "eager"
 
 
-def compile_downstream(name: str, gm: torch.fx.GraphModule, example_inputs, mode: Optional[str]) -> Callable:
+def compile_downstream(name: str, gm: torch.fx.GraphModule, example_inputs, mode: Optional[str],
+                       inductor_options: Optional[Mapping] = None) -> Callable:
     if name == "eager":
         generate_code_now(gm)  # now, not on every call
         return gm.forward
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
-        patches = torch._inductor.list_mode_options(mode) if mode else {}
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        return compile_fx(gm, example_inputs, config_patches=inductor_patches(mode, inductor_options))
     if name == "npugraph_ex":
         try:
             backend = torch._dynamo.lookup_backend("npugraph_ex")

@@ -55,6 +55,7 @@ class Settings:
     lowering: str
     downstream: str
     mode: Optional[str]
+    inductor_options: dict   # Inductor config patches on top of the mode's (backend option inductor_options)
     dump_graphs: bool
     check_reuse: bool        # a reused instance also runs the passes; any difference raises (a debugging option)
 
@@ -259,7 +260,8 @@ class InstancePlan:
             with compiling_under(g.tracing_context), compile_log.compiling(
                     self.reports[variant], self.rewritten[variant], downstream=s.downstream,
                     passes_s=self.passes_s, record=self.record):
-                g.artifacts[key] = downstream.compile_downstream(s.downstream, self.rewritten[variant], examples, s.mode)
+                g.artifacts[key] = downstream.compile_downstream(s.downstream, self.rewritten[variant], examples, s.mode,
+                                                                 s.inductor_options)
         return self.fed(variant, g.artifacts[key], inputs)
 
     def fed(self, variant, artifact, inputs) -> Callable:

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.compile.backend import MODES
+from fx_fp8.compile.downstream import check_inductor_options, choose_downstream
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.dynamo_internals import is_compiled_module
 from fx_fp8.pipeline.apply_options import (apply_pipeline_options, check_pipeline_options, compile_regions,
@@ -38,7 +39,8 @@ BACKENDS = ("fp8", "fp8_npu")
 
 def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
                      regional: bool = False, mode: Optional[str] = None,
-                     compile_kwargs: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
+                     compile_kwargs: Optional[Mapping[str, Any]] = None,
+                     inductor_options: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
                      cache_config=None, **overrides):
     """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
 
@@ -62,6 +64,8 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
       the same as compile_kwargs={"mode": ...}. It travels in the backend options (torch.compile refuses
       mode= together with options=).
     compile_kwargs: extra torch.compile arguments (mode, dynamic, fullgraph, ...).
+    inductor_options: Inductor config patches for every compiled graph (e.g. {"cpp_wrapper": True}),
+      on top of the mode's; the backend option of the same name (Inductor downstream).
     parallel_config / cache_backend / cache_config: vLLM-Omni's context-parallel degrees
       ({ulysses_degree, ring_degree}) and cache backend (first_block_cache, taylorseer, mag_cache)
       with its JSON-like config, mapped onto diffusers by fx_fp8.pipeline.options; they override the same
@@ -97,6 +101,9 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     if regional:
         _check_regional(transformers, popts)
     options = {"config": cfg}
+    if inductor_options is not None:
+        options["inductor_options"] = check_inductor_options(inductor_options)
+        choose_downstream(cfg, "auto", None, options["inductor_options"])  # refuses a non-Inductor downstream now
     if mode is not None:  # checked with compile_kwargs' mode below
         if compile_kwargs and "mode" in compile_kwargs and compile_kwargs["mode"] != mode:
             raise ValueError(f"mode={mode!r} and compile_kwargs['mode']={compile_kwargs['mode']!r} disagree: give one")

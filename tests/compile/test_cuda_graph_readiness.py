@@ -20,9 +20,9 @@ def test_each_step_variant_is_its_own_inductor_compile_with_the_mode(mode, monke
     compiles, returned = [], []
     real_downstream, real_compile_graph = downstream_module.compile_downstream, backend.compile_graph
 
-    def downstream(name, gm, inputs, mode_):
+    def downstream(name, gm, inputs, mode_, inductor_options=None):
         graph = str(gm.graph)  # before Inductor's own passes rewrite it in place
-        fn = real_downstream(name, gm, inputs, mode_)
+        fn = real_downstream(name, gm, inputs, mode_, inductor_options)
         compiles.append((name, mode_, graph, fn))
         return fn
 

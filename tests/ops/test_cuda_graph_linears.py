@@ -41,7 +41,7 @@ def cuda_on_cpu(monkeypatch):
     monkeypatch.setattr(cuda_mod.CudaLowering, "weight_only", lambda self, w, q: None)
     kept = []
 
-    def keep(name, gm, example_inputs, mode):
+    def keep(name, gm, example_inputs, mode, inductor_options=None):
         kept.append((gm, list(example_inputs)))
         return gm.forward
 

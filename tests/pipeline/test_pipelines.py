@@ -405,3 +405,25 @@ def test_mode_with_a_non_default_config_works():
     pipe(num_inference_steps=2)
     reports = pipeline_state(pipe).reports()["transformer"]
     assert reports and all(r.downstream == "inductor" for r in reports)
+
+
+def test_inductor_options_reach_the_backend_options_and_are_checked_first(monkeypatch):
+    calls = []
+    real = torch.compile
+
+    @functools.wraps(real)
+    def spy(model, **kw):
+        calls.append(kw)
+        return real(model, **kw)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    pipe = _toy()
+    linear = pipe.transformer.to_qkv
+    with pytest.raises(ValueError, match="unknown Inductor setting 'cpp_wraper'"):
+        compile_pipeline(pipe, inductor_options={"cpp_wraper": True})
+    with pytest.raises(ValueError, match="configure Inductor, but downstream is 'eager'"):
+        compile_pipeline(pipe, inductor_options={"size_asserts": False}, downstream="eager")
+    assert pipe.transformer.to_qkv is linear and not hasattr(pipe, "_fx_fp8") and not calls
+    compile_pipeline(pipe, inductor_options={"size_asserts": False})
+    (kw,) = calls
+    assert kw["options"]["inductor_options"] == {"size_asserts": False}
