@@ -425,13 +425,15 @@ def bench_conditioning(bench: Bench) -> None:
         def note(expected):
             def describe(fn):
                 kind = "weight-only" if fn.prepared["weight_only"] else "W8A8" if fn.prepared["quantized"] else "native"
+                summary = fx_fp8_summary(fn.compiled, "linear", expected)  # names the reasons itself when NOT
                 return (f"sensitive by structure: {', '.join(sorted(found.values())) or 'none'}; "
-                        f"prepare_model: {kind}; {fx_fp8_summary(fn.compiled, 'linear', expected)}: "
-                        f"{fx_fp8_reasons(fn.compiled, 'linear')}")
+                        f"prepare_model: {kind}, weights {fn.prepared['bytes_after'] / 1e6:.3g} MB; {summary}"
+                        + ("" if ": NOT " in summary else f": {fx_fp8_reasons(fn.compiled, 'linear')}"))
             return describe
 
         common = dict(exact=exact, flop=flop)
-        bench.measured("conditioning", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend), **common)
+        bench.measured("conditioning", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend),
+                       note=lambda fn: f"weights {lin.weight.nbytes / 1e6:.3g} MB", **common)
         if torchao is None:
             bench.add(Row("conditioning", case, TORCHAO, ao_state))
         else:
@@ -552,7 +554,8 @@ QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linea
                "set_inductor_config=False (the same Inductor config for every row). Conditioning (adaLN): M = 1, the "
                "linear on silu(temb [1, K]) modulating a 16-token x, timed with that modulation; err of the linear's "
                "output; fx_fp8 prepared with the structural analysis' result, quantization_config as the contender "
-               "says (default: sensitive weight-only, INT8 weights, scales per channel and 32 columns).")
+               "says (default: sensitive weight-only, INT8 weights, scales per channel and 32 columns); weights: "
+               "the bytes the linear reads (prepare_model's bytes_after), so MB / ms is its bandwidth in GB/s.")
 
 
 # -- Flux ---------------------------------------------------------------------------------------------
