@@ -165,6 +165,13 @@ def test_quantization_options_keep_attention_and_the_given_options():
     assert cb.with_quantization(given, {"sensitive": "fp8"}) == {
         "diffusion_kv_cache_dtype": None, "quantization_config": {"method": "int8", "sensitive": "fp8"}}
     assert given["quantization_config"] == {"method": "int8"}  # the caller's options are not changed
+    # on the GPU (no --fx-options) the sensitive-fp8 rows differ from the default in that setting only
+    from fx_fp8.config.fp8_config import FP8Config
+
+    default = FP8Config.load(None).to_dict()
+    sens_fp8 = FP8Config.load(None, **cb.with_quantization(None, {"sensitive": "fp8"})).to_dict()
+    default["quantization_config"].update(sensitive="fp8", quantize_sensitive=True)
+    assert sens_fp8 == default
 
 
 def test_the_conditioning_linear_is_adaln_modulation_by_structure_alone():
