@@ -1,6 +1,6 @@
 """FP8 against BF16 on one CUDA GPU (an H200, sm90), side by side in one run, through the public API only.
 
-    python benchmarks/cuda_bench.py --quick                      # linears + attention, <= 5 min from a bare machine
+    python benchmarks/cuda_bench.py --quick                      # linears, conditioning linears, attention: <= 5 min
     python benchmarks/cuda_bench.py --flux                       # full-depth Flux-dev, <= 5 min more
     python benchmarks/cuda_bench.py --quick --out benchmarks/RESULTS.md   # ... and append a dated section
     python benchmarks/cuda_bench.py --dry-run                    # CPU, tiny shapes: every row of both modes
@@ -11,36 +11,47 @@
   3072->12288, 12288->3072, 15360->3072, each held by an nn.Module: BF16 F.linear (cuBLAS), BF16
   Inductor, torchao float8 row-wise (quantize_ with Float8DynamicActivationFloat8WeightConfig(PerRow()), then Inductor),
   fx_fp8 (torch.compile(module, backend="fp8")), fx_fp8 prepared (fx_fp8.prepare_model first).
+  conditioning linears, M = 1 (one image), bf16: Flux-dev's adaLN modulation linears 3072->18432 (a double
+  block's norm1.linear) and 3072->9216 (a single block's norm.linear), each inside a module that makes it
+  one by the graph's structure (silu(temb [1, K]) -> linear -> shift / scale / gate chunks modulating a
+  16-token x [1, 16, K]); fx_fp8's structural analysis must find it ("adaLN modulation"; the row says
+  so). BF16 Inductor, torchao float8 row-wise, and prepare_model + backend "fp8" three ways: the default
+  (sensitive layers weight-only, INT8 weights with scales per channel and 32 columns: the W8A16 Triton
+  kernel), sensitive "weight_only" with weight_only_method "fp8", and sensitive "fp8" (W8A8, as torchao).
+  Each fx_fp8 row says what its report says ran: "linear weight-only 1/1" / "linear fp8 1/1", else NOT.
   attention B1 H24 D128 bf16 at S 4608 / 16384 / 32760 (Q, K ~ N(0, 1), V ~ N(0.5, 1)): cuDNN and
   flash BF16 SDPA, fx_fp8 (torch.compile(module calling F.scaled_dot_product_attention, backend="fp8")).
   Kernel-level attention comparisons are benchmarks/attention_kernels.py's; this is the public-API view.
---flux, one table (printed last): FluxTransformer2DModel with Flux-dev's config (19 double + 38
+--flux, two tables (printed last): FluxTransformer2DModel with Flux-dev's config (19 double + 38
   single blocks, width 3072, 24 heads; built on the meta device, materialised on the GPU with seeded
   random bf16 weights, never downloaded), 4096 image + 512 text tokens, batch 1, every block compiled
   on its own (diffusers' compile_repeated_blocks: each block class compiled once, reused by every
   instance): BF16 eager (the error reference), BF16 Inductor, fx_fp8 prepared (prepare_model, then
-  backend "fp8"), torchao float8 row-wise, fx_fp8 prepared with mode="reduce-overhead" (CUDA graphs).
-  First-call seconds (compile included), ms per forward, peak GPU memory, GPU kernel time per forward.
+  backend "fp8"), torchao float8 row-wise, fx_fp8 prepared with quantization_config sensitive "fp8"
+  (the 86 sensitive linears W8A8 as torchao runs them, instead of weight-only: the speed / accuracy
+  trade-off of the default), fx_fp8 prepared with mode="reduce-overhead" (CUDA graphs).
+  First-call seconds (compile included), ms per forward, peak GPU memory, GPU kernel time per forward;
+  then a second table, GPU kernel time per forward kernel by kernel for every variant, the kernels
+  with the largest |fx_fp8 prepared - torchao| first (where fx_fp8's kernel time goes that torchao's
+  does not), then all others and the total.
 
 Every row: ms = triton.testing.do_bench median with L2 flushed; wall / launch / kernel ms per call and
 the kernels with their share of GPU time (torch.profiler): see benchmarks/gpu_timing.py. Ratios are
 measured in the same process: "x BF16" = BF16 Inductor ms / row ms (attention: cuDNN BF16 ms / row ms),
-"x torchao" = torchao ms / row ms. err = relative L2 error against fp64 math (linear), fp64
-attention (attention) or the BF16 eager model (Flux). fx_fp8 rows say what its report says (how
-many nodes ran FP8, lowering / downstream): a row whose node did not run FP8 says so.
+"x torchao" = torchao ms / row ms. err = relative L2 error against fp64 math (linear; conditioning:
+of the linear's output), fp64 attention (attention) or the BF16 eager model (Flux). fx_fp8 rows say
+what its report says (how many nodes ran FP8, lowering / downstream): a row whose node did not run
+FP8 (weight-only, for the conditioning rows that expect it) says so.
 
-Expected on an H200 from a bare machine (estimates, not yet measured with this script): --quick
-2.5-3.5 min (imports and CUDA start 15 s; 25 linear rows with 20 small compiles, 100-120 s; 9
-attention rows with 3 fx_fp8 compiles including the Triton kernel's autotuning, 30-60 s; timing and
-profiling about 1 s a row). --flux 2.5-4.5 min: imports 20 s; each variant builds and initialises its
-11.9 B parameters in a few seconds (prepare_model / quantize_ a few more), then compiles what
-regional compilation needs, 3 Dynamo graphs and 3 Inductor compiles (the double block, the first
-single block, whose input strides differ, the other single blocks; the "graphs" column shows it):
-30-60 s for BF16, fx_fp8 and torchao, less for reduce-overhead, whose Triton kernels are cached by
-then; every forward after the first 0.1-0.2 s. Should the compiles be slower, --budget (default 280 s
-a mode) skips the variants that would not finish (the last is reduce-overhead; rerun it with
-`--flux --flux-variants inductor,fx_fp8_ro`) and still prints the table; SIGTERM (timeout) prints
-and saves what was measured, exit status 124.
+Measured on an H200 (benchmarks/RESULTS.md, 2026-12-04, before the conditioning rows and the
+sensitive-fp8 variant): --quick 38 s, --flux 60-87 s (five variants, 13-20 s of first call each;
+regional compilation makes 3 Dynamo graphs and 3 Inductor compiles a variant: the double block, the
+first single block, whose input strides differ, the other single blocks; the "graphs" column shows
+it). The conditioning rows add 8 small compiles and the sensitive-fp8 variant one Flux variant:
+expected about 1 min and 2 min (those runs may have found compile caches warm). Should the compiles be slower, --budget (default 280 s a mode) skips
+the variants that would not finish (the last are sensitive fp8 and reduce-overhead; rerun them with
+`--flux --flux-variants inductor,torchao,fx_fp8_sens_fp8,fx_fp8_ro`) and still prints the tables;
+SIGTERM (timeout) prints and saves what was measured, exit status 124.
 
 --dry-run runs every row on CPU at tiny shapes: the reference lowering and eager downstream for
 fx_fp8, the eager backend in place of Inductor, CPU SDPA in place of cuDNN / flash, a 2 + 2 block
@@ -84,6 +95,7 @@ TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=16, num_layers=2, num_single_l
 
 BF16_EAGER, BF16_INDUCTOR, TORCHAO = "BF16 F.linear (cuBLAS)", "BF16 Inductor", "torchao float8 row-wise"
 FX_FP8, FX_FP8_PREPARED = "fx_fp8", "fx_fp8 prepared"
+FX_FP8_SENSITIVE_FP8 = "fx_fp8 prepared, sensitive fp8"  # the sensitive linears W8A8 too, as torchao runs them
 CUDNN_BF16, FLASH_BF16 = "cuDNN BF16 SDPA", "flash BF16 SDPA"
 
 
@@ -190,22 +202,30 @@ def progress_line(bench: Bench, row: Row) -> str:
             f"{first}{err} | {t.top_kernels()}" + (f" | {row.note}" if row.note else ""))
 
 
-def fx_fp8_summary(compiled, op: str) -> str:
-    """What fx_fp8's reports say ran: modules whose `op` ran FP8 out of all (a module compiled in
-    several graphs, a recompiled block, counts once), lowering / downstream."""
+def fx_fp8_summary(compiled, op: str, action: str = "fp8") -> str:
+    """What fx_fp8's reports say ran: modules whose `op` ran `action` ("fp8", or "weight-only" for
+    W8A16) out of all (a module compiled in several graphs, a recompiled block, counts once),
+    lowering / downstream."""
     import fx_fp8
 
     reports = fx_fp8.get_reports(compiled)
     if not reports:
         return "no fx_fp8 report (did the backend run?)"
     actions = {e.module: e.action for r in reports for e in r.entries if e.op == op}
-    fp8 = sum(a == "fp8" for a in actions.values())
+    hits = sum(a == action for a in actions.values())
     where = ", ".join(sorted({f"{r.lowering}/{r.downstream}" for r in reports}))
-    text = f"{op} fp8 {fp8}/{len(actions)} ({where})"
-    if not fp8:
+    text = f"{op} {action} {hits}/{len(actions)} ({where})"
+    if not hits:
         reasons = "; ".join(sorted({e.reason for r in reports for e in r.entries if e.op == op}))
-        text += f": NOT FP8 ({reasons[:200]})"
+        text += f": NOT {action.upper()} ({reasons[:200]})"
     return text
+
+
+def fx_fp8_reasons(compiled, op: str) -> str:
+    """The reasons fx_fp8's reports give for `op`'s entries (how a linear ran: storage, scales)."""
+    import fx_fp8
+
+    return "; ".join(sorted({e.reason for r in fx_fp8.get_reports(compiled) for e in r.entries if e.op == op}))
 
 
 # -- torchao --------------------------------------------------------------------------------------
@@ -301,6 +321,137 @@ def bench_linears(bench: Bench) -> None:
         bench.measured("linear", case, FX_FP8, lambda: fx_fp8(False), note=report, **common)
         bench.measured("linear", case, FX_FP8_PREPARED, lambda: fx_fp8(True), note=report, **common)
         longest = max(longest, time.perf_counter() - t0)
+
+
+# -- conditioning linears ------------------------------------------------------------------------------
+class Modulation(nn.Module):
+    """adaLN modulation as a DiT block runs it: a linear on silu(conditioning) (one vector per image,
+    no sequence dimension) whose output, cut in (shift, scale, gate) chunks, modulates the token
+    stream x [B, S, width]. fx_fp8 finds such a linear by the graph's structure ("adaLN modulation",
+    fx_fp8/graph/sensitive.py): its name, `linear`, matches none of fx_fp8's name patterns. The
+    linear's output is returned too, so the error is measured on it, not diluted by x."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x, temb):
+        emb = self.linear(F.silu(temb))
+        chunks = emb.chunk(emb.shape[-1] // x.shape[-1], dim=-1)
+        out = x
+        for i in range(0, len(chunks), 3):
+            shift, scale, gate = chunks[i:i + 3]
+            out = out + gate[:, None] * (x * (1 + scale[:, None]) + shift[:, None])
+        return out, emb
+
+
+#: (K, N) of Flux-dev's adaLN modulation linears: a double block's norm1.linear (6 chunks of 3072),
+#: a single block's norm.linear (3 chunks)
+FLUX_CONDITIONING_SHAPES = [(3072, 18432), (3072, 9216)]
+TINY_CONDITIONING_SHAPES = [(128, 768), (128, 384)]
+#: contender -> (quantization_config for prepare_model and the backend, the report's expected linear action)
+FX_FP8_CONDITIONING = {
+    FX_FP8_PREPARED: ({}, "weight-only"),  # the default: sensitive "weight_only", INT8 weights, group 32
+    "fx_fp8 prepared, weight-only fp8": ({"sensitive": "weight_only", "weight_only_method": "fp8"}, "weight-only"),
+    FX_FP8_SENSITIVE_FP8: ({"sensitive": "fp8"}, "fp8"),
+}
+
+
+def with_quantization(options: Optional[dict], quantization: dict) -> Optional[dict]:
+    """fx_fp8 options with quantization_config keys added (on top of --fx-options' own). Attention
+    stays as it was: a quantization_config alone would be a linear-only opt-in (FP8Config.from_kwargs),
+    so the default FP8 attention is named unless the options already say."""
+    if not quantization:
+        return options
+    base = dict(options or {})
+    base["quantization_config"] = {**(base.get("quantization_config") or {}), **quantization}
+    if "diffusion_kv_cache_dtype" not in base and "kv_cache_dtype" not in base:
+        base["diffusion_kv_cache_dtype"] = "fp8"
+    return base
+
+
+def conditioning_case(k: int, n: int, tokens: int, device: str):
+    """(x [1, tokens, K], temb [1, K], the linear, fp64 linear output) of one seeded modulation."""
+    torch.manual_seed(0)
+    x = torch.randn(1, tokens, k, device=device, dtype=torch.bfloat16)
+    temb = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    lin = nn.Linear(k, n, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, device=device) / math.sqrt(k))
+        lin.bias.copy_(torch.randn(n, device=device) / 10)
+    exact = F.silu(temb.double()) @ lin.weight.double().t() + lin.bias.double()
+    return x, temb, lin, exact
+
+
+def bench_conditioning(bench: Bench) -> None:
+    """M = 1 (one image): Flux's adaLN modulation linears, which fx_fp8 runs weight-only by default
+    and torchao as FP8 W8A8. x is a short token stream (16 tokens): the modulation around the linear
+    is there for fx_fp8 to recognise the linear, not to be timed."""
+    shapes = TINY_CONDITIONING_SHAPES if bench.dry else FLUX_CONDITIONING_SHAPES
+    torchao, ao_state = torchao_state()
+    contenders = (BF16_INDUCTOR, TORCHAO, *FX_FP8_CONDITIONING)
+    longest = 0.0
+    for k, n in shapes:
+        case = f"1x{k}->{n} (adaLN)"
+        if not bench.fits(longest):
+            for name in contenders:
+                bench.add(Row("conditioning", case, name, "skipped: time budget"))
+            continue
+        t0 = time.perf_counter()
+        torch._dynamo.reset()
+        x, temb, lin, exact = conditioning_case(k, n, 16, bench.device)
+        flop = 2.0 * k * n
+        fresh = lambda: Modulation(copy.deepcopy(lin))  # noqa: E731
+        found = bench.cell(f"conditioning {case} sensitive", lambda: sensitive_by_structure(fresh(), (x, temb)))
+
+        def compiled(module, backend):
+            c = torch.compile(module, backend=backend)
+            return lambda: c(x, temb)[1]
+
+        def fx_fp8(quantization):
+            import fx_fp8 as fx
+
+            if not isinstance(found, dict):
+                raise RuntimeError(f"fx_fp8's structural analysis failed: {found}")
+            module = fresh()
+            options = with_quantization(bench.fx_options, quantization)
+            config = (options or {}).get("quantization_config")  # prepare_model and the backend agree
+            prepared = fx.prepare_model(module, sensitive=found, **({"quantization_config": config} if config else {}))
+            c = torch.compile(module, backend="fp8", **({"options": options} if options else {}))
+            run = lambda: c(x, temb)[1]  # noqa: E731
+            run.compiled, run.prepared = c, prepared
+            return run
+
+        def note(expected):
+            def describe(fn):
+                kind = "weight-only" if fn.prepared["weight_only"] else "W8A8" if fn.prepared["quantized"] else "native"
+                summary = fx_fp8_summary(fn.compiled, "linear", expected)  # names the reasons itself when NOT
+                return (f"sensitive by structure: {', '.join(sorted(found.values())) or 'none'}; "
+                        f"prepare_model: {kind}, weights {fn.prepared['bytes_after'] / 1e6:.3g} MB; {summary}"
+                        + ("" if ": NOT " in summary else f": {fx_fp8_reasons(fn.compiled, 'linear')}"))
+            return describe
+
+        common = dict(exact=exact, flop=flop)
+        bench.measured("conditioning", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend),
+                       note=lambda fn: f"weights {lin.weight.nbytes / 1e6:.3g} MB", **common)
+        if torchao is None:
+            bench.add(Row("conditioning", case, TORCHAO, ao_state))
+        else:
+            bench.measured("conditioning", case, TORCHAO,
+                           lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend),
+                           note=lambda fn: ao_state, **common)
+        for name, (quantization, expected) in FX_FP8_CONDITIONING.items():
+            bench.measured("conditioning", case, name, lambda q=quantization: fx_fp8(q), note=note(expected),
+                           **common)
+        longest = max(longest, time.perf_counter() - t0)
+
+
+def sensitive_by_structure(module: nn.Module, args: tuple) -> dict:
+    """{linear name: reason} fx_fp8's structural analysis finds (the one prepare_model runs with
+    example_inputs), so every fx_fp8 row is prepared from one trace and says what was found."""
+    from fx_fp8.graph.sensitive import sensitive_linear_names
+
+    return sensitive_linear_names(module, args)
 
 
 # -- attention --------------------------------------------------------------------------------------
@@ -400,7 +551,11 @@ QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linea
                "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
                "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
                "torchao with "
-               "set_inductor_config=False (the same Inductor config for every row).")
+               "set_inductor_config=False (the same Inductor config for every row). Conditioning (adaLN): M = 1, the "
+               "linear on silu(temb [1, K]) modulating a 16-token x, timed with that modulation; err of the linear's "
+               "output; fx_fp8 prepared with the structural analysis' result, quantization_config as the contender "
+               "says (default: sensitive weight-only, INT8 weights, scales per channel and 32 columns); weights: "
+               "the bytes the linear reads (prepare_model's bytes_after), so MB / ms is its bandwidth in GB/s.")
 
 
 # -- Flux ---------------------------------------------------------------------------------------------
@@ -470,8 +625,9 @@ def flux_inputs(config: dict, img_side: int, txt: int, device: str, seed: int = 
 
 #: --flux-variants keys -> the variants' names, in the order they run: the most wanted first, should
 #: the time budget run out
-FLUX_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": "fx_fp8 prepared",
-                 "torchao": TORCHAO, "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead"}
+FLUX_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": FX_FP8_PREPARED,
+                 "torchao": TORCHAO, "fx_fp8_sens_fp8": FX_FP8_SENSITIVE_FP8,
+                 "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead"}
 
 
 def regional_compile(model: nn.Module, **compile_kwargs) -> None:
@@ -497,8 +653,11 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
     def report(model):
         return fx_fp8_summary(model, "linear") + "; " + fx_fp8_summary(model, "attention")
 
-    def prepared(model):
-        r = fx_fp8.prepare_model(model)
+    sens_fp8 = {"sensitive": "fp8"}
+    fx_sens_fp8 = {"options": with_quantization(bench.fx_options, sens_fp8)}
+
+    def prepared(model, quantization=None):
+        r = fx_fp8.prepare_model(model, **({"quantization_config": quantization} if quantization else {}))
         return (f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
                 f"weight-only), {len(r['native'])} native")
 
@@ -511,6 +670,8 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
         "inductor": (None, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
         "fx_fp8": (prepared, lambda m: regional_compile(m, backend="fp8", **fx), report),
         "torchao": (torchao_quantized, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "fx_fp8_sens_fp8": (lambda m: prepared(m, fx_sens_fp8["options"]["quantization_config"]),
+                            lambda m: regional_compile(m, backend="fp8", **fx_sens_fp8), report),
         "fx_fp8_ro": (prepared, lambda m: regional_compile(m, backend="fp8", **ro), report),
     }
     return [(FLUX_VARIANTS[key], *every[key]) for key in FLUX_VARIANTS if key in bench.args.flux_variants]
@@ -628,6 +789,38 @@ def flux_table(rows: list[Row]) -> str:
     return markdown_table(header, out)
 
 
+def kernel_attribution_table(rows: list[Row], top: int = 15) -> str:
+    """GPU kernel time per forward, kernel by kernel, side by side: a row per kernel short name
+    (Timing.kernels), a column per variant with kernels (ms per forward; blank where the variant ran
+    no such kernel), and "fx_fp8 prepared - torchao" (a missing kernel counts 0) when both ran. The
+    `top` kernels with the largest absolute difference come first (without both variants: the largest
+    time in any variant), then "all others" (the rest, summed) and "total", each variant's kernel_ms."""
+    measured = [r for r in rows if isinstance(r.timing, Timing) and r.timing.kernels]
+    if not measured:
+        return "(no variant has GPU kernel times to attribute)\n"
+    columns = [(r.contender, {name: ms for name, ms, _ in r.timing.kernels}, r.timing.kernel_ms) for r in measured]
+    by = {name: (kernels, total) for name, kernels, total in columns}
+    diff = None
+    if FX_FP8_PREPARED in by and TORCHAO in by:
+        ours, theirs = by[FX_FP8_PREPARED][0], by[TORCHAO][0]
+        diff = lambda k: ours.get(k, 0.0) - theirs.get(k, 0.0)  # noqa: E731
+        order_key = lambda k: (-abs(diff(k)), k)  # noqa: E731
+    else:
+        order_key = lambda k: (-max(kernels.get(k, 0.0) for _, kernels, _ in columns), k)  # noqa: E731
+    names = sorted(set().union(*(kernels for _, kernels, _ in columns)), key=order_key)
+    shown, rest = names[:top], names[top:]
+    out = [[k] + [kernels.get(k, "") for _, kernels, _ in columns] + ([diff(k)] if diff else []) for k in shown]
+    if rest:
+        out.append([f"all others ({len(rest)} kernels)"]
+                   + [sum(kernels.get(k, 0.0) for k in rest) for _, kernels, _ in columns]
+                   + ([sum(diff(k) for k in rest)] if diff else []))
+    out.append(["total"] + [total for _, _, total in columns]
+               + ([by[FX_FP8_PREPARED][1] - by[TORCHAO][1]] if diff else []))
+    header = ["kernel"] + [f"{name} ms" for name, _, _ in columns] + \
+        ([f"{FX_FP8_PREPARED} - {TORCHAO} ms"] if diff else [])
+    return markdown_table(header, out)
+
+
 FLUX_NOTES = ("ms / forward: 5 back-to-back forwards after 4 (compile, warm-up, CUDA-graph recording, a replay: err), "
               "synchronised at the end. first call: compile of every block class included (regional: "
               "compile_repeated_blocks). build: meta-device model materialised with random weights, then "
@@ -637,11 +830,18 @@ FLUX_NOTES = ("ms / forward: 5 back-to-back forwards after 4 (compile, warm-up, 
               "inside CUDA graphs). err: relative L2 error of the output against BF16 eager on the same weights.")
 
 
+ATTRIBUTION_NOTES = ("ms per forward of each kernel (torch.profiler, one profiled forward; kernels are named without "
+                     "templates or parameters, so Inductor's fused kernels are told apart by their generated names). "
+                     "Largest |fx_fp8 prepared - torchao| first; all others: the remaining kernels summed; total: "
+                     "the variant's kernel ms. Blank: the variant ran no such kernel (0 in the difference). "
+                     "A variant whose forward the profiler saw no kernels of (CUDA graphs) has no column.")
+
 # -- main -----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="linears and attention (the default with no mode)")
-    ap.add_argument("--flux", action="store_true", help="the full-depth Flux-dev model")
+    ap.add_argument("--quick", action="store_true", help="linears, conditioning (adaLN, M 1) linears and attention (the default with no mode)")
+    ap.add_argument("--flux", action="store_true",
+                    help="the full-depth Flux-dev model, and its GPU kernel time by kernel per variant")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every row, to check the script")
     ap.add_argument("--out", help="append a dated markdown section with the tables to this file")
     ap.add_argument("--budget", type=float, default=None,
@@ -709,6 +909,7 @@ def main(argv=None) -> int:
                 try:
                     if mode == "quick":
                         bench_linears(bench)
+                        bench_conditioning(bench)
                         bench_attention(bench)
                     else:
                         bench_flux(bench)
@@ -738,10 +939,12 @@ def main(argv=None) -> int:
 
 def render(mode: str, rows: list[Row], seconds: float) -> str:
     if mode == "quick":
-        return (f"### cuda_bench --quick: linears and attention, bf16 ({seconds:.0f} s)\n\n"
+        return (f"### cuda_bench --quick: linears, conditioning linears and attention, bf16 ({seconds:.0f} s)\n\n"
                 + quick_table(rows) + "\n" + QUICK_NOTES + "\n")
     return (f"### cuda_bench --flux: {rows[0].case if rows else 'Flux'}, regional compile ({seconds:.0f} s)\n\n"
-            + flux_table(rows) + "\n" + FLUX_NOTES + "\n")
+            + flux_table(rows) + "\n" + FLUX_NOTES + "\n\n"
+            + "#### GPU kernel time per forward, by kernel\n\n" + kernel_attribution_table(rows) + "\n"
+            + ATTRIBUTION_NOTES + "\n")
 
 
 @contextlib.contextmanager

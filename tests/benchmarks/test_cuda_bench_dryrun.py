@@ -108,6 +108,84 @@ def test_flux_table_reports_first_call_memory_and_ratios():
     assert cells[3][1] == "skipped: time budget"
 
 
+def _kernel_timing(kernels: dict):
+    """A Timing whose kernels ({short name: ms per forward}) sum to its kernel ms, as attribute() makes them."""
+    total = sum(kernels.values())
+    ranked = sorted(((name, ms, ms / total) for name, ms in kernels.items()), key=lambda k: -k[1])
+    return gt.Timing(total * 1.1, total * 1.1, 1.0, total, float(len(kernels)), ranked)
+
+
+def _numbers(cells):
+    return [float(c) if c else None for c in cells]
+
+
+def test_kernel_attribution_table_ranks_kernels_by_the_fx_fp8_torchao_difference_and_sums_to_each_total():
+    rows = [cb.Row("flux", "c", "BF16 Inductor", _kernel_timing({"gemm_bf16": 50.0, "fused_norm": 5.0, "attn": 20.0})),
+            cb.Row("flux", "c", cb.FX_FP8_PREPARED, _kernel_timing(
+                {"gemm_fp8": 20.0, "w8a16": 4.7, "quant": 3.0, "attn": 21.0, "fused_norm": 5.0})),
+            cb.Row("flux", "c", cb.TORCHAO, _kernel_timing(
+                {"gemm_fp8": 21.8, "quant": 1.5, "attn": 20.0, "fused_norm": 6.2, "tiny": 0.01})),
+            cb.Row("flux", "c", "fx_fp8 prepared, reduce-overhead", gt.Timing(90.0, 90.0, 1.0, 0.0, 0.0, [])),
+            cb.Row("flux", "c", cb.FX_FP8_SENSITIVE_FP8, "skipped: time budget")]
+    lines = cb.kernel_attribution_table(rows, top=3).splitlines()
+    header = [c.strip() for c in lines[0].strip()[1:-1].split("|")]
+    # no column for a variant without kernels (CUDA graphs hide them) or without a timing
+    assert header == ["kernel", "BF16 Inductor ms", f"{cb.FX_FP8_PREPARED} ms", f"{cb.TORCHAO} ms",
+                      f"{cb.FX_FP8_PREPARED} - {cb.TORCHAO} ms"]
+    cells = _table_cells("\n".join(lines))
+    # |difference| 4.7 (fx_fp8 only), 1.8, 1.5 first; then fused_norm 1.2, attn 1, tiny 0.01, gemm_bf16 0
+    assert [c[0] for c in cells] == ["w8a16", "gemm_fp8", "quant", "all others (4 kernels)", "total"]
+    w8a16, gemm, quant, others, total = (_numbers(c[1:]) for c in cells)
+    assert w8a16 == [None, 4.7, None, 4.7]  # a kernel a variant lacks is blank, and 0 in the difference
+    near = lambda v: pytest.approx(v, rel=2e-3)  # noqa: E731  the table prints 3 significant digits
+    assert gemm == [None, 20.0, 21.8, near(-1.8)] and quant == [None, 3.0, 1.5, 1.5]
+    assert others == [75.0, 26.0, near(26.21), near(-0.21)]
+    assert total == [75.0, 53.7, near(49.51), near(4.19)]
+    for column in range(4):  # the shown kernels and all others add up to each variant's kernel ms
+        assert sum(r[column] or 0.0 for r in (w8a16, gemm, quant, others)) == pytest.approx(total[column], rel=1e-3)
+
+
+def test_kernel_attribution_table_without_torchao_ranks_by_the_largest_time_and_lists_every_kernel():
+    rows = [cb.Row("flux", "c", "BF16 Inductor", _kernel_timing({"gemm_bf16": 50.0, "attn": 20.0})),
+            cb.Row("flux", "c", cb.FX_FP8_PREPARED, _kernel_timing({"gemm_fp8": 30.0, "attn": 21.0, "quant": 2.0})),
+            cb.Row("flux", "c", cb.TORCHAO, "torchao not installed (ModuleNotFoundError)")]
+    text = cb.kernel_attribution_table(rows)
+    assert " - " not in text.splitlines()[0]  # no difference column
+    cells = _table_cells(text)
+    assert [c[0] for c in cells] == ["gemm_bf16", "gemm_fp8", "attn", "quant", "total"]  # no "all others"
+    assert _numbers(cells[-1][1:]) == [70.0, 53.0]
+    assert "no variant" in cb.kernel_attribution_table([cb.Row("flux", "c", "BF16 eager", "error: boom")])
+
+
+def test_quantization_options_keep_attention_and_the_given_options():
+    assert cb.with_quantization(None, {}) is None
+    assert cb.with_quantization({"lowering": "reference"}, {"sensitive": "fp8"}) == {
+        "lowering": "reference", "quantization_config": {"sensitive": "fp8"}, "diffusion_kv_cache_dtype": "fp8"}
+    given = {"diffusion_kv_cache_dtype": None, "quantization_config": {"method": "int8"}}
+    assert cb.with_quantization(given, {"sensitive": "fp8"}) == {
+        "diffusion_kv_cache_dtype": None, "quantization_config": {"method": "int8", "sensitive": "fp8"}}
+    assert given["quantization_config"] == {"method": "int8"}  # the caller's options are not changed
+    # on the GPU (no --fx-options) the sensitive-fp8 rows differ from the default in that setting only
+    from fx_fp8.config.fp8_config import FP8Config
+
+    default = FP8Config.load(None).to_dict()
+    sens_fp8 = FP8Config.load(None, **cb.with_quantization(None, {"sensitive": "fp8"})).to_dict()
+    default["quantization_config"].update(sensitive="fp8", quantize_sensitive=True)
+    assert sens_fp8 == default
+
+
+def test_the_conditioning_linear_is_adaln_modulation_by_structure_alone():
+    from fx_fp8.graph.sensitive import MODULATION
+    from fx_fp8.quant.rules import sensitive_reason
+
+    assert sensitive_reason("linear") is None  # no name pattern: only the graph's structure can find it
+    for chunks in (6, 3):  # a double block's norm1.linear, a single block's norm.linear
+        x, temb, lin, exact = cb.conditioning_case(32, 32 * chunks, 4, "cpu")
+        assert cb.sensitive_by_structure(cb.Modulation(lin), (x, temb)) == {"linear": MODULATION}
+        out, emb = cb.Modulation(lin)(x, temb)
+        assert out.shape == x.shape and cb.rel(emb, exact) < 1e-2  # the error is measured on the linear's output
+
+
 def test_append_section_adds_a_dated_section_with_versions(tmp_path):
     out = tmp_path / "RESULTS.md"
     out.write_text("# Benchmark results\n")
@@ -172,6 +250,13 @@ def test_materialise_initialises_every_parameter_and_refuses_what_it_cannot():
         cb.materialise(with_buffer, "cpu")
 
 
+def _table_cells(text):
+    """The cells of every data row of the markdown tables in `text` (header and rule lines left out)."""
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip()[1:-1].split("|")] for line in lines
+            if not line.startswith(("| case |", "| variant |", "| kernel |"))]
+
+
 # -- the whole script on CPU ------------------------------------------------------------------------
 def _dry_run(*extra, timeout=900):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -193,8 +278,27 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
         for contender in (cb.BF16_EAGER, cb.BF16_INDUCTOR, cb.FX_FP8, cb.FX_FP8_PREPARED):
             assert f"| 64x{k}->{n} | {contender} |" in quick
         assert f"| 64x{k}->{n} | {cb.FX_FP8} |" in quick
-    assert quick.count("linear fp8 1/1 (reference/eager)") == 2 * len(cb.TINY_LINEAR_SHAPES)
+    linear_rows = [line for line in quick.splitlines() if line.startswith("| 64x")]
+    assert sum("linear fp8 1/1 (reference/eager)" in line for line in linear_rows) == 2 * len(cb.TINY_LINEAR_SHAPES)
     assert quick.count("attention fp8 1/1 (reference/eager)") == 3
+    # conditioning: fx_fp8 found the adaLN linear by structure and ran it as each contender asks, never native
+    expected = {cb.FX_FP8_PREPARED: ("prepare_model: weight-only", "linear weight-only 1/1 (reference/eager)",
+                                     "weight-only INT8 (block [1, 32] scales)"),
+                "fx_fp8 prepared, weight-only fp8": ("prepare_model: weight-only",
+                                                     "linear weight-only 1/1 (reference/eager)",
+                                                     "weight-only FP8 (block [1, 32] scales)"),
+                cb.FX_FP8_SENSITIVE_FP8: ("prepare_model: W8A8", "linear fp8 1/1 (reference/eager)", "FP8 W8A8")}
+    assert set(expected) == set(cb.FX_FP8_CONDITIONING)
+    for k, n in cb.TINY_CONDITIONING_SHAPES:
+        rows = {cells[1]: cells for cells in _table_cells(quick) if cells[0] == f"1x{k}->{n} (adaLN)"}
+        assert set(rows) == {cb.BF16_INDUCTOR, cb.TORCHAO, *expected}, sorted(rows)
+        for contender, parts in expected.items():
+            note = rows[contender][-1]
+            assert "sensitive by structure: adaLN modulation" in note and "NOT" not in note, note
+            for part in parts:
+                assert part in note, (contender, part, note)
+            assert float(rows[contender][12]) < 0.1  # err of the linear's output: quantized, not garbage
+        assert float(rows[cb.BF16_INDUCTOR][12]) < 0.01
     for s in (64, 128, 200):
         for contender in (cb.CUDNN_BF16, cb.FLASH_BF16, cb.FX_FP8):
             assert f"| B1 H2 S{s} D64 | {contender} |" in quick
@@ -202,9 +306,24 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
     # CUDA it is aten::_scaled_mm, which the CPU reference no longer uses: torch 2.11 lacks its row-wise scales)
     fx_rows = [line for line in quick.splitlines() if f"| {cb.FX_FP8} |" in line and "->" in line]
     assert fx_rows and all("aten::matmul" in line for line in fx_rows), fx_rows
-    for variant in ("BF16 eager", "BF16 Inductor", "fx_fp8 prepared", cb.TORCHAO, "fx_fp8 prepared, reduce-overhead"):
+    for variant in ("BF16 eager", "BF16 Inductor", "fx_fp8 prepared", cb.TORCHAO, cb.FX_FP8_SENSITIVE_FP8,
+                    "fx_fp8 prepared, reduce-overhead"):
         assert f"| {variant} |" in flux, variant
-    assert flux.count("attention fp8 4/4 (reference/eager)") == 2  # every block's attention, counted once
+    assert flux.count("attention fp8 4/4 (reference/eager)") == 3  # every block's attention, counted once
+    variants = {cells[0]: cells for cells in _table_cells(flux[:flux.index("#### GPU kernel time")])}
+    # the 2 + 2 block model: 6 sensitive linears in the blocks (norm1 / norm1_context / norm.linear), weight-only
+    # by default and FP8 with sensitive "fp8", attention FP8 in both; the error is reported for both
+    assert "(14 of them weight-only)" in variants[cb.FX_FP8_PREPARED][-1]
+    assert "linear fp8 34/40 (reference/eager)" in variants[cb.FX_FP8_PREPARED][-1]
+    assert "(0 of them weight-only)" in variants[cb.FX_FP8_SENSITIVE_FP8][-1]
+    assert "linear fp8 40/40 (reference/eager)" in variants[cb.FX_FP8_SENSITIVE_FP8][-1]
+    assert 0 < float(variants[cb.FX_FP8_SENSITIVE_FP8][12]) < 0.1
+    # the second table: one column per variant that has kernels, its total row equal to the main table's kernel ms
+    attribution = _table_cells(flux[flux.index("#### GPU kernel time"):])
+    total = next(cells for cells in attribution if cells[0] == "total")
+    measured = [v for v, cells in variants.items() if cells[10] != "-"]
+    assert len(total) == 1 + len(measured) + (cb.TORCHAO in measured)  # the difference column needs torchao
+    assert total[1:1 + len(measured)] == [variants[v][10] for v in measured]
     appended = out.read_text()
     assert appended.startswith("# Benchmark results\n") and "## cuda_bench.py --quick --flux — " in appended
     assert "- torch: " in appended and "- device: CPU dry run" in appended and "### cuda_bench --flux" in appended
