@@ -67,6 +67,7 @@ import copy
 import gc
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -789,6 +790,16 @@ def flux_table(rows: list[Row]) -> str:
     return markdown_table(header, out)
 
 
+def _by_kernel_family(kernels) -> dict:
+    """{name: ms} with Inductor's numbered kernels of one fused pattern (triton_red_fused_..._0, _1) summed
+    under the name without the number: each variant numbers its kernels its own way."""
+    out: dict = {}
+    for name, ms, _ in kernels:
+        key = re.sub(r"_\d+$", "", name) if name.startswith("triton_") else name
+        out[key] = out.get(key, 0.0) + ms
+    return out
+
+
 def kernel_attribution_table(rows: list[Row], top: int = 15) -> str:
     """GPU kernel time per forward, kernel by kernel, side by side: a row per kernel short name
     (Timing.kernels), a column per variant with kernels (ms per forward; blank where the variant ran
@@ -798,7 +809,7 @@ def kernel_attribution_table(rows: list[Row], top: int = 15) -> str:
     measured = [r for r in rows if isinstance(r.timing, Timing) and r.timing.kernels]
     if not measured:
         return "(no variant has GPU kernel times to attribute)\n"
-    columns = [(r.contender, {name: ms for name, ms, _ in r.timing.kernels}, r.timing.kernel_ms) for r in measured]
+    columns = [(r.contender, _by_kernel_family(r.timing.kernels), r.timing.kernel_ms) for r in measured]
     by = {name: (kernels, total) for name, kernels, total in columns}
     diff = None
     if FX_FP8_PREPARED in by and TORCHAO in by:

@@ -7,7 +7,7 @@
 #
 # steps (seconds of timeout; override with e.g. QUICK_TIMEOUT=400):
 #   env        nvidia-smi, versions, what is installed (60)
-#   quick      benchmarks/cuda_bench.py --quick: linears and attention (QUICK_TIMEOUT, 320)
+#   quick      benchmarks/cuda_bench.py --quick: linears, conditioning linears, attention (QUICK_TIMEOUT, 320)
 #   flux       benchmarks/cuda_bench.py --flux: full-depth Flux-dev (FLUX_TIMEOUT, 320)
 #   pytest     python -m pytest -m cuda -q <repo>/tests (PYTEST_TIMEOUT, 300)
 #   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)

@@ -157,6 +157,16 @@ def test_kernel_attribution_table_without_torchao_ranks_by_the_largest_time_and_
     assert "no variant" in cb.kernel_attribution_table([cb.Row("flux", "c", "BF16 eager", "error: boom")])
 
 
+def test_kernel_attribution_table_sums_numbered_inductor_kernels_of_one_pattern():
+    """Inductor numbers its kernels per graph (..._0, ..._1): one fused pattern is one row across variants."""
+    rows = [cb.Row("flux", "c", cb.FX_FP8_PREPARED, _kernel_timing(
+                {"triton_red_fused_abs_amax_0": 2.0, "triton_red_fused_abs_amax_1": 1.0, "gemm_10": 5.0})),
+            cb.Row("flux", "c", cb.TORCHAO, _kernel_timing({"triton_red_fused_abs_amax_3": 1.5, "gemm_10": 5.0}))]
+    cells = _table_cells(cb.kernel_attribution_table(rows))
+    assert [c[0] for c in cells] == ["triton_red_fused_abs_amax", "gemm_10", "total"]  # only Triton names lose digits
+    assert _numbers(cells[0][1:]) == [3.0, 1.5, 1.5]
+
+
 def test_quantization_options_keep_attention_and_the_given_options():
     assert cb.with_quantization(None, {}) is None
     assert cb.with_quantization({"lowering": "reference"}, {"sensitive": "fp8"}) == {
