@@ -546,6 +546,17 @@ def quick_table(rows: list[Row]) -> str:
     return markdown_table(header, out)
 
 
+def host_table(rows: list[Row], n: int = 5) -> str:
+    """Where each fx_fp8 row's CPU time per call goes: launch ms next to the Python functions (and
+    builtins, e.g. a kernel launch) with the most own time, from Timing.host (cProfile)."""
+    out = [[r.case, r.contender, r.timing.launch_ms, r.timing.wall_ms, r.timing.top_host(n)]
+           for r in rows if isinstance(r.timing, Timing) and r.timing.host and r.contender.startswith("fx_fp8")]
+    if not out:
+        return "(no fx_fp8 row has a host profile)\n"
+    return markdown_table(["case", "contender", "launch ms/call", "wall ms/call",
+                           f"top {n} functions by own ms per call (cProfile: inflated ~1.5-2x)"], out)
+
+
 QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linear) or cuDNN BF16 ms (attention) / "
                "ms; x torchao: torchao ms / ms. wall: back-to-back calls, synchronised at the end; launch: the CPU's "
                "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
@@ -764,9 +775,10 @@ def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple
         row.err = rel(out, reference)
     wall, launch = bench.timer.wall_and_launch(step, 2 if bench.dry else 5)
     kernel_ms, per_call, kernels = bench.timer.profile(step, 1)  # one forward: thousands of kernels
+    host = bench.timer.host_profile(step, 1, top=12)
     if bench.device == "cuda":
         row.extra["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
-    return Timing(wall, wall, launch, kernel_ms, per_call, kernels), out
+    return Timing(wall, wall, launch, kernel_ms, per_call, kernels, host), out
 
 
 def flux_table(rows: list[Row]) -> str:
@@ -951,11 +963,13 @@ def main(argv=None) -> int:
 def render(mode: str, rows: list[Row], seconds: float) -> str:
     if mode == "quick":
         return (f"### cuda_bench --quick: linears, conditioning linears and attention, bf16 ({seconds:.0f} s)\n\n"
-                + quick_table(rows) + "\n" + QUICK_NOTES + "\n")
+                + quick_table(rows) + "\n" + QUICK_NOTES + "\n\n"
+                + "#### CPU time per call of the fx_fp8 rows, by Python function\n\n" + host_table(rows))
     return (f"### cuda_bench --flux: {rows[0].case if rows else 'Flux'}, regional compile ({seconds:.0f} s)\n\n"
             + flux_table(rows) + "\n" + FLUX_NOTES + "\n\n"
             + "#### GPU kernel time per forward, by kernel\n\n" + kernel_attribution_table(rows) + "\n"
-            + ATTRIBUTION_NOTES + "\n")
+            + ATTRIBUTION_NOTES + "\n\n"
+            + "#### CPU time per forward of the fx_fp8 variants, by Python function\n\n" + host_table(rows, 10))
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ Timer.measure(fn) gives, for one callable (its first call, the compile, already 
              memset included) the calls launched, summed, divided by the number of calls
   kernels    [(kernel, ms per call, share of kernel_ms)], largest first: e.g. the activation
              quantization kernel next to the GEMM
+  host       [(Python function, ms per call of its own time)], largest first (cProfile over a few
+             calls): where launch_ms goes when a row is CPU-bound
 kernel_ms / wall_ms is how busy the GPU was: what is missing is CPU overhead and launch gaps.
 On CPU (a dry run) the same figures come from perf_counter, and the profiler's outermost aten ops
 stand in for kernels (their CPU time).
@@ -37,6 +39,10 @@ class Timing:
     kernel_ms: float
     kernels_per_call: float
     kernels: list = field(default_factory=list)   # [(short name, ms per call, share)]
+    host: list = field(default_factory=list)      # [(function, own ms per call)], cProfile
+
+    def top_host(self, n: int = 5) -> str:
+        return "; ".join(f"{name} {ms:.3f}" for name, ms in self.host[:n])
 
     @property
     def busy(self) -> float:
@@ -146,6 +152,24 @@ class Timer:
             self.sync()
         return attribute(kernel_durations(prof.events(), self.device), calls)
 
+    def host_profile(self, fn: Callable, calls: int, top: int = 8) -> list:
+        """[(function, ms of its own time per call)] of the `calls` calls' Python functions (builtins such
+        as a kernel launch included), largest first. cProfile inflates Python time (about 1.5-2x):
+        the shares, not the sums, are what it tells."""
+        import cProfile
+        import pstats
+
+        self.sync()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            fn()
+        prof.disable()
+        self.sync()
+        stats = pstats.Stats(prof).stats
+        ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+        return [(_function_name(*where), own_s / calls * 1e3) for where, (_, _, own_s, _, _) in ranked]
+
     def calls_for(self, ms: float, most: int = 50) -> int:
         """Back-to-back calls that fill about batch_ms (at least 3)."""
         return max(3, min(most, int(self.batch_ms / max(ms, 1e-3))))
@@ -155,7 +179,15 @@ class Timer:
         calls = self.calls_for(ms)
         wall, launch = self.wall_and_launch(fn, calls)
         kernel_ms, per_call, kernels = self.profile(fn, min(calls, 10))
-        return Timing(ms, wall, launch, kernel_ms, per_call, kernels)
+        host = self.host_profile(fn, min(calls, 20))
+        return Timing(ms, wall, launch, kernel_ms, per_call, kernels, host)
+
+
+def _function_name(path: str, line: int, name: str) -> str:
+    """cProfile's (file, line, function) as 'module.py:line(function)', or the builtin's name."""
+    if path == "~":  # a builtin: "<built-in method torch._C._cuda_...>" / "<method 'run' of ...>"
+        return name.strip("<>")
+    return f"{os.path.basename(path)}:{line}({name})"
 
 
 # -- tables and result files ----------------------------------------------------------------------

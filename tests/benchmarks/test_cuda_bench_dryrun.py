@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,6 +168,26 @@ def test_kernel_attribution_table_sums_numbered_inductor_kernels_of_one_pattern(
     assert _numbers(cells[0][1:]) == [3.0, 1.5, 1.5]
 
 
+def _spin(n):
+    return sum(i * i for i in range(n))
+
+
+def test_host_profile_names_the_functions_with_the_most_own_time():
+    t = gt.Timer("cpu")
+    host = t.host_profile(lambda: (_spin(20000), sorted(range(10))), calls=3)
+    names = [name for name, _ in host]
+    assert names[0].startswith("test_cuda_bench_dryrun.py:") and names[0].endswith("(<genexpr>)"), names
+    assert "built-in method builtins.sum" in names[:2] and any(n.endswith("(_spin)") for n in names), names
+    assert all(ms >= 0 for _, ms in host) and host == sorted(host, key=lambda h: -h[1])
+    timing = gt.Timing(1.0, 1.0, 0.5, 0.5, 1.0, [], [("a.py:1(f)", 0.25), ("b.py:2(g)", 0.125)])
+    assert timing.top_host(1) == "a.py:1(f) 0.250"
+    rows = [cb.Row("linear", "c", cb.FX_FP8, timing), cb.Row("linear", "c", cb.BF16_INDUCTOR, timing),
+            cb.Row("linear", "c", cb.FX_FP8_PREPARED, "error: boom")]
+    cells = _table_cells(cb.host_table(rows))
+    assert cells == [["c", cb.FX_FP8, "0.5", "1", "a.py:1(f) 0.250; b.py:2(g) 0.125"]]  # fx_fp8 rows with a profile
+    assert "no fx_fp8 row" in cb.host_table(rows[1:])
+
+
 def test_quantization_options_keep_attention_and_the_given_options():
     assert cb.with_quantization(None, {}) is None
     assert cb.with_quantization({"lowering": "reference"}, {"sensitive": "fp8"}) == {
@@ -282,8 +303,16 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     assert "error:" not in text and "skipped" not in text
-    quick = text[text.index("### cuda_bench --quick"):text.index("### cuda_bench --flux")]
-    flux = text[text.index("### cuda_bench --flux"):]
+    quick = text[text.index("### cuda_bench --quick"):text.index("#### CPU time per call of the fx_fp8 rows")]
+    quick_host = text[text.index("#### CPU time per call of the fx_fp8 rows"):text.index("### cuda_bench --flux")]
+    flux = text[text.index("### cuda_bench --flux"):text.index("#### CPU time per forward of the fx_fp8 variants")]
+    flux_host = text[text.index("#### CPU time per forward of the fx_fp8 variants"):]
+    # the host tables: a row per fx_fp8 row, its top functions with their own ms per call
+    host_rows = _table_cells(quick_host)
+    assert {cells[1] for cells in host_rows} == {cb.FX_FP8, cb.FX_FP8_PREPARED, *cb.FX_FP8_CONDITIONING}
+    assert all(re.search(r"\(\w+\) \d+\.\d{3}", cells[-1]) for cells in host_rows), host_rows[:2]
+    assert {cells[1] for cells in _table_cells(flux_host)} == {cb.FX_FP8_PREPARED, cb.FX_FP8_SENSITIVE_FP8,
+                                                               "fx_fp8 prepared, reduce-overhead"}
     for k, n in cb.TINY_LINEAR_SHAPES:
         for contender in (cb.BF16_EAGER, cb.BF16_INDUCTOR, cb.FX_FP8, cb.FX_FP8_PREPARED):
             assert f"| 64x{k}->{n} | {contender} |" in quick
