@@ -18,6 +18,7 @@ a failing candidate shows its error in the table and the run goes on):
   triton          fx_fp8's path: Q/K/V pre-pass (smooth K, Hadamard, block scales) + Triton FP8 kernel,
                   autotuned (the chosen config is printed)
   triton_kernel   the kernel alone on prepared inputs;  triton_prepass: the pre-pass alone
+  triton_prepass_one_launch  the pre-pass with Q, K and V in one launch (triton_quant.ONE_LAUNCH's candidate)
   triton_pvN      the kernel alone at a fixed config with P @ V dots of N keys (PV_KEYS sweep)
   triton_inplace  the kernel alone, P @ V accumulated in place across tiles (the old structure)
   cudnn_fp8       fx_fp8's cuDNN FP8 SDPA path (per-tensor scales, FP8 O, the pre-pass included)
@@ -71,7 +72,8 @@ BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 #: the kernel-alone variants: (name, pv_keys, two_level, config)
 VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
             ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
-CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass"] + \
+CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass",
+              "triton_prepass_one_launch"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
 GPU_ONLY = {"cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
@@ -220,15 +222,15 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
     return fn, note
 
 
-def cand_triton_prepass(ctx):
+def cand_triton_prepass(ctx, one_launch: bool = False):
     from fx_fp8.ops import triton_quant
 
     q, k, v = ctx["q"], ctx["k"], ctx["v"]
 
     def fn():
         triton_quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True,
-                                 smooth_k=True)
-    return fn, "time only"
+                                 smooth_k=True, one_launch=one_launch)
+    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "")
 
 
 def cand_cudnn_fp8(ctx):
@@ -353,6 +355,8 @@ def build(ctx, name):
         return cand_triton_kernel(ctx)
     if name == "triton_prepass":
         return cand_triton_prepass(ctx)
+    if name == "triton_prepass_one_launch":
+        return cand_triton_prepass(ctx, one_launch=True)
     for vname, pv, two_level, config in VARIANTS:
         if name == vname:
             key = (ctx["d"], ctx["s"], ctx["mask"] is not None)

@@ -164,14 +164,50 @@ def _quant_kernel(x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_ptr, dvec_p
                   D: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, ONE_PASS: tl.constexpr,
                   SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE: tl.constexpr,
                   EXACT_CAST: tl.constexpr):
-    """One program per (block of `block` rows, batch x head).
+    """One program per (block of `block` rows, batch x head): _quant_program."""
+    _quant_program(tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr,
+                   amax_ptr, dvec_ptr, dot_ptr, H, S, S_OUT, n_blocks, block, stride_b, stride_h, stride_s, stride_d,
+                   inv_sqrt_d, D, ROWS, MODE, ONE_PASS, SMOOTH, HADAMARD, DOT, TRANSPOSE, EXACT_CAST)
+
+
+@triton.jit
+def _qkv_block_kernel(q_ptr, k_ptr, v_ptr, mean_ptr, had_ptr, qo_ptr, ko_ptr, vo_ptr, sq_ptr, sk_ptr, sv_ptr,
+                      dvec_ptr, dot_ptr, H, SQ, SQ_OUT, SK, SK_OUT, nq, nk, q_block, kv_block,
+                      q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d,
+                      D: tl.constexpr, Q_ROWS: tl.constexpr, Q_ONE_PASS: tl.constexpr, KV_ROWS: tl.constexpr,
+                      KV_ONE_PASS: tl.constexpr, SMOOTH_K: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr,
+                      TRANSPOSE_V: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """Q, K and V with block scales in one launch: programs [0, nq) quantize Q's blocks, [nq, nq + nk)
+    K's (smoothed, rotated), the rest V's (transposed or not); each exactly as _quant_kernel would."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    if blk < nq:
+        _quant_program(blk, bh, q_ptr, mean_ptr, had_ptr, qo_ptr, sq_ptr, sq_ptr, dvec_ptr, dot_ptr, H, SQ, SQ_OUT,
+                       nq, q_block, q_sb, q_sh, q_ss, q_sd, inv_sqrt_d, D, Q_ROWS, 0, Q_ONE_PASS, False, HADAMARD,
+                       DOT, False, EXACT_CAST)
+    elif blk < nq + nk:
+        _quant_program(blk - nq, bh, k_ptr, mean_ptr, had_ptr, ko_ptr, sk_ptr, sk_ptr, dvec_ptr, dot_ptr, H, SK,
+                       SK_OUT, nk, kv_block, k_sb, k_sh, k_ss, k_sd, inv_sqrt_d, D, KV_ROWS, 0, KV_ONE_PASS, SMOOTH_K,
+                       HADAMARD, False, False, EXACT_CAST)
+    else:
+        _quant_program(blk - nq - nk, bh, v_ptr, mean_ptr, had_ptr, vo_ptr, sv_ptr, sv_ptr, dvec_ptr, dot_ptr, H, SK,
+                       SK_OUT, nk, kv_block, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d, D, KV_ROWS, 0, KV_ONE_PASS, False,
+                       False, False, TRANSPOSE_V, EXACT_CAST)
+
+
+@triton.jit
+def _quant_program(blk, bh, x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_ptr, dvec_ptr, dot_ptr,
+                   H, S, S_OUT, n_blocks, block,
+                   stride_b, stride_h, stride_s, stride_d, inv_sqrt_d,
+                   D: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, ONE_PASS: tl.constexpr,
+                   SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE: tl.constexpr,
+                   EXACT_CAST: tl.constexpr):
+    """Block `blk` (of `block` rows) of batch x head `bh`.
 
     MODE_BLOCK: amax of the block, its scale, the cast (one read when ONE_PASS: ROWS >= block).
     MODE_AMAX:  the block's amax only, to amax_ptr (per-head / per-tensor scales).
     MODE_CAST:  the cast with the (batch, head)'s scale from scale_ptr.
     DOT (with MODE_BLOCK / MODE_CAST): also x_row . dvec[b, h] of every raw row, to dot_ptr (B, H, S)."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
     x_base = x_ptr + b * stride_b + h * stride_h
@@ -312,19 +348,72 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
     return out, scale, dots
 
 
+#: prepare_qkv's default for block scales: Q, K and V in one launch (_qkv_block_kernel) or three. Off until a
+#: GPU measures it faster: bit for bit the same output, two launches fewer, but the one kernel runs every block
+#: at the largest branch's 8 warps and 255 registers (D 128: one program per SM; V alone takes 157 at 4 warps).
+#: benchmarks/attention_kernels.py times both (triton_prepass, triton_prepass_one_launch).
+ONE_LAUNCH = False
+
+
 def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadamard: bool, smooth_k: bool,
-                pad: bool = True, transpose_v: bool = True, lse_shift: bool = False, exact_cast: bool | None = None):
+                pad: bool = True, transpose_v: bool = True, lse_shift: bool = False, exact_cast: bool | None = None,
+                one_launch: bool | None = None):
     """quant.prepare_qkv on the GPU, in the kernels' layouts: (qq (B,H,Sq_out,D), sq, kq (B,H,Sk_out,D), sk,
     v (B,H,D,Sk_out) if transpose_v else (B,H,Sk_out,D), sv, shift); scales as quant.quantize_rows_in_blocks.
     shift: with lse_shift and smooth_k, q . mean(K) per query row, fp32 (B, H, Sq) (what the smoothing
-    removed from the scores, before softmax_scale: quant.smoothing_lse_shift / softmax_scale), else None."""
-    kw = dict(granularity=granularity, pad=pad, exact_cast=exact_cast)
+    removed from the scores, before softmax_scale: quant.smoothing_lse_shift / softmax_scale), else None.
+    one_launch (block scales, Q / K / V of one batch and head count): _qkv_block_kernel instead of three
+    launches (default ONE_LAUNCH)."""
     k_mean = token_mean(k) if smooth_k else None
+    one_launch = ONE_LAUNCH if one_launch is None else one_launch
+    if one_launch and granularity == "block" and q.shape[:2] == k.shape[:2] and k.shape == v.shape:
+        return _prepare_blocks_in_one_launch(q, k, v, k_mean, q_block=q_block, kv_block=kv_block, hadamard=hadamard,
+                                             pad=pad, transpose_v=transpose_v,
+                                             lse_shift=lse_shift and smooth_k, exact_cast=exact_cast)
+    kw = dict(granularity=granularity, pad=pad, exact_cast=exact_cast)
     qq, sq, shift = quantize_heads(q, block=q_block, hadamard=hadamard,
                                    row_dot=k_mean if lse_shift and smooth_k else None, **kw)
     kq, sk, _ = quantize_heads(k, block=kv_block, mean=k_mean, hadamard=hadamard, **kw)
     vq, sv, _ = quantize_heads(v, block=kv_block, transpose=transpose_v, **kw)
     return qq, sq, kq, sk, vq, sv, shift
+
+
+def _block_outputs(x: torch.Tensor, block: int, pad: bool, transpose: bool):
+    """(fp8 output, fp32 block scales, S_out, number of blocks) as quantize_heads allocates them."""
+    b, h, s, d = x.shape
+    s_out = padded_len(s) if pad else s
+    n_blocks = -(-s // block)
+    make = torch.empty if n_blocks * block >= s_out else torch.zeros  # rows past the last block: zeros
+    out = make((b, h, d, s_out) if transpose else (b, h, s_out, d), dtype=quant.FP8_DTYPE, device=x.device)
+    return out, torch.empty((b, h, n_blocks), dtype=torch.float32, device=x.device), s_out, n_blocks
+
+
+def _prepare_blocks_in_one_launch(q, k, v, k_mean, *, q_block: int, kv_block: int, hadamard: bool, pad: bool,
+                                  transpose_v: bool, lse_shift: bool, exact_cast):
+    """prepare_qkv with block scales: Q, K and V quantized by one launch of _qkv_block_kernel (the
+    programs of the three tensors side by side in one grid), after K's token mean."""
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    if d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"quantize_heads: head dim {d} not supported (need a power of two in 16..256)")
+    if q_block < 1 or kv_block < 1:
+        raise ValueError(f"quantize_heads: block must be positive, got {q_block} / {kv_block}")
+    qq, sq, sq_out, nq = _block_outputs(q, q_block, pad, False)
+    kq, sk, sk_out, nk = _block_outputs(k, kv_block, pad, False)
+    vq, sv, _, _ = _block_outputs(v, kv_block, pad, transpose_v)
+    dots = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if lse_shift else None
+    if b * h and (nq or nk):
+        q_rows, q_one, q_warps = _launch_config(q_block, d)
+        kv_rows, kv_one, kv_warps = _launch_config(kv_block, d)
+        had = _hadamard_pm1(d, str(q.device)) if hadamard else sq
+        _qkv_block_kernel[(nq + 2 * nk, b * h)](
+            q, k, v, k_mean if k_mean is not None else sq, had, qq, kq, vq, sq, sk, sv,
+            k_mean if lse_shift else sq, dots if dots is not None else sq,
+            h, s_q, sq_out, s_k, sk_out, nq, nk, q_block, kv_block, *q.stride(), *k.stride(), *v.stride(),
+            1.0 / math.sqrt(d), D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, KV_ROWS=kv_rows, KV_ONE_PASS=kv_one,
+            SMOOTH_K=k_mean is not None, HADAMARD=hadamard, DOT=lse_shift, TRANSPOSE_V=transpose_v,
+            EXACT_CAST=interpreting() if exact_cast is None else exact_cast, num_warps=max(q_warps, kv_warps))
+    return qq, sq, kq, sk, vq, sv, dots
 
 
 # -- INT8 GEMM epilogue -------------------------------------------------------------

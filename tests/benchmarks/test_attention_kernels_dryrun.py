@@ -38,7 +38,7 @@ def test_dry_run_runs_every_row(tmp_path):
         for name in ("triton", "triton_kernel"):  # fx_fp8's kernels ran in the interpreter, as accurate as ref
             c = r["cells"][name]
             assert c["ms"] > 0 and c["err"] < 1.1 * r["ref_err"], (name, c, r["ref_err"])
-        assert "ms" in r["cells"]["triton_prepass"]
+        assert "ms" in r["cells"]["triton_prepass"] and "ms" in r["cells"]["triton_prepass_one_launch"]
     variants = [r for r in res["rows"] if (r["d"], r["s"], r["mask"]) == ak.DRY_VARIANT_ROW]
     assert len(variants) == 1
     for name, *_ in ak.VARIANTS:

@@ -115,3 +115,31 @@ def test_weight_only_kernel_does_not_spill(config, tmp_path):
             ptx = kernel.asm["ptx"]
             assert not re.search(r"ld\.global(\.\w+)*\.[bu]8\b", ptx), f"{config} ({storage}): weights read byte by byte"
             assert re.search(r"ld\.global(\.\w+)*\.v[24]\.b32", ptx), f"{config} ({storage}): no vector loads"
+
+
+@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("hadamard,smooth,dot,transpose", [(True, True, True, True), (True, True, False, True),
+                                                           (False, False, False, True), (True, False, True, False)])
+def test_qkv_one_launch_kernel_does_not_spill(d, hadamard, smooth, dot, transpose, tmp_path):
+    """The one-launch Q / K / V quantization (block scales, the default 128-row Q and 256-row K / V blocks)
+    holds its largest branch without spills at the warps prepare_qkv launches it with."""
+    if _ptxas() is None:
+        pytest.skip("no ptxas in this Triton install")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from fx_fp8.ops.triton_quant import _launch_config, _qkv_block_kernel
+
+    q_rows, q_one, q_warps = _launch_config(128, d)
+    kv_rows, kv_one, kv_warps = _launch_config(256, d)
+    cons = dict(D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, KV_ROWS=kv_rows, KV_ONE_PASS=kv_one, SMOOTH_K=smooth,
+                HADAMARD=hadamard, DOT=dot, TRANSPOSE_V=transpose, EXACT_CAST=False, q_sd=1, k_sd=1, v_sd=1)
+    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16",
+             "qo_ptr": "*fp8e4nv", "ko_ptr": "*fp8e4nv", "vo_ptr": "*fp8e4nv", "sq_ptr": "*fp32", "sk_ptr": "*fp32",
+             "sv_ptr": "*fp32", "dvec_ptr": "*fp32", "dot_ptr": "*fp32"}
+    sig = {n: "constexpr" if n in cons else types.get(n, "fp32" if n == "inv_sqrt_d" else "i32")
+           for n in _qkv_block_kernel.arg_names}
+    kernel = triton.compile(ASTSource(_qkv_block_kernel, sig, constexprs=cons), target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=max(q_warps, kv_warps), num_stages=1))
+    regs, spill = _spills(kernel, 90, tmp_path)
+    assert spill == 0, f"D {d} ({cons}): {regs} registers, {spill} bytes of spill stores"

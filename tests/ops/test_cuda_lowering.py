@@ -604,3 +604,36 @@ def test_backend_fp8_on_flux_with_inductor(mode):
         assert torch.isfinite(out).all()
         assert rel(out, expected) < 0.1
     assert torch.equal(outs[1], outs[2])  # replays are deterministic
+
+
+class _Launches:
+    """Stands in for a Triton kernel: records each launch's grid and constexpr flags."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((grid, {k: v for k, v in kw.items() if k.isupper()}))
+
+
+@pytest.mark.parametrize("granularity,one_launch,launches", [("block", True, (1, 0)), ("block", False, (0, 3)),
+                                                            ("block", None, (0, 3)), ("head", True, (0, 6)),
+                                                            ("tensor", True, (0, 6))])
+def test_qkv_block_scales_in_one_launch_when_asked(granularity, one_launch, launches, monkeypatch):
+    """With one_launch, Q, K and V with block scales are one launch (the three tensors' blocks in one
+    grid, after K's mean); by default (ONE_LAUNCH, off until measured) three; per-head and per-tensor
+    scales keep their amax and cast passes per tensor."""
+    from fx_fp8.ops import triton_quant as tq
+
+    fused, single = _Launches(), _Launches()
+    monkeypatch.setattr(tq, "_qkv_block_kernel", fused)
+    monkeypatch.setattr(tq, "_quant_kernel", single)
+    q, k, v = (torch.randn(2, 3, s, 64).bfloat16() for s in (300, 700, 700))
+    tq.prepare_qkv(q, k, v, granularity=granularity, q_block=128, kv_block=256, hadamard=True, smooth_k=True,
+                   lse_shift=True, one_launch=one_launch)
+    assert (len(fused.calls), len(single.calls)) == launches
+    if fused.calls:
+        (grid, flags), = fused.calls
+        assert grid == (3 + 2 * 3, 6)  # ceil(300 / 128) Q blocks, ceil(700 / 256) K and V blocks, B x H
+        assert flags["SMOOTH_K"] and flags["HADAMARD"] and flags["DOT"] and flags["TRANSPOSE_V"]
+        assert (flags["Q_ROWS"], flags["Q_ONE_PASS"], flags["KV_ONE_PASS"]) == (128, True, True)  # D 64: in registers

@@ -209,6 +209,31 @@ for method, gran, blk in [("int8", "block", (1, 32)), ("fp8", "channel", None), 
             "old_err": rel(old, exact),
             "candidates": {"x".join(str(int(v)) for v in c): rel(tw.w8a16_linear(x, wq, ws, bias, config=c, **kw), exact)
                            for c in tw.small_m_candidates(m, bc)}}
+
+# -- block scales: Q, K and V in one launch, bit for bit what three per-tensor launches write ----------
+fused_same = []
+for (bb, hh, sqq, skk, dd) in [(1, 2, 300, 300, 64), (2, 1, 130, 700, 128), (1, 2, 5, 260, 64)]:
+    q3 = torch.randn(bb, sqq, hh, dd).bfloat16().transpose(1, 2)
+    k3 = (torch.randn(bb, hh, skk, dd) * 2 + 0.5).bfloat16()
+    v3 = torch.randn(bb, hh, skk, dd).bfloat16()
+    for tv, pad in ((True, True), (False, False)):
+        for had, smooth, lse in ((True, True, True), (False, False, False), (True, False, True)):
+            fused = tq.prepare_qkv(q3, k3, v3, granularity="block", q_block=128, kv_block=256, hadamard=had,
+                                   smooth_k=smooth, lse_shift=lse, transpose_v=tv, pad=pad, one_launch=True)
+            mean = tq.token_mean(k3) if smooth else None
+            kw3 = dict(granularity="block", pad=pad)
+            qq3, sq3, sh3 = tq.quantize_heads(q3, block=128, hadamard=had, row_dot=mean if lse and smooth else None,
+                                              **kw3)
+            kq3, sk3, _ = tq.quantize_heads(k3, block=256, mean=mean, hadamard=had, **kw3)
+            vq3, sv3, _ = tq.quantize_heads(v3, block=256, transpose=tv, **kw3)
+            for a, c in zip(fused, (qq3, sq3, kq3, sk3, vq3, sv3, sh3)):
+                if a is None or c is None:
+                    fused_same.append(a is None and c is None)
+                else:
+                    fused_same.append(a.shape == c.shape and torch.equal(a.view(torch.uint8) if a.dtype == quant.FP8_DTYPE
+                                                                         else a, c.view(torch.uint8)
+                                                                         if c.dtype == quant.FP8_DTYPE else c))
+res["qkv_one_launch_same"] = fused_same
 print("RESULT" + json.dumps(res))
 """
 
@@ -339,3 +364,8 @@ def test_every_small_m_candidate_is_as_exact_as_the_old_tile(results, case):
     assert fma and len(r["candidates"]) > len(fma), r  # both forms were run
     for name, err in r["candidates"].items():
         assert err < 4e-3 and err <= 1.05 * r["old_err"] + 1e-5, (name, r)
+
+
+def test_block_scales_in_one_launch_write_what_three_launches_write(results):
+    same = results["qkv_one_launch_same"]
+    assert len(same) == 3 * 2 * 3 * 7 and all(same), same
