@@ -158,6 +158,7 @@ def _parse_cli(argv):
 SCRIPTS = {
     "benchmarks/cuda_bench.py": _parse_cuda_bench,
     "benchmarks/attention_kernels.py": lambda argv: _load_script("benchmarks/attention_kernels.py").parse(argv),
+    "benchmarks/w8a16_forms.py": lambda argv: _load_script("benchmarks/w8a16_forms.py").parse(argv),
     "examples/text_to_image.py": lambda argv: _load_script("examples/text_to_image.py").build_parser().parse_args(argv),
 }
 
