@@ -10,13 +10,13 @@ zero), or S itself for cuDNN.
 
 Memory traffic:
 * block scales: one program per block of rows reads it from memory once.
-  Blocks that fit in registers without spilling (measured on sm_90a at 8
-  warps: 128 x 128 values, the default Q block at head dim 128, or 256 x 64)
-  are loaded, reduced to their amax, scaled, cast and stored in one pass.
-  Larger ones (the default 256-row K and V blocks at head dim 128: 28-836
-  bytes of spills at 8 or 16 warps) are walked twice in 32-row steps, the
-  second walk re-reading the 64 KiB the same program has just read, from
-  L2: HBM traffic stays one read of each block.
+  Blocks that fit in registers without spilling (measured with ptxas for
+  sm_90a at 8 warps, Triton 3.6 and 3.9: 128 x 128 values cast as they are,
+  64 x 128 rotated by the Hadamard dots) are loaded, reduced to their amax,
+  scaled, cast and stored in one pass. Larger ones (the default 128-row Q
+  and 256-row K blocks at head dim 128, rotated; 256-row V blocks) are walked
+  twice in 32-row steps (4096 values), the second walk re-reading what the same
+  program has just read, from L2: HBM traffic stays one read of each block.
 * per-head / per-tensor scales need the whole head's amax before the first
   cast: an amax-only pass, a tiny torch reduction, then the cast pass.
 * the K mean of smooth_k is one torch reduction `mean(dtype=float32)`, which
@@ -60,9 +60,11 @@ from fx_fp8.ops import quant
 FP8_MAX = quant.FP8_MAX
 SEQ_PAD = 128  # sequence padding of the attention layouts: a multiple of every BLOCK_M / BLOCK_N the kernel uses
 #: largest block (rows x head dim) a program holds in registers at 8 warps without spilling, measured with
-#: `ptxas -v` for sm_90a: 128 x 128 (or 256 x 64) values, rotated or not; 256 x 128 spills (28-812 bytes)
-#: at 8 or 16 warps even for a plain cast
+#: `ptxas -v` for sm_90a (tests/ops/test_cuda_kernel_spills.py): 128 x 128 values cast as they are (256 x 128
+#: spills 28-812 bytes at 8 or 16 warps even for a plain cast); rotated (Hadamard dots in registers), 64 x 128:
+#: a rotated 128 x 128 block fits Triton 3.9's 254 registers but spills 12-340 bytes on Triton 3.6 (torch 2.11's)
 ONE_PASS_ELEMS = 128 * 128
+ONE_PASS_ROTATED_ELEMS = 64 * 128
 #: rows a program handles in the amax-only / cast-only passes of per-head and per-tensor scales
 CHUNK_ROWS = 128
 
@@ -174,9 +176,10 @@ def _quant_kernel(x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_ptr, dvec_p
 def _qkv_block_kernel(q_ptr, k_ptr, v_ptr, mean_ptr, had_ptr, qo_ptr, ko_ptr, vo_ptr, sq_ptr, sk_ptr, sv_ptr,
                       dvec_ptr, dot_ptr, H, SQ, SQ_OUT, SK, SK_OUT, nq, nk, q_block, kv_block,
                       q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d,
-                      D: tl.constexpr, Q_ROWS: tl.constexpr, Q_ONE_PASS: tl.constexpr, KV_ROWS: tl.constexpr,
-                      KV_ONE_PASS: tl.constexpr, SMOOTH_K: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr,
-                      TRANSPOSE_V: tl.constexpr, EXACT_CAST: tl.constexpr):
+                      D: tl.constexpr, Q_ROWS: tl.constexpr, Q_ONE_PASS: tl.constexpr, K_ROWS: tl.constexpr,
+                      K_ONE_PASS: tl.constexpr, V_ROWS: tl.constexpr, V_ONE_PASS: tl.constexpr,
+                      SMOOTH_K: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE_V: tl.constexpr,
+                      EXACT_CAST: tl.constexpr):
     """Q, K and V with block scales in one launch: programs [0, nq) quantize Q's blocks, [nq, nq + nk)
     K's (smoothed, rotated), the rest V's (transposed or not); each exactly as _quant_kernel would."""
     blk = tl.program_id(0)
@@ -187,11 +190,11 @@ def _qkv_block_kernel(q_ptr, k_ptr, v_ptr, mean_ptr, had_ptr, qo_ptr, ko_ptr, vo
                        DOT, False, EXACT_CAST)
     elif blk < nq + nk:
         _quant_program(blk - nq, bh, k_ptr, mean_ptr, had_ptr, ko_ptr, sk_ptr, sk_ptr, dvec_ptr, dot_ptr, H, SK,
-                       SK_OUT, nk, kv_block, k_sb, k_sh, k_ss, k_sd, inv_sqrt_d, D, KV_ROWS, 0, KV_ONE_PASS, SMOOTH_K,
+                       SK_OUT, nk, kv_block, k_sb, k_sh, k_ss, k_sd, inv_sqrt_d, D, K_ROWS, 0, K_ONE_PASS, SMOOTH_K,
                        HADAMARD, False, False, EXACT_CAST)
     else:
         _quant_program(blk - nq - nk, bh, v_ptr, mean_ptr, had_ptr, vo_ptr, sv_ptr, sv_ptr, dvec_ptr, dot_ptr, H, SK,
-                       SK_OUT, nk, kv_block, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d, D, KV_ROWS, 0, KV_ONE_PASS, False,
+                       SK_OUT, nk, kv_block, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d, D, V_ROWS, 0, V_ONE_PASS, False,
                        False, False, TRANSPOSE_V, EXACT_CAST)
 
 
@@ -274,10 +277,10 @@ def _hadamard_pm1(n: int, device: str) -> torch.Tensor:
     return torch.sign(quant._hadamard_cpu(n)).to(device=device, dtype=torch.float16).contiguous()
 
 
-def _launch_config(block: int, d: int) -> tuple[int, bool, int]:
-    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d."""
+def _launch_config(block: int, d: int, rotated: bool) -> tuple[int, bool, int]:
+    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d, rotated (Hadamard) or not."""
     rows = triton.next_power_of_2(block)
-    if rows * d <= ONE_PASS_ELEMS:  # the whole block in registers
+    if rows * d <= (ONE_PASS_ROTATED_ELEMS if rotated else ONE_PASS_ELEMS):  # the whole block in registers
         return rows, True, 8 if rows * d >= 8192 else 4
     return max(1, 4096 // d), False, 4  # 32 rows at d=128 per step of the two-pass loop
 
@@ -314,7 +317,7 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
     exact = interpreting() if exact_cast is None else exact_cast
 
     def launch(mode, blk_rows, n_blocks, out, scale, amax):
-        rows, one_pass, warps = _launch_config(blk_rows, d)
+        rows, one_pass, warps = _launch_config(blk_rows, d, hadamard)
         some = next(t for t in (scale, amax) if t is not None)  # dummy pointer for unused arguments
         _quant_kernel[(n_blocks, b * h)](
             x, mean if mean is not None else some, had if had is not None else some,
@@ -350,9 +353,12 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
 
 #: prepare_qkv's default for block scales: Q, K and V in one launch (_qkv_block_kernel) or three. Off until a
 #: GPU measures it faster: bit for bit the same output, two launches fewer, but the one kernel runs every block
-#: at the largest branch's 8 warps and 255 registers (D 128: one program per SM; V alone takes 157 at 4 warps).
+#: at 8 warps and the largest branch's registers (up to 254: one program per SM; V alone takes 157 at 4 warps).
 #: benchmarks/attention_kernels.py times both (triton_prepass, triton_prepass_one_launch).
 ONE_LAUNCH = False
+#: warps of the one-launch kernel: the three branches live in one kernel, and at 4 warps ptxas spills 4-936
+#: bytes (D 64 / 128, Triton 3.6 and 3.9); at 8 none (tests/ops/test_cuda_kernel_spills.py)
+QKV_WARPS = 8
 
 
 def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadamard: bool, smooth_k: bool,
@@ -403,16 +409,18 @@ def _prepare_blocks_in_one_launch(q, k, v, k_mean, *, q_block: int, kv_block: in
     vq, sv, _, _ = _block_outputs(v, kv_block, pad, transpose_v)
     dots = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if lse_shift else None
     if b * h and (nq or nk):
-        q_rows, q_one, q_warps = _launch_config(q_block, d)
-        kv_rows, kv_one, kv_warps = _launch_config(kv_block, d)
+        q_rows, q_one, _ = _launch_config(q_block, d, hadamard)
+        k_rows, k_one, _ = _launch_config(kv_block, d, hadamard)
+        v_rows, v_one, _ = _launch_config(kv_block, d, False)
         had = _hadamard_pm1(d, str(q.device)) if hadamard else sq
         _qkv_block_kernel[(nq + 2 * nk, b * h)](
             q, k, v, k_mean if k_mean is not None else sq, had, qq, kq, vq, sq, sk, sv,
             k_mean if lse_shift else sq, dots if dots is not None else sq,
             h, s_q, sq_out, s_k, sk_out, nq, nk, q_block, kv_block, *q.stride(), *k.stride(), *v.stride(),
-            1.0 / math.sqrt(d), D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, KV_ROWS=kv_rows, KV_ONE_PASS=kv_one,
-            SMOOTH_K=k_mean is not None, HADAMARD=hadamard, DOT=lse_shift, TRANSPOSE_V=transpose_v,
-            EXACT_CAST=interpreting() if exact_cast is None else exact_cast, num_warps=max(q_warps, kv_warps))
+            1.0 / math.sqrt(d), D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, K_ROWS=k_rows, K_ONE_PASS=k_one,
+            V_ROWS=v_rows, V_ONE_PASS=v_one, SMOOTH_K=k_mean is not None, HADAMARD=hadamard, DOT=lse_shift,
+            TRANSPOSE_V=transpose_v, EXACT_CAST=interpreting() if exact_cast is None else exact_cast,
+            num_warps=QKV_WARPS)
     return qq, sq, kq, sk, vq, sv, dots
 
 

@@ -67,7 +67,7 @@ k2 = (torch.randn(1, 1, 700, 128) * 3).bfloat16()
 kq2, sk2, _ = tq.quantize_heads(k2, granularity="block", block=512, mean=tq.token_mean(k2), hadamard=True)
 rk2, rs2 = quant.quantize_rows_in_blocks(quant.hadamard_rotate(k2.float() - k2.float().mean(2, keepdim=True)),
                                           "block", 512)
-res["two_pass"] = {"one_pass": tq._launch_config(512, 128)[1], "codes": code_diff(kq2[:, :, :700], rk2),
+res["two_pass"] = {"one_pass": tq._launch_config(512, 128, True)[1], "codes": code_diff(kq2[:, :, :700], rk2),
                    "n": k2.numel(), "scale_rel": ((sk2 - rs2).abs() / rs2).max().item()}
 
 # -- attention --------------------------------------------------------------------------------
