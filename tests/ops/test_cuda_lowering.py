@@ -638,3 +638,18 @@ def test_qkv_block_scales_in_one_launch_when_asked(granularity, one_launch, laun
         assert flags["SMOOTH_K"] and flags["HADAMARD"] and flags["DOT"] and flags["TRANSPOSE_V"]
         # D 64: Q's 128 x 64 rotated block and V's 256 x 64 in registers, K's rotated 256 x 64 in two passes
         assert (flags["Q_ROWS"], flags["Q_ONE_PASS"], flags["K_ONE_PASS"], flags["V_ONE_PASS"]) == (128, True, False, True)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_one_launch_prepass_writes_what_three_launches_write_on_gpu(d):
+    """triton_quant.ONE_LAUNCH's candidate, compiled for the GPU: bit for bit the default pre-pass's output."""
+    from fx_fp8.ops import triton_quant as tq
+
+    q, k, v = _qkv(2, 3, 1000, d)
+    kw = dict(granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True, lse_shift=True)
+    one, three = tq.prepare_qkv(q, k, v, one_launch=True, **kw), tq.prepare_qkv(q, k, v, one_launch=False, **kw)
+    for a, b in zip(one, three):
+        assert a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype == quant.FP8_DTYPE else a,
+                                                  b.view(torch.uint8) if b.dtype == quant.FP8_DTYPE else b)
