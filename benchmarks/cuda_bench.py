@@ -97,6 +97,11 @@ TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=16, num_layers=2, num_single_l
 BF16_EAGER, BF16_INDUCTOR, TORCHAO = "BF16 F.linear (cuBLAS)", "BF16 Inductor", "torchao float8 row-wise"
 FX_FP8, FX_FP8_PREPARED = "fx_fp8", "fx_fp8 prepared"
 FX_FP8_SENSITIVE_FP8 = "fx_fp8 prepared, sensitive fp8"  # the sensitive linears W8A8 too, as torchao runs them
+#: fx_fp8 prepared with Inductor's multi-kernel reductions (inductor_options {"triton.multi_kernel": 1}): the
+#: activation quantization's row amax as a persistent reduction too (one read of the row; Inductor makes rows of
+#: more than 1024 values looped, two reads), timed against the looped one at the first call; on the largest K
+FX_FP8_MULTI_KERNEL = "fx_fp8 prepared, multi_kernel"
+MULTI_KERNEL_MIN_K, DRY_MULTI_KERNEL_MIN_K = 12288, 512
 CUDNN_BF16, FLASH_BF16 = "cuDNN BF16 SDPA", "flash BF16 SDPA"
 
 
@@ -281,11 +286,13 @@ def bench_linears(bench: Bench) -> None:
     m = 64 if bench.dry else 4608
     shapes = TINY_LINEAR_SHAPES if bench.dry else FLUX_LINEAR_SHAPES
     torchao, ao_state = torchao_state()
+    min_k_multi = DRY_MULTI_KERNEL_MIN_K if bench.dry else MULTI_KERNEL_MIN_K
     longest = 0.0
     for k, n in shapes:
         case = f"{m}x{k}->{n}"
         if not bench.fits(longest):
-            for name in (BF16_EAGER, BF16_INDUCTOR, TORCHAO, FX_FP8, FX_FP8_PREPARED):
+            for name in (BF16_EAGER, BF16_INDUCTOR, TORCHAO, FX_FP8, FX_FP8_PREPARED) + \
+                    ((FX_FP8_MULTI_KERNEL,) if k >= min_k_multi else ()):
                 bench.add(Row("linear", case, name, "skipped: time budget"))
             continue
         t0 = time.perf_counter()
@@ -298,13 +305,16 @@ def bench_linears(bench: Bench) -> None:
             c = torch.compile(module, backend=backend, **({"options": options} if options else {}))
             return lambda: c(x)
 
-        def fx_fp8(prepare: bool):
+        def fx_fp8(prepare: bool, inductor_options=None):
             import fx_fp8 as fx
 
             module = fresh()
             if prepare:
                 fx.prepare_model(module)
-            c = torch.compile(module, backend="fp8", **({"options": bench.fx_options} if bench.fx_options else {}))
+            options = dict(bench.fx_options or {})
+            if inductor_options:  # Inductor downstream (the dry run's default is eager)
+                options.update(inductor_options=inductor_options, downstream="inductor")
+            c = torch.compile(module, backend="fp8", **({"options": options} if options else {}))
             run = lambda: c(x)  # noqa: E731
             run.compiled = c
             return run
@@ -321,6 +331,9 @@ def bench_linears(bench: Bench) -> None:
                            note=lambda fn: ao_state, **common)
         bench.measured("linear", case, FX_FP8, lambda: fx_fp8(False), note=report, **common)
         bench.measured("linear", case, FX_FP8_PREPARED, lambda: fx_fp8(True), note=report, **common)
+        if k >= min_k_multi:
+            bench.measured("linear", case, FX_FP8_MULTI_KERNEL,
+                           lambda: fx_fp8(True, {"triton.multi_kernel": 1}), note=report, **common)
         longest = max(longest, time.perf_counter() - t0)
 
 
@@ -562,6 +575,7 @@ QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linea
                "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
                "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
                "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
+               "multi_kernel: inductor_options {'triton.multi_kernel': 1} (K >= 12288); "
                "torchao with "
                "set_inductor_config=False (the same Inductor config for every row). Conditioning (adaLN): M = 1, the "
                "linear on silu(temb [1, K]) modulating a 16-token x, timed with that modulation; err of the linear's "

@@ -309,7 +309,8 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
     flux_host = text[text.index("#### CPU time per forward of the fx_fp8 variants"):]
     # the host tables: a row per fx_fp8 row, its top functions with their own ms per call
     host_rows = _table_cells(quick_host)
-    assert {cells[1] for cells in host_rows} == {cb.FX_FP8, cb.FX_FP8_PREPARED, *cb.FX_FP8_CONDITIONING}
+    assert {cells[1] for cells in host_rows} == {cb.FX_FP8, cb.FX_FP8_PREPARED, cb.FX_FP8_MULTI_KERNEL,
+                                                 *cb.FX_FP8_CONDITIONING}
     assert all(re.search(r"\(\w+\) \d+\.\d{3}", cells[-1]) for cells in host_rows), host_rows[:2]
     assert {cells[1] for cells in _table_cells(flux_host)} == {cb.FX_FP8_PREPARED, cb.FX_FP8_SENSITIVE_FP8,
                                                                "fx_fp8 prepared, reduce-overhead"}
@@ -317,6 +318,11 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
         for contender in (cb.BF16_EAGER, cb.BF16_INDUCTOR, cb.FX_FP8, cb.FX_FP8_PREPARED):
             assert f"| 64x{k}->{n} | {contender} |" in quick
         assert f"| 64x{k}->{n} | {cb.FX_FP8} |" in quick
+    for k, n in cb.TINY_LINEAR_SHAPES:  # Inductor's multi-kernel reductions on the largest K, through Inductor
+        row = next((line for line in quick.splitlines() if line.startswith(f"| 64x{k}->{n} | {cb.FX_FP8_MULTI_KERNEL} |")),
+                   None)
+        assert (row is not None) == (k >= cb.DRY_MULTI_KERNEL_MIN_K), (k, row)
+        assert row is None or "linear fp8 1/1 (reference/inductor)" in row, row
     linear_rows = [line for line in quick.splitlines() if line.startswith("| 64x")]
     assert sum("linear fp8 1/1 (reference/eager)" in line for line in linear_rows) == 2 * len(cb.TINY_LINEAR_SHAPES)
     assert quick.count("attention fp8 1/1 (reference/eager)") == 3
