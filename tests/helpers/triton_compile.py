@@ -46,6 +46,19 @@ def compile_attention(d, bm, bn, warps, stages, *, arch=90, tma=True, bias=False
                           options=dict(num_warps=warps, num_stages=stages))
 
 
+def compile_for_sm90(kernel, constexprs: dict, types: dict, *, num_warps: int, num_stages: int = 1,
+                     floats=("inv_sqrt_d",)):
+    """`kernel` for sm_90a: the named constexprs, pointer types from `types`, the other arguments
+    fp32 (`floats`) or i32."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {n: "constexpr" if n in constexprs else types.get(n, "fp32" if n in floats else "i32")
+           for n in kernel.arg_names}
+    return triton.compile(ASTSource(kernel, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
 def compile_w8a16(config, *, int8_groups: bool, arch=90):
     """fx_fp8.ops.triton_w8a16's kernel for sm_<arch> with a (BLOCK_M, BLOCK_N, BLOCK_K, FMA, warps, stages)
     config, as the JIT specialises a launch at Flux's sizes (unit K strides; pointers, N, K and row strides

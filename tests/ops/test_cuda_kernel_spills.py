@@ -67,9 +67,6 @@ def _quant_cases():
 def test_quantization_kernel_does_not_spill(block, d, mode, smooth, hadamard, dot, transpose, tmp_path):
     if _ptxas() is None:
         pytest.skip("no ptxas in this Triton install")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from fx_fp8.ops.triton_quant import _launch_config, _quant_kernel
 
     rows, one_pass, warps = _launch_config(block, d, hadamard)
@@ -77,10 +74,7 @@ def test_quantization_kernel_does_not_spill(block, d, mode, smooth, hadamard, do
                 TRANSPOSE=transpose, EXACT_CAST=False, stride_d=1)  # the JIT specialises a unit stride
     types = {"x_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
              "amax_ptr": "*fp32", "dvec_ptr": "*fp32", "dot_ptr": "*fp32"}
-    sig = {n: "constexpr" if n in cons else types.get(n, "fp32" if n == "inv_sqrt_d" else "i32")
-           for n in _quant_kernel.arg_names}
-    kernel = triton.compile(ASTSource(_quant_kernel, sig, constexprs=cons), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=warps, num_stages=1))
+    kernel = triton_compile.compile_for_sm90(_quant_kernel, cons, types, num_warps=warps)
     regs, spill = _spills(kernel, 90, tmp_path)
     assert spill == 0, f"{rows} rows x {d} ({'one pass' if one_pass else 'two passes'}, {warps} warps): " \
                        f"{regs} registers, {spill} bytes of spill stores"
@@ -125,23 +119,17 @@ def test_qkv_one_launch_kernel_does_not_spill(d, hadamard, smooth, dot, transpos
     holds its largest branch without spills at the warps prepare_qkv launches it with."""
     if _ptxas() is None:
         pytest.skip("no ptxas in this Triton install")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from fx_fp8.ops.triton_quant import QKV_WARPS, _launch_config, _qkv_block_kernel
 
     q_rows, q_one, _ = _launch_config(128, d, hadamard)
     k_rows, k_one, _ = _launch_config(256, d, hadamard)
     v_rows, v_one, _ = _launch_config(256, d, False)
     cons = dict(D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, K_ROWS=k_rows, K_ONE_PASS=k_one, V_ROWS=v_rows, V_ONE_PASS=v_one,
-                SMOOTH_K=smooth,
-                HADAMARD=hadamard, DOT=dot, TRANSPOSE_V=transpose, EXACT_CAST=False, q_sd=1, k_sd=1, v_sd=1)
+                SMOOTH_K=smooth, HADAMARD=hadamard, DOT=dot, TRANSPOSE_V=transpose, EXACT_CAST=False,
+                q_sd=1, k_sd=1, v_sd=1)  # the JIT specialises unit strides
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16",
              "qo_ptr": "*fp8e4nv", "ko_ptr": "*fp8e4nv", "vo_ptr": "*fp8e4nv", "sq_ptr": "*fp32", "sk_ptr": "*fp32",
              "sv_ptr": "*fp32", "dvec_ptr": "*fp32", "dot_ptr": "*fp32"}
-    sig = {n: "constexpr" if n in cons else types.get(n, "fp32" if n == "inv_sqrt_d" else "i32")
-           for n in _qkv_block_kernel.arg_names}
-    kernel = triton.compile(ASTSource(_qkv_block_kernel, sig, constexprs=cons), target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=QKV_WARPS, num_stages=1))
+    kernel = triton_compile.compile_for_sm90(_qkv_block_kernel, cons, types, num_warps=QKV_WARPS)
     regs, spill = _spills(kernel, 90, tmp_path)
     assert spill == 0, f"D {d} ({cons}): {regs} registers, {spill} bytes of spill stores"
