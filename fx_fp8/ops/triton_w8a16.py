@@ -204,8 +204,9 @@ def small_m_candidates(m: int, bc: Optional[int]) -> list[tuple]:
 
 
 def _prune_small_m(configs, named_args, **kwargs):
-    m = named_args["M"]
-    bc = kwargs["BLOCK_COLS"] if kwargs["SCALE_MODE"] == 2 else None
+    args = {**named_args, **kwargs}  # the constexpr flags come as keywords
+    m = args["M"]
+    bc = args["BLOCK_COLS"] if args["SCALE_MODE"] == 2 else None
     keep = set(small_m_candidates(m, bc))
     kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["FMA"],
                                    c.num_warps, c.num_stages) in keep]
