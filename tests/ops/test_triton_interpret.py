@@ -210,6 +210,38 @@ for method, gran, blk in [("int8", "block", (1, 32)), ("fp8", "channel", None), 
             "candidates": {"x".join(str(int(v)) for v in c): rel(tw.w8a16_linear(x, wq, ws, bias, config=c, **kw), exact)
                            for c in tw.small_m_candidates(m, bc)}}
 
+# -- the small-M autotuner end to end: prune, key, timing, the picked config's launch -----------------------
+tuned = tw._w8a16_small_m_tuned
+timed = []
+
+
+def fake_bench(fn, quantiles):  # runs each candidate once (interpreter); later candidates "time" faster
+    fn()
+    timed.append(1)
+    return [10.0 - len(timed)] * 3
+
+
+tuned.__dict__["do_bench"] = fake_bench  # instead of CUDA-event timing (the cached property's slot)
+real_uses = tw.uses_autotuner
+tw.uses_autotuner = lambda m, **kw: True
+xt = (torch.randn(1, 2 * 200) * 2).bfloat16()[:, ::2]
+wt = torch.randn(96, 200) / 8
+wqt, wst = quant.quantize_weight(wt, "block", (1, 32), "int8")
+bt = torch.randn(96).bfloat16()
+kwt = dict(weight_granularity="block", weight_block=(1, 32))
+yt = tw.w8a16_linear(xt, wqt, wst, bt, **kwt)
+exact_t = xt.double() @ quant.dequantize_weight(wqt, wst, "block", (1, 32)).double().t() + bt.double()
+best = tuned.best_config
+n_timed = len(timed)
+tw.w8a16_linear(xt, wqt, wst, bt, **kwt)  # the same key: no new timing
+tw.uses_autotuner = real_uses
+res["autotuned"] = {"timed": n_timed, "timed_again": len(timed) - n_timed,
+                    "candidates": ["x".join(str(int(v)) for v in c) for c in tw.small_m_candidates(1, 32)],
+                    "best": "x".join(str(int(v)) for v in (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"],
+                                                           best.kwargs["BLOCK_K"], best.kwargs["FMA"],
+                                                           best.num_warps, best.num_stages)),
+                    "err": rel(yt, exact_t)}
+
 # -- block scales: Q, K and V in one launch, bit for bit what three per-tensor launches write ----------
 fused_same = []
 for (bb, hh, sqq, skk, dd) in [(1, 2, 300, 300, 64), (2, 1, 130, 700, 128), (1, 2, 5, 260, 64)]:
@@ -369,3 +401,12 @@ def test_every_small_m_candidate_is_as_exact_as_the_old_tile(results, case):
 def test_block_scales_in_one_launch_write_what_three_launches_write(results):
     same = results["qkv_one_launch_same"]
     assert len(same) == 3 * 2 * 3 * 7 and all(same), same
+
+
+def test_the_small_m_autotuner_times_every_candidate_once_and_runs_the_fastest(results):
+    """The GPU path's autotuner, run in the interpreter with a stand-in timer: the prune keeps exactly
+    small_m_candidates, each is timed once per key, the fastest (here the last) runs, and the result is right."""
+    r = results["autotuned"]
+    assert r["timed"] == len(r["candidates"]) == 8 and r["timed_again"] == 0, r
+    assert r["best"] == r["candidates"][-1] and r["best"].split("x")[3] == "1", r  # an FMA tile won
+    assert r["err"] < 4e-3, r
