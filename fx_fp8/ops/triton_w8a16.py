@@ -19,8 +19,9 @@ the widened tile in registers and reduces with fp32 CUDA-core FMAs; its K steps 
 scale groups (the tensor-core form's must lie in one: 32 columns for the default weight-only groups).
 On a GPU, calls with M <= SMALL_M are autotuned over both forms (small_m_candidates: the tensor-core
 tile that ran before the FMA form existed is always among them), per (M, N, K, scales, storage).
-Verified in Triton's CPU interpreter only (numerics of every candidate); which one is fastest, and by
-how much, needs a GPU run (benchmarks/cuda_bench.py --quick, "conditioning linears").
+Verified on CPU only (every candidate's numerics in Triton's interpreter, the autotuner end to end with a
+stand-in timer, every tile compiled for sm_90a without spills); which one is fastest, and by how much,
+needs a GPU run (benchmarks/w8a16_forms.py; cuda_bench.py --quick's conditioning linears).
 e4m3 values (3 mantissa bits) and INT8 codes (|q| <= 127) are exact in bf16 and fp16, so the
 widening is exact: the only roundings are the dot's fp32 accumulation and the final cast. The
 CPU reference instead rounds each dequantized weight (q * s) to the activation dtype before its
