@@ -176,8 +176,11 @@ def test_host_profile_names_the_functions_with_the_most_own_time():
     t = gt.Timer("cpu")
     host = t.host_profile(lambda: (_spin(20000), sorted(range(10))), calls=3)
     names = [name for name, _ in host]
-    assert names[0].startswith("test_cuda_bench_dryrun.py:") and names[0].endswith("(<genexpr>)"), names
-    assert "built-in method builtins.sum" in names[:2] and any(n.endswith("(_spin)") for n in names), names
+    # the generator and sum() take nearly all the time (which of the two leads varies from run to run)
+    genexpr = next(n for n in names[:2] if n != "built-in method builtins.sum")
+    assert "built-in method builtins.sum" in names[:2], names
+    assert genexpr.startswith("test_cuda_bench_dryrun.py:") and genexpr.endswith("(<genexpr>)"), names
+    assert any(n.endswith("(_spin)") for n in names), names
     assert all(ms >= 0 for _, ms in host) and host == sorted(host, key=lambda h: -h[1])
     timing = gt.Timing(1.0, 1.0, 0.5, 0.5, 1.0, [], [("a.py:1(f)", 0.25), ("b.py:2(g)", 0.125)])
     assert timing.top_host(1) == "a.py:1(f) 0.250"
@@ -311,7 +314,7 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
     host_rows = _table_cells(quick_host)
     assert {cells[1] for cells in host_rows} == {cb.FX_FP8, cb.FX_FP8_PREPARED, cb.FX_FP8_MULTI_KERNEL,
                                                  *cb.FX_FP8_CONDITIONING}
-    assert all(re.search(r"\(\w+\) \d+\.\d{3}", cells[-1]) for cells in host_rows), host_rows[:2]
+    assert all(re.search(r"\S \d+\.\d{3}(;|$)", cells[-1]) for cells in host_rows), host_rows[:2]  # "function ms"
     assert {cells[1] for cells in _table_cells(flux_host)} == {cb.FX_FP8_PREPARED, cb.FX_FP8_SENSITIVE_FP8,
                                                                "fx_fp8 prepared, reduce-overhead"}
     for k, n in cb.TINY_LINEAR_SHAPES:
