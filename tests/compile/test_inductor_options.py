@@ -87,3 +87,70 @@ def test_patches_go_on_top_of_the_mode():
     assert inductor_patches("max-autotune-no-cudagraphs", {key: "mine", "cpp_wrapper": True}) == \
         {**mode, key: "mine", "cpp_wrapper": True}
     assert inductor_patches(None, None) == {}
+
+
+def _recording_compile_fx(monkeypatch) -> list:
+    """compile_fx replaced by one that records its config patches and runs the graph as it is."""
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+
+    def fake_compile_fx(gm, example_inputs, config_patches=None, **kw):
+        seen.append(config_patches)
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    return seen
+
+
+class _BrokenWithHook(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+        self.a.register_forward_pre_hook(lambda m, args: (args[0] * 2,))  # traced into the graph
+
+    def forward(self, x):
+        y = self.a(x).relu()
+        torch._dynamo.graph_break()
+        return self.b(y)
+
+
+def test_every_graph_gets_the_patches_with_dynamic_shapes_a_graph_break_and_a_hook(monkeypatch):
+    seen = _recording_compile_fx(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = _BrokenWithHook()
+    compiled = torch.compile(m, backend="fp8", dynamic=True,
+                             options={"diffusion_kv_cache_dtype": None, "inductor_options": {"size_asserts": False}})
+    counts = []
+    with torch.no_grad():
+        for tokens in (5, 9):  # the pieces are symbolic in the token count: no recompile
+            x = torch.randn(2, tokens, 32)
+            assert ((compiled(x) - m(x)).norm() / m(x).norm()).item() < 0.1  # two FP8 linears in a row
+            counts.append(len(seen))
+    assert counts[0] >= 2 and counts[1] == counts[0], counts  # a graph on each side of the break
+    assert all(p == {"size_asserts": False} for p in seen), seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["chroma", "ltx-video", "stable-audio3"])
+def test_zoo_models_compiled_regionally_with_dynamic_shapes_get_the_patches_in_every_block(name, monkeypatch):
+    """Beyond the five families: a zoo model's blocks, each compiled on its own (diffusers'
+    compile_repeated_blocks) with dynamic=True, each hand its graph to Inductor with the patches."""
+    import diffusers
+
+    from fx_fp8.tools.model_zoo.registry import MODELS, build, make_inputs, output_tensor
+
+    if not hasattr(diffusers, MODELS[name].class_name):
+        pytest.skip(f"{MODELS[name].class_name} is not in diffusers {diffusers.__version__}")
+    seen = _recording_compile_fx(monkeypatch)
+    torch._dynamo.reset()
+    model = build(name)
+    kw = make_inputs(name, model)
+    with torch.no_grad():
+        native = output_tensor(model(**kw))
+        model.compile_repeated_blocks(backend="fp8", dynamic=True,
+                                      options={"inductor_options": {"size_asserts": False}})
+        out = output_tensor(model(**kw))
+    assert seen and all(p == {"size_asserts": False} for p in seen), seen
+    assert ((out - native).norm() / native.norm()).item() < 0.05
