@@ -187,10 +187,15 @@ class Bench:
                 row.err = rel(out, exact)
             if note is not None:
                 row.note = note(fn)
-            return self.timer.measure(fn)
+            return self.timer.measure(fn, host=is_fx_fp8(contender))
 
         row.timing = self.cell(f"{section} {case} {contender}", run)
         return self.add(row)
+
+
+def is_fx_fp8(contender: str) -> bool:
+    """The rows whose CPU time host_table attributes."""
+    return contender.startswith("fx_fp8")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -269,15 +274,29 @@ class OneLinear(nn.Module):
         return self.proj(x)
 
 
+def measure_torchao(bench: Bench, section: str, case: str, torchao, ao_state: str, make: Callable, **common) -> None:
+    """torchao's row, or why there is none (not installed)."""
+    if torchao is None:
+        bench.add(Row(section, case, TORCHAO, ao_state))
+    else:
+        bench.measured(section, case, TORCHAO, make, note=lambda fn: ao_state, **common)
+
+
+def seeded_linear(k: int, n: int, device: str) -> nn.Linear:
+    """A bf16 K -> N linear with unit-variance outputs and a small bias, from the current RNG state."""
+    lin = nn.Linear(k, n, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, device=device) / math.sqrt(k))
+        lin.bias.copy_(torch.randn(n, device=device) / 10)
+    return lin
+
+
 def linear_case(m: int, k: int, n: int, device: str):
     """(x, linear, fp64 result) of one seeded M x K -> N linear with bias; x is [1, M, K], as a
     transformer block's activations are."""
     torch.manual_seed(0)
     x = torch.randn(1, m, k, device=device, dtype=torch.bfloat16)
-    lin = nn.Linear(k, n, device=device, dtype=torch.bfloat16)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, device=device) / math.sqrt(k))
-        lin.bias.copy_(torch.randn(n, device=device) / 10)
+    lin = seeded_linear(k, n, device)
     exact = x.double() @ lin.weight.double().t() + lin.bias.double()
     return x, lin, exact
 
@@ -323,12 +342,8 @@ def bench_linears(bench: Bench) -> None:
         common = dict(exact=exact, flop=flop)
         bench.measured("linear", case, BF16_EAGER, lambda: (lambda: F.linear(x, lin.weight, lin.bias)), **common)
         bench.measured("linear", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend), **common)
-        if torchao is None:
-            bench.add(Row("linear", case, TORCHAO, ao_state))
-        else:
-            bench.measured("linear", case, TORCHAO,
-                           lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend),
-                           note=lambda fn: ao_state, **common)
+        measure_torchao(bench, "linear", case, torchao, ao_state,
+                        lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend), **common)
         bench.measured("linear", case, FX_FP8, lambda: fx_fp8(False), note=report, **common)
         bench.measured("linear", case, FX_FP8_PREPARED, lambda: fx_fp8(True), note=report, **common)
         if k >= min_k_multi:
@@ -389,10 +404,7 @@ def conditioning_case(k: int, n: int, tokens: int, device: str):
     torch.manual_seed(0)
     x = torch.randn(1, tokens, k, device=device, dtype=torch.bfloat16)
     temb = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-    lin = nn.Linear(k, n, device=device, dtype=torch.bfloat16)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, device=device) / math.sqrt(k))
-        lin.bias.copy_(torch.randn(n, device=device) / 10)
+    lin = seeded_linear(k, n, device)
     exact = F.silu(temb.double()) @ lin.weight.double().t() + lin.bias.double()
     return x, temb, lin, exact
 
@@ -448,12 +460,8 @@ def bench_conditioning(bench: Bench) -> None:
         common = dict(exact=exact, flop=flop)
         bench.measured("conditioning", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend),
                        note=lambda fn: f"weights {lin.weight.nbytes / 1e6:.3g} MB", **common)
-        if torchao is None:
-            bench.add(Row("conditioning", case, TORCHAO, ao_state))
-        else:
-            bench.measured("conditioning", case, TORCHAO,
-                           lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend),
-                           note=lambda fn: ao_state, **common)
+        measure_torchao(bench, "conditioning", case, torchao, ao_state,
+                        lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend), **common)
         for name, (quantization, expected) in FX_FP8_CONDITIONING.items():
             bench.measured("conditioning", case, name, lambda q=quantization: fx_fp8(q), note=note(expected),
                            **common)
@@ -563,7 +571,7 @@ def host_table(rows: list[Row], n: int = 5) -> str:
     """Where each fx_fp8 row's CPU time per call goes: launch ms next to the Python functions (and
     builtins, e.g. a kernel launch) with the most own time, from Timing.host (cProfile)."""
     out = [[r.case, r.contender, r.timing.launch_ms, r.timing.wall_ms, r.timing.top_host(n)]
-           for r in rows if isinstance(r.timing, Timing) and r.timing.host and r.contender.startswith("fx_fp8")]
+           for r in rows if isinstance(r.timing, Timing) and r.timing.host and is_fx_fp8(r.contender)]
     if not out:
         return "(no fx_fp8 row has a host profile)\n"
     return markdown_table(["case", "contender", "launch ms/call", "wall ms/call",
@@ -789,7 +797,7 @@ def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple
         row.err = rel(out, reference)
     wall, launch = bench.timer.wall_and_launch(step, 2 if bench.dry else 5)
     kernel_ms, per_call, kernels = bench.timer.profile(step, 1)  # one forward: thousands of kernels
-    host = bench.timer.host_profile(step, 1, top=12)
+    host = bench.timer.host_profile(step, 1, top=12) if is_fx_fp8(row.contender) else []
     if bench.device == "cuda":
         row.extra["peak GiB"] = torch.cuda.max_memory_allocated() / 2**30
     return Timing(wall, wall, launch, kernel_ms, per_call, kernels, host), out

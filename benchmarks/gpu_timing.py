@@ -174,12 +174,13 @@ class Timer:
         """Back-to-back calls that fill about batch_ms (at least 3)."""
         return max(3, min(most, int(self.batch_ms / max(ms, 1e-3))))
 
-    def measure(self, fn: Callable) -> Timing:
+    def measure(self, fn: Callable, host: bool = True) -> Timing:
+        """host: also profile the CPU side (host_profile); rows nobody reads it for skip those calls."""
         ms = self.median_ms(fn)
         calls = self.calls_for(ms)
         wall, launch = self.wall_and_launch(fn, calls)
         kernel_ms, per_call, kernels = self.profile(fn, min(calls, 10))
-        host = self.host_profile(fn, min(calls, 20))
+        host = self.host_profile(fn, min(calls, 20)) if host else []
         return Timing(ms, wall, launch, kernel_ms, per_call, kernels, host)
 
 

@@ -71,6 +71,11 @@ def timer(dry: bool):
     return lambda fn: do_bench(fn, warmup=10, rep=50)
 
 
+def tile_name(config: tuple) -> str:
+    """'FMA 1x16x256x1x4x4' / 'dot 16x64x32x0x4x3': the form, then (BLOCK_M, N, K, FMA, warps, stages)."""
+    return ("FMA " if config[3] else "dot ") + "x".join(str(int(v)) for v in config)
+
+
 def rows_for(k: int, n: int, m: int, storage, *, everything: bool, with_bf16: bool, device: str, bench) -> list[list]:
     from fx_fp8.ops import quant
     from fx_fp8.ops import triton_w8a16 as tw
@@ -100,21 +105,14 @@ def rows_for(k: int, n: int, m: int, storage, *, everything: bool, with_bf16: bo
         y = tw.w8a16_linear(x, wq, ws, bias, config=config, **kw)
         return [case, what, label, us, moved / us / 1e3, bf16_us / us, old_us / us, rel(y, exact)]
 
-    out.append(row(f"old tile {'x'.join(str(int(v)) for v in old)}", old, old_us))
+    out.append(row(f"old tile {tile_name(old)}", old, old_us))
     if everything:
         for c in tw.small_m_candidates(m, bc):
             if c != old:
-                out.append(row(("FMA " if c[3] else "dot ") + "x".join(str(int(v)) for v in c), c,
-                               bench(lambda c=c: tw.w8a16_linear(x, wq, ws, bias, config=c, **kw)) * 1e3))
-    if device == "cuda":
+                out.append(row(tile_name(c), c, bench(lambda c=c: tw.w8a16_linear(x, wq, ws, bias, config=c, **kw)) * 1e3))
+    if device == "cuda":  # config None: the autotuned call; its pick is known once it has run
         tuned_us = bench(lambda: tw.w8a16_linear(x, wq, ws, bias, **kw)) * 1e3
-        best = tw._w8a16_small_m_tuned.best_config
-        pick = (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.kwargs["BLOCK_K"], best.kwargs["FMA"],
-                best.num_warps, best.num_stages)
-        tuned = [case, what, f"tuned: {('FMA ' if pick[3] else 'dot ')}{'x'.join(str(int(v)) for v in pick)}",
-                 tuned_us, moved / tuned_us / 1e3, bf16_us / tuned_us, old_us / tuned_us,
-                 rel(tw.w8a16_linear(x, wq, ws, bias, **kw), exact)]
-        out.append(tuned)
+        out.append(row(f"tuned: {tile_name(tw.candidate_of(tw._w8a16_small_m_tuned.best_config))}", None, tuned_us))
     return out
 
 

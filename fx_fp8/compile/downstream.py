@@ -38,11 +38,16 @@ def inductor_patches(mode: Optional[str], inductor_options: Optional[Mapping] = 
     return patches
 
 
-def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str],
-                      inductor_options: Optional[Mapping] = None) -> str:
+def check_downstream_takes(config: FP8Config, inductor_options: Optional[Mapping]) -> None:
+    """inductor_options need the Inductor downstream ("auto" becomes it)."""
     if inductor_options and config.downstream not in ("auto", "inductor"):
         raise ValueError(f"inductor_options {sorted(inductor_options)} configure Inductor, but downstream is "
                          f"{config.downstream!r}: use downstream 'inductor' (or 'auto') or drop inductor_options")
+
+
+def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str],
+                      inductor_options: Optional[Mapping] = None) -> str:
+    check_downstream_takes(config, inductor_options)
     if config.downstream != "auto":
         return config.downstream
     if mode or inductor_options:

@@ -303,12 +303,9 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
     tensor (1, 1, 1); and with row_dot ((B, H, D) fp32) the fp32 (B, H, S) dot products of the
     raw rows with it, else None). S_out = padded_len(S) when pad, else S."""
     b, h, s, d = x.shape
-    if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"quantize_heads: head dim {d} not supported (need a power of two in 16..256)")
     if granularity not in ("tensor", "head", "block"):
         raise ValueError(f"quantize_heads: unknown granularity {granularity!r}")
-    if block < 1:
-        raise ValueError(f"quantize_heads: block must be positive, got {block}")
+    _check_shape(d, block)
     s_out = padded_len(s) if pad else s
     shape = (b, h, d, s_out) if transpose else (b, h, s_out, d)
     dev = x.device
@@ -330,10 +327,7 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
         )
 
     if granularity == "block":
-        n_blocks = -(-s // block)
-        make = torch.empty if n_blocks * block >= s_out else torch.zeros  # rows past the last block: zeros
-        out = make(shape, dtype=quant.FP8_DTYPE, device=dev)
-        scale = torch.empty((b, h, n_blocks), dtype=torch.float32, device=dev)
+        out, scale, _, n_blocks = _block_outputs(x, block, pad, transpose)
         if b * h and n_blocks:
             launch(MODE_BLOCK, block, n_blocks, out, scale, None)
         return out, scale, dots
@@ -384,6 +378,13 @@ def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadam
     return qq, sq, kq, sk, vq, sv, shift
 
 
+def _check_shape(d: int, block: int) -> None:
+    if d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"quantize_heads: head dim {d} not supported (need a power of two in 16..256)")
+    if block < 1:
+        raise ValueError(f"quantize_heads: block must be positive, got {block}")
+
+
 def _block_outputs(x: torch.Tensor, block: int, pad: bool, transpose: bool):
     """(fp8 output, fp32 block scales, S_out, number of blocks) as quantize_heads allocates them."""
     b, h, s, d = x.shape
@@ -400,10 +401,8 @@ def _prepare_blocks_in_one_launch(q, k, v, k_mean, *, q_block: int, kv_block: in
     programs of the three tensors side by side in one grid), after K's token mean."""
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
-    if d not in (16, 32, 64, 128, 256):
-        raise ValueError(f"quantize_heads: head dim {d} not supported (need a power of two in 16..256)")
-    if q_block < 1 or kv_block < 1:
-        raise ValueError(f"quantize_heads: block must be positive, got {q_block} / {kv_block}")
+    _check_shape(d, q_block)
+    _check_shape(d, kv_block)
     qq, sq, sq_out, nq = _block_outputs(q, q_block, pad, False)
     kq, sk, sk_out, nk = _block_outputs(k, kv_block, pad, False)
     vq, sv, _, _ = _block_outputs(v, kv_block, pad, transpose_v)

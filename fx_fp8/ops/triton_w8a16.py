@@ -204,13 +204,18 @@ def small_m_candidates(m: int, bc: Optional[int]) -> list[tuple]:
             if (c[3] and fma_fits(m, bc, c[0], c[2])) or (not c[3] and c[0] >= m and c[2] == bk_dot)]
 
 
+def candidate_of(config: triton.Config) -> tuple:
+    """The SMALL_M_CONFIGS tuple of an autotuner config (e.g. its best_config)."""
+    kw = config.kwargs
+    return kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], kw["FMA"], config.num_warps, config.num_stages
+
+
 def _prune_small_m(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}  # the constexpr flags come as keywords
     m = args["M"]
     bc = args["BLOCK_COLS"] if args["SCALE_MODE"] == 2 else None
     keep = set(small_m_candidates(m, bc))
-    kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["FMA"],
-                                   c.num_warps, c.num_stages) in keep]
+    kept = [c for c in configs if candidate_of(c) in keep]
     if not kept:  # tile_config's tile is always a candidate for m <= SMALL_M: only a bug gets here
         raise RuntimeError(f"w8a16: no small-M candidate for M={m}, block columns {bc}")
     return kept
@@ -243,13 +248,11 @@ def uses_autotuner(m: int, *, interpreting_now: bool, capturing: bool) -> bool:
 def full_config(config, m: int, bc: Optional[int]) -> tuple:
     """(BLOCK_M, BLOCK_N, BLOCK_K, FMA, num_warps, num_stages) from a 4-tuple (tensor-core) or 6-tuple
     config, or tile_config's."""
-    if config is None:
-        bm, bn, bk, warps = tile_config(m, bc)
-        return bm, bn, bk, False, warps, 3
-    if len(config) == 4:
+    config = tuple(config or tile_config(m, bc))
+    if len(config) == 4:  # the tensor-core form, 3 stages
         bm, bn, bk, warps = config
         return bm, bn, bk, False, warps, 3
-    return tuple(config)
+    return config
 
 
 def w8a16_linear(x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], *,

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.compile.backend import MODES
-from fx_fp8.compile.downstream import check_inductor_options, choose_downstream
+from fx_fp8.compile.downstream import check_downstream_takes, check_inductor_options
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.dynamo_internals import is_compiled_module
 from fx_fp8.pipeline.apply_options import (apply_pipeline_options, check_pipeline_options, compile_regions,
@@ -103,7 +103,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     options = {"config": cfg}
     if inductor_options is not None:
         options["inductor_options"] = check_inductor_options(inductor_options)
-        choose_downstream(cfg, "auto", None, options["inductor_options"])  # refuses a non-Inductor downstream now
+        check_downstream_takes(cfg, options["inductor_options"])
     if mode is not None:  # checked with compile_kwargs' mode below
         if compile_kwargs and "mode" in compile_kwargs and compile_kwargs["mode"] != mode:
             raise ValueError(f"mode={mode!r} and compile_kwargs['mode']={compile_kwargs['mode']!r} disagree: give one")

@@ -335,8 +335,7 @@ def test_small_m_candidates_keep_the_old_tile_and_fit_every_fma_tile(m, bc):
     assert bool(fma) == (m <= 8 and bc != 48)  # 48-column groups: no power-of-two FMA step fits them
     pruned = t._prune_small_m(t._w8a16_small_m_tuned.configs, {"M": m}, BLOCK_COLS=bc or 1,
                               SCALE_MODE=2 if bc else 1)
-    assert sorted((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.kwargs["FMA"], c.num_warps,
-                   c.num_stages) for c in pruned) == sorted(cands)
+    assert sorted(t.candidate_of(c) for c in pruned) == sorted(cands)
 
 
 def test_small_m_autotuning_only_on_a_gpu_outside_capture():
@@ -547,9 +546,7 @@ def test_every_small_m_candidate_and_the_tuned_pick_on_gpu(granularity, block, m
             assert rel(out, exact) <= 1.05 * rel(old, exact) + 1e-4, (m, c)
         tuned = t.w8a16_linear(x, wq, ws, bias, **kw)
         assert rel(tuned, exact) <= 1.05 * rel(old, exact) + 1e-4
-        best = t._w8a16_small_m_tuned.best_config
-        assert (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.kwargs["BLOCK_K"], best.kwargs["FMA"],
-                best.num_warps, best.num_stages) in t.small_m_candidates(m, bc)
+        assert t.candidate_of(t._w8a16_small_m_tuned.best_config) in t.small_m_candidates(m, bc)
     x = torch.randn(1, 3072, device="cuda", dtype=torch.bfloat16)
     t.w8a16_linear(x, wq, ws, bias, **kw)  # warm-up outside capture, as CUDA-graph trees do
     graph = torch.cuda.CUDAGraph()

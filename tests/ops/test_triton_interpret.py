@@ -237,9 +237,7 @@ tw.w8a16_linear(xt, wqt, wst, bt, **kwt)  # the same key: no new timing
 tw.uses_autotuner = real_uses
 res["autotuned"] = {"timed": n_timed, "timed_again": len(timed) - n_timed,
                     "candidates": ["x".join(str(int(v)) for v in c) for c in tw.small_m_candidates(1, 32)],
-                    "best": "x".join(str(int(v)) for v in (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"],
-                                                           best.kwargs["BLOCK_K"], best.kwargs["FMA"],
-                                                           best.num_warps, best.num_stages)),
+                    "best": "x".join(str(int(v)) for v in tw.candidate_of(best)),
                     "err": rel(yt, exact_t)}
 
 # -- block scales: Q, K and V in one launch, bit for bit what three per-tensor launches write ----------
