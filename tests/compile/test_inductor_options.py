@@ -154,3 +154,25 @@ def test_zoo_models_compiled_regionally_with_dynamic_shapes_get_the_patches_in_e
         out = output_tensor(model(**kw))
     assert seen and all(p == {"size_asserts": False} for p in seen), seen
     assert ((out - native).norm() / native.norm()).item() < 0.05
+
+
+@pytest.mark.slow
+def test_weight_writes_and_two_instances_with_inductor_options(monkeypatch):
+    """The model's lifecycle is the downstream's concern as little with inductor_options as without: a weight
+    written after compiling is followed, and two instances of one class each run their own weights."""
+    seen = _recording_compile_fx(monkeypatch)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    opts = {"diffusion_kv_cache_dtype": None, "inductor_options": {"size_asserts": False}}
+    a, b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+    ca, cb = (torch.compile(m, backend="fp8", options=opts) for m in (a, b))
+    x = torch.randn(4, 64)
+
+    def close(compiled, module):
+        return ((compiled(x) - module(x)).norm() / module(x).norm()).item() < 0.05
+
+    with torch.no_grad():
+        assert close(ca, a) and close(cb, b)
+        a.weight.data = torch.randn(64, 64)  # written after compiling
+        assert close(ca, a) and close(cb, b)
+    assert seen and all(p == {"size_asserts": False} for p in seen), seen
