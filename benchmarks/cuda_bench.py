@@ -10,7 +10,8 @@
   linear + bias, bf16 activations [1, 4608, K] on Flux-dev's shapes 3072->3072, 3072->9216,
   3072->12288, 12288->3072, 15360->3072, each held by an nn.Module: BF16 F.linear (cuBLAS), BF16
   Inductor, torchao float8 row-wise (quantize_ with Float8DynamicActivationFloat8WeightConfig(PerRow()), then Inductor),
-  fx_fp8 (torch.compile(module, backend="fp8")), fx_fp8 prepared (fx_fp8.prepare_model first).
+  fx_fp8 (torch.compile(module, backend="fp8")), fx_fp8 prepared (fx_fp8.prepare_model first), fx_fp8
+  prepared with Inductor's multi-kernel reductions (every shape: K > 1024, see FX_FP8_MULTI_KERNEL).
   conditioning linears, M = 1 (one image), bf16: Flux-dev's adaLN modulation linears 3072->18432 (a double
   block's norm1.linear) and 3072->9216 (a single block's norm.linear), each inside a module that makes it
   one by the graph's structure (silu(temb [1, K]) -> linear -> shift / scale / gate chunks modulating a
@@ -29,7 +30,9 @@
   instance): BF16 eager (the error reference), BF16 Inductor, fx_fp8 prepared (prepare_model, then
   backend "fp8"), torchao float8 row-wise, fx_fp8 prepared with quantization_config sensitive "fp8"
   (the 86 sensitive linears W8A8 as torchao runs them, instead of weight-only: the speed / accuracy
-  trade-off of the default), fx_fp8 prepared with mode="reduce-overhead" (CUDA graphs).
+  trade-off of the default), fx_fp8 prepared with mode="reduce-overhead" (CUDA graphs), fx_fp8
+  prepared with Inductor's multi-kernel reductions (inductor_options {"triton.multi_kernel": 1}: the
+  activation quantizations' row amax also as a persistent reduction, the faster picked at the first call).
   First-call seconds (compile included), ms per forward, peak GPU memory, GPU kernel time per forward;
   then a second table, GPU kernel time per forward kernel by kernel for every variant, the kernels
   with the largest |fx_fp8 prepared - torchao| first (where fx_fp8's kernel time goes that torchao's
@@ -49,8 +52,9 @@ regional compilation makes 3 Dynamo graphs and 3 Inductor compiles a variant: th
 first single block, whose input strides differ, the other single blocks; the "graphs" column shows
 it). The conditioning rows add 8 small compiles and the sensitive-fp8 variant one Flux variant:
 expected about 1 min and 2 min (those runs may have found compile caches warm). Should the compiles be slower, --budget (default 280 s a mode) skips
-the variants that would not finish (the last are sensitive fp8 and reduce-overhead; rerun them with
-`--flux --flux-variants inductor,torchao,fx_fp8_sens_fp8,fx_fp8_ro`) and still prints the tables;
+the variants that would not finish (the last are sensitive fp8, reduce-overhead and multi_kernel; rerun
+them with `--flux --flux-variants inductor,torchao,fx_fp8_sens_fp8,fx_fp8_ro,fx_fp8_mk`) and still prints
+the tables;
 SIGTERM (timeout) prints and saves what was measured, exit status 124.
 
 --dry-run runs every row on CPU at tiny shapes: the reference lowering and eager downstream for
@@ -99,9 +103,13 @@ FX_FP8, FX_FP8_PREPARED = "fx_fp8", "fx_fp8 prepared"
 FX_FP8_SENSITIVE_FP8 = "fx_fp8 prepared, sensitive fp8"  # the sensitive linears W8A8 too, as torchao runs them
 #: fx_fp8 prepared with Inductor's multi-kernel reductions (inductor_options {"triton.multi_kernel": 1}): the
 #: activation quantization's row amax as a persistent reduction too (one read of the row; Inductor makes rows of
-#: more than 1024 values looped, two reads), timed against the looped one at the first call; on the largest K
+#: more than 1024 values looped, two reads: torch/_inductor/choices.py should_use_persistent_reduction, whose
+#: threshold multi-kernel raises 16-fold), timed against the looped one at the first call. Every Flux shape has
+#: K > 1024 (the H200 measured the quantization at 11-32 % of kernel time, 32 % at K 3072); the dry run takes
+#: the tiny shapes with K >= 512 so that the condition is exercised
 FX_FP8_MULTI_KERNEL = "fx_fp8 prepared, multi_kernel"
-MULTI_KERNEL_MIN_K, DRY_MULTI_KERNEL_MIN_K = 12288, 512
+MULTI_KERNEL_MIN_K, DRY_MULTI_KERNEL_MIN_K = 1025, 512
+MULTI_KERNEL_OPTIONS = {"triton.multi_kernel": 1}
 CUDNN_BF16, FLASH_BF16 = "cuDNN BF16 SDPA", "flash BF16 SDPA"
 
 
@@ -348,7 +356,7 @@ def bench_linears(bench: Bench) -> None:
         bench.measured("linear", case, FX_FP8_PREPARED, lambda: fx_fp8(True), note=report, **common)
         if k >= min_k_multi:
             bench.measured("linear", case, FX_FP8_MULTI_KERNEL,
-                           lambda: fx_fp8(True, {"triton.multi_kernel": 1}), note=report, **common)
+                           lambda: fx_fp8(True, MULTI_KERNEL_OPTIONS), note=report, **common)
         longest = max(longest, time.perf_counter() - t0)
 
 
@@ -583,7 +591,7 @@ QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linea
                "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
                "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
                "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
-               "multi_kernel: inductor_options {'triton.multi_kernel': 1} (K >= 12288); "
+               "multi_kernel: inductor_options {'triton.multi_kernel': 1} (K > 1024: every shape); "
                "torchao with "
                "set_inductor_config=False (the same Inductor config for every row). Conditioning (adaLN): M = 1, the "
                "linear on silu(temb [1, K]) modulating a 16-token x, timed with that modulation; err of the linear's "
@@ -661,7 +669,7 @@ def flux_inputs(config: dict, img_side: int, txt: int, device: str, seed: int = 
 #: the time budget run out
 FLUX_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": FX_FP8_PREPARED,
                  "torchao": TORCHAO, "fx_fp8_sens_fp8": FX_FP8_SENSITIVE_FP8,
-                 "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead"}
+                 "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead", "fx_fp8_mk": FX_FP8_MULTI_KERNEL}
 
 
 def regional_compile(model: nn.Module, **compile_kwargs) -> None:
@@ -687,6 +695,8 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
     def report(model):
         return fx_fp8_summary(model, "linear") + "; " + fx_fp8_summary(model, "attention")
 
+    # Inductor downstream even in the dry run (whose default is eager): inductor_options need it
+    mk = {"options": {**(bench.fx_options or {}), "inductor_options": MULTI_KERNEL_OPTIONS, "downstream": "inductor"}}
     sens_fp8 = {"sensitive": "fp8"}
     fx_sens_fp8 = {"options": with_quantization(bench.fx_options, sens_fp8)}
 
@@ -707,6 +717,7 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
         "fx_fp8_sens_fp8": (lambda m: prepared(m, fx_sens_fp8["options"]["quantization_config"]),
                             lambda m: regional_compile(m, backend="fp8", **fx_sens_fp8), report),
         "fx_fp8_ro": (prepared, lambda m: regional_compile(m, backend="fp8", **ro), report),
+        "fx_fp8_mk": (prepared, lambda m: regional_compile(m, backend="fp8", **mk), report),
     }
     return [(FLUX_VARIANTS[key], *every[key]) for key in FLUX_VARIANTS if key in bench.args.flux_variants]
 

@@ -234,6 +234,16 @@ def test_append_section_adds_a_dated_section_with_versions(tmp_path):
 
 
 # -- arguments --------------------------------------------------------------------------------------
+def test_multi_kernel_rows_cover_every_flux_shape_whose_row_amax_inductor_loops():
+    # Inductor loops a row reduction of more than 1024 values (should_use_persistent_reduction's INNER
+    # threshold): every Flux linear shape has such rows, so every shape gets the multi-kernel row
+    assert cb.MULTI_KERNEL_MIN_K == 1025
+    assert all(k >= cb.MULTI_KERNEL_MIN_K for k, _ in cb.FLUX_LINEAR_SHAPES)
+    # the dry run exercises the condition: some tiny shapes get the row, some do not
+    assert {k >= cb.DRY_MULTI_KERNEL_MIN_K for k, _ in cb.TINY_LINEAR_SHAPES} == {True, False}
+    assert list(cb.FLUX_VARIANTS)[-1] == "fx_fp8_mk" and cb.FLUX_VARIANTS["fx_fp8_mk"] == cb.FX_FP8_MULTI_KERNEL
+
+
 def test_modes_and_budget_defaults():
     gpu = cb.parse_args([])
     assert (gpu.quick, gpu.flux, gpu.budget) == (True, False, 280.0)
@@ -316,7 +326,8 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
                                                  *cb.FX_FP8_CONDITIONING}
     assert all(re.search(r"\S \d+\.\d{3}(;|$)", cells[-1]) for cells in host_rows), host_rows[:2]  # "function ms"
     assert {cells[1] for cells in _table_cells(flux_host)} == {cb.FX_FP8_PREPARED, cb.FX_FP8_SENSITIVE_FP8,
-                                                               "fx_fp8 prepared, reduce-overhead"}
+                                                               "fx_fp8 prepared, reduce-overhead",
+                                                               cb.FX_FP8_MULTI_KERNEL}
     for k, n in cb.TINY_LINEAR_SHAPES:
         for contender in (cb.BF16_EAGER, cb.BF16_INDUCTOR, cb.FX_FP8, cb.FX_FP8_PREPARED):
             assert f"| 64x{k}->{n} | {contender} |" in quick
@@ -355,9 +366,11 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
     fx_rows = [line for line in quick.splitlines() if f"| {cb.FX_FP8} |" in line and "->" in line]
     assert fx_rows and all("aten::matmul" in line for line in fx_rows), fx_rows
     for variant in ("BF16 eager", "BF16 Inductor", "fx_fp8 prepared", cb.TORCHAO, cb.FX_FP8_SENSITIVE_FP8,
-                    "fx_fp8 prepared, reduce-overhead"):
+                    "fx_fp8 prepared, reduce-overhead", cb.FX_FP8_MULTI_KERNEL):
         assert f"| {variant} |" in flux, variant
     assert flux.count("attention fp8 4/4 (reference/eager)") == 3  # every block's attention, counted once
+    # multi-kernel reductions are Inductor's: that variant compiled every block through Inductor
+    assert flux.count("attention fp8 4/4 (reference/inductor)") == 1
     variants = {cells[0]: cells for cells in _table_cells(flux[:flux.index("#### GPU kernel time")])}
     # the 2 + 2 block model: 6 sensitive linears in the blocks (norm1 / norm1_context / norm.linear), weight-only
     # by default and FP8 with sensitive "fp8", attention FP8 in both; the error is reported for both
