@@ -338,9 +338,7 @@ def bench_linears(bench: Bench) -> None:
             module = fresh()
             if prepare:
                 fx.prepare_model(module)
-            options = dict(bench.fx_options or {})
-            if inductor_options:  # Inductor downstream (the dry run's default is eager)
-                options.update(inductor_options=inductor_options, downstream="inductor")
+            options = with_inductor_options(bench.fx_options, inductor_options)
             c = torch.compile(module, backend="fp8", **({"options": options} if options else {}))
             run = lambda: c(x)  # noqa: E731
             run.compiled = c
@@ -392,6 +390,14 @@ FX_FP8_CONDITIONING = {
     "fx_fp8 prepared, weight-only fp8": ({"sensitive": "weight_only", "weight_only_method": "fp8"}, "weight-only"),
     FX_FP8_SENSITIVE_FP8: ({"sensitive": "fp8"}, "fp8"),
 }
+
+
+def with_inductor_options(options: Optional[dict], inductor_options: Optional[dict]) -> Optional[dict]:
+    """fx_fp8 options with Inductor config patches added (on top of --fx-options' own), through the
+    Inductor downstream even in the dry run (whose default is eager): inductor_options need it."""
+    if not inductor_options:
+        return options
+    return {**(options or {}), "inductor_options": inductor_options, "downstream": "inductor"}
 
 
 def with_quantization(options: Optional[dict], quantization: dict) -> Optional[dict]:
@@ -695,8 +701,7 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
     def report(model):
         return fx_fp8_summary(model, "linear") + "; " + fx_fp8_summary(model, "attention")
 
-    # Inductor downstream even in the dry run (whose default is eager): inductor_options need it
-    mk = {"options": {**(bench.fx_options or {}), "inductor_options": MULTI_KERNEL_OPTIONS, "downstream": "inductor"}}
+    mk = {"options": with_inductor_options(bench.fx_options, MULTI_KERNEL_OPTIONS)}
     sens_fp8 = {"sensitive": "fp8"}
     fx_sens_fp8 = {"options": with_quantization(bench.fx_options, sens_fp8)}
 
