@@ -8,6 +8,8 @@ Rules, checked in this order for each pattern:
      "attn.to_q" matches "blocks.0.attn.to_q", but "mlp" does not match "img_mlp".
   4. "preset:<name>" - a named set of patterns (PRESETS), e.g. "preset:vllm-omni-flux".
 A module is ignored if any pattern matches it (patterns never cancel each other).
+Given as one string ("a, re:b{1,2}"), patterns are separated by the commas outside brackets: a
+comma inside {...}, [...] or (...) belongs to its pattern, so a `re:` pattern stays whole.
 
 No regular expression can stall a compile: `re:` patterns run on RE2 (the google-re2 package),
 which reads each character of a name once whatever the pattern's shape. Python's backtracking re
@@ -25,6 +27,8 @@ from typing import Iterable, Optional
 
 import re2
 
+from fx_fp8.config.values import short_repr
+
 #: named sets of ignored_layers patterns ("preset:<name>")
 PRESETS: dict[str, tuple[str, ...]] = {
     # vLLM-Omni keeps every FLUX dual-stream block in BF16 (FP8 on the joint-attention path was
@@ -32,6 +36,39 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "vllm-omni-flux": ("re:transformer_blocks\\..*",),
 }
 PRESET_PREFIX = "preset:"
+
+
+_CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def split_patterns(text: str) -> list[str]:
+    """The patterns of a comma-separated string: a comma inside {...}, [...] or (...) (a regex
+    repeat "{1,2}", a class "[,]", a group) is part of its pattern; a backslash escapes the next
+    character. An unclosed bracket is a ValueError naming the pattern and the string, rather than
+    halves that would match nothing."""
+    parts, start, stack, i = [], 0, [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if stack and stack[-1] == "[":  # inside a class only its closing bracket counts
+            if c == "]":
+                stack.pop()
+        elif c in _CLOSERS:
+            stack.append(c)
+        elif stack and c == _CLOSERS[stack[-1]]:
+            stack.pop()
+        elif c == "," and not stack:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if stack:
+        raise ValueError(f"invalid ignored_layers pattern {text[start:].strip()!r} in {short_repr(text)}: "
+                         f"its {stack[-1]!r} is never closed (a comma inside brackets does not separate "
+                         "patterns); close it, or give the patterns as a list")
+    parts.append(text[start:])
+    return parts
 
 
 def validate_pattern(pattern: str) -> None:

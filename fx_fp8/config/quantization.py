@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fx_fp8.config.patterns import validate_pattern
+from fx_fp8.config.patterns import split_patterns, validate_pattern
 from fx_fp8.config.selectors import Selector, parse_selector
 from fx_fp8.config.values import check_bool, check_choice, check_int, is_number
 
@@ -156,11 +156,12 @@ class QuantizationConfig:
 
 
 def clean_patterns(layers) -> tuple[str, ...]:
-    """ignored_layers as a tuple of validated patterns; None -> (); "a, b" -> ("a", "b"); "@defaults" dropped."""
+    """ignored_layers as a tuple of validated patterns; None -> (); "a, re:b{1,2}" -> ("a", "re:b{1,2}")
+    (commas inside brackets stay in their pattern); "@defaults" dropped."""
     if layers is None:
         return ()
     if isinstance(layers, str):
-        layers = layers.split(",")
+        layers = split_patterns(layers)
     if not isinstance(layers, (list, tuple)) or not all(isinstance(p, str) for p in layers):
         raise ValueError(f"invalid ignored_layers {layers!r}: expected a list of module-name patterns")
     cleaned = tuple(p.strip() for p in layers if p.strip() and p.strip() != DEFAULTS_TOKEN)

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import reprlib
 from typing import Any, Mapping
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 120
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
+_SHORT.maxlevel = 3
+
+
+def short_repr(value) -> str:
+    """repr(value) abbreviated (reprlib: long strings cut, containers to 8 items and 3 levels): a
+    rejected value quoted in an error stays a line, even when a YAML alias bomb expanded it."""
+    return _SHORT.repr(value)
 
 
 def did_you_mean(key, known) -> str:
