@@ -20,9 +20,11 @@ is refused when the config is validated, naming the pattern. RE2's \d \w \s \b a
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import functools
 import re
+import warnings
 from typing import Iterable, Optional
 
 import re2
@@ -159,3 +161,43 @@ def _first_match(patterns: tuple, name: str) -> Optional[str]:
         if matches(p, name):
             return p
     return None
+
+
+def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
+    """The `n` names most like `pattern` (its text after 're:' / 'preset:'), best first: a plain
+    pattern is compared with each run of as many dotted components as it has ("img_mlpp" finds
+    "blocks.0.img_mlp.net.0.proj"), any other with the whole name."""
+    text = pattern.split(":", 1)[1] if pattern.startswith(("re:", PRESET_PREFIX)) else pattern
+    plain = not pattern.startswith(("re:", PRESET_PREFIX)) and not any(c in pattern for c in "*?[")
+    width = len(text.strip(".").split("."))
+    matcher = difflib.SequenceMatcher(b=text, autojunk=False)
+
+    def score(name: str) -> float:
+        parts = name.split(".")
+        runs = [".".join(parts[i:i + width]) for i in range(len(parts) - width + 1)] if plain else []
+        best = 0.0
+        for candidate in runs + [name]:
+            matcher.set_seq1(candidate)
+            if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best:
+                best = max(best, matcher.ratio())
+        return best
+
+    scored = sorted(((score(name), name) for name in names), key=lambda t: (-t[0], t[1]))
+    return [name for s, name in scored[:n] if s >= 0.5]
+
+
+def warn_unmatched_patterns(patterns: Iterable[str], names: Iterable[str], where: str, *, stacklevel: int = 3) -> list[str]:
+    """Warn once, naming each ignored_layers pattern that matches none of `names` (the model's
+    linears) and the closest names: a typo would quantize the layer meant to stay native, and an
+    entry point that frees or never loads the original weights cannot wait for a compile to say
+    so. Returns the unmatched patterns."""
+    names = list(names)
+    unmatched = [p for p in patterns if not any(matches(p, name) for name in names)]
+    if unmatched:
+        lines = []
+        for p in unmatched:
+            close = closest_names(p, names)
+            lines.append(f"{p!r} (closest: {', '.join(map(repr, close))})" if close else f"{p!r} (no linear's name is close)")
+        warnings.warn(f"fx_fp8: {where}: ignored_layers pattern(s) matched no linear of the model, so no layer is kept "
+                      f"native by them: {'; '.join(lines)}", stacklevel=stacklevel)
+    return unmatched

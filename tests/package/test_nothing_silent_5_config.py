@@ -4,8 +4,10 @@ loosely, and a YAML alias bomb that became a giant error message."""
 from __future__ import annotations
 
 import argparse
+import warnings
 
 import pytest
+import torch
 import torch.nn as nn
 
 import fx_fp8
@@ -21,9 +23,18 @@ class Blocks(nn.Module):
         self.transformer_blocks = nn.ModuleList(nn.ModuleDict({"proj": nn.Linear(dim, dim)}) for _ in range(n))
         self.proj_out = nn.Linear(dim, dim)
 
+    def forward(self, x):
+        for block in self.transformer_blocks:
+            x = x + block["proj"](x)
+        return self.proj_out(x)
+
 
 # -- item 7: a `re:` pattern given as a string keeps its commas ------------------------------------
 BLOCKS_RE = r"re:transformer_blocks\.[0-9]{1,2}\..*"
+
+
+def _messages(record) -> list[str]:
+    return [str(w.message) for w in record]
 
 
 def _cli_config(*argv) -> FP8Config:
@@ -66,3 +77,56 @@ def test_an_unclosed_bracket_is_refused_naming_the_pattern(text, piece):
 def test_commas_outside_brackets_still_separate_patterns():
     cfg = FP8Config.load(quantization="fp8", ignored_layers=r"a, re:x[,}]y{1,3} ,b,re:(p|q\,r)")
     assert cfg.quantization_config.ignored_layers == ("a", "re:x[,}]y{1,3}", "b", r"re:(p|q\,r)")
+
+
+# -- item 8: an ignored_layers pattern that matches nothing warns at every entry point --------------
+def _unmatched_warnings(fn) -> list[str]:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fn()
+    return [m for m in _messages(record) if "matched no linear" in m]
+
+
+@pytest.mark.parametrize("example_inputs", [None, (torch.randn(2, 64),)])
+def test_prepare_model_warns_about_a_pattern_that_matches_nothing(example_inputs):
+    model = Blocks(n=3)
+    found = _unmatched_warnings(lambda: fx_fp8.prepare_model(
+        model, quantization="fp8", ignored_layers=["proj_outt", "re:transformer_block\\..*"],
+        example_inputs=example_inputs))
+    assert len(found) == 1 and "prepare_model" in found[0]
+    assert "'proj_outt' (closest: 'proj_out'" in found[0]
+    assert "'re:transformer_block\\\\..*' (closest: 'transformer_blocks." in found[0]
+
+
+def test_prepare_model_is_quiet_when_every_pattern_matches():
+    assert _unmatched_warnings(lambda: fx_fp8.prepare_model(Blocks(n=3), quantization="fp8",
+                                                            ignored_layers=["proj_out", BLOCKS_RE])) == []
+
+
+def test_adopt_prequantized_warns_about_a_pattern_that_matches_nothing():
+    from prequantized_layouts import float_stack, modelopt_state_dict
+
+    model = float_stack((64, 96, 64))
+    sd = modelopt_state_dict(model, per_channel=True)
+    found = _unmatched_warnings(lambda: fx_fp8.adopt_prequantized(model, state_dict=sd, quantization="fp8",
+                                                                   ignored_layers=["layer.1"]))
+    assert len(found) == 1 and "adopt_prequantized" in found[0] and "'layer.1' (closest: 'layers.1'" in found[0]
+
+
+def test_diffusers_config_loading_warns_about_a_pattern_that_matches_nothing(tmp_path):
+    from diffusers import ModelMixin
+    from diffusers.configuration_utils import ConfigMixin, register_to_config
+
+    class TinyTransformer(ModelMixin, ConfigMixin):
+        @register_to_config
+        def __init__(self, dim: int = 64):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.ModuleDict({"to_q": nn.Linear(dim, dim), "to_k": nn.Linear(dim, dim)})
+                                        for _ in range(2))
+
+    TinyTransformer().save_pretrained(tmp_path)
+    config = fx_fp8.DiffusersConfig(ignored_layers=["to_qq", "to_k"])
+    found = _unmatched_warnings(lambda: TinyTransformer.from_pretrained(tmp_path, torch_dtype=torch.bfloat16,
+                                                                        quantization_config=config))
+    assert len(found) == 1 and "DiffusersConfig" in found[0]
+    assert "'to_qq' (closest: 'blocks.0.to_q', 'blocks.1.to_q'" in found[0] and "'to_k' (" not in found[0]
