@@ -1,6 +1,7 @@
 """The compiler a rewritten graph goes to: its choice and the call (eager, Inductor, npugraph_ex)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -67,7 +68,9 @@ def compile_downstream(name: str, gm: torch.fx.GraphModule, example_inputs, mode
     if name == "inductor":
         from torch._inductor.compile_fx import compile_fx
 
-        return compile_fx(gm, example_inputs, config_patches=inductor_patches(mode, inductor_options))
+        patches = inductor_patches(mode, inductor_options)
+        with _inputs_from_examples(gm, patches):
+            return compile_fx(gm, example_inputs, config_patches=patches)
     if name == "npugraph_ex":
         try:
             backend = torch._dynamo.lookup_backend("npugraph_ex")
@@ -77,3 +80,22 @@ def compile_downstream(name: str, gm: torch.fx.GraphModule, example_inputs, mode
             raise RuntimeError(f"downstream 'npugraph_ex' needs torch_npu ({install_hint('npu')}): {e}") from None
         return backend(gm, example_inputs)
     raise ValueError(f"unknown downstream compiler {name!r}")
+
+
+@contextlib.contextmanager
+def _inputs_from_examples(gm: torch.fx.GraphModule, patches: Mapping):
+    """With a C++ (or FX) wrapper, Inductor reads its inputs from the placeholders' meta["val"] as
+    for an exported graph, where any placeholder has one, and None for those without: Dynamo's
+    placeholders have none, the quantized weights fx_fp8 appends do, so the model's own inputs
+    became None ("'NoneType' object has no attribute 'shape'"). Hidden while Inductor compiles, no
+    placeholder has one and Inductor takes the example inputs, as for a graph straight from Dynamo."""
+    import torch._inductor.config as inductor_config
+
+    wrapper = any(patches.get(k, getattr(inductor_config, k)) for k in ("cpp_wrapper", "fx_wrapper"))
+    hidden = {node: node.meta.pop("val") for node in gm.graph.find_nodes(op="placeholder")
+              if wrapper and "val" in node.meta}
+    try:
+        yield
+    finally:
+        for node, val in hidden.items():
+            node.meta["val"] = val

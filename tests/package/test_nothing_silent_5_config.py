@@ -130,3 +130,43 @@ def test_diffusers_config_loading_warns_about_a_pattern_that_matches_nothing(tmp
                                                                         quantization_config=config))
     assert len(found) == 1 and "DiffusersConfig" in found[0]
     assert "'to_qq' (closest: 'blocks.0.to_q', 'blocks.1.to_q'" in found[0] and "'to_k' (" not in found[0]
+
+
+# -- item 10: inductor_options={"cpp_wrapper": True} compiles an unprepared model ------------------
+def test_cpp_wrapper_inductor_sees_the_models_inputs_and_the_appended_weights(monkeypatch):
+    """Under a C++ wrapper Inductor reads its inputs from the placeholders' meta["val"] where any
+    placeholder has one: the model's own inputs then were None. What it would read must be real."""
+    import torch._inductor.compile_fx as cfx
+    import torch._inductor.config as inductor_config
+    from toy_models import TwoLinears
+
+    seen = []
+
+    def reading_compile_fx(gm, example_inputs, config_patches=None, **kw):
+        with inductor_config.patch(config_patches):
+            seen.append(cfx._extract_inputs_from_exported_gm(gm, example_inputs))
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", reading_compile_fx)
+    torch._dynamo.reset()
+    model = TwoLinears().eval()
+    compiled = torch.compile(model, backend="fp8", options={
+        "diffusion_kv_cache_dtype": None, "quantization": "fp8", "inductor_options": {"cpp_wrapper": True}})
+    with torch.no_grad():
+        compiled(torch.randn(4, 64))
+    assert len(seen) == 1 and len(seen[0]) > 2 and all(v is not None for v in seen[0])
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_cpp_wrapper_compiles_and_runs_an_unprepared_model(dynamic):
+    from toy_models import TwoLinears
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TwoLinears().eval()
+    compiled = torch.compile(model, backend="fp8", dynamic=dynamic, options={
+        "diffusion_kv_cache_dtype": None, "quantization": "fp8", "inductor_options": {"cpp_wrapper": True}})
+    with torch.no_grad():
+        for rows in (4, 6):
+            x = torch.randn(rows, 64)
+            assert ((compiled(x) - model(x)).norm() / model(x).norm()).item() < 0.1  # FP8 quantization error only
