@@ -8,7 +8,7 @@ import torch
 import torch.fx
 
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.config.values import did_you_mean
+from fx_fp8.config.values import did_you_mean, short_repr
 from fx_fp8.graph.dynamo_internals import generate_code_now
 from fx_fp8.ops.lowering import npu_available
 
@@ -21,13 +21,13 @@ def check_inductor_options(value: Any) -> dict:
         return {}
     if not isinstance(value, Mapping):
         raise ValueError(f"inductor_options must be a mapping of Inductor settings to values, got "
-                         f"{type(value).__name__} {value!r}")
+                         f"{type(value).__name__} {short_repr(value)}")
     import torch._inductor.config as inductor_config
 
     known = set(inductor_config._config)
     for key in value:
         if not isinstance(key, str) or key not in known:
-            raise ValueError(f"unknown Inductor setting {key!r} in inductor_options{did_you_mean(str(key), sorted(known))}:"
+            raise ValueError(f"unknown Inductor setting {short_repr(key)} in inductor_options{did_you_mean(str(key), sorted(known))}:"
                              " the settings are torch._inductor.config's keys")
     return dict(value)
 

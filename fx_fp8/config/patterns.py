@@ -66,7 +66,7 @@ def split_patterns(text: str) -> list[str]:
             start = i + 1
         i += 1
     if stack:
-        raise ValueError(f"invalid ignored_layers pattern {text[start:].strip()!r} in {short_repr(text)}: "
+        raise ValueError(f"invalid ignored_layers pattern {short_repr(text[start:].strip())} in {short_repr(text)}: "
                          f"its {stack[-1]!r} is never closed (a comma inside brackets does not separate "
                          "patterns); close it, or give the patterns as a list")
     parts.append(text[start:])
@@ -75,10 +75,10 @@ def split_patterns(text: str) -> list[str]:
 
 def validate_pattern(pattern: str) -> None:
     if not isinstance(pattern, str) or not pattern.strip():
-        raise ValueError(f"invalid ignored_layers pattern {pattern!r}: empty")
+        raise ValueError(f"invalid ignored_layers pattern {short_repr(pattern)}: empty")
     if pattern.startswith(PRESET_PREFIX):
         if pattern[len(PRESET_PREFIX):] not in PRESETS:
-            raise ValueError(f"unknown ignored_layers preset {pattern!r}: expected one of "
+            raise ValueError(f"unknown ignored_layers preset {short_repr(pattern)}: expected one of "
                              f"{', '.join(PRESET_PREFIX + k for k in PRESETS)}")
         return
     if pattern.startswith("re:"):
@@ -99,9 +99,9 @@ def _regex(pattern: str):
     try:
         re.compile(body)
     except re.error as e:
-        raise ValueError(f"invalid ignored_layers pattern {pattern!r}: bad regular expression ({e})") from None
+        raise ValueError(f"invalid ignored_layers pattern {short_repr(pattern)}: bad regular expression ({e})") from None
     if _OPEN_LOWER_BOUND.search(body):
-        raise ValueError(f"invalid ignored_layers pattern {pattern!r}: write '{{0,n}}' for '{{,n}}' (RE2, which "
+        raise ValueError(f"invalid ignored_layers pattern {short_repr(pattern)}: write '{{0,n}}' for '{{,n}}' (RE2, which "
                          "matches re: patterns, would read '{,n}' as literal text)")
     try:
         return re2.compile(body, _RE2_OPTIONS)
@@ -110,7 +110,7 @@ def _regex(pattern: str):
         what = next((name for marks, name in _RE2_LACKS if any(re.search(m, body) for m in marks)),
                     "a construct RE2 lacks")
         raise ValueError(
-            f"invalid ignored_layers pattern {pattern!r}: it uses {what}, which RE2 (the linear-time matcher that "
+            f"invalid ignored_layers pattern {short_repr(pattern)}: it uses {what}, which RE2 (the linear-time matcher that "
             f"keeps any pattern from stalling a compile) cannot run ({detail}). RE2 lacks backreferences, "
             "lookaround, atomic groups, possessive repeats, \\Z (a re: pattern matches the whole name anyway) and "
             "inline flags other than i / m / s / U; list the layers to ignore as patterns of their own instead "
@@ -197,7 +197,7 @@ def warn_unmatched_patterns(patterns: Iterable[str], names: Iterable[str], where
         lines = []
         for p in unmatched:
             close = closest_names(p, names)
-            lines.append(f"{p!r} (closest: {', '.join(map(repr, close))})" if close else f"{p!r} (no linear's name is close)")
+            lines.append(f"{short_repr(p)} (closest: {', '.join(map(repr, close))})" if close else f"{short_repr(p)} (no linear's name is close)")
         warnings.warn(f"fx_fp8: {where}: ignored_layers pattern(s) matched no linear of the model, so no layer is kept "
                       f"native by them: {'; '.join(lines)}", stacklevel=stacklevel)
     return unmatched

@@ -170,3 +170,66 @@ def test_cpp_wrapper_compiles_and_runs_an_unprepared_model(dynamic):
         for rows in (4, 6):
             x = torch.randn(rows, 64)
             assert ((compiled(x) - model(x)).norm() / model(x).norm()).item() < 0.1  # FP8 quantization error only
+
+
+# -- item 11: a YAML alias bomb is refused naming the file; every quoted value is abbreviated -------
+def _alias_bomb(levels: int) -> str:
+    """The round's 539-byte bomb shape: each level a list of nine uses of the level below."""
+    lines = ["ignored_layers:", '  - &l0 ["xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", '
+                                '"xxxxxxxx", "xxxxxxxx", "xxxxxxxx"]']
+    lines += [f"  - &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [7, 9])
+def test_a_yaml_alias_bomb_is_refused_naming_the_file(levels, tmp_path):
+    from fx_fp8.pipeline.options import PipelineOptions
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb(levels))
+    assert len(path.read_bytes()) < 1000
+    for load in (FP8Config.load, PipelineOptions.load):
+        with pytest.raises(ValueError, match="expands to more than 100,000 YAML nodes") as e:
+            load(path)
+        assert str(path) in str(e.value) and len(str(e.value)) < 400
+
+
+def test_an_alias_inside_itself_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text("ignored_layers: &a [proj_out, *a]\n")
+    with pytest.raises(ValueError, match="an alias refers to a node that contains it") as e:
+        FP8Config.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_a_config_using_aliases_as_intended_still_loads(tmp_path):
+    path = tmp_path / "aliases.yaml"
+    path.write_text("quantization: fp8\nignored_layers: &keep [proj_out, 're:transformer_blocks\\.0\\..*']\n"
+                    "quantization_config: {method: fp8, ignored_layers: *keep}\n")
+    assert FP8Config.load(path).quantization_config.ignored_layers == ("proj_out", r"re:transformer_blocks\.0\..*")
+
+
+BIG = [["x" * 50] * 9] * 10_000  # what a smaller alias bomb, or a generated config, hands over
+
+
+@pytest.mark.parametrize("options", [
+    {"quantization": "fp8", "ignored_layers": BIG},
+    {"quantization": "x" * 1_000_000},
+    {"quantization": "fp8", "quantization_config": {"weight_block_size": BIG}},
+    {"quantization": "fp8", "quantization_config": {"min_features": BIG}},
+    {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": BIG},
+    {"diffusion_kv_cache_dtype": "fp8", "attention": BIG},
+    {"k" * 1_000_000: 1},
+])
+def test_config_errors_quote_an_abbreviated_value(options):
+    with pytest.raises(ValueError) as e:
+        FP8Config.load(**options)
+    assert len(str(e.value)) < 1500, str(e.value)[:2000]
+
+
+def test_pipeline_option_errors_quote_an_abbreviated_value():
+    from fx_fp8.pipeline.options import PipelineOptions
+
+    with pytest.raises(ValueError) as e:
+        PipelineOptions.load(cache_backend="first_block_cache", cache_config={"threshold": BIG})
+    assert "threshold" in str(e.value) and len(str(e.value)) < 1500
