@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import types
+import typing
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -25,11 +27,44 @@ def check_inductor_options(value: Any) -> dict:
     import torch._inductor.config as inductor_config
 
     known = set(inductor_config._config)
-    for key in value:
+    for key, setting in value.items():
         if not isinstance(key, str) or key not in known:
             raise ValueError(f"unknown Inductor setting {short_repr(key)} in inductor_options{did_you_mean(str(key), sorted(known))}:"
                              " the settings are torch._inductor.config's keys")
+        expected = inductor_config.get_type(key)
+        if not _of_type(setting, expected):
+            why = " (Inductor would read any other value by its truth: 'no' turns it on)" if expected is bool else ""
+            raise ValueError(f"invalid inductor_options {key!r} {short_repr(setting)} ({type(setting).__name__}): expected "
+                             f"{_type_name(expected)}, the type of torch._inductor.config.{key}{why}")
     return dict(value)
+
+
+def _of_type(value, expected) -> bool:
+    """Whether `value` fits the annotated type of an Inductor setting: a class (an int for a float
+    too), a union of them, a Literal's values, a generic's container class. What cannot be checked
+    (a string annotation, a setting whose default is None and has no annotation) passes."""
+    if expected is None or expected is type(None) or expected is Any or isinstance(expected, str):
+        return True
+    origin = typing.get_origin(expected)
+    if origin is typing.Literal:
+        return any(value == v and type(value) is type(v) for v in typing.get_args(expected))
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_of_type(value, t) if t is not type(None) else value is None for t in typing.get_args(expected))
+    if origin is not None:
+        return not isinstance(origin, type) or isinstance(value, origin)
+    if not isinstance(expected, type):
+        return True
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int and isinstance(value, bool):
+        return False  # True is no thread count
+    return isinstance(value, expected)
+
+
+def _type_name(expected) -> str:
+    if typing.get_origin(expected) is typing.Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(expected))
+    return getattr(expected, "__name__", None) or str(expected)
 
 
 def inductor_patches(mode: Optional[str], inductor_options: Optional[Mapping] = None) -> dict:

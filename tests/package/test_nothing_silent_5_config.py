@@ -233,3 +233,50 @@ def test_pipeline_option_errors_quote_an_abbreviated_value():
     with pytest.raises(ValueError) as e:
         PipelineOptions.load(cache_backend="first_block_cache", cache_config={"threshold": BIG})
     assert "threshold" in str(e.value) and len(str(e.value)) < 1500
+
+
+# -- item 13: inductor_options values are checked against Inductor's own setting types --------------
+@pytest.mark.parametrize("options, expected", [
+    ({"freezing": "no"}, "'freezing' 'no' (str): expected bool"),
+    ({"max_autotune": "x"}, "'max_autotune' 'x' (str): expected bool"),
+    ({"cpp_wrapper": "banana"}, "'cpp_wrapper' 'banana' (str): expected bool"),
+    ({"size_asserts": 1}, "'size_asserts' 1 (int): expected bool"),
+    ({"triton.multi_kernel": "1"}, "'triton.multi_kernel' '1' (str): expected one of 0, 1, 2, 3"),
+    ({"triton.multi_kernel": 7}, "'triton.multi_kernel' 7 (int): expected one of 0, 1, 2, 3"),
+    ({"compile_threads": "4"}, "'compile_threads' '4' (str): expected int | None"),
+])
+def test_an_inductor_option_of_the_wrong_type_is_refused_by_name(options, expected):
+    from fx_fp8.compile.downstream import check_inductor_options
+
+    with pytest.raises(ValueError, match="invalid inductor_options ") as e:
+        check_inductor_options(options)
+    assert expected in str(e.value) and "torch._inductor.config." + next(iter(options)) in str(e.value)
+
+
+def test_inductor_options_of_the_right_types_pass():
+    from fx_fp8.compile.downstream import check_inductor_options
+
+    good = {"freezing": False, "cpp_wrapper": True, "triton.multi_kernel": 1, "compile_threads": None,
+            "max_autotune_gemm_backends": "ATEN,TRITON", "size_asserts": False}
+    assert check_inductor_options(good) == good
+
+
+def test_a_wrong_type_is_refused_through_torch_compile_and_compile_pipeline():
+    from toy_models import TwoLinears
+
+    torch._dynamo.reset()
+    compiled = torch.compile(TwoLinears().eval(), backend="fp8", options={"inductor_options": {"freezing": "no"}})
+    with pytest.raises(Exception, match="invalid inductor_options 'freezing' 'no'"):
+        compiled(torch.randn(2, 64))
+    with pytest.raises(ValueError, match="invalid inductor_options 'cpp_wrapper' 'banana'"):
+        fx_fp8.compile_pipeline(_ToyPipe(), inductor_options={"cpp_wrapper": "banana"})
+
+
+class _ToyPipe:
+    def __init__(self):
+        from toy_models import ToyDiT, ToyScheduler
+
+        self.transformer, self.scheduler = ToyDiT().eval(), ToyScheduler()
+
+    def __call__(self):
+        raise AssertionError("not run: the options are refused first")
