@@ -227,12 +227,20 @@ def test_config_errors_quote_an_abbreviated_value(options):
     assert len(str(e.value)) < 1500, str(e.value)[:2000]
 
 
-def test_pipeline_option_errors_quote_an_abbreviated_value():
+def test_pipeline_and_backend_option_errors_quote_an_abbreviated_value():
+    from fx_fp8.compile.backend import config_from_options
     from fx_fp8.pipeline.options import PipelineOptions
 
     with pytest.raises(ValueError) as e:
         PipelineOptions.load(cache_backend="first_block_cache", cache_config={"threshold": BIG})
     assert "threshold" in str(e.value) and len(str(e.value)) < 1500
+    for bad in ({"mode": BIG}, {"inductor_options": {"freezing": BIG}}):
+        with pytest.raises(ValueError) as e:
+            config_from_options(bad)
+        assert len(str(e.value)) < 1500
+    with pytest.raises(ValueError) as e:
+        fx_fp8.compile_pipeline(_ToyPipe(), mode="x" * 1_000_000)
+    assert len(str(e.value)) < 1500
 
 
 # -- item 13: inductor_options values are checked against Inductor's own setting types --------------
