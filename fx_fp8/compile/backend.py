@@ -15,7 +15,7 @@ import torch.fx
 from fx_fp8.compile.downstream import check_inductor_options, choose_downstream
 from fx_fp8.compile.graph_plan import Settings, compile_graph_plan
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.config.values import check_bool
+from fx_fp8.config.values import check_bool, short_repr
 from fx_fp8.graph.names import resolve_graph
 from fx_fp8.ops.lowering import npu_available, resolve_lowering_name
 from fx_fp8.report import ModelRecord
@@ -36,7 +36,7 @@ def config_from_options(options: Optional[dict]) -> tuple[FP8Config, dict]:
     backend_opts = {k: options.pop(k) for k in BACKEND_OPTION_KEYS if k in options}
     base = backend_opts.pop("config", None)
     if backend_opts.get("mode") not in MODES:
-        raise ValueError(f"invalid mode {backend_opts['mode']!r}: expected one of {', '.join(map(str, MODES[1:]))}")
+        raise ValueError(f"invalid mode {short_repr(backend_opts['mode'])}: expected one of {', '.join(map(str, MODES[1:]))}")
     if "inductor_options" in backend_opts:
         backend_opts["inductor_options"] = check_inductor_options(backend_opts["inductor_options"])
     if "check_reuse" in backend_opts:

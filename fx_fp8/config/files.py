@@ -7,6 +7,7 @@ import warnings
 from typing import Mapping
 
 from fx_fp8.config.keys import TOP_KEYS
+from fx_fp8.config.values import short_repr
 
 LEGACY_KEYS = {
     "kv_cache_dtype": "diffusion_kv_cache_dtype",
@@ -43,11 +44,71 @@ def read_config_file(path):
         raise ValueError(f"config file not found: {path!r}")
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return _load_bounded(f, path)
     except UnicodeDecodeError as e:
         raise ValueError(f"config file {path!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     except yaml.YAMLError as e:
         raise ValueError(f"config file {path!r} is not valid YAML: {e}") from None
+
+
+#: the most YAML nodes a config file may expand to, an alias counted each time it is used (a config
+#: has tens): a 539-byte file of nested aliases expands to billions of strings
+MAX_CONFIG_NODES = 100_000
+
+
+def _load_bounded(stream, path: str):
+    """yaml.safe_load, refusing a document that expands past MAX_CONFIG_NODES (counted on the
+    composed nodes, where an alias is a reference: nothing is expanded to count it)."""
+    import yaml
+
+    loader = yaml.SafeLoader(stream)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ValueError(f"config file {path!r} nests too deeply to be a config") from None
+        if node is None:
+            return None
+        size = _expanded_size(node, path)
+        if size > MAX_CONFIG_NODES:
+            raise ValueError(f"config file {path!r} expands to more than {MAX_CONFIG_NODES:,} YAML nodes (each use of "
+                             "an alias counted): refused, a config has tens; write the values out, or use fewer "
+                             "nested aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root, path: str) -> int:
+    """Nodes of the document with every alias expanded (a node reached twice counts twice),
+    computed once per node; stops early past MAX_CONFIG_NODES. A node inside itself is refused."""
+    import yaml
+
+    def children(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return ()
+
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_nodes.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in children(node)), MAX_CONFIG_NODES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise ValueError(f"config file {path!r}: an alias refers to a node that contains it (an endless value)")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in sizes)
+    return sizes[id(root)]
 
 
 def fold_legacy_keys(data: dict) -> dict:
@@ -57,7 +118,7 @@ def fold_legacy_keys(data: dict) -> dict:
         if old in data:
             old_value = data.pop(old)
             if data.get(new) is not None and old_value is not None and data[new] != old_value:
-                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={data[new]!r}", stacklevel=3)
+                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={short_repr(data[new])}", stacklevel=3)
             elif data.get(new) is None and (old_value is not None or new not in data):
                 data[new] = old_value
     return data

@@ -22,7 +22,7 @@ from fx_fp8.config.keys import (TOP_KEYS, apply_step_shortcuts, check_method_agr
                                 pop_step_shortcuts)
 from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
 from fx_fp8.config.selectors import Selector, parse_selector
-from fx_fp8.config.values import check_choice, dataclass_from_mapping, did_you_mean, is_off
+from fx_fp8.config.values import check_choice, dataclass_from_mapping, did_you_mean, is_off, short_repr
 
 KV_CACHE_DTYPES = (None, "auto", "fp8")
 LOWERINGS = ("auto", "reference", "cuda", "npu")
@@ -63,7 +63,7 @@ class FP8Config:
         method = self.quantization_config.method
         if self.quantization is not None and method != self.quantization:
             if method != "fp8":  # "fp8" is the default: `quantization` decides
-                raise ValueError(f"quantization {self.quantization!r} disagrees with quantization_config.method {method!r}")
+                raise ValueError(f"quantization {short_repr(self.quantization)} disagrees with quantization_config.method {short_repr(method)}")
             set_("quantization_config", dataclasses.replace(self.quantization_config, method=self.quantization))
         self._warn_unused_selectors()
 
@@ -77,7 +77,7 @@ class FP8Config:
                 unused.append("diffusion_kv_cache_skip_layers")
         if unused:
             warnings.warn(f"{' and '.join(unused)} set but FP8 attention is off "
-                          f"(diffusion_kv_cache_dtype={self.diffusion_kv_cache_dtype!r}): they have no effect", stacklevel=4)
+                          f"(diffusion_kv_cache_dtype={short_repr(self.diffusion_kv_cache_dtype)}): they have no effect", stacklevel=4)
         if not self.linear_enabled and self.quantization_config.skip_steps:
             warnings.warn("quantization_config.skip_steps set but quantized linears are off (quantization=None): it "
                           "has no effect", stacklevel=4)
@@ -153,10 +153,10 @@ class FP8Config:
         data = fold_legacy_keys(dict(kwargs))
         for key in data:
             if key in PIPELINE_KEYS:  # a pipeline option, read by fx_fp8.pipeline.options.PipelineOptions
-                raise ValueError(f"{key!r} is a pipeline option, not an FP8 option: pass it to "
+                raise ValueError(f"{short_repr(key)} is a pipeline option, not an FP8 option: pass it to "
                                  "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
             if key not in TOP_KEYS:
-                raise ValueError(f"unknown config key {key!r}{did_you_mean(key, TOP_KEYS + tuple(LEGACY_KEYS))}")
+                raise ValueError(f"unknown config key {short_repr(key)}{did_you_mean(key, TOP_KEYS + tuple(LEGACY_KEYS))}")
         shortcuts = pop_step_shortcuts(data)
         if "ignored_layers" in data and not clean_patterns(data["ignored_layers"]):
             del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in
@@ -212,7 +212,7 @@ class FP8Config:
                 return cls.load(None, **overrides)
             base = cls.from_mapping(data, where=os.fspath(config))
         else:
-            raise ValueError(f"invalid config {config!r}: expected an FP8Config, a mapping or a YAML path")
+            raise ValueError(f"invalid config {short_repr(config)}: expected an FP8Config, a mapping or a YAML path")
         return base.replace(**overrides) if overrides else base
 
     def replace(self, **overrides) -> "FP8Config":
@@ -231,7 +231,7 @@ class FP8Config:
                               "quantization_config": overrides.get("quantization_config")})
         for key, value in overrides.items():
             if key not in TOP_KEYS:
-                raise ValueError(f"unknown config key {key!r}{did_you_mean(key, TOP_KEYS)}")
+                raise ValueError(f"unknown config key {short_repr(key)}{did_you_mean(key, TOP_KEYS)}")
             if key == "quantization_config" and isinstance(value, Mapping):
                 value = dict(value)
                 # quantize_sensitive and sensitive are one setting: the one given here replaces the base's

@@ -8,7 +8,7 @@ from typing import Mapping
 
 from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
 from fx_fp8.config.selectors import parse_selector
-from fx_fp8.config.values import check_choice, is_off
+from fx_fp8.config.values import check_choice, is_off, short_repr
 
 #: the keys of a flat FP8 config (legacy kv_cache_* spellings aside: fx_fp8.config.files folds them)
 TOP_KEYS = (
@@ -29,7 +29,7 @@ def check_method_agrees(data: dict) -> None:
         return
     method = check_choice("quantization_config.method", qc["method"], QUANTIZATION_METHODS[1:])
     if method != check_choice("quantization", quantization, QUANTIZATION_METHODS):
-        raise ValueError(f"quantization {quantization!r} disagrees with quantization_config.method {qc['method']!r}: "
+        raise ValueError(f"quantization {short_repr(quantization)} disagrees with quantization_config.method {short_repr(qc['method'])}: "
                          "give one of them, or the same method in both")
 
 
@@ -59,7 +59,7 @@ def apply_step_shortcuts(data: dict, shortcuts: dict) -> None:
             if not given:
                 given = None
         if given is not None and given != value:
-            raise ValueError(f"{flat} {str(value)!r} disagrees with quantization_config.{inner} {str(given)!r}: "
+            raise ValueError(f"{flat} {short_repr(str(value))} disagrees with quantization_config.{inner} {short_repr(str(given))}: "
                              "give one of them, or the same value in both")
         qc[inner] = value
     data["quantization_config"] = qc
@@ -72,7 +72,7 @@ def merge_ignored_layers_shortcut(data: dict) -> None:
     qc = dataclasses.asdict(qc) if isinstance(qc, QuantizationConfig) else dict(qc)
     inner = clean_patterns(qc.get("ignored_layers"))
     if inner and shortcut and inner != shortcut:
-        raise ValueError(f"ignored_layers given twice with different values: {list(shortcut)!r} and "
-                         f"quantization_config.ignored_layers={list(inner)!r}")
+        raise ValueError(f"ignored_layers given twice with different values: {short_repr(list(shortcut))} and "
+                         f"quantization_config.ignored_layers={short_repr(list(inner))}")
     qc["ignored_layers"] = shortcut or inner
     data["quantization_config"] = qc

@@ -7,9 +7,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fx_fp8.config.patterns import validate_pattern
+from fx_fp8.config.patterns import split_patterns, validate_pattern
 from fx_fp8.config.selectors import Selector, parse_selector
-from fx_fp8.config.values import check_bool, check_choice, check_int, is_number
+from fx_fp8.config.values import check_bool, check_choice, check_int, is_number, short_repr
 
 QUANTIZATION_METHODS = (None, "fp8", "int8")
 #: older configs wrote "@defaults" in ignored_layers to keep the sensitive layers: now always kept
@@ -96,11 +96,11 @@ class QuantizationConfig:
         if sensitive is not None:
             sensitive = check_choice("quantization_config.sensitive", sensitive, SENSITIVE_MODES)
             if sensitive is None:
-                raise ValueError(f"invalid quantization_config.sensitive {self.sensitive!r}: expected one of "
+                raise ValueError(f"invalid quantization_config.sensitive {short_repr(self.sensitive)}: expected one of "
                                  + ", ".join(repr(c) for c in SENSITIVE_MODES))
         if self.quantize_sensitive and sensitive not in (None, "fp8"):
             raise ValueError(f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
-                             f"with quantization_config.sensitive {sensitive!r}: give one of them")
+                             f"with quantization_config.sensitive {short_repr(sensitive)}: give one of them")
         sensitive = "fp8" if self.quantize_sensitive else (sensitive or DEFAULT_SENSITIVE)
         set_("sensitive", sensitive)
         set_("quantize_sensitive", sensitive == "fp8")
@@ -112,14 +112,14 @@ class QuantizationConfig:
                                                      self.weight_only_method, QUANTIZATION_METHODS))
         group = self.weight_only_group_size
         if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 16 or group % 16):
-            raise ValueError(f"invalid quantization_config.weight_only_group_size {group!r}: expected a multiple of "
+            raise ValueError(f"invalid quantization_config.weight_only_group_size {short_repr(group)}: expected a multiple of "
                              "16 (input columns per weight scale), or None for one scale per output channel")
         set_("activation_scheme", check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")))
         set_("activation_granularity", check_choice("quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")))
         if self.weight_block_size is not None:
             wbs = self.weight_block_size
             if not isinstance(wbs, (list, tuple)) or len(wbs) != 2:
-                raise ValueError(f"invalid weight_block_size {wbs!r}: expected [rows, cols], e.g. [128, 128]")
+                raise ValueError(f"invalid weight_block_size {short_repr(wbs)}: expected [rows, cols], e.g. [128, 128]")
             set_("weight_block_size", tuple(check_int("weight_block_size", v) for v in wbs))
             set_("weight_granularity", "block")
         set_("weight_granularity", check_choice("quantization_config.weight_granularity", self.weight_granularity, ("tensor", "channel", "block")))
@@ -128,17 +128,17 @@ class QuantizationConfig:
         if self.activation_scheme == "static" and self.activation_scales is None:
             raise ValueError("activation_scheme 'static' needs activation_scales: a JSON file written by fx_fp8.calibrate, or its dict")
         if self.activation_scales is not None and not isinstance(self.activation_scales, (str, os.PathLike, Mapping)):
-            raise ValueError(f"invalid activation_scales {self.activation_scales!r}: expected a JSON path or a mapping")
+            raise ValueError(f"invalid activation_scales {short_repr(self.activation_scales)}: expected a JSON path or a mapping")
         if (self.activation_scales is not None and self.activation_scheme != "static"
                 and self.smoothing_alpha is None):
             warnings.warn("quantization_config.activation_scales is given but activation_scheme is "
-                          f"{self.activation_scheme!r} and smoothing_alpha is not set: the scales are unused "
+                          f"{short_repr(self.activation_scheme)} and smoothing_alpha is not set: the scales are unused "
                           "(set activation_scheme: static to use them)", stacklevel=5)
         check_int("quantization_config.min_features", self.min_features, minimum=0)
         check_bool("quantization_config.fast_accum", self.fast_accum)
         if self.smoothing_alpha is not None:
             if not is_number(self.smoothing_alpha) or not 0 <= self.smoothing_alpha <= 1:
-                raise ValueError(f"invalid quantization_config.smoothing_alpha {self.smoothing_alpha!r}: "
+                raise ValueError(f"invalid quantization_config.smoothing_alpha {short_repr(self.smoothing_alpha)}: "
                                  "expected a number in [0, 1] (or None: no smoothing)")
             set_("smoothing_alpha", float(self.smoothing_alpha))
             if self.activation_scales is None:
@@ -156,13 +156,14 @@ class QuantizationConfig:
 
 
 def clean_patterns(layers) -> tuple[str, ...]:
-    """ignored_layers as a tuple of validated patterns; None -> (); "a, b" -> ("a", "b"); "@defaults" dropped."""
+    """ignored_layers as a tuple of validated patterns; None -> (); "a, re:b{1,2}" -> ("a", "re:b{1,2}")
+    (commas inside brackets stay in their pattern); "@defaults" dropped."""
     if layers is None:
         return ()
     if isinstance(layers, str):
-        layers = layers.split(",")
+        layers = split_patterns(layers)
     if not isinstance(layers, (list, tuple)) or not all(isinstance(p, str) for p in layers):
-        raise ValueError(f"invalid ignored_layers {layers!r}: expected a list of module-name patterns")
+        raise ValueError(f"invalid ignored_layers {short_repr(layers)}: expected a list of module-name patterns")
     cleaned = tuple(p.strip() for p in layers if p.strip() and p.strip() != DEFAULTS_TOKEN)
     for p in cleaned:
         validate_pattern(p)

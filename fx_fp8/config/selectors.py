@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterable, Iterator, Optional
 
-from fx_fp8.config.values import did_you_mean
+from fx_fp8.config.values import did_you_mean, short_repr
 
 #: tokens relative to the run (step selectors only): first:k, last:k
 RELATIVE_TOKENS = ("first", "last")
@@ -57,7 +57,7 @@ class Selector:
 
     def _absolute(self, op: str) -> None:
         if self.last:
-            raise ValueError(f"{self.what} {str(self)!r} counts from the end of the run (last:{self.last}): "
+            raise ValueError(f"{self.what} {short_repr(str(self))} counts from the end of the run (last:{self.last}): "
                              f"{op} needs the run's number of steps; use .contains(step, total) or .resolve(total)")
 
     def _has(self, i: int) -> bool:
@@ -76,13 +76,13 @@ class Selector:
         if self.last:
             if total is None:
                 raise ValueError(
-                    f"fx_fp8: {self.what} {str(self)!r} counts from the end of the run (last:{self.last}) but no "
+                    f"fx_fp8: {self.what} {short_repr(str(self))} counts from the end of the run (last:{self.last}) but no "
                     f"number of steps was published: publish it with fx_fp8.set_step(i, total=N) or `with "
                     f"fx_fp8.denoising_step(i, total=N):` (fx_fp8.compile_pipeline publishes it from the "
                     f"scheduler), or use absolute steps")
             if step >= total:
                 raise ValueError(f"fx_fp8: denoising step {step} is past the run's {total} steps (0-{total - 1}), "
-                                 f"so {self.what} {str(self)!r} cannot place it: publish the step and the run's "
+                                 f"so {self.what} {short_repr(str(self))} cannot place it: publish the step and the run's "
                                  "number of steps that agree")
             if step >= total - self.last:
                 return True
@@ -92,7 +92,7 @@ class Selector:
         """The absolute selector of a run of `total` steps ("first:2,last:2", 10 -> "0-1,8-9");
         absolute steps past the run are kept (they select nothing in it)."""
         if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-            raise ValueError(f"invalid number of steps {total!r} to resolve {self.what} {str(self)!r}: "
+            raise ValueError(f"invalid number of steps {short_repr(total)} to resolve {self.what} {short_repr(str(self))}: "
                              "expected an integer >= 1")
         tail = [(max(total - self.last, 0), total - 1)] if self.last else []
         return Selector([*self.ranges, *tail], what=self.what)
@@ -153,10 +153,10 @@ def parse_selector(value, *, what: str = "selector", relative: bool = False) -> 
         return Selector(what=what)
     if isinstance(value, Selector):
         if value.last and not relative:
-            raise ValueError(f"invalid {what} {str(value)!r}: last:{value.last} selects denoising steps only")
+            raise ValueError(f"invalid {what} {short_repr(str(value))}: last:{value.last} selects denoising steps only")
         return value if value.what == what else Selector(value.ranges, first=value.first, last=value.last, what=what)
     if isinstance(value, bool):
-        raise ValueError(f"invalid {what} {value!r}: expected integers like '0,1,4-6'")
+        raise ValueError(f"invalid {what} {short_repr(value)}: expected integers like '0,1,4-6'")
     if isinstance(value, int):
         return Selector([(_check_int(value, str(value), value, what),) * 2], what=what)
     if isinstance(value, str):
@@ -166,14 +166,14 @@ def parse_selector(value, *, what: str = "selector", relative: bool = False) -> 
         parts = _Parts()
         for item in items:
             if isinstance(item, bool) or not isinstance(item, (int, str)):
-                raise ValueError(f"invalid token {item!r} in {what} {items!r}: expected an integer or 'a-b' range")
+                raise ValueError(f"invalid token {short_repr(item)} in {what} {short_repr(items)}: expected an integer or 'a-b' range")
             if isinstance(item, str):
                 parts.merge(_parse_string(item, what, relative))
             else:
                 i = _check_int(item, str(item), items, what)
                 parts.ranges.append((i, i))
         return _build(parts, what)
-    raise ValueError(f"invalid {what} {value!r}: expected integers like '0,1,4-6' or a list of ints")
+    raise ValueError(f"invalid {what} {short_repr(value)}: expected integers like '0,1,4-6' or a list of ints")
 
 
 class _Parts:
@@ -194,7 +194,7 @@ def _build(parts: _Parts, what: str) -> Selector:
 
 def _check_int(i: int, token: str, whole, what: str) -> int:
     if i < 0:
-        raise ValueError(f"invalid token {token!r} in {what} {whole!r}: indices must be >= 0")
+        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: indices must be >= 0")
     return i
 
 
@@ -203,7 +203,7 @@ def _parse_int(token: str, whole: str, what: str) -> int:
     # isdigit() alone accepts '²' and other scripts' digits: only ASCII 0-9 are integers here
     if not (t.isascii() and t.isdigit()):
         raise ValueError(
-            f"invalid token {t!r} in {what} {whole!r}: expected a non-negative integer (ASCII digits) "
+            f"invalid token {short_repr(t)} in {what} {short_repr(whole)}: expected a non-negative integer (ASCII digits) "
             "or an inclusive range 'a-b'"
         )
     return int(t)
@@ -213,13 +213,13 @@ def _parse_relative(token: str, whole: str, what: str, relative: bool) -> tuple[
     """"first:2" -> ("first", 2), naming the key and the token when it is not one."""
     name, _, count = (p.strip() for p in token.partition(":"))
     if not relative:
-        raise ValueError(f"invalid token {token!r} in {what} {whole!r}: first:k / last:k select denoising steps "
+        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: first:k / last:k select denoising steps "
                          "only; give integers or ranges like '0,1,4-6'")
     if name not in RELATIVE_TOKENS:
-        raise ValueError(f"invalid token {token!r} in {what} {whole!r}: unknown relative token {name!r}"
+        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: unknown relative token {short_repr(name)}"
                          f"{did_you_mean(name, RELATIVE_TOKENS)}; expected first:k or last:k")
     if not (count.isascii() and count.isdigit()) or int(count) < 1:
-        raise ValueError(f"invalid token {token!r} in {what} {whole!r}: expected {name}:k with k an integer >= 1 "
+        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: expected {name}:k with k an integer >= 1 "
                          f"(the {name} k steps of the run)")
     return name, int(count)
 
@@ -231,17 +231,17 @@ def _parse_string(text: str, what: str, relative: bool = False) -> _Parts:
     for raw in text.split(","):
         token = raw.strip()
         if not token:
-            raise ValueError(f"invalid empty token in {what} {text!r}: remove the stray comma")
+            raise ValueError(f"invalid empty token in {what} {short_repr(text)}: remove the stray comma")
         if ":" in token:
             name, k = _parse_relative(token, text, what, relative)
             setattr(parts, name, max(getattr(parts, name), k))
         elif "-" in token[1:]:  # a range "a-b"; a leading '-' is a negative number
             lo_s, hi_s = token.split("-", 1)
             if not lo_s.strip() or not hi_s.strip():
-                raise ValueError(f"invalid token {token!r} in {what} {text!r}: a range needs both ends, like '4-6'")
+                raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(text)}: a range needs both ends, like '4-6'")
             lo, hi = _parse_int(lo_s, text, what), _parse_int(hi_s, text, what)
             if hi < lo:
-                raise ValueError(f"invalid token {token!r} in {what} {text!r}: range end {hi} is below its start {lo}")
+                raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(text)}: range end {hi} is below its start {lo}")
             parts.ranges.append((lo, hi))
         else:
             i = _parse_int(token, text, what)

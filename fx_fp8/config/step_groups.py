@@ -4,6 +4,7 @@ checked (sorted, no overlap), formatted back, and cut from the steps a calibrati
 from __future__ import annotations
 
 from fx_fp8.config.selectors import parse_selector
+from fx_fp8.config.values import short_repr
 
 
 def parse_step_groups(value, what: str = "step_groups") -> tuple[tuple[int, int], ...]:
@@ -12,11 +13,11 @@ def parse_step_groups(value, what: str = "step_groups") -> tuple[tuple[int, int]
     if isinstance(value, str):
         tokens = [t for t in value.split(",")]
         if not value.strip():
-            raise ValueError(f"invalid {what} {value!r}: expected groups like '0-4,5-9'")
+            raise ValueError(f"invalid {what} {short_repr(value)}: expected groups like '0-4,5-9'")
     elif isinstance(value, (list, tuple)) and value:
         tokens = list(value)
     else:
-        raise ValueError(f"invalid {what} {value!r}: expected an int (number of groups) or groups like '0-4,5-9'")
+        raise ValueError(f"invalid {what} {short_repr(value)}: expected an int (number of groups) or groups like '0-4,5-9'")
     groups = []
     for token in tokens:
         if isinstance(token, (list, tuple)) and len(token) == 2:
@@ -26,12 +27,12 @@ def parse_step_groups(value, what: str = "step_groups") -> tuple[tuple[int, int]
         elif isinstance(token, str):
             sel = parse_selector(token, what=what)
             if len(sel.ranges) != 1:
-                raise ValueError(f"invalid group {token!r} in {what} {value!r}: expected one step or range 'a-b'")
+                raise ValueError(f"invalid group {short_repr(token)} in {what} {short_repr(value)}: expected one step or range 'a-b'")
             ((lo, hi),) = sel.ranges
         else:
-            raise ValueError(f"invalid group {token!r} in {what} {value!r}: expected a step or a range 'a-b'")
+            raise ValueError(f"invalid group {short_repr(token)} in {what} {short_repr(value)}: expected a step or a range 'a-b'")
         groups.append((lo, hi))
-    return check_step_groups(groups, f"{what} {value!r}")
+    return check_step_groups(groups, f"{what} {short_repr(value)}")
 
 
 def check_step_groups(groups, where: str) -> tuple[tuple[int, int], ...]:
@@ -40,7 +41,7 @@ def check_step_groups(groups, where: str) -> tuple[tuple[int, int], ...]:
     for g in groups:
         if (not isinstance(g, (list, tuple)) or len(g) != 2
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in g) or g[1] < g[0]):
-            raise ValueError(f"invalid step group {g!r} in {where}: expected [first, last] steps, "
+            raise ValueError(f"invalid step group {short_repr(g)} in {where}: expected [first, last] steps, "
                              "0 <= first <= last")
         out.append((int(g[0]), int(g[1])))
     if not out:
@@ -73,11 +74,11 @@ def group_steps(seen: list[int], step_groups) -> tuple[tuple[int, int], ...]:
         groups = parse_step_groups(step_groups)
     outside = [s for s in seen if not any(lo <= s <= hi for lo, hi in groups)]
     if outside:
-        raise ValueError(f"step_groups {step_groups!r}: the calibration ran step(s) "
+        raise ValueError(f"step_groups {short_repr(step_groups)}: the calibration ran step(s) "
                          f"{format_step_groups(_runs(outside))} that are in no group")
     empty = [(lo, hi) for lo, hi in groups if not any(lo <= s <= hi for s in seen)]
     if empty:
-        raise ValueError(f"step_groups {step_groups!r}: the calibration ran no step of group(s) "
+        raise ValueError(f"step_groups {short_repr(step_groups)}: the calibration ran no step of group(s) "
                          f"{format_step_groups(empty)} (it saw steps {format_step_groups(_runs(seen))})")
     return groups
 

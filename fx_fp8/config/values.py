@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import reprlib
 from typing import Any, Mapping
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 120
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
+_SHORT.maxlevel = 3
+#: the most characters of a value an error quotes
+SHORT_REPR_CHARS = 400
+
+
+def short_repr(value) -> str:
+    """repr(value) abbreviated (reprlib: strings cut, at most 8 items a container and 3 levels,
+    then SHORT_REPR_CHARS in all): a rejected value quoted in an error stays a line, and quoting it
+    costs no more than its first items even when a YAML alias bomb made it billions of strings."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= SHORT_REPR_CHARS else text[:SHORT_REPR_CHARS - 3] + "..."
 
 
 def did_you_mean(key, known) -> str:
     """' (did you mean 'x'?)' for the known name closest to a misspelt key, or ''."""
+    if len(str(key)) > 200:  # no key is that long: nothing to compare (difflib's time grows with it)
+        return ""
     close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -17,7 +36,7 @@ def check_known_key(key, known, what: str, where: str = "") -> None:
     """Raise a ValueError for a key `known` lacks:
     "unknown <what> key 'x'<where> (did you mean 'y'?); known keys: [...]"."""
     if key not in known:
-        raise ValueError(f"unknown {what} key {key!r}{where}{did_you_mean(key, known)}; known keys: {sorted(known)}")
+        raise ValueError(f"unknown {what} key {short_repr(key)}{where}{did_you_mean(key, known)}; known keys: {sorted(known)}")
 
 
 def check_choice(name: str, value, choices) -> Any:
@@ -27,7 +46,7 @@ def check_choice(name: str, value, choices) -> Any:
             value = None
     if value not in choices:
         shown = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"invalid {name} {value!r}: expected one of {shown}")
+        raise ValueError(f"invalid {name} {short_repr(value)}: expected one of {shown}")
     return value
 
 
@@ -38,7 +57,7 @@ def is_off(value) -> bool:
 
 def check_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"invalid {name} {value!r}: expected an integer >= {minimum}")
+        raise ValueError(f"invalid {name} {short_repr(value)}: expected an integer >= {minimum}")
     return value
 
 
@@ -48,7 +67,7 @@ def is_number(value) -> bool:
 
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"invalid {name} {value!r}: expected true or false")
+        raise ValueError(f"invalid {name} {short_repr(value)}: expected true or false")
     return value
 
 
@@ -59,9 +78,9 @@ def dataclass_from_mapping(cls, data: Mapping[str, Any] | None, where: str):
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
-        raise ValueError(f"invalid {where} {data!r}: expected a mapping")
+        raise ValueError(f"invalid {where} {short_repr(data)}: expected a mapping")
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
-            raise ValueError(f"unknown key {key!r} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}")
+            raise ValueError(f"unknown key {short_repr(key)} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}")
     return cls(**dict(data))

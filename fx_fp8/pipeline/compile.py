@@ -23,6 +23,7 @@ import torch.nn as nn
 from fx_fp8.compile.backend import MODES
 from fx_fp8.compile.downstream import check_downstream_takes, check_inductor_options
 from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.values import short_repr
 from fx_fp8.graph.dynamo_internals import is_compiled_module
 from fx_fp8.pipeline.apply_options import (apply_pipeline_options, check_pipeline_options, compile_regions,
                                            has_diffusers_hooks)
@@ -74,7 +75,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     call of the last run (step, transformer, step variant).
     """
     if backend not in BACKENDS:
-        raise ValueError(f"invalid backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+        raise ValueError(f"invalid backend {short_repr(backend)}: expected one of {', '.join(BACKENDS)}")
     if keep_weights and not prepare:
         raise ValueError("keep_weights=True with prepare=False: without prepare the original weights are never "
                          "freed, so there is nothing to keep; drop keep_weights or use prepare=True")
@@ -106,7 +107,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         check_downstream_takes(cfg, options["inductor_options"])
     if mode is not None:  # checked with compile_kwargs' mode below
         if compile_kwargs and "mode" in compile_kwargs and compile_kwargs["mode"] != mode:
-            raise ValueError(f"mode={mode!r} and compile_kwargs['mode']={compile_kwargs['mode']!r} disagree: give one")
+            raise ValueError(f"mode={short_repr(mode)} and compile_kwargs['mode']={short_repr(compile_kwargs['mode'])} disagree: give one")
         compile_kwargs = {**(compile_kwargs or {}), "mode": mode}
     compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
     # refuse what would fail (and join the torchrun job), before any change
@@ -228,12 +229,12 @@ def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
     allowed = set(inspect.signature(torch.compile).parameters) - {"model", "backend", "options", "mode"}
     for key in kwargs:
         if key in ("backend", "options", "model"):
-            raise ValueError(f"compile_kwargs may not set {key!r}: compile_pipeline sets it")
+            raise ValueError(f"compile_kwargs may not set {short_repr(key)}: compile_pipeline sets it")
         if key not in allowed and key != "mode":
-            raise ValueError(f"unknown torch.compile keyword {key!r} in compile_kwargs; known: {sorted(allowed | {'mode'})}")
+            raise ValueError(f"unknown torch.compile keyword {short_repr(key)} in compile_kwargs; known: {sorted(allowed | {'mode'})}")
     if "mode" in kwargs:
         mode = kwargs.pop("mode")
         if mode not in MODES:
-            raise ValueError(f"invalid mode {mode!r}: expected one of {', '.join(map(str, MODES[1:]))}")
+            raise ValueError(f"invalid mode {short_repr(mode)}: expected one of {', '.join(map(str, MODES[1:]))}")
         options["mode"] = mode
     return kwargs

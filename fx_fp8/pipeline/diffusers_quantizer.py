@@ -33,6 +33,7 @@ from diffusers.quantizers.base import DiffusersQuantizer
 from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 
 from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
 from fx_fp8.quant.checkpoint import some_names
@@ -219,6 +220,8 @@ class FxFp8Quantizer(DiffusersQuantizer):
         if prequantized:
             raise ValueError(f"the checkpoint already holds quantized linears ({some_names(prequantized, 8)} have a "
                              "weight_scale): fx_fp8.DiffusersConfig quantizes full-precision checkpoints")
+        if self.fp8.linear_enabled:  # the full-precision weights of a typo'd layer are never loaded
+            warn_unmatched_patterns(self.fp8.quantization_config.ignored_layers, linears, "DiffusersConfig", stacklevel=2)
         for name, m in linears.items():
             kind, why = layer_kind(name, m.in_features, m.out_features, m.weight.dtype, self.fp8)
             if kind == "native":

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from fx_fp8.config.files import config_keys, read_config_file
-from fx_fp8.config.values import check_known_key, did_you_mean
+from fx_fp8.config.values import check_known_key, did_you_mean, short_repr
 from fx_fp8.pipeline import cache_dit as _cache_dit
 
 # -- cache backends -------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ def _degree(name: str, value) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"invalid parallel_config.{name} {value!r}: expected an integer >= 1")
+        raise ValueError(f"invalid parallel_config.{name} {short_repr(value)}: expected an integer >= 1")
     return value
 
 
@@ -132,16 +132,16 @@ class ParallelOptions:
         if isinstance(value, cls):
             return value
         if not isinstance(value, Mapping):
-            raise ValueError(f"invalid parallel_config {value!r}: expected a mapping such as "
+            raise ValueError(f"invalid parallel_config {short_repr(value)}: expected a mapping such as "
                              "{ulysses_degree: 2, ring_degree: 1}")
         for key in value:
             if key in UNSUPPORTED_PARALLEL_KEYS and value[key] not in (None, 1):
-                raise ValueError(f"parallel_config {key!r}={value[key]!r} is not supported: "
+                raise ValueError(f"parallel_config {short_repr(key)}={short_repr(value[key])} is not supported: "
                                  f"{UNSUPPORTED_PARALLEL_KEYS[key]}")
             if key in UNSUPPORTED_PARALLEL_KEYS:
                 continue  # the value that means "off"
             if key not in PARALLEL_KEYS:
-                raise ValueError(f"unsupported parallel_config key {key!r}{did_you_mean(key, PARALLEL_KEYS)}: fx_fp8 "
+                raise ValueError(f"unsupported parallel_config key {short_repr(key)}{did_you_mean(key, PARALLEL_KEYS)}: fx_fp8 "
                                  f"maps only {list(PARALLEL_KEYS)} onto diffusers' ContextParallelConfig")
         return cls(**{k: v for k, v in value.items() if v is not None and k in PARALLEL_KEYS})
 
@@ -155,7 +155,7 @@ def canonical_cache_backend(name) -> Optional[str]:
     if name is None:
         return None
     if not isinstance(name, str):
-        raise ValueError(f"invalid cache_backend {name!r}: expected a name such as 'first_block_cache'")
+        raise ValueError(f"invalid cache_backend {short_repr(name)}: expected a name such as 'first_block_cache'")
     key = name.strip().lower().replace("-", "_")
     if key in ("", "none", "null"):
         return None
@@ -163,9 +163,9 @@ def canonical_cache_backend(name) -> Optional[str]:
         return CACHE_ALIASES[key]
     supported = ", ".join(CACHE_BACKENDS)
     if key in UNSUPPORTED_CACHE_BACKENDS:
-        raise ValueError(f"cache_backend {name!r} is not supported: {UNSUPPORTED_CACHE_BACKENDS[key]}. "
+        raise ValueError(f"cache_backend {short_repr(name)} is not supported: {UNSUPPORTED_CACHE_BACKENDS[key]}. "
                          f"Supported: {supported}")
-    raise ValueError(f"unknown cache_backend {name!r}{did_you_mean(key, list(CACHE_ALIASES))}: expected one of "
+    raise ValueError(f"unknown cache_backend {short_repr(name)}{did_you_mean(key, list(CACHE_ALIASES))}: expected one of "
                      f"{supported} (or none)")
 
 
@@ -177,46 +177,46 @@ def cache_config_mapping(value) -> dict:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"invalid cache_config {value!r}: not JSON ({e.msg} at character {e.pos})") from None
+            raise ValueError(f"invalid cache_config {short_repr(value)}: not JSON ({e.msg} at character {e.pos})") from None
     if not isinstance(value, Mapping):
-        raise ValueError(f"invalid cache_config {value!r}: expected a mapping (JSON object)")
+        raise ValueError(f"invalid cache_config {short_repr(value)}: expected a mapping (JSON object)")
     return dict(value)
 
 
 def _check_cache_value(backend: str, key: str, value) -> Any:
-    where = f"cache_config.{key} for cache_backend {backend!r}"
+    where = f"cache_config.{key} for cache_backend {short_repr(backend)}"
     if key in ("threshold", "residual_diff_threshold", "mag_threshold", "retention_ratio", "mag_retention_ratio"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"invalid {where}: {value!r} (expected a finite number >= 0)")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected a finite number >= 0)")
         if key in ("retention_ratio", "mag_retention_ratio") and value > 1:
-            raise ValueError(f"invalid {where}: {value!r} (expected a number in [0, 1])")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected a number in [0, 1])")
         return float(value)
     if key in ("cache_interval", "max_order", "taylorseer_order", "num_inference_steps"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"invalid {where}: {value!r} (expected an integer >= 1)")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected an integer >= 1)")
         return value
     if key in ("disable_cache_before_step", "max_skip_steps", "mag_max_skip_steps"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"invalid {where}: {value!r} (expected an integer >= 0)")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected an integer >= 0)")
         return value
     if key == "disable_cache_after_step":
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"invalid {where}: {value!r} (expected an integer >= 0 or null)")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected an integer >= 0 or null)")
         return value
     if key in ("use_lite_mode", "calibrate", "mag_calibrate"):
         if not isinstance(value, bool):
-            raise ValueError(f"invalid {where}: {value!r} (expected true or false)")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected true or false)")
         return value
     if key == "taylor_factors_dtype":
         if isinstance(value, torch.dtype):
             return value
         dtype = _DTYPES.get(str(value).strip().lower().replace("torch.", ""))
         if dtype is None:
-            raise ValueError(f"invalid {where}: {value!r} (expected one of {sorted(_DTYPES)})")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected one of {sorted(_DTYPES)})")
         return dtype
     if key in ("skip_predict_identifiers", "cache_identifiers"):
         if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value)):
-            raise ValueError(f"invalid {where}: {value!r} (expected a list of regular expressions)")
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected a list of regular expressions)")
         return list(value) if value is not None else None
     if key == "mag_ratios":
         if isinstance(value, str) and value.strip().lower() == "flux":
@@ -228,7 +228,7 @@ def _check_cache_value(backend: str, key: str, value) -> Any:
         if value is not None and (not isinstance(value, (list, tuple)) or not value
                                   or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                              and math.isfinite(v) for v in value)):
-            raise ValueError(f"invalid {where}: {value!r} (expected a list of finite numbers, or 'flux' for "
+            raise ValueError(f"invalid {where}: {short_repr(value)} (expected a list of finite numbers, or 'flux' for "
                              "diffusers' FLUX_MAG_RATIOS)")
         return [float(v) for v in value] if value is not None else None
     return value
@@ -241,7 +241,7 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
     mapping = cache_config_mapping(cache_config)
     if backend is None:
         if mapping:
-            raise ValueError(f"cache_config {mapping!r} given without a cache_backend: set cache_backend to one of "
+            raise ValueError(f"cache_config {short_repr(mapping)} given without a cache_backend: set cache_backend to one of "
                              f"{', '.join(CACHE_BACKENDS)}")
         return None
     if backend == "cache_dit":
@@ -249,12 +249,12 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
     known = CACHE_KEYS[backend]
     kwargs: dict = {}
     for key, value in mapping.items():
-        check_known_key(key, known, "cache_config", f" for cache_backend {backend!r}")
+        check_known_key(key, known, "cache_config", f" for cache_backend {short_repr(backend)}")
         target = known[key]
         value = _check_cache_value(backend, key, value)
         if target in kwargs and kwargs[target][1] != value:
-            raise ValueError(f"cache_config sets {target!r} twice with different values ({kwargs[target][0]!r}: "
-                             f"{kwargs[target][1]!r}, {key!r}: {value!r})")
+            raise ValueError(f"cache_config sets {short_repr(target)} twice with different values ({short_repr(kwargs[target][0])}: "
+                             f"{short_repr(kwargs[target][1])}, {short_repr(key)}: {short_repr(value)})")
         kwargs[target] = (key, value)
     kwargs = {k: v for k, (_, v) in kwargs.items()}
     if backend == "mag_cache":
@@ -270,7 +270,7 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"diffusers' {cls.__name__} rejected cache_config {mapping!r}: {e}") from None
+        raise ValueError(f"diffusers' {cls.__name__} rejected cache_config {short_repr(mapping)}: {e}") from None
 
 
 # -- the pipeline options -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from fx_fp8 import progress
 from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.formats import WEIGHT_ONLY
@@ -82,6 +83,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     check_not_prepared(model, "it cannot be prepared again", "prepare the original model once; compile a prepared "
                        "model as it is (torch.compile(model, backend='fp8'), or compile_pipeline(pipe, prepare=False))")
     linears = [(n, m) for n, m in model.named_modules() if is_plain_linear(m)]
+    warn_unmatched_patterns(qcfg.ignored_layers, [n for n, _ in linears], "prepare_model")  # before weights are freed
     if example_inputs is not None and sensitive is None:
         args, kwargs = _split_inputs(example_inputs)
         sensitive = sensitive_linear_names(model, args, kwargs)

@@ -171,10 +171,11 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     "state_dict_keys": [keys read]}.
     """
     from fx_fp8.config.fp8_config import FP8Config
+    from fx_fp8.config.patterns import warn_unmatched_patterns
     from fx_fp8.ops.formats import WEIGHT_ONLY
     from fx_fp8.quant.module_swap import replace_module
     from fx_fp8.quant.quantized_linear import QuantizedLinear
-    from fx_fp8.quant.rules import linear_plan
+    from fx_fp8.quant.rules import is_plain_linear, linear_plan
     from fx_fp8.quant.state_guard import guard
 
     if not isinstance(model, nn.Module):
@@ -210,6 +211,9 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     if problems:
         raise ValueError("fx_fp8: adopt_prequantized found layers it cannot adopt (nothing was changed):\n  "
                          + "\n  ".join(problems))
+    if cfg.linear_enabled:  # a typo here keeps nothing native, and a compile never sees the dequantized weights
+        warn_unmatched_patterns(qcfg.ignored_layers, [n for n, m in modules.items() if n in plans or is_plain_linear(m)
+                                                      or isinstance(m, QuantizedLinear)], "adopt_prequantized")
     swaps, kept, dequantized = [], {}, []
     for name, (w, s, i, bias, dtype, origin, g) in plans.items():
         module = modules[name]

@@ -37,7 +37,8 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--quantization", choices=["fp8", "int8", "none"], default=None,
                    help="W8A8 linears (default when no FP8 flag and no --config is given: fp8 linears and fp8 attention)")
     g.add_argument("--ignored-layers", metavar="PATTERNS", default=None,
-                   help="comma-separated module-name patterns kept native; the known-sensitive layers "
+                   help="comma-separated module-name patterns kept native (a comma inside {...}, [...] or (...) "
+                        "stays in its pattern: 're:blocks\\.[0-9]{1,2}\\..*' is one); the known-sensitive layers "
                         "(embedders, adaLN modulation, final projection) are treated as --sensitive says "
                         "(weight-only by default)")
     g.add_argument("--quantize-sensitive", action="store_true", default=None,
