@@ -38,6 +38,7 @@ from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.layer_quantize import scale_shape
 from fx_fp8.quant.module_swap import replace_module
+from fx_fp8.quant.prequantized import _is_bfl_fp8r as is_bfl_fp8r
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import WeightRecipe
 from fx_fp8.quant.rules import is_plain_linear
@@ -95,6 +96,22 @@ def _layer_record(layer: QuantizedLinear) -> dict:
             "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None}
 
 
+def _bfl_record(name: str, layer: nn.Module, reason: Optional[str], where: str) -> dict:
+    """The record of a BFL fp8r layer adopt_prequantized kept (its forward dequantizes): what
+    load_quantized needs to rebuild it around the saved weight and weight_scale."""
+    n, k = layer.out_features, layer.in_features
+    scale = getattr(layer, "weight_scale", None)
+    if layer.weight.dtype != torch.float8_e4m3fn or tuple(layer.weight.shape) != (n, k) or not isinstance(
+            scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != (n,):
+        raise ValueError(f"{where}: {name!r} is a BFLFP8RLinear whose tensors are not the fp8r layout (weight "
+                         f"{layer.weight.dtype} {list(layer.weight.shape)}, expected torch.float8_e4m3fn [{n}, {k}]; "
+                         f"weight_scale {getattr(scale, 'dtype', None)} {list(getattr(scale, 'shape', []))}, expected "
+                         f"torch.float32 [{n}]): it cannot be saved")
+    compute = getattr(layer, "compute_dtype", None)
+    return {"class": type(layer).__name__, "in_features": k, "out_features": n, "bias": layer.bias is not None,
+            "compute_dtype": _dtype_name(compute) if isinstance(compute, torch.dtype) else None, "reason": reason}
+
+
 def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     """(quantization record, tensors) of one prepared model, checked before anything is written."""
     layers = {n: _layer_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
@@ -109,13 +126,15 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
         tensors[key] = t.detach().contiguous()
     reasons = native_reasons(module)
     native = {n: reasons.get(n) for n, m in module.named_modules() if is_plain_linear(m)}
+    # BFL fp8r layers adopt_prequantized kept: their fp8 weight and scale, rebuilt on load
+    bfl = {n: _bfl_record(n, m, reasons.get(n), where) for n, m in module.named_modules() if is_bfl_fp8r(m)}
     persistent = set(tensors)
     # buffers a model makes in __init__ and does not save (rotary tables): their dtype is restored on load
     extra = {n: _dtype_name(b.dtype) for n, b in module.named_buffers()
              if n not in persistent and b.is_floating_point()}
     record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
               "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
-              "layers": layers, "native": native, "nonpersistent_buffer_dtypes": extra,
+              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "nonpersistent_buffer_dtypes": extra,
               "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
     return record, tensors
 
@@ -325,7 +344,19 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
                             f"{old.bias is not None}), the checkpoint's {rec['in_features']}->{rec['out_features']} "
                             f"(bias {rec['bias']})")
         expected.update(_quantized_keys(name, rec))
-    skip = {f"{n}.{p}" for n in layers for p in ("weight", "bias")}
+    bfl = record.get("bfl_fp8r_native", {})
+    for name, rec in bfl.items():
+        old = linears.get(name)
+        if not isinstance(old, nn.Linear):
+            problems.append(f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
+                            "expected an nn.Linear to hold the checkpoint's BFL fp8r layer")
+        elif (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
+                                                                           rec["bias"]):
+            problems.append(f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
+                            f"{old.bias is not None}), the checkpoint's BFL fp8r layer {rec['in_features']}->"
+                            f"{rec['out_features']} (bias {rec['bias']})")
+        expected.update(_bfl_keys(name, rec))
+    skip = {f"{n}.{p}" for n in (*layers, *bfl) for p in ("weight", "bias")}
     for key, t in model.state_dict(keep_vars=True).items():
         if key not in skip:
             expected[key] = tuple(t.shape)
@@ -344,6 +375,11 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
         if w is not None and _dtype_name(w.dtype) != rec["weight_dtype"]:
             problems.append(f"{name + '.weight'!r} {where} is {_dtype_name(w.dtype)}, recorded as "
                             f"{rec['weight_dtype']}")
+    for name in bfl:
+        for key, want in ((f"{name}.weight", torch.float8_e4m3fn), (f"{name}.weight_scale", torch.float32)):
+            if key in tensors and tensors[key].dtype != want:
+                problems.append(f"{key!r} {where} is {_dtype_name(tensors[key].dtype)}, a BFL fp8r layer holds "
+                                f"{_dtype_name(want)}")
     if problems:
         raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
                          + "\n  ".join(problems))
@@ -363,7 +399,26 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
             act_granularity=rec["act_granularity"], input_scale=t("input_scale"),
             orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"),
             input_step_scales=t("input_step_scales"), input_step_groups=rec.get("input_step_groups"))))
+    for name, rec in bfl.items():
+        plan.append((name, linears[name], _empty_bfl_layer(rec, folder)))
     return plan
+
+
+def _bfl_keys(name: str, rec: dict) -> dict:
+    """{key: expected shape} of a kept BFL fp8r layer's entries."""
+    keys = {f"{name}.weight": (rec["out_features"], rec["in_features"]), f"{name}.weight_scale": (rec["out_features"],)}
+    if rec["bias"]:
+        keys[f"{name}.bias"] = (rec["out_features"],)
+    return keys
+
+
+def _empty_bfl_layer(rec: dict, folder: str) -> nn.Module:
+    """diffusers' BFLFP8RLinear on the meta device: load_state_dict(assign=True) gives it the saved tensors."""
+    from diffusers.quantizers.bfl.utils import BFLFP8RLinear
+
+    compute = _dtype(rec["compute_dtype"], folder) if rec["compute_dtype"] is not None else None
+    layer = BFLFP8RLinear(rec["in_features"], rec["out_features"], rec["bias"], compute_dtype=compute, device="meta")
+    return layer.requires_grad_(False)
 
 
 def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None,
@@ -389,9 +444,12 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     buffer_dtypes = {n: _dtype(d, folder) for n, d in record.get("nonpersistent_buffer_dtypes", {}).items()}
     if dtype is not None:  # as model.to(dtype): quantized weights and their scales keep theirs
         frozen = {f"{n}.{k}" for n in record["layers"] for k in QuantizedLinear._FROZEN_DTYPE}
+        frozen |= {f"{n}.{k}" for n in record.get("bfl_fp8r_native", {}) for k in ("weight", "weight_scale")}
         tensors = {k: t.to(dtype) if t.is_floating_point() and k not in frozen else t for k, t in tensors.items()}
         buffer_dtypes = {n: dtype for n in buffer_dtypes}
-        record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()}}
+        record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()},
+                  "bfl_fp8r_native": {n: {**r, "compute_dtype": _dtype_name(dtype)}
+                                      for n, r in record.get("bfl_fp8r_native", {}).items()}}
     plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
     if verify:
         _verify(raw, record, path)
@@ -413,7 +471,8 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         raise RuntimeError(f"{folder!r}: {meta[0]!r} (and {len(meta) - 1} more) still on the meta device after loading")
     if built:
         model.eval()
-    guard(model, {n: r for n, r in record["native"].items() if r is not None})
+    native = {**record["native"], **{n: r["reason"] for n, r in record.get("bfl_fp8r_native", {}).items()}}
+    guard(model, {n: r for n, r in native.items() if r is not None})
     return model
 
 
