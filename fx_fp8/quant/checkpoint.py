@@ -11,9 +11,11 @@ A folder holds, per model, diffusers' `config.json` (diffusers models), every te
 prepared model in `fx_fp8_quantized.safetensors` (the FP8/INT8 weights under `weight`, their
 fp32 `weight_scale`, `input_scale` / `input_smoothing`, and all other parameters and buffers
 unchanged) and `fx_fp8_quantization.json` (the recipe of each quantized linear and the
-native ones, and a digest of every tensor's bytes: safetensors has no checksum, so a file
-damaged in place would otherwise load and compute NaN; load_quantized checks them unless
-verify=False). Every load error names the file it comes from. The weights file deliberately does not bear diffusers' name
+native ones, and a digest of every tensor's bytes and of config.json's content: safetensors
+has no checksum, so a file damaged in place would otherwise load and compute NaN, and a
+config.json of another save would build a model that computes something else; load_quantized
+checks them unless verify=False). The files are written whole beside the folder's, then
+replace them, config.json last. Every load error names the file it comes from. The weights file deliberately does not bear diffusers' name
 (`diffusion_pytorch_model.safetensors`): `from_pretrained` of such a folder fails loudly
 ("no file named diffusion_pytorch_model...") instead of reading FP8 codes as weights.
 
@@ -172,28 +174,64 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def config_digest(path: str) -> str:
+    """DIGEST of a config.json's content (canonical JSON: key order and spacing do not count)."""
+    data = json.dumps(_read_json(path), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _staged(what: str, folder: str, write) -> None:
+    """write(), its failure named by the file it was writing (nothing in `folder` is replaced yet)."""
+    try:
+        write()
+    except Exception as e:
+        kind = OSError if isinstance(e, OSError) else ValueError
+        raise kind(f"save_quantized could not write {os.path.join(folder, what)!r} ({type(e).__name__}: {e}); "
+                   f"nothing in {folder!r} was replaced: what it held before still loads") from e
+
+
+def _stage(module, record: dict, tensors: dict, staging: str, folder: str) -> None:
+    """Write one model's files into `staging`: the weights, config.json (digested into the
+    record) and the description, each complete before any of them replaces an old one."""
+    from safetensors.torch import save_file
+
+    _staged(WEIGHTS_NAME, folder, lambda: save_file(tensors, os.path.join(staging, WEIGHTS_NAME),
+                                                    metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"}))
+    if record["diffusers_config"]:
+        _staged(CONFIG_NAME, folder, lambda: module.save_config(staging))
+        record["config_digest"] = {"algorithm": DIGEST, "digest": config_digest(os.path.join(staging, CONFIG_NAME))}
+    _staged(QUANT_NAME, folder, lambda: _write_json(os.path.join(staging, QUANT_NAME), record))
+
+
 def save_quantized(model_or_pipe, directory) -> str:
     """Save a prepared model (or a torch.compile'd one, or a pipeline's transformers) as they
     are, quantized: config.json (diffusers models), fx_fp8_quantized.safetensors and
     fx_fp8_quantization.json, in `directory` for a model and in `directory/<attr>` for each
     transformer of a pipeline (plus an index naming them). Nothing is written unless every
-    model is prepared. Returns the directory."""
-    from safetensors.torch import save_file
+    model is prepared; every file is written completely (in a temporary folder beside it)
+    before any old one is replaced, config.json last, so a save that fails leaves what the
+    folder held loadable. Returns the directory."""
+    import shutil
+    import tempfile
 
     directory = os.fspath(directory)
     targets = _targets(model_or_pipe)
     is_pipe = not isinstance(model_or_pipe, nn.Module)
     described = {sub: _describe(m, f"pipe.{sub}" if is_pipe else type(m).__name__) for sub, m in targets.items()}
-    for sub, module in targets.items():
-        folder = os.path.join(directory, sub) if sub else directory
-        os.makedirs(folder, exist_ok=True)
-        record, tensors = described[sub]
-        if record["diffusers_config"]:
-            module.save_config(folder)
-        tmp = os.path.join(folder, WEIGHTS_NAME + ".tmp")
-        save_file(tensors, tmp, metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"})
-        os.replace(tmp, os.path.join(folder, WEIGHTS_NAME))
-        _write_json(os.path.join(folder, QUANT_NAME), record)
+    staged = []
+    try:
+        for sub, module in targets.items():
+            folder = os.path.join(directory, sub) if sub else directory
+            os.makedirs(folder, exist_ok=True)
+            staged.append((tempfile.mkdtemp(prefix=".fx_fp8_save_", dir=folder), folder))
+            _stage(module, *described[sub], *staged[-1])
+        for staging, folder in staged:  # every file written: only now replace the old ones
+            for name in (WEIGHTS_NAME, QUANT_NAME, CONFIG_NAME):  # config.json last
+                if os.path.exists(os.path.join(staging, name)):
+                    os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging, ignore_errors=True)
     if is_pipe:
         _write_json(os.path.join(directory, QUANT_NAME),
                     {"format": FORMAT, "version": VERSION, "pipeline": type(model_or_pipe).__name__,
@@ -294,6 +332,29 @@ def _empty_parameters():
         return
     with init_empty_weights(include_buffers=False):
         yield True
+
+
+def _verify_config(folder: str, record: dict, verify: bool) -> None:
+    """config.json against the digest save_quantized recorded: a config.json of another save
+    (another model of the same structure) is refused, naming it, instead of building a model
+    that computes something else."""
+    path, quant_path = os.path.join(folder, CONFIG_NAME), os.path.join(folder, QUANT_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder!r}: no {CONFIG_NAME} (recorded in {quant_path!r}): the model cannot be "
+                                f"built; load it into a model you build with load_quantized({folder!r}, model=module)")
+    if not verify:
+        return
+    recorded = record.get("config_digest")
+    if recorded is None:
+        warnings.warn(f"fx_fp8: {quant_path!r} records no digest of {CONFIG_NAME} (saved by an fx_fp8 before it was "
+                      f"recorded): {path!r} is not verified; save the model again to record it", stacklevel=4)
+        return
+    if not isinstance(recorded, dict) or recorded.get("algorithm") != DIGEST or not isinstance(
+            recorded.get("digest"), str):
+        raise ValueError(f"{quant_path!r} is damaged: its config_digest is not a {DIGEST} digest (save the model again)")
+    if config_digest(path) != recorded["digest"]:
+        raise ValueError(f"{path!r} is not the {CONFIG_NAME} saved with {quant_path!r} (its {DIGEST} digest differs: "
+                         "edited, or copied from another save); put the saved one back or save the model again")
 
 
 def _build(cls, folder: str):
@@ -430,7 +491,9 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         raise FileNotFoundError(f"{folder!r}: no {WEIGHTS_NAME}")
     built = model is None
     if built:
-        model, _ = _build(_model_class(record, folder, model_class), folder)
+        cls = _model_class(record, folder, model_class)
+        _verify_config(folder, record, verify)
+        model, _ = _build(cls, folder)
     else:
         model = _unwrap(model)
         if quantized_layers(model):

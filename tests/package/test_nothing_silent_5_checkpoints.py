@@ -71,3 +71,54 @@ def test_bfl_layers_kept_by_adopt_prequantized_round_trip_bit_exact(tmp_path):
     cast = fx_fp8.load_quantized(tmp_path, model=float_stack(DIMS), dtype=torch.float32).layers[1]
     assert cast.weight.dtype == torch.float8_e4m3fn and cast.weight_scale.dtype == torch.float32
     assert cast.bias.dtype == torch.float32 and cast.compute_dtype == torch.float32
+
+
+# -- item 9: config.json is digested, and written last -----------------------------------------
+def _flux_pair():
+    """(A, B): prepared tiny Fluxes with the same weights and structure, configs differing only in
+    their rotary axes (a config.json of one builds a model that computes something else)."""
+    from diffusers import FluxTransformer2DModel
+
+    a = flux()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b = FluxTransformer2DModel.from_config({**a.config, "axes_dims_rope": (16, 8, 8)}).eval()
+    b.load_state_dict(a.state_dict())
+    for m in (a, b):
+        fx_fp8.prepare_model(m)
+    return a, b
+
+
+def test_a_config_json_of_another_save_is_refused_naming_it(tmp_path):
+    a, b = _flux_pair()
+    fx_fp8.save_quantized(a, tmp_path / "a")
+    fx_fp8.save_quantized(b, tmp_path / "b")
+    record = json.loads((tmp_path / "a" / QUANT_NAME).read_text())
+    assert record["config_digest"]["algorithm"] == "blake2b-128"
+    # reformatting config.json (key order, spacing) keeps its content: it still loads
+    config = json.loads((tmp_path / "a" / CONFIG_NAME).read_text())
+    (tmp_path / "a" / CONFIG_NAME).write_text(json.dumps(dict(reversed(list(config.items())))))
+    kw = example_inputs("flux", a)
+    assert torch.equal(run(fx_fp8.load_quantized(tmp_path / "a"), kw), run(a, kw))
+    (tmp_path / "a" / CONFIG_NAME).write_bytes((tmp_path / "b" / CONFIG_NAME).read_bytes())
+    with pytest.raises(ValueError, match=rf"{str(tmp_path / 'a' / CONFIG_NAME)!r} is not the config.json saved"):
+        fx_fp8.load_quantized(tmp_path / "a")
+    fx_fp8.load_quantized(tmp_path / "a", verify=False)  # the user's call: not checked
+
+
+def test_a_save_that_fails_part_way_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    a, b = _flux_pair()
+    kw = example_inputs("flux", a)
+    fx_fp8.save_quantized(a, tmp_path)
+    before = sorted(os.listdir(tmp_path))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    with pytest.raises(OSError, match=rf"could not write {str(tmp_path / WEIGHTS_NAME)!r}.*No space left"):
+        fx_fp8.save_quantized(b, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == before  # no temporary left behind either
+    assert torch.equal(run(fx_fp8.load_quantized(tmp_path), kw), run(a, kw))
