@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
-from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.quant.layer_quantize import scale_shape
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.prequantized import _is_bfl_fp8r as is_bfl_fp8r
@@ -539,6 +539,22 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     return model
 
 
+def _check_dtype(dtype) -> None:
+    """load_quantized's dtype, refused before anything is read (as nn.Module.to refuses): a string,
+    an integer dtype (it would cast the biases), FP8 (what the quantized layers compute from, not in)."""
+    if dtype is None or dtype in FLOAT_DTYPES:
+        return
+    wanted = "torch.float32, torch.bfloat16 or torch.float16 (what the unquantized parameters are cast to)"
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+        raise TypeError(f"load_quantized: dtype={dtype!r} is a string: pass torch.{dtype.removeprefix('torch.')}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"load_quantized: dtype={dtype!r} is a {type(dtype).__name__}, not a torch.dtype: expected "
+                        + wanted)
+    raise TypeError(f"load_quantized: dtype={dtype} is not a dtype the model can compute in: expected {wanted}; as "
+                    "nn.Module.to, the non-quantized parameters take only floating dtypes (the quantized weights "
+                    "keep theirs)")
+
+
 def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = None, pipe=None, device=None,
                    dtype: Optional[torch.dtype] = None, verify: bool = True):
     """Load what save_quantized wrote, without re-quantizing.
@@ -553,8 +569,9 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
       transformer (`transformer`, `transformer_2`) is built and set on `pipe` (replacing what
       is there). The pipeline must not be compiled yet: call compile_pipeline afterwards.
       Returns `pipe`.
-    device: where the tensors are loaded (default CPU); dtype: cast the non-quantized
-    parameters (the quantized weights and scales keep theirs), as `model.to(dtype)`.
+    device: where the tensors are loaded (default CPU); dtype (torch.float32 / bfloat16 /
+    float16; anything else is a TypeError naming it, before anything is read): cast the
+    non-quantized parameters (the quantized weights and scales keep theirs), as `model.to(dtype)`.
     verify: check every tensor's bytes against the digest save_quantized recorded (a damaged
     file is a ValueError naming the tensors and the file, not NaN outputs); verify=False skips
     it, for a huge checkpoint read often (the digests read every byte once more, on up to 8 threads:
@@ -562,6 +579,7 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
     Every error of a damaged checkpoint names its file.
     """
     directory = os.fspath(directory)
+    _check_dtype(dtype)
     if model is not None and pipe is not None:
         raise ValueError("load_quantized takes model= or pipe=, not both")
     if model is not None and not isinstance(model, nn.Module):
