@@ -114,6 +114,28 @@ def _bfl_record(name: str, layer: nn.Module, reason: Optional[str], where: str) 
             "compute_dtype": _dtype_name(compute) if isinstance(compute, torch.dtype) else None, "reason": reason}
 
 
+def _ties(state: dict, where: str) -> dict:
+    """{key: the first key holding the very same tensor} of a state dict (tied parameters, one
+    module under two names): saved once, tied again on load. Keys that share memory without being
+    the same tensor (overlapping views) cannot be saved that way: a ValueError names them."""
+    first, tied, storages = {}, {}, {}
+    for key, t in state.items():
+        if t.numel() == 0:  # empty tensors share no bytes (and may all have data_ptr 0)
+            continue
+        same = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if same in first:
+            tied[key] = first[same]
+            continue
+        first[same] = key
+        storages.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(key)
+    overlapping = [keys for keys in storages.values() if len(keys) > 1]
+    if overlapping:
+        raise ValueError(f"{where}: the state dict entries {', '.join(map(repr, overlapping[0]))} share memory without "
+                         "being the same tensor (views of one storage): save_quantized saves a tied tensor once, not "
+                         "parts of one; give each its own storage (.clone()) first")
+    return tied
+
+
 def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     """(quantization record, tensors) of one prepared model, checked before anything is written."""
     layers = {n: _layer_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
@@ -121,11 +143,12 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
         raise ValueError(f"nothing quantized to save in {where} ({type(module).__name__} has no QuantizedLinear): "
                          "call fx_fp8.prepare_model(model, config) first (compile_pipeline prepares on the first "
                          "call), or save the unquantized model with save_pretrained")
-    tensors = {}
-    for key, t in module.state_dict().items():
+    state = module.state_dict()
+    for key, t in state.items():
         if t.is_meta:
             raise ValueError(f"{where}: {key!r} is on the meta device (no data to save)")
-        tensors[key] = t.detach().contiguous()
+    tied = _ties(state, where)
+    tensors = {key: t.detach().contiguous() for key, t in state.items() if key not in tied}
     reasons = native_reasons(module)
     native = {n: reasons.get(n) for n, m in module.named_modules() if is_plain_linear(m)}
     # BFL fp8r layers adopt_prequantized kept: their fp8 weight and scale, rebuilt on load
@@ -136,7 +159,7 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
              if n not in persistent and b.is_floating_point()}
     record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
               "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
-              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "nonpersistent_buffer_dtypes": extra,
+              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "tied": tied, "nonpersistent_buffer_dtypes": extra,
               "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
     return record, tensors
 
@@ -513,6 +536,8 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()},
                   "bfl_fp8r_native": {n: {**r, "compute_dtype": _dtype_name(dtype)}
                                       for n, r in record.get("bfl_fp8r_native", {}).items()}}
+    tied = record.get("tied", {})
+    tensors.update({alias: tensors[source] for alias, source in tied.items() if source in tensors})
     plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
     if verify:
         _verify(raw, record, path)
@@ -521,6 +546,7 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     for name, old, new in plan:
         replace_module(model, name, new, old=old)
     model.load_state_dict(tensors, strict=True, assign=True)  # QuantizedLinear accepts its weight bytes here
+    _tie(model, tied)
     target = torch.device(device) if device is not None else None
     for name, buf in list(model.named_buffers()):
         # the buffers a model makes in __init__: the saved dtype, on the device asked for
@@ -553,6 +579,19 @@ def _check_dtype(dtype) -> None:
     raise TypeError(f"load_quantized: dtype={dtype} is not a dtype the model can compute in: expected {wanted}; as "
                     "nn.Module.to, the non-quantized parameters take only floating dtypes (the quantized weights "
                     "keep theirs)")
+
+
+def _tie(model: nn.Module, tied: dict) -> None:
+    """Tie again what save_quantized saved once: each alias entry becomes its source's very tensor."""
+    for alias, source in tied.items():
+        owner, _, leaf = alias.rpartition(".")
+        src_owner, _, src_leaf = source.rpartition(".")
+        holder, src_holder = model.get_submodule(owner), model.get_submodule(src_owner)
+        value = src_holder._parameters.get(src_leaf, src_holder._buffers.get(src_leaf))
+        if leaf in holder._parameters:
+            holder._parameters[leaf] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, False)
+        else:
+            holder._buffers[leaf] = value
 
 
 def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = None, pipe=None, device=None,

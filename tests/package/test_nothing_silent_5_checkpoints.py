@@ -135,3 +135,60 @@ def test_load_quantized_refuses_a_dtype_it_cannot_cast_to_up_front(tmp_path, dty
     # a folder that does not exist: the dtype is refused before any file is looked at
     with pytest.raises(TypeError, match=f"load_quantized: {says}"):
         fx_fp8.load_quantized(tmp_path / "not-there", dtype=dtype)
+
+
+# -- item 14: tied parameters are saved once and tied again on load -----------------------------
+class TiedNorms(nn.Module):
+    """Two linears between layer norms: one LayerNorm under two names, and a second norm whose
+    weight is the first's (ties as embeddings and shared norms make them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+        self.norm_again = self.norm
+        self.out_norm = nn.LayerNorm(64)
+        self.out_norm.weight = self.norm.weight
+
+    def forward(self, x):
+        return self.out_norm(self.b(torch.relu(self.a(self.norm_again(self.norm(x))))))
+
+
+def test_tied_parameters_are_saved_once_and_tied_again_on_load(tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = TiedNorms().eval()
+    with torch.no_grad():
+        model.norm.weight.normal_()
+        model.out_norm.bias.normal_()
+    fx_fp8.prepare_model(model, quantization="fp8")
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        ref = model(x)
+    fx_fp8.save_quantized(model, tmp_path)
+    record = json.loads((tmp_path / QUANT_NAME).read_text())
+    assert record["tied"] == {"norm_again.weight": "norm.weight", "norm_again.bias": "norm.bias",
+                              "out_norm.weight": "norm.weight"}
+    assert not set(record["tied"]) & set(load_file(tmp_path / WEIGHTS_NAME))  # each tied tensor stored once
+    fresh = TiedNorms()
+    fresh.out_norm.weight = nn.Parameter(torch.ones(64))  # untied: loading ties it as it was saved
+    loaded = fx_fp8.load_quantized(tmp_path, model=fresh, dtype=torch.bfloat16)
+    assert loaded.out_norm.weight is loaded.norm.weight and loaded.norm.weight.dtype == torch.bfloat16
+    loaded = fx_fp8.load_quantized(tmp_path, model=TiedNorms())
+    assert loaded.out_norm.weight is loaded.norm.weight and loaded.norm_again is loaded.norm
+    with torch.no_grad():
+        assert torch.equal(loaded(x), ref)
+        loaded.norm.weight.mul_(2)  # still one tensor: a write reaches every name
+    assert torch.equal(loaded.out_norm.weight, loaded.norm.weight)
+
+
+def test_overlapping_views_are_refused_naming_their_keys(tmp_path):
+    model = TiedNorms().eval()
+    fx_fp8.prepare_model(model, quantization="fp8")
+    both = torch.zeros(128)
+    model.out_norm.weight = nn.Parameter(both[:64])
+    model.out_norm.bias = nn.Parameter(both[64:])
+    with pytest.raises(ValueError, match=r"'out_norm.weight', 'out_norm.bias' share memory without being the same"):
+        fx_fp8.save_quantized(model, tmp_path)
+    assert not os.listdir(tmp_path)
