@@ -39,6 +39,7 @@ import torch.nn as nn
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.quant.layer_quantize import scale_shape
+from fx_fp8.quant.checkpoint_record import check_index, check_record
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.prequantized import _is_bfl_fp8r as is_bfl_fp8r
 from fx_fp8.quant.quantized_linear import QuantizedLinear
@@ -287,6 +288,7 @@ def _read_record(folder: str) -> dict:
         if not isinstance(record.get(key), kind):
             raise ValueError(f"{path!r} is damaged: {key!r} is {type(record.get(key)).__name__}, expected "
                              f"{kind.__name__} (save the model again)")
+    check_record(record, path, CONFIG_NAME)
     return record
 
 
@@ -339,8 +341,12 @@ def _model_class(record: dict, folder: str, model_class):
 
     cls = getattr(diffusers, record["model_class"], None)
     if cls is None:
-        raise ValueError(f"diffusers has no class {record['model_class']!r} (recorded in {folder!r}); "
-                         "pass model_class=")
+        raise ValueError(f"diffusers has no class {record['model_class']!r} (model_class in "
+                         f"{os.path.join(folder, QUANT_NAME)!r}); pass model_class=")
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):  # DiffusionPipeline, a scheduler, ...
+        raise ValueError(f"{os.path.join(folder, QUANT_NAME)!r} is damaged: model_class is {record['model_class']!r}, "
+                         "which is not a diffusers model class (no ModelMixin); save the model again, or pass "
+                         "model_class=")
     return cls
 
 
@@ -628,6 +634,8 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
     if os.path.isfile(index_path):
         data = _read_json(index_path)
         index = data if isinstance(data, dict) and "components" in data else None
+        if index is not None:
+            check_index(index, index_path, TRANSFORMER_ATTRS)
     if pipe is None:
         if index is not None:
             raise ValueError(f"{directory!r} holds a pipeline's transformers ({', '.join(index['components'])}): "

@@ -192,3 +192,58 @@ def test_overlapping_views_are_refused_naming_their_keys(tmp_path):
     with pytest.raises(ValueError, match=r"'out_norm.weight', 'out_norm.bias' share memory without being the same"):
         fx_fp8.save_quantized(model, tmp_path)
     assert not os.listdir(tmp_path)
+
+
+# -- item 15: hand-edited descriptions are ValueErrors naming the file and the field ------------
+@pytest.fixture(scope="module")
+def saved_pipeline(tmp_path_factory):
+    """(folder, pipe): a stand-in pipeline's prepared tiny Flux transformer, saved as a pipeline."""
+    import types
+
+    pipe = types.SimpleNamespace(transformer=prepared_flux())
+    folder = tmp_path_factory.mktemp("saved-pipe")
+    fx_fp8.save_quantized(pipe, folder)
+    return folder, pipe
+
+
+def _edited(src, dst, edit, name=QUANT_NAME):
+    """A copy of the checkpoint folder `src` with `edit(json)` applied to `name`."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / name).read_text())
+    edit(data)
+    (dst / name).write_text(json.dumps(data))
+    return dst / name
+
+
+@pytest.mark.parametrize("with_pipe", [False, True])
+def test_an_index_without_components_names_the_file_and_field(saved_pipeline, tmp_path, with_pipe):
+    folder, pipe = saved_pipeline
+    index = _edited(folder, tmp_path / "c", lambda d: d.update(components=[]))
+    with pytest.raises(ValueError, match=rf"{str(index)!r} is damaged: components is \[\], expected a non-empty list"):
+        fx_fp8.load_quantized(tmp_path / "c", pipe=pipe if with_pipe else None)
+
+
+DAMAGED_RECORDS = {
+    "a pipeline class": (lambda d: d.update(model_class="DiffusionPipeline"),
+                         "model_class is 'DiffusionPipeline', which is not a diffusers model class"),
+    "a layer without its method": (lambda d: next(iter(d["layers"].values())).pop("method"),
+                                   r"layers\['.*'\] is .*missing \['method'\]"),
+    "a size as a string": (lambda d: next(iter(d["layers"].values())).update(in_features="64"),
+                           r"layers\['.*'\].in_features is '64', expected a positive integer"),
+    "an unknown act granularity": (lambda d: next(iter(d["layers"].values())).update(act_granularity="row"),
+                                   r"layers\['.*'\].act_granularity is 'row', expected one of"),
+    "a tie to itself": (lambda d: d.update(tied={"x_embedder.bias": "x_embedder.bias"}),
+                        r"tied\['x_embedder.bias'\] is 'x_embedder.bias', expected the key of a tensor"),
+    "a native reason as a number": (lambda d: d.update(native={"proj_out": 3}), r"native\['proj_out'\] is 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGED_RECORDS))
+def test_a_hand_edited_description_names_the_file_and_field(saved_pipeline, tmp_path, case):
+    folder, _ = saved_pipeline
+    edit, says = DAMAGED_RECORDS[case]
+    path = _edited(folder / "transformer", tmp_path / "t", edit)
+    with pytest.raises(ValueError, match=rf"{str(path)!r}.*{says}"):
+        fx_fp8.load_quantized(tmp_path / "t")
