@@ -160,7 +160,8 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
              if n not in persistent and b.is_floating_point()}
     record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
               "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
-              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "tied": tied, "nonpersistent_buffer_dtypes": extra,
+              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "tied": tied,
+              "nonpersistent_buffer_dtypes": extra,
               "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
     return record, tensors
 

@@ -61,7 +61,8 @@ class _Fields:
         missing, extra = keys - set(value), set(value) - keys - optional
         if missing or extra:
             self.fail(field, value, f"an object with the keys {sorted(keys)}"
-                      + (f" (missing {sorted(missing)})" if missing else "") + (f" (unknown {sorted(extra)})" if extra else ""))
+                      + (f" (missing {sorted(missing)})" if missing else "")
+                      + (f" (unknown {sorted(extra)})" if extra else ""))
         return value
 
 

@@ -23,9 +23,9 @@ DIMS = (64, 96, 64)
 
 def same_state(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(
-        sa[k].dtype == sb[k].dtype and torch.equal(sa[k].reshape(-1).view(torch.uint8), sb[k].reshape(-1).view(torch.uint8))
-        for k in sa)
+    as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
+    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(as_bytes(sa[k]), as_bytes(sb[k]))
+                                          for k in sa)
 
 
 def flux(seed=0, dtype=torch.float32):
@@ -247,3 +247,37 @@ def test_a_hand_edited_description_names_the_file_and_field(saved_pipeline, tmp_
     path = _edited(folder / "transformer", tmp_path / "t", edit)
     with pytest.raises(ValueError, match=rf"{str(path)!r}.*{says}"):
         fx_fp8.load_quantized(tmp_path / "t")
+
+
+# -- item 18: NaN, infinite, zero or negative pre-quantized scales warn once, naming the layers ---
+def _bfl_stack_with_bad_scales():
+    model = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
+    model.layers[0].weight_scale[3] = float("nan")
+    model.layers[1].weight_scale[:2] = torch.tensor([0.0, -1.0])
+    return model
+
+
+BAD_BFL = (r"layers\.0 \(weight_scale: 1 of 96 not finite\), layers\.1 \(weight_scale: 2 of 64 not positive\)")
+
+
+def test_adopting_bad_scales_warns_once_naming_the_layers():
+    from prequantized_layouts import modelopt_state_dict
+
+    with pytest.warns(UserWarning, match=rf"adopt_prequantized: pre-quantized scales that are not finite and positive "
+                                         rf"in {BAD_BFL}") as record:
+        fx_fp8.adopt_prequantized(_bfl_stack_with_bad_scales())
+    assert len([w for w in record if "pre-quantized scales" in str(w.message)]) == 1
+    sd = modelopt_state_dict(float_stack(DIMS), per_channel=False, static_x=torch.randn(2, DIMS[0], dtype=torch.bfloat16))
+    sd["layers.1.input_scale"] = torch.tensor(float("inf"))
+    with pytest.warns(UserWarning, match=r"in layers\.1 \(input_scale: 1 of 1 not finite\):"):
+        fx_fp8.adopt_prequantized(float_stack(DIMS), state_dict=sd)
+    with warnings.catch_warnings():  # good scales: silent
+        warnings.simplefilter("error")
+        fx_fp8.adopt_prequantized(float_stack(DIMS), state_dict=modelopt_state_dict(float_stack(DIMS), per_channel=True))
+
+
+def test_compiling_bad_scales_warns_naming_the_layers():
+    model = _bfl_stack_with_bad_scales()
+    with pytest.warns(UserWarning, match=rf"torch.compile\(backend='fp8'\): pre-quantized scales .* in {BAD_BFL}"):
+        with torch.no_grad():
+            torch.compile(model, backend="fp8")(torch.randn(3, DIMS[0], dtype=torch.bfloat16))
