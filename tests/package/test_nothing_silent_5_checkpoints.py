@@ -281,3 +281,31 @@ def test_compiling_bad_scales_warns_naming_the_layers():
     with pytest.warns(UserWarning, match=rf"torch.compile\(backend='fp8'\): pre-quantized scales .* in {BAD_BFL}"):
         with torch.no_grad():
             torch.compile(model, backend="fp8")(torch.randn(3, DIMS[0], dtype=torch.bfloat16))
+
+
+# -- item 12: from_single_file(..., quantization_config=fx_fp8.DiffusersConfig()) quantizes ------
+def test_from_single_file_quantizes_while_loading_as_from_pretrained_does(tmp_path):
+    from diffusers import FluxTransformer2DModel
+    from safetensors.torch import save_file
+
+    from fx_fp8.quant.quantized_linear import QuantizedLinear
+
+    model = flux(dtype=torch.bfloat16)
+    model.save_config(tmp_path)
+    single = tmp_path / "flux-tiny.safetensors"  # a full-precision single file, in diffusers' key layout
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, single)
+    model.save_pretrained(tmp_path / "folder")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from_file = FluxTransformer2DModel.from_single_file(str(single), config=str(tmp_path), torch_dtype=torch.bfloat16,
+                                                            quantization_config=fx_fp8.DiffusersConfig())
+        from_folder = FluxTransformer2DModel.from_pretrained(tmp_path / "folder", torch_dtype=torch.bfloat16,
+                                                             quantization_config=fx_fp8.DiffusersConfig())
+    assert any(isinstance(m, QuantizedLinear) for m in from_file.modules())
+    assert same_state(from_file, from_folder)
+    kw = example_inputs("flux", model, dtype=torch.bfloat16)
+    assert torch.equal(run(from_file, kw), run(from_folder, kw))
+    # and it saves as a model loaded with from_pretrained does: config.json records its layers
+    from_file.save_pretrained(tmp_path / "saved")
+    reloaded = FluxTransformer2DModel.from_pretrained(tmp_path / "saved", torch_dtype=torch.bfloat16)
+    assert same_state(reloaded, from_file)
