@@ -309,3 +309,41 @@ def test_from_single_file_quantizes_while_loading_as_from_pretrained_does(tmp_pa
     from_file.save_pretrained(tmp_path / "saved")
     reloaded = FluxTransformer2DModel.from_pretrained(tmp_path / "saved", torch_dtype=torch.bfloat16)
     assert same_state(reloaded, from_file)
+
+
+# -- item 16: dtype moves of a DiffusersConfig-loaded model: refused by diffusers, as documented --
+def test_dtype_moves_of_a_loaded_model_are_refused_and_torch_dtype_sets_it(tmp_path):
+    from pathlib import Path
+
+    from diffusers import DiffusionPipeline, FluxTransformer2DModel
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "diffusers_quantization.md").read_text()
+    assert "Except dtype moves: diffusers refuses them" in doc and "Pick the dtype at load time instead" in doc
+
+    class TransformerOnly(DiffusionPipeline):
+        def __init__(self, transformer):
+            super().__init__()
+            self.register_modules(transformer=transformer)
+
+    flux(dtype=torch.bfloat16).save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = FluxTransformer2DModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16,
+                                                       quantization_config=fx_fp8.DiffusersConfig())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pipe = TransformerOnly(model)
+    for move in (lambda: model.to(torch.float16), lambda: model.to(dtype=torch.float32), model.half, model.float,
+                 lambda: pipe.to(torch.float16)):
+        with pytest.raises(ValueError, match=r"Casting a quantized model to a new `dtype` is unsupported|"
+                                             r"is not supported for quantized model"):
+            move()
+    after = model.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k].view(torch.uint8), v.view(torch.uint8))
+               for k, v in before.items())
+    assert model.to("cpu") is model  # device moves work
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = FluxTransformer2DModel.from_pretrained(tmp_path, torch_dtype=torch.float16,
+                                                      quantization_config=fx_fp8.DiffusersConfig())
+    kw = example_inputs("flux", half, dtype=torch.float16)
+    assert half.x_embedder.bias.dtype == torch.float16 and run(half, kw).dtype == torch.float16
