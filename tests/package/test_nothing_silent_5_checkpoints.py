@@ -126,10 +126,10 @@ def test_a_save_that_fails_part_way_leaves_the_previous_checkpoint_loadable(tmp_
 
 # -- item 6: load_quantized's dtype is checked before anything is read ---------------------------
 @pytest.mark.parametrize("dtype,says", [
-    (torch.int8, "dtype=torch.int8 is not a dtype the model can compute in"),
-    (torch.float8_e4m3fn, "dtype=torch.float8_e4m3fn is not a dtype the model can compute in"),
-    ("bfloat16", "dtype='bfloat16' is a string: pass torch.bfloat16"),
-    ("cuda", "dtype='cuda' is a str, not a torch.dtype"),
+    pytest.param(torch.int8, "dtype=torch.int8 is not a dtype the model can compute in", id="int8"),
+    pytest.param(torch.float8_e4m3fn, "dtype=torch.float8_e4m3fn is not a dtype the model can compute in", id="fp8"),
+    pytest.param("bfloat16", "dtype='bfloat16' is a string: pass torch.bfloat16", id="a dtype's name"),
+    pytest.param("cuda", "dtype='cuda' is a str, not a torch.dtype", id="a device"),
 ])
 def test_load_quantized_refuses_a_dtype_it_cannot_cast_to_up_front(tmp_path, dtype, says):
     # a folder that does not exist: the dtype is refused before any file is looked at
