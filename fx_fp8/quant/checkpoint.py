@@ -544,7 +544,12 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
                   "bfl_fp8r_native": {n: {**r, "compute_dtype": _dtype_name(dtype)}
                                       for n, r in record.get("bfl_fp8r_native", {}).items()}}
     tied = record.get("tied", {})
-    tensors.update({alias: tensors[source] for alias, source in tied.items() if source in tensors})
+    for alias, source in tied.items():
+        if source not in tensors or alias in tensors:
+            raise ValueError(f"{os.path.join(folder, QUANT_NAME)!r} is damaged: tied[{alias!r}] is {source!r}, but "
+                             f"{path!r} {'holds no ' + repr(source) if source not in tensors else 'holds ' + repr(alias)}"
+                             " (the files come from different saves, or the description was edited)")
+        tensors[alias] = tensors[source]
     plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
     if verify:
         _verify(raw, record, path)

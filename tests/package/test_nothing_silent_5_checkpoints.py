@@ -237,6 +237,8 @@ DAMAGED_RECORDS = {
     "a tie to itself": (lambda d: d.update(tied={"x_embedder.bias": "x_embedder.bias"}),
                         r"tied\['x_embedder.bias'\] is 'x_embedder.bias', expected the key of a tensor"),
     "a native reason as a number": (lambda d: d.update(native={"proj_out": 3}), r"native\['proj_out'\] is 3"),
+    "a tie to a key the file lacks": (lambda d: d.update(tied={"x_embedder.bias": "x_embedder.gone"}),
+                                      r"tied\['x_embedder.bias'\] is 'x_embedder.gone', but .* holds no 'x_embedder.gone'"),
 }
 
 
