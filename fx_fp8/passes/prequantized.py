@@ -55,8 +55,8 @@ from fx_fp8.graph.names import module_name
 from fx_fp8.graph.shapes import concrete
 from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_DTYPE, FP8_MAX, WEIGHT_ONLY
 from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
-from fx_fp8.quant.prequantized import (channel_scale, describe_origin, scale_granularity, source_of_class,
-                                       tensor_scale, weight_origin)
+from fx_fp8.quant.prequantized import (bad_scale, channel_scale, describe_origin, scale_granularity, source_of_class,
+                                       tensor_scale, warn_bad_scales, weight_origin)
 from fx_fp8.quant.rules import linear_plan
 from fx_fp8.steps import linear_skip_mode
 
@@ -352,9 +352,16 @@ class PrequantizedLinearPass(FXPass):
             m = find_prequantized(node)
             if m is not None:
                 matches.append(m)
+        warn_bad_scales([b for m in matches if (b := self._bad_scale(m)) is not None], "torch.compile(backend='fp8')")
         rewritten = [m for m in matches if self._rewrite(gm, m)]
         self._erase_unused(gm, [n for m in rewritten for n in m.chain])
         return len(rewritten)
+
+    def _bad_scale(self, m: Match) -> Optional[str]:
+        """bad_scale of the stored scales this linear reads (when the compile has their values)."""
+        real = [real_tensor(n, self.ctx.gm, self.ctx.example_inputs, self.ctx.placeholders)
+                for n in (m.scale, m.input_scale)]
+        return bad_scale(module_name(m.linear), *real)
 
     def _label_adopted(self, node) -> None:
         w = call_args(node, ["x", "weight"], {}).get("weight")

@@ -2,6 +2,8 @@
 
     transformer = FluxTransformer2DModel.from_pretrained(path, torch_dtype=torch.bfloat16,
                                                          quantization_config=fx_fp8.DiffusersConfig())
+    transformer = FluxTransformer2DModel.from_single_file(file, config=path, subfolder="transformer",
+                                                          quantization_config=fx_fp8.DiffusersConfig())
     pipe = FluxPipeline.from_pretrained(path, torch_dtype=torch.bfloat16, quantization_config=
                                         PipelineQuantizationConfig(quant_mapping={"transformer": fx_fp8.DiffusersConfig()}))
     transformer.save_pretrained("out/")                        # config.json carries the quantization config
@@ -175,9 +177,15 @@ class FxFp8Quantizer(DiffusersQuantizer):
     required_packages = ["accelerate"]
 
     def __init__(self, quantization_config: DiffusersConfig, **kwargs):
+        # from_pretrained says whether the checkpoint is quantized (its config.json has a
+        # quantization_config); from_single_file does not (diffusers' default is "quantized": BFL
+        # and GGUF single files are): there the config decides, by its record of quantized layers
+        single_file = "pre_quantized" not in kwargs
         super().__init__(quantization_config, **kwargs)
         if not isinstance(quantization_config, DiffusersConfig):
             raise ValueError(f"fx_fp8's quantizer takes an fx_fp8.DiffusersConfig, got {type(quantization_config).__name__}")
+        if single_file:
+            self.pre_quantized = quantization_config.quantized_layers is not None
         self.fp8 = quantization_config.fp8_config
         self.plan: dict[str, str] = {}        # name -> "quantized" / "weight_only" (checkpoint in full precision)
         self.native: dict[str, str] = {}      # name -> why it stays an nn.Linear
@@ -212,6 +220,8 @@ class FxFp8Quantizer(DiffusersQuantizer):
 
     def _process_model_before_weight_loading(self, model, device_map=None, keep_in_fp32_modules=(), **kwargs):
         self.keep_in_fp32 = [m for m in keep_in_fp32_modules or () if m]
+        if kwargs.get("state_dict") is not None:  # from_single_file hands over the whole (converted) checkpoint
+            self.loaded_keys = set(kwargs["state_dict"])
         linears = {n: m for n, m in model.named_modules() if is_plain_linear(m)}
         if self.pre_quantized:
             self._build_recorded_layers(model, linears)

@@ -11,9 +11,11 @@ A folder holds, per model, diffusers' `config.json` (diffusers models), every te
 prepared model in `fx_fp8_quantized.safetensors` (the FP8/INT8 weights under `weight`, their
 fp32 `weight_scale`, `input_scale` / `input_smoothing`, and all other parameters and buffers
 unchanged) and `fx_fp8_quantization.json` (the recipe of each quantized linear and the
-native ones, and a digest of every tensor's bytes: safetensors has no checksum, so a file
-damaged in place would otherwise load and compute NaN; load_quantized checks them unless
-verify=False). Every load error names the file it comes from. The weights file deliberately does not bear diffusers' name
+native ones, and a digest of every tensor's bytes and of config.json's content: safetensors
+has no checksum, so a file damaged in place would otherwise load and compute NaN, and a
+config.json of another save would build a model that computes something else; load_quantized
+checks them unless verify=False). The files are written whole beside the folder's, then
+replace them, config.json last. Every load error names the file it comes from. The weights file deliberately does not bear diffusers' name
 (`diffusion_pytorch_model.safetensors`): `from_pretrained` of such a folder fails loudly
 ("no file named diffusion_pytorch_model...") instead of reading FP8 codes as weights.
 
@@ -35,9 +37,11 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
-from fx_fp8.ops.formats import WEIGHT_ONLY
+from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.quant.layer_quantize import scale_shape
+from fx_fp8.quant.checkpoint_record import check_index, check_record
 from fx_fp8.quant.module_swap import replace_module
+from fx_fp8.quant.prequantized import _is_bfl_fp8r as is_bfl_fp8r
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import WeightRecipe
 from fx_fp8.quant.rules import is_plain_linear
@@ -95,6 +99,44 @@ def _layer_record(layer: QuantizedLinear) -> dict:
             "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None}
 
 
+def _bfl_record(name: str, layer: nn.Module, reason: Optional[str], where: str) -> dict:
+    """The record of a BFL fp8r layer adopt_prequantized kept (its forward dequantizes): what
+    load_quantized needs to rebuild it around the saved weight and weight_scale."""
+    n, k = layer.out_features, layer.in_features
+    scale = getattr(layer, "weight_scale", None)
+    if layer.weight.dtype != torch.float8_e4m3fn or tuple(layer.weight.shape) != (n, k) or not isinstance(
+            scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != (n,):
+        raise ValueError(f"{where}: {name!r} is a BFLFP8RLinear whose tensors are not the fp8r layout (weight "
+                         f"{layer.weight.dtype} {list(layer.weight.shape)}, expected torch.float8_e4m3fn [{n}, {k}]; "
+                         f"weight_scale {getattr(scale, 'dtype', None)} {list(getattr(scale, 'shape', []))}, expected "
+                         f"torch.float32 [{n}]): it cannot be saved")
+    compute = getattr(layer, "compute_dtype", None)
+    return {"class": type(layer).__name__, "in_features": k, "out_features": n, "bias": layer.bias is not None,
+            "compute_dtype": _dtype_name(compute) if isinstance(compute, torch.dtype) else None, "reason": reason}
+
+
+def _ties(state: dict, where: str) -> dict:
+    """{key: the first key holding the very same tensor} of a state dict (tied parameters, one
+    module under two names): saved once, tied again on load. Keys that share memory without being
+    the same tensor (overlapping views) cannot be saved that way: a ValueError names them."""
+    first, tied, storages = {}, {}, {}
+    for key, t in state.items():
+        if t.numel() == 0:  # empty tensors share no bytes (and may all have data_ptr 0)
+            continue
+        same = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if same in first:
+            tied[key] = first[same]
+            continue
+        first[same] = key
+        storages.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(key)
+    overlapping = [keys for keys in storages.values() if len(keys) > 1]
+    if overlapping:
+        raise ValueError(f"{where}: the state dict entries {', '.join(map(repr, overlapping[0]))} share memory without "
+                         "being the same tensor (views of one storage): save_quantized saves a tied tensor once, not "
+                         "parts of one; give each its own storage (.clone()) first")
+    return tied
+
+
 def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     """(quantization record, tensors) of one prepared model, checked before anything is written."""
     layers = {n: _layer_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
@@ -102,20 +144,24 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
         raise ValueError(f"nothing quantized to save in {where} ({type(module).__name__} has no QuantizedLinear): "
                          "call fx_fp8.prepare_model(model, config) first (compile_pipeline prepares on the first "
                          "call), or save the unquantized model with save_pretrained")
-    tensors = {}
-    for key, t in module.state_dict().items():
+    state = module.state_dict()
+    for key, t in state.items():
         if t.is_meta:
             raise ValueError(f"{where}: {key!r} is on the meta device (no data to save)")
-        tensors[key] = t.detach().contiguous()
+    tied = _ties(state, where)
+    tensors = {key: t.detach().contiguous() for key, t in state.items() if key not in tied}
     reasons = native_reasons(module)
     native = {n: reasons.get(n) for n, m in module.named_modules() if is_plain_linear(m)}
+    # BFL fp8r layers adopt_prequantized kept: their fp8 weight and scale, rebuilt on load
+    bfl = {n: _bfl_record(n, m, reasons.get(n), where) for n, m in module.named_modules() if is_bfl_fp8r(m)}
     persistent = set(tensors)
     # buffers a model makes in __init__ and does not save (rotary tables): their dtype is restored on load
     extra = {n: _dtype_name(b.dtype) for n, b in module.named_buffers()
              if n not in persistent and b.is_floating_point()}
     record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
               "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
-              "layers": layers, "native": native, "nonpersistent_buffer_dtypes": extra,
+              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "tied": tied,
+              "nonpersistent_buffer_dtypes": extra,
               "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
     return record, tensors
 
@@ -153,28 +199,64 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def config_digest(path: str) -> str:
+    """DIGEST of a config.json's content (canonical JSON: key order and spacing do not count)."""
+    data = json.dumps(_read_json(path), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _staged(what: str, folder: str, write) -> None:
+    """write(), its failure named by the file it was writing (nothing in `folder` is replaced yet)."""
+    try:
+        write()
+    except Exception as e:
+        kind = OSError if isinstance(e, OSError) else ValueError
+        raise kind(f"save_quantized could not write {os.path.join(folder, what)!r} ({type(e).__name__}: {e}); "
+                   f"nothing in {folder!r} was replaced: what it held before still loads") from e
+
+
+def _stage(module, record: dict, tensors: dict, staging: str, folder: str) -> None:
+    """Write one model's files into `staging`: the weights, config.json (digested into the
+    record) and the description, each complete before any of them replaces an old one."""
+    from safetensors.torch import save_file
+
+    _staged(WEIGHTS_NAME, folder, lambda: save_file(tensors, os.path.join(staging, WEIGHTS_NAME),
+                                                    metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"}))
+    if record["diffusers_config"]:
+        _staged(CONFIG_NAME, folder, lambda: module.save_config(staging))
+        record["config_digest"] = {"algorithm": DIGEST, "digest": config_digest(os.path.join(staging, CONFIG_NAME))}
+    _staged(QUANT_NAME, folder, lambda: _write_json(os.path.join(staging, QUANT_NAME), record))
+
+
 def save_quantized(model_or_pipe, directory) -> str:
     """Save a prepared model (or a torch.compile'd one, or a pipeline's transformers) as they
     are, quantized: config.json (diffusers models), fx_fp8_quantized.safetensors and
     fx_fp8_quantization.json, in `directory` for a model and in `directory/<attr>` for each
     transformer of a pipeline (plus an index naming them). Nothing is written unless every
-    model is prepared. Returns the directory."""
-    from safetensors.torch import save_file
+    model is prepared; every file is written completely (in a temporary folder beside it)
+    before any old one is replaced, config.json last, so a save that fails leaves what the
+    folder held loadable. Returns the directory."""
+    import shutil
+    import tempfile
 
     directory = os.fspath(directory)
     targets = _targets(model_or_pipe)
     is_pipe = not isinstance(model_or_pipe, nn.Module)
     described = {sub: _describe(m, f"pipe.{sub}" if is_pipe else type(m).__name__) for sub, m in targets.items()}
-    for sub, module in targets.items():
-        folder = os.path.join(directory, sub) if sub else directory
-        os.makedirs(folder, exist_ok=True)
-        record, tensors = described[sub]
-        if record["diffusers_config"]:
-            module.save_config(folder)
-        tmp = os.path.join(folder, WEIGHTS_NAME + ".tmp")
-        save_file(tensors, tmp, metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"})
-        os.replace(tmp, os.path.join(folder, WEIGHTS_NAME))
-        _write_json(os.path.join(folder, QUANT_NAME), record)
+    staged = []
+    try:
+        for sub, module in targets.items():
+            folder = os.path.join(directory, sub) if sub else directory
+            os.makedirs(folder, exist_ok=True)
+            staged.append((tempfile.mkdtemp(prefix=".fx_fp8_save_", dir=folder), folder))
+            _stage(module, *described[sub], *staged[-1])
+        for staging, folder in staged:  # every file written: only now replace the old ones
+            for name in (WEIGHTS_NAME, QUANT_NAME, CONFIG_NAME):  # config.json last
+                if os.path.exists(os.path.join(staging, name)):
+                    os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging, ignore_errors=True)
     if is_pipe:
         _write_json(os.path.join(directory, QUANT_NAME),
                     {"format": FORMAT, "version": VERSION, "pipeline": type(model_or_pipe).__name__,
@@ -207,6 +289,7 @@ def _read_record(folder: str) -> dict:
         if not isinstance(record.get(key), kind):
             raise ValueError(f"{path!r} is damaged: {key!r} is {type(record.get(key)).__name__}, expected "
                              f"{kind.__name__} (save the model again)")
+    check_record(record, path, CONFIG_NAME)
     return record
 
 
@@ -259,8 +342,12 @@ def _model_class(record: dict, folder: str, model_class):
 
     cls = getattr(diffusers, record["model_class"], None)
     if cls is None:
-        raise ValueError(f"diffusers has no class {record['model_class']!r} (recorded in {folder!r}); "
-                         "pass model_class=")
+        raise ValueError(f"diffusers has no class {record['model_class']!r} (model_class in "
+                         f"{os.path.join(folder, QUANT_NAME)!r}); pass model_class=")
+    if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):  # DiffusionPipeline, a scheduler, ...
+        raise ValueError(f"{os.path.join(folder, QUANT_NAME)!r} is damaged: model_class is {record['model_class']!r}, "
+                         "which is not a diffusers model class (no ModelMixin); save the model again, or pass "
+                         "model_class=")
     return cls
 
 
@@ -275,6 +362,29 @@ def _empty_parameters():
         return
     with init_empty_weights(include_buffers=False):
         yield True
+
+
+def _verify_config(folder: str, record: dict, verify: bool) -> None:
+    """config.json against the digest save_quantized recorded: a config.json of another save
+    (another model of the same structure) is refused, naming it, instead of building a model
+    that computes something else."""
+    path, quant_path = os.path.join(folder, CONFIG_NAME), os.path.join(folder, QUANT_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder!r}: no {CONFIG_NAME} (recorded in {quant_path!r}): the model cannot be "
+                                f"built; load it into a model you build with load_quantized({folder!r}, model=module)")
+    if not verify:
+        return
+    recorded = record.get("config_digest")
+    if recorded is None:
+        warnings.warn(f"fx_fp8: {quant_path!r} records no digest of {CONFIG_NAME} (saved by an fx_fp8 before it was "
+                      f"recorded): {path!r} is not verified; save the model again to record it", stacklevel=4)
+        return
+    if not isinstance(recorded, dict) or recorded.get("algorithm") != DIGEST or not isinstance(
+            recorded.get("digest"), str):
+        raise ValueError(f"{quant_path!r} is damaged: its config_digest is not a {DIGEST} digest (save the model again)")
+    if config_digest(path) != recorded["digest"]:
+        raise ValueError(f"{path!r} is not the {CONFIG_NAME} saved with {quant_path!r} (its {DIGEST} digest differs: "
+                         "edited, or copied from another save); put the saved one back or save the model again")
 
 
 def _build(cls, folder: str):
@@ -325,7 +435,19 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
                             f"{old.bias is not None}), the checkpoint's {rec['in_features']}->{rec['out_features']} "
                             f"(bias {rec['bias']})")
         expected.update(_quantized_keys(name, rec))
-    skip = {f"{n}.{p}" for n in layers for p in ("weight", "bias")}
+    bfl = record.get("bfl_fp8r_native", {})
+    for name, rec in bfl.items():
+        old = linears.get(name)
+        if not isinstance(old, nn.Linear):
+            problems.append(f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
+                            "expected an nn.Linear to hold the checkpoint's BFL fp8r layer")
+        elif (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
+                                                                           rec["bias"]):
+            problems.append(f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
+                            f"{old.bias is not None}), the checkpoint's BFL fp8r layer {rec['in_features']}->"
+                            f"{rec['out_features']} (bias {rec['bias']})")
+        expected.update(_bfl_keys(name, rec))
+    skip = {f"{n}.{p}" for n in (*layers, *bfl) for p in ("weight", "bias")}
     for key, t in model.state_dict(keep_vars=True).items():
         if key not in skip:
             expected[key] = tuple(t.shape)
@@ -344,6 +466,11 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
         if w is not None and _dtype_name(w.dtype) != rec["weight_dtype"]:
             problems.append(f"{name + '.weight'!r} {where} is {_dtype_name(w.dtype)}, recorded as "
                             f"{rec['weight_dtype']}")
+    for name in bfl:
+        for key, want in ((f"{name}.weight", torch.float8_e4m3fn), (f"{name}.weight_scale", torch.float32)):
+            if key in tensors and tensors[key].dtype != want:
+                problems.append(f"{key!r} {where} is {_dtype_name(tensors[key].dtype)}, a BFL fp8r layer holds "
+                                f"{_dtype_name(want)}")
     if problems:
         raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
                          + "\n  ".join(problems))
@@ -363,7 +490,26 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
             act_granularity=rec["act_granularity"], input_scale=t("input_scale"),
             orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"),
             input_step_scales=t("input_step_scales"), input_step_groups=rec.get("input_step_groups"))))
+    for name, rec in bfl.items():
+        plan.append((name, linears[name], _empty_bfl_layer(rec, folder)))
     return plan
+
+
+def _bfl_keys(name: str, rec: dict) -> dict:
+    """{key: expected shape} of a kept BFL fp8r layer's entries."""
+    keys = {f"{name}.weight": (rec["out_features"], rec["in_features"]), f"{name}.weight_scale": (rec["out_features"],)}
+    if rec["bias"]:
+        keys[f"{name}.bias"] = (rec["out_features"],)
+    return keys
+
+
+def _empty_bfl_layer(rec: dict, folder: str) -> nn.Module:
+    """diffusers' BFLFP8RLinear on the meta device: load_state_dict(assign=True) gives it the saved tensors."""
+    from diffusers.quantizers.bfl.utils import BFLFP8RLinear
+
+    compute = _dtype(rec["compute_dtype"], folder) if rec["compute_dtype"] is not None else None
+    layer = BFLFP8RLinear(rec["in_features"], rec["out_features"], rec["bias"], compute_dtype=compute, device="meta")
+    return layer.requires_grad_(False)
 
 
 def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None,
@@ -375,7 +521,9 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         raise FileNotFoundError(f"{folder!r}: no {WEIGHTS_NAME}")
     built = model is None
     if built:
-        model, _ = _build(_model_class(record, folder, model_class), folder)
+        cls = _model_class(record, folder, model_class)
+        _verify_config(folder, record, verify)
+        model, _ = _build(cls, folder)
     else:
         model = _unwrap(model)
         if quantized_layers(model):
@@ -389,9 +537,19 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     buffer_dtypes = {n: _dtype(d, folder) for n, d in record.get("nonpersistent_buffer_dtypes", {}).items()}
     if dtype is not None:  # as model.to(dtype): quantized weights and their scales keep theirs
         frozen = {f"{n}.{k}" for n in record["layers"] for k in QuantizedLinear._FROZEN_DTYPE}
+        frozen |= {f"{n}.{k}" for n in record.get("bfl_fp8r_native", {}) for k in ("weight", "weight_scale")}
         tensors = {k: t.to(dtype) if t.is_floating_point() and k not in frozen else t for k, t in tensors.items()}
         buffer_dtypes = {n: dtype for n in buffer_dtypes}
-        record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()}}
+        record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()},
+                  "bfl_fp8r_native": {n: {**r, "compute_dtype": _dtype_name(dtype)}
+                                      for n, r in record.get("bfl_fp8r_native", {}).items()}}
+    tied = record.get("tied", {})
+    for alias, source in tied.items():
+        if source not in tensors or alias in tensors:
+            raise ValueError(f"{os.path.join(folder, QUANT_NAME)!r} is damaged: tied[{alias!r}] is {source!r}, but "
+                             f"{path!r} {'holds no ' + repr(source) if source not in tensors else 'holds ' + repr(alias)}"
+                             " (the files come from different saves, or the description was edited)")
+        tensors[alias] = tensors[source]
     plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
     if verify:
         _verify(raw, record, path)
@@ -400,6 +558,7 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     for name, old, new in plan:
         replace_module(model, name, new, old=old)
     model.load_state_dict(tensors, strict=True, assign=True)  # QuantizedLinear accepts its weight bytes here
+    _tie(model, tied)
     target = torch.device(device) if device is not None else None
     for name, buf in list(model.named_buffers()):
         # the buffers a model makes in __init__: the saved dtype, on the device asked for
@@ -413,8 +572,38 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         raise RuntimeError(f"{folder!r}: {meta[0]!r} (and {len(meta) - 1} more) still on the meta device after loading")
     if built:
         model.eval()
-    guard(model, {n: r for n, r in record["native"].items() if r is not None})
+    native = {**record["native"], **{n: r["reason"] for n, r in record.get("bfl_fp8r_native", {}).items()}}
+    guard(model, {n: r for n, r in native.items() if r is not None})
     return model
+
+
+def _check_dtype(dtype) -> None:
+    """load_quantized's dtype, refused before anything is read (as nn.Module.to refuses): a string,
+    an integer dtype (it would cast the biases), FP8 (what the quantized layers compute from, not in)."""
+    if dtype is None or dtype in FLOAT_DTYPES:
+        return
+    wanted = "torch.float32, torch.bfloat16 or torch.float16 (what the unquantized parameters are cast to)"
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+        raise TypeError(f"load_quantized: dtype={dtype!r} is a string: pass torch.{dtype.removeprefix('torch.')}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"load_quantized: dtype={dtype!r} is a {type(dtype).__name__}, not a torch.dtype: expected "
+                        + wanted)
+    raise TypeError(f"load_quantized: dtype={dtype} is not a dtype the model can compute in: expected {wanted}; as "
+                    "nn.Module.to, the non-quantized parameters take only floating dtypes (the quantized weights "
+                    "keep theirs)")
+
+
+def _tie(model: nn.Module, tied: dict) -> None:
+    """Tie again what save_quantized saved once: each alias entry becomes its source's very tensor."""
+    for alias, source in tied.items():
+        owner, _, leaf = alias.rpartition(".")
+        src_owner, _, src_leaf = source.rpartition(".")
+        holder, src_holder = model.get_submodule(owner), model.get_submodule(src_owner)
+        value = src_holder._parameters.get(src_leaf, src_holder._buffers.get(src_leaf))
+        if leaf in holder._parameters:
+            holder._parameters[leaf] = value if isinstance(value, nn.Parameter) else nn.Parameter(value, False)
+        else:
+            holder._buffers[leaf] = value
 
 
 def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = None, pipe=None, device=None,
@@ -431,8 +620,9 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
       transformer (`transformer`, `transformer_2`) is built and set on `pipe` (replacing what
       is there). The pipeline must not be compiled yet: call compile_pipeline afterwards.
       Returns `pipe`.
-    device: where the tensors are loaded (default CPU); dtype: cast the non-quantized
-    parameters (the quantized weights and scales keep theirs), as `model.to(dtype)`.
+    device: where the tensors are loaded (default CPU); dtype (torch.float32 / bfloat16 /
+    float16; anything else is a TypeError naming it, before anything is read): cast the
+    non-quantized parameters (the quantized weights and scales keep theirs), as `model.to(dtype)`.
     verify: check every tensor's bytes against the digest save_quantized recorded (a damaged
     file is a ValueError naming the tensors and the file, not NaN outputs); verify=False skips
     it, for a huge checkpoint read often (the digests read every byte once more, on up to 8 threads:
@@ -440,6 +630,7 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
     Every error of a damaged checkpoint names its file.
     """
     directory = os.fspath(directory)
+    _check_dtype(dtype)
     if model is not None and pipe is not None:
         raise ValueError("load_quantized takes model= or pipe=, not both")
     if model is not None and not isinstance(model, nn.Module):
@@ -449,6 +640,8 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
     if os.path.isfile(index_path):
         data = _read_json(index_path)
         index = data if isinstance(data, dict) and "components" in data else None
+        if index is not None:
+            check_index(index, index_path, TRANSFORMER_ATTRS)
     if pipe is None:
         if index is not None:
             raise ValueError(f"{directory!r} holds a pipeline's transformers ({', '.join(index['components'])}): "

@@ -74,6 +74,37 @@ def canonical_weight_scale(scale: torch.Tensor, granularity: str) -> torch.Tenso
     return (tensor_scale if granularity == "tensor" else channel_scale)(scale.detach())
 
 
+def bad_scale(name: str, weight_scale, input_scale=None) -> Optional[str]:
+    """'name (weight_scale: 2 of 96 not finite, 1 not positive)' when a stored scale of a
+    pre-quantized layer is NaN, infinite, zero or negative (a damaged checkpoint: the layer then
+    computes NaN, zeros or sign-flipped outputs, as the checkpoint's own dequantizing forward
+    would), else None. Tensors without values (meta, fake) are not read."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    found = []
+    for what, scale in (("weight_scale", weight_scale), ("input_scale", input_scale)):
+        if not isinstance(scale, torch.Tensor) or scale.is_meta or isinstance(scale, FakeTensor):
+            continue
+        s = scale.detach().float()
+        finite = torch.isfinite(s)
+        nonfinite, nonpositive = int((~finite).sum()), int((finite & (s <= 0)).sum())
+        if nonfinite or nonpositive:
+            found.append(f"{what}: " + ", ".join(f"{n} of {s.numel()} {kind}" for n, kind in (
+                (nonfinite, "not finite"), (nonpositive, "not positive")) if n))
+    return f"{name} ({'; '.join(found)})" if found else None
+
+
+def warn_bad_scales(found: list, where: str) -> None:
+    """One warning naming every layer bad_scale found (nothing when none)."""
+    import warnings
+
+    if found:
+        listed = ", ".join(found[:10]) + (f" (+{len(found) - 10} more)" if len(found) > 10 else "")
+        warnings.warn(f"fx_fp8: {where}: pre-quantized scales that are not finite and positive in {listed}: those "
+                      "layers compute NaN, zeros or sign-flipped outputs, as the checkpoint's own dequantizing "
+                      "forward does; the checkpoint is probably damaged", stacklevel=3)
+
+
 def _is_bfl_fp8r(module: nn.Module) -> bool:
     return type(module).__name__ == "BFLFP8RLinear" and type(module).__module__.startswith("diffusers.")
 
@@ -214,6 +245,8 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     if cfg.linear_enabled:  # a typo here keeps nothing native, and a compile never sees the dequantized weights
         warn_unmatched_patterns(qcfg.ignored_layers, [n for n, m in modules.items() if n in plans or is_plain_linear(m)
                                                       or isinstance(m, QuantizedLinear)], "adopt_prequantized")
+    warn_bad_scales([b for name, p in plans.items() if (b := bad_scale(name, p[1], p[2])) is not None],
+                    "adopt_prequantized")
     swaps, kept, dequantized = [], {}, []
     for name, (w, s, i, bias, dtype, origin, g) in plans.items():
         module = modules[name]
