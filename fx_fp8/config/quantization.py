@@ -148,6 +148,8 @@ class QuantizationConfig:
         if self.tune_table is not None and not isinstance(self.tune_table, (str, os.PathLike)):
             raise ValueError(f"invalid quantization_config.tune_table {self.tune_table!r}: expected the path of a "
                              "table written by `fx-fp8 tune`, or None")
+        if self.tune_table is not None:
+            set_("tune_table", os.fspath(self.tune_table))
         check_int("quantization_config.min_features", self.min_features, minimum=0)
         check_bool("quantization_config.fast_accum", self.fast_accum)
         if self.smoothing_alpha is not None:

@@ -1,0 +1,179 @@
+"""fx_fp8.tune: measure every FP8 decision of a model on this device, write the table `auto` follows.
+
+    table = fx_fp8.tune(pipe, example_inputs={...})        # the transformer of a pipeline, or a model
+
+Steps: the distinct shapes (fx_fp8.tuning.shapes, the backend's own analysis), every candidate of
+each timed (fx_fp8.tuning.candidates), the table built (fx_fp8.ops.tune_table's format, picks by
+its rules) and written to the per-user cache folder (the table `auto` reads for this GPU) and to
+`out`. On a CPU (`dry_run=True`; no GPU otherwise refuses) the times are CPU times, the table's key
+says "cpu" and its source says the timings are not a GPU's: it is written to `out` only.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from fx_fp8.ops import attention_table, tune_table
+from fx_fp8.progress import bar
+from fx_fp8.tuning.candidates import measure_attention, measure_linear
+from fx_fp8.tuning.shapes import collect
+
+
+def cuda_timer(fn: Callable, warmup: int = 3, reps: int = 20) -> float:
+    """Median ms of `fn` on the current CUDA stream (events; the GPU synchronised around each call)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def cpu_timer(fn: Callable, warmup: int = 1, reps: int = 3) -> float:
+    """Median wall ms on the CPU: a dry run's timings (never a GPU's)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _model_of(model_or_pipeline):
+    model = getattr(model_or_pipeline, "transformer", None) or model_or_pipeline
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"fx_fp8.tune: expected a model (nn.Module) or a pipeline with a .transformer, got "
+                         f"{type(model_or_pipeline).__name__}")
+    return model
+
+
+def _device_of(model) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def attention_rows(measured: list) -> list[dict]:
+    """Attention rows in the attention table's format: per head dim and mask, the measured key
+    lengths split at their geometric midpoints (the longest query length kept per key length)."""
+    groups: dict = {}
+    for shape, cells, ref_err in measured:
+        groups.setdefault((shape.d, shape.mask), {})
+        prev = groups[(shape.d, shape.mask)].get(shape.s_k)
+        if prev is None or shape.s_q * shape.bh > prev[0].s_q * prev[0].bh:
+            groups[(shape.d, shape.mask)][shape.s_k] = (shape, cells, ref_err)
+    rows = []
+    for (d, mask), by_len in sorted(groups.items()):
+        lengths = sorted(by_len)
+        cuts = [int(math.sqrt(a * b)) for a, b in zip(lengths, lengths[1:])]
+        for i, s in enumerate(lengths):
+            shape, cells, ref_err = by_len[s]
+            kernels = {k: {"ms": c["ms"], "err": c["err"]} for k, c in cells.items()
+                       if c.get("ms") is not None and c.get("err") is not None}
+            native = kernels.get("native", {}).get("ms")
+            rows.append({"d": d, "mask": mask, "s_min": cuts[i - 1] if i else 1,
+                         "s_max": cuts[i] - 1 if i < len(cuts) else None, "s_measured": s, "s_q": shape.s_q,
+                         "bh": shape.bh, "ref_err": ref_err, "baseline_ms": native, "kernels": kernels,
+                         "errors": {k: c["error"] for k, c in cells.items() if c.get("error")},
+                         "pick": attention_table._pick(kernels, ref_err) if kernels else None})
+    return rows
+
+
+def linear_row(shape, cells: dict, modules: list) -> dict:
+    ok = {k: {"ms": c["ms"], "err": c["err"]} for k, c in cells.items() if c.get("ms") is not None}
+    row = {"m": shape.m, "k": shape.k, "n": shape.n, "dtype": shape.dtype, "bias": shape.bias, "role": shape.role,
+           "modules": sorted(modules)[:4], "count": len(modules), "candidates": ok,
+           "errors": {k: c["error"] for k, c in cells.items() if c.get("error")}}
+    picked = tune_table.linear_pick({"linears": [row]}, shape.m, shape.k, shape.n, shape.dtype, shape.bias,
+                                    shape.role, list(ok))
+    row["pick"] = picked[0] if picked else None
+    return row
+
+
+def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=None, out=None,
+         dry_run: bool = False, timer: Optional[Callable] = None, write_cache: bool = True,
+         max_shapes: Optional[int] = None) -> dict:
+    """Measure every candidate of every distinct linear / attention shape of the model on
+    `example_inputs` (keyword arguments of its forward) and return the table; written to the cache
+    folder (fx_fp8.ops.tune_table.cache_dir, a GPU run only) and to `out` when given.
+
+    config: the FP8 config the model will be compiled with (its lowering, downstream, fast_accum,
+    weight-only storage...); timer(fn) -> ms replaces the GPU / CPU timer (tests); max_shapes
+    measures only the first that many shapes of each kind (a budget)."""
+    from fx_fp8.config.fp8_config import FP8Config
+
+    if not isinstance(example_inputs, dict) or not example_inputs:
+        raise ValueError("fx_fp8.tune needs example_inputs: the keyword arguments of one forward call "
+                         f"(got {type(example_inputs).__name__})")
+    model = _model_of(model_or_pipeline)
+    device = _device_of(model)
+    if device.type != "cuda" and not dry_run:
+        raise ValueError(f"fx_fp8.tune: the model is on {device.type}, not a CUDA GPU: timings there decide "
+                         "nothing on a GPU; pass dry_run=True (--dry-run) to exercise the run with CPU timings")
+    cfg = FP8Config.load(config)
+    if timer is None:
+        timer = cuda_timer if device.type == "cuda" else cpu_timer
+    linears, attention = collect(model, example_inputs, cfg)
+    started = time.perf_counter()
+    work = [("linear", s) for s in list(linears)[:max_shapes]] + [("attention", s) for s in list(attention)[:max_shapes]]
+    lin_rows, att_measured = [], []
+    for kind, shape in bar(work, total=len(work), desc="fx_fp8 tune", unit="shape"):
+        if kind == "linear":
+            lin_rows.append(linear_row(shape, measure_linear(shape, cfg, device, timer), linears[shape]))
+        else:
+            cells, ref_err = measure_attention(shape, cfg, device, timer)
+            att_measured.append((shape, cells, ref_err))
+    seconds = time.perf_counter() - started
+    key = tune_table.device_key(device)
+    where = "GPU" if device.type == "cuda" else "CPU dry run: CPU timings, not a GPU's"
+    table = {"format": tune_table.FORMAT, "key": key,
+             "source": {"what": f"fx-fp8 tune on {key['gpu']} ({where})", "date": datetime.date.today().isoformat(),
+                        "tool": "fx_fp8.tune", "model": type(model).__name__, "seconds": round(seconds, 1),
+                        "timer": getattr(timer, "__name__", repr(timer))},
+             "bar": attention_table.BAR, "linears": lin_rows, "attention": attention_rows(att_measured)}
+    tune_table.validate(table, "the tune result")
+    written = []
+    if write_cache and device.type == "cuda":
+        written.append(tune_table.write(table, tune_table.cache_dir() / tune_table.file_name(key)))
+    if out is not None:
+        written.append(tune_table.write(table, out))
+    table["written"] = [str(p) for p in written]
+    return table
+
+
+def format_summary(table: dict) -> str:
+    """One row per shape: the candidates' ms, the pick, its speed-up over native."""
+    from tabulate import tabulate
+
+    rows = []
+    for r in table["linears"]:
+        c = r["candidates"]
+        rows.append((f"linear {r['m']}x{r['k']}->{r['n']} {r['role']}", r.get("count", ""),
+                     ", ".join(f"{k} {v['ms']:.3f}" for k, v in sorted(c.items(), key=lambda t: t[1]['ms'])),
+                     r["pick"] or "-", _speedup(c, r["pick"])))
+    for r in table["attention"]:
+        c = r["kernels"]
+        rows.append((f"attention D{r['d']} Sq {r['s_q']} Sk {r['s_measured']}", "",
+                     ", ".join(f"{k} {v['ms']:.3f}" for k, v in sorted(c.items(), key=lambda t: t[1]['ms'])),
+                     r["pick"] or "-", _speedup(c, r["pick"])))
+    head = (f"{table['source']['what']}: {len(table['linears'])} linear and {len(table['attention'])} attention "
+            f"shapes in {table['source']['seconds']} s")
+    return head + "\n" + tabulate(rows, headers=["shape", "nodes", "candidates (ms)", "pick", "x native"])
+
+
+def _speedup(cells: dict, pick) -> str:
+    if not pick or pick not in cells or "native" not in cells or not cells[pick]["ms"]:
+        return "-"
+    return f"{cells['native']['ms'] / cells[pick]['ms']:.2f}x"
