@@ -308,11 +308,16 @@ def linear_decision(kind: str, why: Optional[str], x, w, has_bias: bool, qcfg, l
     picked = linear_pick(table, m, int(w.shape[1]), int(w.shape[0]), dtype, has_bias, role,
                          emitted_candidates(qcfg, role))
     if picked is None:
+        if not table.get("linears"):
+            return kind, _join(why, f"{UNMEASURED}: {where} has attention rows only"), {}
         return kind, _join(why, f"not measured at this shape (fx-fp8 tune): {where} has no {role} row for K "
                                 f"{w.shape[1]} N {w.shape[0]} {dtype}{'' if m else ' (M symbolic)'}"), {}
     pick, times, how = picked
     listed = ", ".join(f"{c} {ms:.3f} ms" for c, ms in sorted(times.items(), key=lambda t: t[1]))
-    gain = f" ({times['native'] / times[pick]:.2f}x native)" if "native" in times and pick in times else ""
+    if pick == "native":
+        gain = f" (no FP8 candidate more than {MIN_GAIN:.0%} faster within the error bound)"
+    else:
+        gain = f" ({times['native'] / times[pick]:.2f}x native)" if "native" in times else ""
     text = f"tuned: {pick}{gain}; {listed} ({how}; {describe_source(where, table)})"
     new_kind = LINEAR_CANDIDATES[pick]
     timing = {"pick": times.get(pick), "native": times.get("native")}

@@ -1,0 +1,136 @@
+"""fx_fp8.tune and `fx-fp8 tune` on CPU: the distinct shapes by the backend's analysis, every candidate
+timed by a stand-in timer (the measuring loop) with its error against native, the picks, the table
+written where asked and parsed back; --dry-run's CPU timings labelled as not a GPU's; and, on a GPU
+(-m cuda), tune on a tiny Flux followed by the compiled graph."""
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fx_fp8
+from fx_fp8.ops import tune_table
+from fx_fp8.tools.cli import main
+from fx_fp8.tuning import format_summary
+
+
+class Block(nn.Module):
+    """Two shapes twice each (W8A8 role), and a final projection (a sensitive layer: weight-only role)."""
+
+    def __init__(self, dim=64):
+        super().__init__()
+        self.a1, self.a2 = nn.Linear(dim, 2 * dim), nn.Linear(dim, 2 * dim)
+        self.b1, self.b2 = nn.Linear(2 * dim, dim), nn.Linear(2 * dim, dim)
+        self.proj_out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = self.b1(torch.relu(self.a1(x))) + self.b2(torch.relu(self.a2(x)))
+        return self.proj_out(h)
+
+
+class StandIn:
+    """A timer that calls the candidate once and answers the next of `times`."""
+
+    def __init__(self, times):
+        self.times, self.calls = itertools.cycle(times), 0
+
+    def __call__(self, fn):
+        fn()
+        self.calls += 1
+        return next(self.times)
+
+
+def test_the_measuring_loop_times_every_candidate_of_every_distinct_shape(tmp_path):
+    timer = StandIn([1.0, 0.5, 0.7, 0.9, 2.0, 3.0])  # native, fp8_rowwise, fp8_block, int8, wo int8, wo fp8
+    model = Block()
+    out = tmp_path / "table.json"
+    table = fx_fp8.tune(model, {"x": torch.randn(2, 8, 64)}, dry_run=True, timer=timer, out=out)
+    assert table["written"] == [str(out)]  # a dry run never lands in the cache `auto` reads
+    assert tune_table.load(out)["linears"] == table["linears"]
+    assert table["key"]["gpu"] == "cpu" and "CPU dry run: CPU timings, not a GPU's" in table["source"]["what"]
+    rows = {(r["k"], r["n"], r["role"]): r for r in table["linears"]}
+    assert set(rows) == {(64, 128, "w8a8"), (128, 64, "w8a8"), (64, 64, "weight_only")}
+    assert rows[64, 128, "w8a8"]["count"] == 2 and rows[64, 128, "w8a8"]["m"] == 16
+    w8a8 = rows[64, 128, "w8a8"]["candidates"]
+    assert list(w8a8) == ["native", "fp8_rowwise", "fp8_block", "int8_rowwise", "weight_only_int8",
+                          "weight_only_fp8"]
+    assert [c["ms"] for c in w8a8.values()] == [1.0, 0.5, 0.7, 0.9, 2.0, 3.0]
+    assert w8a8["native"]["err"] == 0.0 and all(0 < c["err"] < 0.1 for n, c in w8a8.items() if n != "native")
+    assert rows[64, 128, "w8a8"]["pick"] == "fp8_rowwise"
+    assert list(rows[64, 64, "weight_only"]["candidates"]) == ["native", "weight_only_int8", "weight_only_fp8"]
+    assert timer.calls == 2 * 6 + 3
+    summary = format_summary(table)
+    assert "linear 16x64->128 w8a8" in summary and "fp8_rowwise 0.500" in summary and "2.00x" in summary
+
+
+def test_a_candidate_that_fails_is_kept_with_why(monkeypatch):
+    """A candidate the backend refuses (here a block size no config takes) is a measurement, not a
+    crash: its cell names the error, the others are timed, the pick comes from them."""
+    from fx_fp8.tuning import candidates
+
+    monkeypatch.setitem(candidates.LINEAR_CONFIGS, "fp8_block", ({"method": "fp8", "weight_block_size": [7]}, "lin"))
+    table = fx_fp8.tune(Block(), {"x": torch.randn(2, 8, 64)}, dry_run=True, timer=StandIn([1.0, 0.5]))
+    r = next(r for r in table["linears"] if r["role"] == "w8a8")
+    assert "fp8_block" not in r["candidates"] and "native" in r["candidates"]
+    assert r["errors"]["fp8_block"].startswith("ValueError: invalid weight_block_size [7]"), r["errors"]
+
+
+def test_tune_refuses_what_it_cannot_measure():
+    with pytest.raises(ValueError, match="not a CUDA GPU: .*dry_run=True"):
+        fx_fp8.tune(Block(), {"x": torch.randn(2, 64)})
+    with pytest.raises(ValueError, match="needs example_inputs"):
+        fx_fp8.tune(Block(), None, dry_run=True)
+    with pytest.raises(ValueError, match="expected a model .* got str"):
+        fx_fp8.tune("flux", {"x": 1}, dry_run=True)
+
+
+def test_cli_dry_run_prints_the_summary_and_writes_out(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["tune", "--model", "flux", "--dry-run", "--max-shapes", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "fx-fp8 tune on cpu (CPU dry run: CPU timings, not a GPU's): 1 linear and 1 attention shapes" in printed.out
+    assert f"wrote {out}" in printed.err
+    t = json.loads(out.read_text())
+    assert len(t["linears"]) == 1 and len(t["attention"]) == 1 and t["attention"][0]["kernels"]["reference"]["ms"]
+
+
+def test_cli_without_a_gpu_or_dry_run_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: tune measures on it")
+    assert main(["tune", "--model", "flux"]) == 2
+    assert "none is visible" in capsys.readouterr().err
+    assert main(["tune", "--model", "flux", "--dry-run", "--max-shapes", "0"]) == 2
+    assert "invalid --max-shapes 0" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, monkeypatch):
+    """On a GPU: tune a tiny Flux (bf16), then compile it with kernel auto; every linear's report row
+    names the table's pick for its shape and runs it (native rows native, FP8 picks FP8)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
+
+    monkeypatch.setenv("FX_FP8_TUNE_DIR", str(tmp_path))
+    model = build_tiny_transformer("flux", dtype=torch.bfloat16).cuda()
+    kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v
+          for k, v in example_inputs("flux", model, dtype=torch.bfloat16).items()}
+    table = fx_fp8.tune(model, kw)
+    assert table["written"] and table["written"][0].startswith(str(tmp_path))
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    with torch.no_grad():
+        torch.compile(model, backend="fp8")(**kw)
+    rows = [e for r in fx_fp8.get_reports() for e in r.entries if e.op == "linear" and e.timing]
+    assert rows, "no linear followed the table"
+    want = {"native": "native", "fp8_rowwise": "fp8", "weight_only_int8": "weight-only",
+            "weight_only_fp8": "weight-only"}
+    for e in rows:
+        pick = e.reason.split("tuned: ")[1].split(" ")[0]
+        assert e.action == want[pick], (e.module, e.action, e.reason)
