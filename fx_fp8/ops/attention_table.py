@@ -129,7 +129,8 @@ def write_table(table: dict, path=TABLE_PATH) -> None:
             target, tt = existing[0]
         else:
             key = {f: None for f in tune_table.KEY_FIELDS}
-            key.update(gpu=gpu, torch=src.get("torch"), triton=src.get("triton"))
+            # the probe's meta names no capability unless it recorded one: a shipped table needs it to be found
+            key.update(gpu=gpu, torch=src.get("torch"), triton=src.get("triton"), capability=src.get("capability"))
             target, tt = Path(path) / tune_table.file_name(key), {"format": tune_table.FORMAT, "key": key, "linears": []}
         rows = [{k: v for k, v in r.items() if k != "gpu"} for r in table["rows"] if r["gpu"] == gpu]
         tt = dict(tt, bar=table["bar"], attention=rows,

@@ -25,19 +25,21 @@ from fx_fp8.tuning.candidates import measure_attention, measure_linear
 from fx_fp8.tuning.shapes import collect
 
 
-def cuda_timer(fn: Callable, warmup: int = 3, reps: int = 20) -> float:
-    """Median ms of `fn` on the current CUDA stream (events; the GPU synchronised around each call)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
+def cuda_timer(fn: Callable, budget_ms: float = 200.0, max_reps: int = 20) -> float:
+    """Median ms of `fn` on the current CUDA stream (events around each call, synchronised): one
+    warm-up call, then as many calls as fit `budget_ms` (at least 3, at most `max_reps`), so that a
+    2 s attention call at 75k keys costs seconds, not a minute."""
+    def once() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return start.elapsed_time(end)
+
+    first = once()
+    reps = max(3, min(max_reps, int(budget_ms / max(first, 1e-3))))
+    return statistics.median(once() for _ in range(reps))
 
 
 def cpu_timer(fn: Callable, warmup: int = 1, reps: int = 3) -> float:
