@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fx_fp8.report import clear_reports, get_reports
 from fx_fp8.tuning.shapes import AttentionShape, LinearShape
 
 #: linear candidate -> (quantization_config overrides, module name). "proj_out" is a sensitive-layer
@@ -70,17 +71,13 @@ class _Attention(nn.Module):
 def _compiled(module: nn.Module, config) -> Callable:
     """The module compiled by the fp8 backend with `config` (a fresh Dynamo cache: every candidate
     compiles, none hits another's cache entry or its recompile limit)."""
-    import fx_fp8
-
     torch._dynamo.reset()
-    fx_fp8.clear_reports()
+    clear_reports()
     return torch.compile(module, backend="fp8", options={"config": config}, dynamic=False)
 
 
 def _native_reason(op: str) -> Optional[str]:
-    import fx_fp8
-
-    rows = [e for r in fx_fp8.get_reports() for e in r.entries if e.op == op]
+    rows = [e for r in get_reports() for e in r.entries if e.op == op]
     return rows[0].reason if rows and rows[0].action == "native" else None
 
 

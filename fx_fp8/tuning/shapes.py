@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fx_fp8.report import clear_reports, get_reports
+from fx_fp8.steps import denoising_step
+
 
 @dataclass(frozen=True)
 class LinearShape:
@@ -61,17 +64,15 @@ def collect(model, example_inputs: dict, config, *, backend: str = "fp8") -> tup
     `model` on `example_inputs` (keyword arguments of its forward), in graph order."""
     import torch
 
-    import fx_fp8
-
     cfg = config.replace(quantization_config={"kernel": "rules"}, downstream="eager")
     fallback_dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     torch._dynamo.reset()
-    fx_fp8.clear_reports()
+    clear_reports()
     compiled = torch.compile(model, backend=backend, options={"config": cfg})
-    with torch.no_grad(), fx_fp8.denoising_step(0, total=1):
+    with torch.no_grad(), denoising_step(0, total=1):
         compiled(**example_inputs)
     linears, attention = {}, {}
-    for report in fx_fp8.get_reports():
+    for report in get_reports():
         if report.step_variant not in (None, "fp8"):
             continue
         for e in report.entries:
