@@ -61,6 +61,7 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "fx_fp8" / "tune"
 
 
+@functools.lru_cache(maxsize=None)  # read once: every linear node's decision asks for the key
 def _version(module: str) -> Optional[str]:
     try:
         if module == "fx_fp8":

@@ -175,3 +175,15 @@ def test_a_probe_run_replaces_its_gpus_rows_and_keeps_the_others():
     again = at.merged(both, at.table_from_probe(probe("NVIDIA H100 80GB HBM3")))
     assert len(again["rows"]) == len(both["rows"])  # its own old rows replaced, not doubled
     assert [s["device"] for s in again["sources"]] == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]
+
+
+def test_a_probe_run_writes_into_its_gpus_tune_table_and_keeps_the_linears(tmp_path):
+    (path, shipped), = tune_table.shipped_tables()
+    linear = {"m": 16, "k": 64, "n": 64, "dtype": "bfloat16", "bias": True, "role": "w8a8",
+              "candidates": {"native": {"ms": 1.0, "err": 0.0}}}
+    tune_table.write(dict(shipped, linears=[linear]), tmp_path / path.name)
+    at.write_table(at.table_from_probe(probe("NVIDIA H200")), tmp_path)
+    written = tune_table.load(tmp_path / path.name)
+    assert written["linears"] == [linear] and written["key"] == shipped["key"]
+    assert len(written["attention"]) == 6 and written["source"]["tool"] == "benchmarks/attention_kernels.py --table-from"
+    assert at.load_table(tmp_path)["rows"][0]["gpu"] == "NVIDIA H200"
