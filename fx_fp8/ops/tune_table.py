@@ -322,7 +322,7 @@ def linear_decision(kind: str, why: Optional[str], x, w, has_bias: bool, qcfg, l
     text = f"tuned: {pick}{gain}; {listed} ({how}; {describe_source(where, table)})"
     new_kind = LINEAR_CANDIDATES[pick]
     timing = {"pick": times.get(pick), "native": times.get("native")}
-    return new_kind, (_join(why, text) if new_kind == kind else text), timing
+    return new_kind, _join(why, text), timing
 
 
 def _join(a: Optional[str], b: str) -> str:

@@ -93,14 +93,17 @@ def attention_rows(measured: list) -> list[dict]:
     return rows
 
 
-def linear_row(shape, cells: dict, modules: list) -> dict:
+def linear_row(shape, cells: dict, modules: list, qcfg) -> dict:
+    """The table row of one linear shape: every candidate's time and error, `pick` (what `auto` runs
+    with the config tuned for: among the forms it emits) and `fastest` (among every form measured)."""
     ok = {k: {"ms": c["ms"], "err": c["err"]} for k, c in cells.items() if c.get("ms") is not None}
     row = {"m": shape.m, "k": shape.k, "n": shape.n, "dtype": shape.dtype, "bias": shape.bias, "role": shape.role,
            "modules": sorted(modules)[:4], "count": len(modules), "candidates": ok,
            "errors": {k: c["error"] for k, c in cells.items() if c.get("error")}}
-    picked = tune_table.linear_pick({"linears": [row]}, shape.m, shape.k, shape.n, shape.dtype, shape.bias,
-                                    shape.role, list(ok))
-    row["pick"] = picked[0] if picked else None
+    for field, allowed in (("pick", tune_table.emitted_candidates(qcfg, shape.role)), ("fastest", list(ok))):
+        picked = tune_table.linear_pick({"linears": [row]}, shape.m, shape.k, shape.n, shape.dtype, shape.bias,
+                                        shape.role, allowed)
+        row[field] = picked[0] if picked else None
     return row
 
 
@@ -133,7 +136,8 @@ def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=Non
     lin_rows, att_measured = [], []
     for kind, shape in bar(work, total=len(work), desc="fx_fp8 tune", unit="shape"):
         if kind == "linear":
-            lin_rows.append(linear_row(shape, measure_linear(shape, cfg, device, timer), linears[shape]))
+            lin_rows.append(linear_row(shape, measure_linear(shape, cfg, device, timer), linears[shape],
+                                       cfg.quantization_config))
         else:
             cells, ref_err = measure_attention(shape, cfg, device, timer)
             att_measured.append((shape, cells, ref_err))
@@ -164,7 +168,7 @@ def format_summary(table: dict) -> str:
         c = r["candidates"]
         rows.append((f"linear {r['m']}x{r['k']}->{r['n']} {r['role']}", r.get("count", ""),
                      ", ".join(f"{k} {v['ms']:.3f}" for k, v in sorted(c.items(), key=lambda t: t[1]['ms'])),
-                     r["pick"] or "-", _speedup(c, r["pick"])))
+                     _pick_text(r), _speedup(c, r["pick"])))
     for r in table["attention"]:
         c = r["kernels"]
         rows.append((f"attention D{r['d']} Sq {r['s_q']} Sk {r['s_measured']}", "",
@@ -173,6 +177,11 @@ def format_summary(table: dict) -> str:
     head = (f"{table['source']['what']}: {len(table['linears'])} linear and {len(table['attention'])} attention "
             f"shapes in {table['source']['seconds']} s")
     return head + "\n" + tabulate(rows, headers=["shape", "nodes", "candidates (ms)", "pick", "x native"])
+
+
+def _pick_text(row: dict) -> str:
+    pick, fastest = row["pick"] or "-", row.get("fastest")
+    return pick if fastest in (None, row["pick"]) else f"{pick} (fastest: {fastest})"
 
 
 def _speedup(cells: dict, pick) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import warnings
 
 import pytest
@@ -60,7 +61,7 @@ def test_the_measuring_loop_times_every_candidate_of_every_distinct_shape(tmp_pa
                           "weight_only_fp8"]
     assert [c["ms"] for c in w8a8.values()] == [1.0, 0.5, 0.7, 0.9, 2.0, 3.0]
     assert w8a8["native"]["err"] == 0.0 and all(0 < c["err"] < 0.1 for n, c in w8a8.items() if n != "native")
-    assert rows[64, 128, "w8a8"]["pick"] == "fp8_rowwise"
+    assert rows[64, 128, "w8a8"]["pick"] == rows[64, 128, "w8a8"]["fastest"] == "fp8_rowwise"
     assert list(rows[64, 64, "weight_only"]["candidates"]) == ["native", "weight_only_int8", "weight_only_fp8"]
     assert timer.calls == 2 * 6 + 3
     summary = format_summary(table)
@@ -127,10 +128,13 @@ def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, m
     fx_fp8.clear_reports()
     with torch.no_grad():
         torch.compile(model, backend="fp8")(**kw)
-    rows = [e for r in fx_fp8.get_reports() for e in r.entries if e.op == "linear" and e.timing]
-    assert rows, "no linear followed the table"
+    entries = [e for r in fx_fp8.get_reports() for e in r.entries if e.op == "linear" and e.timing]
+    assert entries, "no linear followed the table"
+    picks = {(r["m"], r["k"], r["n"], r["role"]): r["pick"] for r in table["linears"]}
     want = {"native": "native", "fp8_rowwise": "fp8", "weight_only_int8": "weight-only",
             "weight_only_fp8": "weight-only"}
-    for e in rows:
-        pick = e.reason.split("tuned: ")[1].split(" ")[0]
-        assert e.action == want[pick], (e.module, e.action, e.reason)
+    for e in entries:
+        x, w = e.dims[0], e.dims[-1]
+        role = "weight_only" if "sensitive: weight_only" in e.reason else "w8a8"
+        pick = picks[math.prod(x[:-1]), w[1], w[0], role]
+        assert e.action == want[pick] and f"tuned: {pick}" in e.reason, (e.module, e.action, pick, e.reason)
