@@ -22,6 +22,8 @@ def add_tune_flags(p) -> None:
                    help="on the CPU, CPU timings (not a GPU's): checks the run, decides nothing on a GPU")
     p.add_argument("--max-shapes", type=int, default=None,
                    help="measure only the first N linear and N attention shapes (a time budget)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no shape after this many seconds (the largest shares of the model's work go first)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="summary as a table or the JSON table")
 
 
@@ -52,9 +54,12 @@ def cmd_tune(args) -> int:
     source, config = _source(args), _config(args)
     if args.max_shapes is not None and args.max_shapes < 1:
         raise UsageError(f"invalid --max-shapes {args.max_shapes}: expected a positive integer")
+    if args.budget is not None and not args.budget > 0:
+        raise UsageError(f"invalid --budget {args.budget}: expected a positive number of seconds")
     _check_source(source, pipeline=False)
     model, kwargs = _placed(source, args.dry_run)
-    table = fx_fp8.tune(model, kwargs, config=config, out=args.out, dry_run=args.dry_run, max_shapes=args.max_shapes)
+    table = fx_fp8.tune(model, kwargs, config=config, out=args.out, dry_run=args.dry_run, max_shapes=args.max_shapes,
+                       budget_s=args.budget)
     print(to_json(table) if args.format == "json" else format_summary(table))
     for path in table["written"]:
         print(f"{PROG} tune: wrote {path}", file=sys.stderr)

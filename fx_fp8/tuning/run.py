@@ -25,6 +25,10 @@ from fx_fp8.tuning.candidates import measure_attention, measure_linear
 from fx_fp8.tuning.shapes import collect
 
 
+#: the clock of tune's budget (a stand-in in tests)
+_clock = time.perf_counter
+
+
 def cuda_timer(fn: Callable, budget_ms: float = 200.0, max_reps: int = 20) -> float:
     """Median ms of `fn` on the current CUDA stream (events around each call, synchronised): one
     warm-up call, then as many calls as fit `budget_ms` (at least 3, at most `max_reps`), so that a
@@ -65,6 +69,11 @@ def _model_of(model_or_pipeline):
 def _device_of(model) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def _by_work(shapes: dict, flops) -> list:
+    """The shapes, the largest share of the model's work (nodes x FLOPs per node) first."""
+    return sorted(shapes, key=lambda s: -len(shapes[s]) * flops(s))
 
 
 def attention_rows(measured: list) -> list[dict]:
@@ -109,14 +118,16 @@ def linear_row(shape, cells: dict, modules: list, qcfg) -> dict:
 
 def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=None, out=None,
          dry_run: bool = False, timer: Optional[Callable] = None, write_cache: bool = True,
-         max_shapes: Optional[int] = None) -> dict:
+         max_shapes: Optional[int] = None, budget_s: Optional[float] = None) -> dict:
     """Measure every candidate of every distinct linear / attention shape of the model on
     `example_inputs` (keyword arguments of its forward) and return the table; written to the cache
     folder (fx_fp8.ops.tune_table.cache_dir, a GPU run only) and to `out` when given.
 
     config: the FP8 config the model will be compiled with (its lowering, downstream, fast_accum,
-    weight-only storage...); timer(fn) -> ms replaces the GPU / CPU timer (tests); max_shapes
-    measures only the first that many shapes of each kind (a budget)."""
+    weight-only storage...); timer(fn) -> ms replaces the GPU / CPU timer (tests). Shapes are measured
+    in order of their share of the model's work (nodes x FLOPs), so that a limit leaves out the least:
+    max_shapes measures that many of each kind, budget_s starts no shape after that many seconds
+    (the ones left are listed in the table's `unmeasured`, and the nodes of those shapes follow the rules)."""
     from fx_fp8.config.fp8_config import FP8Config
 
     if not isinstance(example_inputs, dict) or not example_inputs:
@@ -131,17 +142,22 @@ def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=Non
     if timer is None:
         timer = cuda_timer if device.type == "cuda" else cpu_timer
     linears, attention = collect(model, example_inputs, cfg)
-    started = time.perf_counter()
-    work = [("linear", s) for s in list(linears)[:max_shapes]] + [("attention", s) for s in list(attention)[:max_shapes]]
-    lin_rows, att_measured = [], []
+    started = _clock()
+    work = (_by_work(linears, lambda s: s.m * s.k * s.n)[:max_shapes]
+            + _by_work(attention, lambda s: s.bh * s.s_q * s.s_k * s.d)[:max_shapes])
+    work = [("linear" if s in linears else "attention", s) for s in work]
+    lin_rows, att_measured, unmeasured = [], [], []
     for kind, shape in bar(work, total=len(work), desc="fx_fp8 tune", unit="shape"):
+        if budget_s is not None and _clock() - started > budget_s:
+            unmeasured.append(shape.label())
+            continue
         if kind == "linear":
             lin_rows.append(linear_row(shape, measure_linear(shape, cfg, device, timer), linears[shape],
                                        cfg.quantization_config))
         else:
             cells, ref_err = measure_attention(shape, cfg, device, timer)
             att_measured.append((shape, cells, ref_err))
-    seconds = time.perf_counter() - started
+    seconds = _clock() - started
     key = tune_table.device_key(device)
     where = "GPU" if device.type == "cuda" else "CPU dry run: CPU timings, not a GPU's"
     table = {"format": tune_table.FORMAT, "key": key,
@@ -149,6 +165,9 @@ def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=Non
                         "tool": "fx_fp8.tune", "model": type(model).__name__, "seconds": round(seconds, 1),
                         "timer": getattr(timer, "__name__", repr(timer))},
              "bar": attention_table.BAR, "linears": lin_rows, "attention": attention_rows(att_measured)}
+    if unmeasured:
+        table["unmeasured"] = unmeasured
+        table["source"]["budget"] = f"{budget_s:g} s reached: {len(unmeasured)} shapes not measured"
     tune_table.validate(table, "the tune result")
     written = []
     if write_cache and device.type == "cuda":
@@ -176,6 +195,8 @@ def format_summary(table: dict) -> str:
                      r["pick"] or "-", _speedup(c, r["pick"])))
     head = (f"{table['source']['what']}: {len(table['linears'])} linear and {len(table['attention'])} attention "
             f"shapes in {table['source']['seconds']} s")
+    if table.get("unmeasured"):
+        head += f"; budget {table['source']['budget']} ({', '.join(table['unmeasured'][:4])}...)"
     return head + "\n" + tabulate(rows, headers=["shape", "nodes", "candidates (ms)", "pick", "x native"])
 
 
