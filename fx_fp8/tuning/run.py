@@ -141,8 +141,9 @@ def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=Non
     cfg = FP8Config.load(config)
     if timer is None:
         timer = cuda_timer if device.type == "cuda" else cpu_timer
+    started = _clock()  # the budget and the reported seconds include the trace
     linears, attention = collect(model, example_inputs, cfg)
-    started = _clock()
+    traced = _clock() - started
     work = (_by_work(linears, lambda s: s.m * s.k * s.n)[:max_shapes]
             + _by_work(attention, lambda s: s.bh * s.s_q * s.s_k * s.d)[:max_shapes])
     work = [("linear" if s in linears else "attention", s) for s in work]
@@ -163,6 +164,7 @@ def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=Non
     table = {"format": tune_table.FORMAT, "key": key,
              "source": {"what": f"fx-fp8 tune on {key['gpu']} ({where})", "date": datetime.date.today().isoformat(),
                         "tool": "fx_fp8.tune", "model": type(model).__name__, "seconds": round(seconds, 1),
+                        "trace_seconds": round(traced, 1),
                         "timer": getattr(timer, "__name__", repr(timer))},
              "bar": attention_table.BAR, "linears": lin_rows, "attention": attention_rows(att_measured)}
     if unmeasured:

@@ -85,11 +85,12 @@ def test_a_budget_measures_the_largest_shares_of_the_work_first(monkeypatch):
 
     ticks = itertools.count()
     monkeypatch.setattr(run, "_clock", lambda: float(next(ticks)))  # one second per look at the clock
-    table = fx_fp8.tune(Block(), {"x": torch.randn(2, 8, 64)}, dry_run=True, timer=StandIn([1.0]), budget_s=2.5)
-    assert [(r["k"], r["n"]) for r in table["linears"]] == [(64, 128), (128, 64)]  # 2 nodes each before proj_out's 1
+    table = fx_fp8.tune(Block(), {"x": torch.randn(2, 8, 64)}, dry_run=True, timer=StandIn([1.0]), budget_s=3.5)
+    # the trace (ticks 0-1), then 2 nodes each before proj_out's 1
+    assert [(r["k"], r["n"]) for r in table["linears"]] == [(64, 128), (128, 64)]
     assert table["unmeasured"] == ["linear M 16 K 64 N 64 float32 bias (weight_only)"]
-    assert table["source"]["budget"] == "2.5 s reached: 1 shapes not measured"
-    assert "budget 2.5 s reached" in format_summary(table)
+    assert table["source"]["budget"] == "3.5 s reached: 1 shapes not measured"
+    assert "budget 3.5 s reached" in format_summary(table)
 
 
 def test_tune_refuses_what_it_cannot_measure():
