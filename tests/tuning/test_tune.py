@@ -68,6 +68,25 @@ def test_the_measuring_loop_times_every_candidate_of_every_distinct_shape(tmp_pa
     assert "linear 16x64->128 w8a8" in summary and "fp8_rowwise 0.500" in summary and "2.00x" in summary
 
 
+def test_tune_then_compile_follows_the_measurement_end_to_end(tmp_path):
+    """The CPU path of the -m cuda test below: a dry-run table (stand-in times: FP8 wins at the a-shape,
+    loses at the b-shape, weight-only INT8 wins for proj_out) given as tune_table, then the model
+    compiled with it runs each linear as its shape's pick says."""
+    times = ([1.0, 0.5, 0.6, 0.7, 0.8, 0.9]      # a1 / a2 (64 -> 128): fp8_rowwise
+             + [1.0, 2.0, 2.0, 2.0, 2.0, 2.0]    # b1 / b2 (128 -> 64): every FP8 form slower: native
+             + [1.0, 0.5, 0.9])                  # proj_out (weight-only role): weight_only_int8
+    model, x = Block(), torch.randn(2, 8, 64)
+    table = fx_fp8.tune(model, {"x": x}, dry_run=True, timer=StandIn(times), out=tmp_path / "t.json")
+    assert [r["pick"] for r in table["linears"]] == ["fp8_rowwise", "native", "weight_only_int8"]
+    torch._dynamo.reset()
+    fx_fp8.clear_reports()
+    config = {"quantization_config": {"tune_table": str(tmp_path / "t.json")}}
+    with torch.no_grad():
+        torch.compile(model, backend="fp8", options={"config": config})(x)
+    actions = {e.module: e.action for r in fx_fp8.get_reports() for e in r.entries if e.op == "linear"}
+    assert actions == {"a1": "fp8", "a2": "fp8", "b1": "native", "b2": "native", "proj_out": "weight-only"}
+
+
 def test_a_candidate_that_fails_is_kept_with_why(monkeypatch):
     """A candidate the backend refuses (here a block size no config takes) is a measurement, not a
     crash: its cell names the error, the others are timed, the pick comes from them."""
@@ -135,7 +154,7 @@ def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, m
     model = build_tiny_transformer("flux", dtype=torch.bfloat16).cuda()
     kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v
           for k, v in example_inputs("flux", model, dtype=torch.bfloat16).items()}
-    table = fx_fp8.tune(model, kw)
+    table = fx_fp8.tune(model, kw, max_shapes=4)  # the 4 largest shares of the work: a minute of compiles
     assert table["written"] and table["written"][0].startswith(str(tmp_path))
     torch._dynamo.reset()
     fx_fp8.clear_reports()
@@ -144,10 +163,14 @@ def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, m
     entries = [e for r in fx_fp8.get_reports() for e in r.entries if e.op == "linear" and e.timing]
     assert entries, "no linear followed the table"
     picks = {(r["m"], r["k"], r["n"], r["role"]): r["pick"] for r in table["linears"]}
+    qcfg = fx_fp8.FP8Config().quantization_config
     want = {"native": "native", "fp8_rowwise": "fp8", "weight_only_int8": "weight-only",
             "weight_only_fp8": "weight-only"}
     for e in entries:
         x, w = e.dims[0], e.dims[-1]
-        role = "weight_only" if "sensitive: weight_only" in e.reason else "w8a8"
-        pick = picks[math.prod(x[:-1]), w[1], w[0], role]
+        m, role = math.prod(x[:-1]), "weight_only" if "sensitive: weight_only" in e.reason else "w8a8"
+        bias = model.get_submodule(e.module).bias is not None
+        pick = tune_table.linear_pick(table, m, w[1], w[0], "bfloat16", bias, role,
+                                      tune_table.emitted_candidates(qcfg, role))[0]
+        assert picks.get((m, w[1], w[0], role), pick) == pick  # a measured shape: the row's own pick
         assert e.action == want[pick] and f"tuned: {pick}" in e.reason, (e.module, e.action, pick, e.reason)
