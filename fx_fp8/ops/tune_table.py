@@ -305,7 +305,7 @@ def linear_decision(kind: str, why: Optional[str], x, w, has_bias: bool, qcfg, l
     for s in x.shape[:-1]:
         s = concrete(s)
         m = None if m is None or s is None else m * s
-    dtype = str(w.dtype).replace("torch.", "")
+    dtype = str(x.dtype).replace("torch.", "")  # the activations': a prepared layer's weight holds codes
     picked = linear_pick(table, m, int(w.shape[1]), int(w.shape[0]), dtype, has_bias, role,
                          emitted_candidates(qcfg, role))
     if picked is None:

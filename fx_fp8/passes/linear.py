@@ -374,6 +374,13 @@ class FP8LinearPass(FXPass):
             self.skipped_prepared.append(module)
         elif self.skip_mode:
             item.why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
+        # the tune table is read, not followed, here: the original weight is gone (the row says what it measured)
+        ran = "weight_only" if prepared_wo else "quantized"
+        kind, told, _ = tune_table.linear_decision(ran, None, x, w, args["bias"] is not None, q, self.ctx.lowering.name)
+        if kind != ran:
+            item.why = (f"{item.why}; " if item.why else "") + (
+                f"{told}; its weights were quantized before compiling (prepare_model or a checkpoint), so it runs as "
+                "they are")
         return item
 
     def _check_channel_names(self, plan: list[Linear]) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import fx_fp8
 from fx_fp8.compile import downstream
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.forms import LINEAR_TARGETS
@@ -59,8 +60,10 @@ def cpu_table(tmp_path, rows):
     return str(tune_table.write(t, tmp_path / "cpu.json"))
 
 
-def compiled_graph(kept, **qc):
+def compiled_graph(kept, prepare=False, **qc):
     model = ThreeShapes().to(torch.bfloat16)
+    if prepare:
+        fx_fp8.prepare_model(model, quantization="fp8", quantization_config={"min_features": 16})
     x = torch.randn(8, 64, dtype=torch.bfloat16)
     cap = Capture()
     torch.compile(model, backend=cap)(x)
@@ -96,3 +99,14 @@ def test_a_weight_only_pick_runs_the_weight_only_op(cuda_on_cpu, tmp_path):
     assert count(gm, {SCALED_MM}) == 2 and count(gm, {WEIGHT_ONLY}) == 1 and count(gm, LINEAR_TARGETS) == 0
     mix = next(e for e in report.entries if e.module == "mix")
     assert mix.action == "weight-only" and mix.reason.startswith("tuned: weight_only_int8 (2.00x native)")
+
+
+def test_a_prepared_linear_runs_as_prepared_and_its_row_says_what_was_measured(cuda_on_cpu, tmp_path):
+    """prepare_model freed the original weight: the table's native pick cannot be followed; the row says so."""
+    path = cpu_table(tmp_path, [row(64, 128, 1.0, 0.6), row(128, 64, 1.0, 1.2), row(64, 64, 1.0, 0.8)])
+    gm, report = compiled_graph(cuda_on_cpu, prepare=True, tune_table=path)
+    assert count(gm, {SCALED_MM}) == 3
+    rows = {e.module: e for e in report.entries if e.op == "linear"}
+    assert rows["down"].action == "fp8" and "tuned: native (no FP8 candidate" in rows["down"].reason
+    assert "quantized before compiling (prepare_model or a checkpoint), so it runs as they are" in rows["down"].reason
+    assert "tuned" not in rows["up"].reason  # the table agrees with what runs: nothing to say
