@@ -107,7 +107,7 @@ def linear_row(shape, cells: dict, modules: list, qcfg) -> dict:
     with the config tuned for: among the forms it emits) and `fastest` (among every form measured)."""
     ok = {k: {"ms": c["ms"], "err": c["err"]} for k, c in cells.items() if c.get("ms") is not None}
     row = {"m": shape.m, "k": shape.k, "n": shape.n, "dtype": shape.dtype, "bias": shape.bias, "role": shape.role,
-           "modules": sorted(modules)[:4], "count": len(modules), "candidates": ok,
+           "modules": sorted(modules), "count": len(modules), "candidates": ok,
            "errors": {k: c["error"] for k, c in cells.items() if c.get("error")}}
     for field, allowed in (("pick", tune_table.emitted_candidates(qcfg, shape.role)), ("fastest", list(ok))):
         picked = tune_table.linear_pick({"linears": [row]}, shape.m, shape.k, shape.n, shape.dtype, shape.bias,
