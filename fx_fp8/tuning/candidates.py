@@ -119,8 +119,20 @@ class _Fn:
         self.module, self.inputs = module, inputs
 
 
+def candidate_base(config):
+    """The user's config as every candidate starts from it: its lowering, downstream, fast_accum,
+    weight-only storage and attention recipe kept; what names layers or steps of the model (step
+    and layer selectors, calibrated static scales and smoothing, ignored_layers) dropped: a one-op
+    model has none of those layers, and a static scale is per layer (runs measure dynamic ones)."""
+    return config.replace(diffusion_kv_cache_skip_steps=None, diffusion_kv_cache_skip_layers=None,
+                          quantization_config={"skip_steps": None, "activation_scheme": "dynamic",
+                                               "activation_scales": None, "smoothing_alpha": None,
+                                               "ignored_layers": [], "kernel": "rules", "tune_table": None})
+
+
 def measure_linear(shape: LinearShape, base_config, device, timer, seed: int = 0) -> dict:
     """{candidate: {"ms", "err"} or {"error"}} for one linear shape."""
+    base_config = candidate_base(base_config)
     dtype = getattr(torch, shape.dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     lin = nn.Linear(shape.k, shape.n, bias=shape.bias)
@@ -140,9 +152,8 @@ def measure_linear(shape: LinearShape, base_config, device, timer, seed: int = 0
             module = _Linear(attr, lin)
             if qc is None:
                 return _Fn(module, (x,)), base_config.replace(quantization=None, diffusion_kv_cache_dtype=None)
-            over = dict(qc, kernel="rules", min_features=0, tune_table=None)
-            return _Fn(module, (x,)), base_config.replace(quantization=qc["method"], quantization_config=over,
-                                                          ignored_layers=[])
+            over = dict(qc, min_features=0)
+            return _Fn(module, (x,)), base_config.replace(quantization=qc["method"], quantization_config=over)
         cells[name] = _run(name, build, timer, ref, "linear", expect_native=qc is None)
     return cells
 
@@ -150,6 +161,7 @@ def measure_linear(shape: LinearShape, base_config, device, timer, seed: int = 0
 def measure_attention(shape: AttentionShape, base_config, device, timer, seed: int = 0) -> tuple[dict, Optional[float]]:
     """({candidate: cell}, the reference lowering's error) for one attention shape; errors against
     float64 attention."""
+    base_config = candidate_base(base_config)
     dtype = getattr(torch, shape.dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     q, k, v = (torch.randn(1, shape.bh, s, shape.d, generator=gen).to(device=device, dtype=dtype)

@@ -112,6 +112,20 @@ def test_a_budget_measures_the_largest_shares_of_the_work_first(monkeypatch):
     assert "budget 3.5 s reached" in format_summary(table)
 
 
+def test_candidates_keep_the_recipe_and_drop_what_names_the_models_layers_or_steps():
+    from fx_fp8.config.fp8_config import FP8Config
+    from fx_fp8.tuning.candidates import candidate_base
+
+    user = FP8Config.load(None, quantization_config={"skip_steps": "0,1", "ignored_layers": ["x_embedder"],
+                                                     "fast_accum": False, "weight_only_method": "fp8"},
+                          diffusion_kv_cache_skip_steps="0", attention={"granularity": "head"})
+    base = candidate_base(user)
+    qc = base.quantization_config
+    assert (str(qc.skip_steps), qc.ignored_layers, str(base.diffusion_kv_cache_skip_steps)) == ("", (), "")
+    assert (qc.kernel, qc.activation_scheme, qc.fast_accum, qc.weight_only_method) == ("rules", "dynamic", False, "fp8")
+    assert base.attention.granularity == "head"
+
+
 def test_tune_refuses_what_it_cannot_measure():
     with pytest.raises(ValueError, match="not a CUDA GPU: .*dry_run=True"):
         fx_fp8.tune(Block(), {"x": torch.randn(2, 64)})
