@@ -17,7 +17,7 @@
 # (exit status, seconds); the benchmarks append their dated sections to $OUT/RESULTS.md.
 # PYTEST_ARGS adds arguments to pytest (e.g. "-n 4" with pytest-xdist among the wheels),
 # BENCH_ARGS adds arguments to cuda_bench.py (e.g. "--budget 250"; "--dry-run" checks this driver on CPU),
-# ATTENTION_ARGS to attention_kernels.py.
+# ATTENTION_ARGS to attention_kernels.py, TUNE_ARGS to tune_run.py (e.g. "--only flux").
 # Exit status: the first failing step's (124: its timeout), 0 when all passed.
 set -u
 
@@ -97,7 +97,7 @@ run_step() {
     pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider ${PYTEST_ARGS:-} "$REPO/tests") ;;
     attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
     w8a16)     limit=${W8A16_TIMEOUT:-180};     cmd=("$PYTHON" "$REPO/benchmarks/w8a16_forms.py" --out "$OUT/RESULTS.md") ;;
-    tune)      limit=${TUNE_TIMEOUT:-300};      cmd=(env FX_FP8_TUNE_DIR="$OUT/tune" "$PYTHON" "$REPO/benchmarks/tune_run.py" --out-dir "$OUT/tune" --results "$OUT/RESULTS.md") ;;
+    tune)      limit=${TUNE_TIMEOUT:-300};      cmd=(env FX_FP8_TUNE_DIR="$OUT/tune" "$PYTHON" "$REPO/benchmarks/tune_run.py" --out-dir "$OUT/tune" --results "$OUT/RESULTS.md" ${TUNE_ARGS:-}) ;;
   esac
   if [ "$step" = attention ] && [ ! -f "$REPO/benchmarks/attention_kernels.py" ]; then
     note "step attention: benchmarks/attention_kernels.py is not in this checkout"; return 2

@@ -163,8 +163,9 @@ class FP8LinearPass(FXPass):
 
     Decision order: quantization off -> ignored_layers -> sensitive layer ->
     unsupported weight or shape -> no static scale -> what the lowering cannot
-    take -> quantized (W8A8, or weight-only where the device has no FP8/INT8
-    matrix units). Prepared QuantizedLinear calls always stay quantized (their
+    take -> the tune table measured on this device (quantization_config.kernel
+    auto: native, weight-only or W8A8, fx_fp8.ops.tune_table.linear_decision) ->
+    quantized (W8A8, or weight-only where the device has no FP8/INT8 matrix units). Prepared QuantizedLinear calls always stay quantized (their
     original weights are gone) and are re-targeted to this compile's lowering.
     """
 
