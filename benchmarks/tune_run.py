@@ -4,6 +4,7 @@ Flux-dev on an H100, compilation included) and the table it writes.
     python benchmarks/tune_run.py                       # Flux-dev 1024x1024 and Wan-14B 720p x 81 frames
     python benchmarks/tune_run.py --only flux --out-dir tune_out/
     python benchmarks/tune_run.py --dry-run             # CPU, tiny configs, CPU timings (not a GPU's)
+    python benchmarks/tune_run.py --only flux --compare # then auto against the fixed configurations, timed
     benchmarks/gpu_run.sh tune                          # the same on the GPU machine, with its logs
 
 The models are built from their released configs with seeded
@@ -70,6 +71,68 @@ def wan(args, device):
 
 
 MODELS = {"flux": flux, "wan": wan}
+#: --compare: the fixed configurations `auto` must match or beat (issue 39), and `auto` itself
+FIXED = {"native (BF16, fx_fp8 off)": {"quantization": None, "diffusion_kv_cache_dtype": None},
+         "all FP8 (sensitive: fp8)": {"quantization_config": {"kernel": "rules", "sensitive": "fp8"}},
+         "FP8, sensitive weight-only (the rules)": {"quantization_config": {"kernel": "rules"}}}
+
+
+def predicted_ms(reports, table: dict) -> tuple[float, float, int]:
+    """(predicted ms, native ms, nodes) of one forward from the auto compile's report rows: each linear's
+    measured pick (its row's timing) and each attention node's kernel time from the table's row."""
+    from fx_fp8.ops import attention_table
+
+    pick = native = 0.0
+    nodes = 0
+    rows = {"bar": table["bar"], "rows": [dict(r, gpu="this") for r in table["attention"]]}
+    for e in (e for r in reports for e in r.entries):
+        if e.op == "linear" and e.timing.get("native") is not None:
+            pick, native, nodes = pick + (e.timing["pick"] or e.timing["native"]), native + e.timing["native"], nodes + 1
+        elif e.op == "attention" and e.dims and None not in e.dims[0] and None not in e.dims[1]:
+            row = attention_table.find_row(rows, "this", e.dims[0][3], e.dims[1][2], False)
+            kernel = "native" if e.action == "native" else ("cudnn" if "cuDNN" in e.reason else "triton")
+            if row is not None and kernel in row["kernels"] and "native" in row["kernels"]:
+                # a row measured one (B x H, Sq): scale by this node's share of that work
+                scale = (e.dims[0][0] * e.dims[0][1] * e.dims[0][2]) / (row.get("bh", 1) * row.get("s_q", 1))
+                pick += row["kernels"][kernel]["ms"] * scale
+                native += row["kernels"]["native"]["ms"] * scale
+                nodes += 1
+    return pick, native, nodes
+
+
+def compare(name, args, device, table_path: Path, table: dict) -> str:
+    """The model compiled whole (backend fp8, Inductor downstream) with each fixed configuration and
+    with `auto` following the table just written, every one timed the same way; auto's predicted
+    total (the table's times of what its report says runs) against its measured time."""
+    import fx_fp8
+    from fx_fp8.tuning.run import cpu_timer, cuda_timer
+
+    timer = cpu_timer if args.dry_run else cuda_timer
+    variants = dict(FIXED, **{"auto (the table)": {"quantization_config": {"kernel": "auto",
+                                                                           "tune_table": str(table_path)}}})
+    rows, auto_reports = [], None
+    for label, config in variants.items():
+        model, kw = MODELS[name](args, device)
+        torch._dynamo.reset()
+        fx_fp8.clear_reports()
+        compiled = torch.compile(model, backend="fp8", options={"config": config})
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            compiled(**kw)
+            first = time.perf_counter() - t0
+            ms = timer(lambda: compiled(**kw))
+        rows.append((label, ms, first))
+        if label.startswith("auto"):
+            auto_reports = fx_fp8.get_reports()
+        del model, kw, compiled
+    best_fixed = min(ms for label, ms, _ in rows if not label.startswith("auto"))
+    auto_ms = rows[-1][1]
+    pick, native, nodes = predicted_ms(auto_reports, table)
+    out = [f"{label:<42} {ms:9.3f} ms   first call {first:6.1f} s" for label, ms, first in rows]
+    out.append(f"auto / best fixed: {best_fixed / auto_ms:.2f}x ({'at least as fast' if auto_ms <= best_fixed else 'SLOWER'})")
+    out.append(f"auto predicted {pick:.3f} ms over {nodes} measured nodes (native {native:.3f} ms), measured "
+               f"{auto_ms:.3f} ms: predicted / measured {pick / auto_ms:.2f}" if auto_ms else "")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -79,6 +142,9 @@ def main(argv=None) -> int:
     ap.add_argument("--full-depth", action="store_true", help="build every block (the same shapes, a longer trace)")
     ap.add_argument("--out-dir", default="tune_out", help="where each model's table goes (default tune_out/)")
     ap.add_argument("--results", default=None, help="append a dated section to this RESULTS.md")
+    ap.add_argument("--compare", action="store_true",
+                    help="then compile each model with the fixed configurations and with auto, time them, and set "
+                         "auto's predicted total against its measured time")
     args = ap.parse_args(argv)
     import fx_fp8
     from fx_fp8.tuning import format_summary
@@ -99,6 +165,10 @@ def main(argv=None) -> int:
         print(f"== {name}: tune took {seconds:.1f} s (trace, compiles and timings)\n{summary}\n", flush=True)
         lines.append(f"### {name}: {seconds:.1f} s\n\n```\n{summary}\n```\n")
         del model, kw
+        if args.compare:
+            text = compare(name, args, device, out_dir / f"{name}.json", table)
+            print(f"== {name}: fixed configurations against auto\n{text}\n", flush=True)
+            lines.append(f"fixed configurations against auto:\n\n```\n{text}\n```\n")
         if device == "cuda":
             torch.cuda.empty_cache()
     if args.results:
