@@ -146,3 +146,17 @@ def test_the_config_settings_are_checked():
         FP8Config.load(None, quantization_config={"kernel": "fast"})
     with pytest.raises(ValueError, match="invalid quantization_config.tune_table 3"):
         FP8Config.load(None, quantization_config={"tune_table": 3})
+
+
+def test_a_broken_cache_file_is_ignored_but_a_named_table_must_exist(monkeypatch, tmp_path, caplog):
+    device = h200(monkeypatch)
+    monkeypatch.setenv("FX_FP8_TUNE_DIR", str(tmp_path))
+    broken = tmp_path / tune_table.file_name(tune_table.device_key(device))
+    broken.write_text("{not json")
+    with caplog.at_level(logging.INFO, logger="fx_fp8"):
+        assert tune_table.table_for(device)[0] == "shipped nvidia_h200-sm90.json"
+    assert f"tune table {broken} ignored: {broken}: not an fx_fp8 tune table: invalid JSON" in caplog.text
+    with pytest.raises(FileNotFoundError, match="tune table '.*missing.json' does not exist"):
+        tune_table.table_for(device, explicit=str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="not an fx_fp8 tune table: invalid JSON"):
+        tune_table.table_for(device, explicit=broken)
