@@ -110,8 +110,8 @@ def compare(name, args, device, table_path: Path, table: dict) -> str:
     timer = cpu_timer if args.dry_run else cuda_timer
     variants = dict(FIXED, **{"auto (the table)": {"quantization_config": {"kernel": "auto",
                                                                            "tune_table": str(table_path)}}})
-    rows, auto_reports = [], None
-    for label, config in variants.items():
+    def timed(config) -> tuple[float, float]:
+        """(ms per forward, first call s) of a freshly built model compiled with `config`."""
         model, kw = MODELS[name](args, device)
         torch._dynamo.reset()
         fx_fp8.clear_reports()
@@ -120,11 +120,16 @@ def compare(name, args, device, table_path: Path, table: dict) -> str:
             t0 = time.perf_counter()
             compiled(**kw)
             first = time.perf_counter() - t0
-            ms = timer(lambda: compiled(**kw))
+            return timer(lambda: compiled(**kw)), first
+
+    rows, auto_reports = [], None
+    for label, config in variants.items():
+        ms, first = timed(config)
         rows.append((label, ms, first))
         if label.startswith("auto"):
             auto_reports = fx_fp8.get_reports()
-        del model, kw, compiled
+        if device == "cuda":
+            torch.cuda.empty_cache()
     best_fixed = min(ms for label, ms, _ in rows if not label.startswith("auto"))
     auto_ms = rows[-1][1]
     pick, native, nodes = predicted_ms(auto_reports, table)

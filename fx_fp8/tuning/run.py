@@ -14,7 +14,6 @@ import datetime
 import math
 import statistics
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
