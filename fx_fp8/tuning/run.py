@@ -76,29 +76,52 @@ def _by_work(shapes: dict, flops) -> list:
 
 
 def attention_rows(measured: list) -> list[dict]:
-    """Attention rows in the attention table's format: per head dim and mask, the measured key
-    lengths split at their geometric midpoints (the longest query length kept per key length)."""
-    groups: dict = {}
+    """Attention rows in the attention table's format, one per head dim, mask and key length (the
+    longest query length kept per key length), with their key-length ranges."""
+    best: dict = {}
     for shape, cells, ref_err in measured:
-        groups.setdefault((shape.d, shape.mask), {})
-        prev = groups[(shape.d, shape.mask)].get(shape.s_k)
+        prev = best.get((shape.d, shape.mask, shape.s_k))
         if prev is None or shape.s_q * shape.bh > prev[0].s_q * prev[0].bh:
-            groups[(shape.d, shape.mask)][shape.s_k] = (shape, cells, ref_err)
+            best[(shape.d, shape.mask, shape.s_k)] = (shape, cells, ref_err)
     rows = []
-    for (d, mask), by_len in sorted(groups.items()):
-        lengths = sorted(by_len)
-        cuts = [int(math.sqrt(a * b)) for a, b in zip(lengths, lengths[1:])]
-        for i, s in enumerate(lengths):
-            shape, cells, ref_err = by_len[s]
-            kernels = {k: {"ms": c["ms"], "err": c["err"]} for k, c in cells.items()
-                       if c.get("ms") is not None and c.get("err") is not None}
-            native = kernels.get("native", {}).get("ms")
-            rows.append({"d": d, "mask": mask, "s_min": cuts[i - 1] if i else 1,
-                         "s_max": cuts[i] - 1 if i < len(cuts) else None, "s_measured": s, "s_q": shape.s_q,
-                         "bh": shape.bh, "ref_err": ref_err, "baseline_ms": native, "kernels": kernels,
-                         "errors": {k: c["error"] for k, c in cells.items() if c.get("error")},
-                         "pick": attention_table._pick(kernels, ref_err) if kernels else None})
-    return rows
+    for shape, cells, ref_err in best.values():
+        kernels = {k: {"ms": c["ms"], "err": c["err"]} for k, c in cells.items()
+                   if c.get("ms") is not None and c.get("err") is not None}
+        rows.append({"d": shape.d, "mask": shape.mask, "s_measured": shape.s_k, "s_q": shape.s_q, "bh": shape.bh,
+                     "ref_err": ref_err, "baseline_ms": kernels.get("native", {}).get("ms"), "kernels": kernels,
+                     "errors": {k: c["error"] for k, c in cells.items() if c.get("error")},
+                     "pick": attention_table._pick(kernels, ref_err) if kernels else None})
+    return _with_ranges(rows)
+
+
+def _with_ranges(rows: list[dict]) -> list[dict]:
+    """Attention rows with their key-length ranges: per head dim and mask, the measured lengths split
+    at their geometric midpoints, the first and last open-ended."""
+    out = []
+    for d, mask in sorted({(r["d"], r["mask"]) for r in rows}):
+        group = sorted((r for r in rows if (r["d"], r["mask"]) == (d, mask)), key=lambda r: r["s_measured"])
+        cuts = [int(math.sqrt(a["s_measured"] * b["s_measured"])) for a, b in zip(group, group[1:])]
+        out += [dict(r, s_min=cuts[i - 1] if i else 1, s_max=cuts[i] - 1 if i < len(cuts) else None)
+                for i, r in enumerate(group)]
+    return out
+
+
+def merged(old: Optional[dict], new: dict) -> dict:
+    """`new`, keeping the rows of `old` (the cache's table of this GPU, another model tuned before)
+    that `new` did not measure, when both have the same key; `new` alone otherwise."""
+    if not old or old.get("key") != new["key"]:
+        return new
+    def shape_key(r):
+        return (r["m"], r["k"], r["n"], r.get("dtype"), bool(r.get("bias")), r["role"])
+    fresh = {shape_key(r) for r in new["linears"]}
+    lengths = {(r["d"], r["mask"], r["s_measured"]) for r in new["attention"]}
+    kept = [r for r in old.get("linears", []) if shape_key(r) not in fresh]
+    kept_att = [r for r in old.get("attention", []) if (r["d"], r["mask"], r["s_measured"]) not in lengths]
+    models = sorted({old["source"].get("model", "?"), new["source"].get("model", "?")})
+    return dict(new, linears=kept + new["linears"], attention=_with_ranges(kept_att + new["attention"]),
+                source=dict(new["source"], model=", ".join(models),
+                            merged=f"{len(kept)} linear and {len(kept_att)} attention rows kept from "
+                                   f"{old['source'].get('date')}'s table"))
 
 
 def linear_row(shape, cells: dict, modules: list, qcfg) -> dict:
@@ -172,7 +195,12 @@ def tune(model_or_pipeline, example_inputs: Optional[dict] = None, *, config=Non
     tune_table.validate(table, "the tune result")
     written = []
     if write_cache and device.type == "cuda":
-        written.append(tune_table.write(table, tune_table.cache_dir() / tune_table.file_name(key)))
+        cached = tune_table.cache_dir() / tune_table.file_name(key)
+        try:  # another model tuned before on this GPU, same versions: its shapes stay
+            old = tune_table.load(cached) if cached.is_file() else None
+        except ValueError:
+            old = None
+        written.append(tune_table.write(merged(old, table), cached))
     if out is not None:
         written.append(tune_table.write(table, out))
     table["written"] = [str(p) for p in written]

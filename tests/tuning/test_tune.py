@@ -188,3 +188,28 @@ def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, m
                                       tune_table.emitted_candidates(qcfg, role))[0]
         assert picks.get((m, w[1], w[0], role), pick) == pick  # a measured shape: the row's own pick
         assert e.action == want[pick] and f"tuned: {pick}" in e.reason, (e.module, e.action, pick, e.reason)
+
+
+def test_a_second_model_tuned_on_the_gpu_keeps_the_firsts_shapes():
+    from fx_fp8.tuning.run import merged
+
+    key = dict.fromkeys(tune_table.KEY_FIELDS, "k")
+
+    def lin(m, ms):
+        return {"m": m, "k": 64, "n": 64, "dtype": "bfloat16", "bias": True, "role": "w8a8",
+                "candidates": {"native": {"ms": ms, "err": 0.0}}}
+
+    def att(s):
+        return {"d": 128, "mask": False, "s_measured": s, "ref_err": 0.003, "kernels": {"native": {"ms": 1, "err": 0}}}
+
+    flux = {"key": key, "source": {"model": "FluxTransformer2DModel", "date": "2026-12-07"},
+            "linears": [lin(4096, 1.0), lin(512, 0.2)], "attention": [att(4608)]}
+    wan = {"key": key, "source": {"model": "WanTransformer3DModel", "date": "2026-12-08"},
+           "linears": [lin(4096, 0.9), lin(75600, 9.0)], "attention": [att(75600)]}
+    both = merged(flux, wan)
+    assert sorted((r["m"], r["candidates"]["native"]["ms"]) for r in both["linears"]) == [
+        (512, 0.2), (4096, 0.9), (75600, 9.0)]  # the shape both measured: the newer time
+    assert [(r["s_measured"], r["s_min"], r["s_max"]) for r in both["attention"]] == [(4608, 1, 18663),
+                                                                                     (75600, 18664, None)]
+    assert both["source"]["model"] == "FluxTransformer2DModel, WanTransformer3DModel"
+    assert merged(dict(flux, key=dict(key, torch="other")), wan) is wan  # another key: the new table alone
