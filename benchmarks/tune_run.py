@@ -71,7 +71,7 @@ def wan(args, device):
 
 
 MODELS = {"flux": flux, "wan": wan}
-#: --compare: the fixed configurations `auto` must match or beat (issue 39), and `auto` itself
+#: --compare: the fixed configurations `auto` must match or beat (never slower by the measurement), and `auto` itself
 FIXED = {"native (BF16, fx_fp8 off)": {"quantization": None, "diffusion_kv_cache_dtype": None},
          "all FP8 (sensitive: fp8)": {"quantization_config": {"kernel": "rules", "sensitive": "fp8"}},
          "FP8, sensitive weight-only (the rules)": {"quantization_config": {"kernel": "rules"}}}
