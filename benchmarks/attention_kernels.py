@@ -30,7 +30,7 @@ Time: triton.testing.do_bench median (L2 flushed). Error: relative Frobenius err
 attention on the first two heads and 256 query rows; `ref` is fx_fp8's CPU reference lowering
 (block scales, the numerics the Triton kernel implements) on the same rows, and `xref` the ratio
 of a candidate's error to it (issue bar: <= 1.5x). The JSON under --out-dir keeps every cell;
---table-from turns it into fx_fp8/ops/attention_table.json (see fx_fp8.ops.attention_table).
+--table-from writes its rows into that GPU's table in fx_fp8/ops/tune_tables/ (see fx_fp8.ops.attention_table).
 
 On the GPU machine the wheels from /work/whl_cache go in with
 `pip install --no-deps --target /tmp/site <wheels>` and PYTHONPATH=/tmp/site; diffusers is not needed.
@@ -94,7 +94,7 @@ def parse(argv):
     ap.add_argument("--only", default=None, help="comma-separated candidate names to run (default: all)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds: start no new row after this, still print the table and write the JSON")
-    ap.add_argument("--table-from", default=None, help="a results JSON: write fx_fp8/ops/attention_table.json")
+    ap.add_argument("--table-from", default=None, help="a results JSON: write its rows into fx_fp8/ops/tune_tables/")
     return ap.parse_args(argv)
 
 

@@ -12,11 +12,12 @@
 #   pytest     python -m pytest -m cuda -q <repo>/tests (PYTEST_TIMEOUT, 300)
 #   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)
 #   w8a16      benchmarks/w8a16_forms.py: the weight-only kernel's forms on the conditioning linears (W8A16_TIMEOUT, 180)
+#   tune       benchmarks/tune_run.py: fx_fp8.tune on Flux-dev's and Wan-14B's shapes, tables in $OUT/tune (TUNE_TIMEOUT, 300)
 # Each step logs to $OUT/<step>.log; $OUT/gpu_run.log gets the environment and one line per step
 # (exit status, seconds); the benchmarks append their dated sections to $OUT/RESULTS.md.
 # PYTEST_ARGS adds arguments to pytest (e.g. "-n 4" with pytest-xdist among the wheels),
 # BENCH_ARGS adds arguments to cuda_bench.py (e.g. "--budget 250"; "--dry-run" checks this driver on CPU),
-# ATTENTION_ARGS to attention_kernels.py.
+# ATTENTION_ARGS to attention_kernels.py, TUNE_ARGS to tune_run.py (e.g. "--only flux").
 # Exit status: the first failing step's (124: its timeout), 0 when all passed.
 set -u
 
@@ -33,8 +34,8 @@ STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(env quick)
 
 for step in "${STEPS[@]}"; do
-  case $step in env|quick|flux|pytest|attention|w8a16) ;;
-    *) echo "gpu_run.sh: unknown step '$step' (expected env, quick, flux, pytest, attention, w8a16)" >&2; exit 2 ;;
+  case $step in env|quick|flux|pytest|attention|w8a16|tune) ;;
+    *) echo "gpu_run.sh: unknown step '$step' (expected env, quick, flux, pytest, attention, w8a16, tune)" >&2; exit 2 ;;
   esac
 done
 
@@ -96,6 +97,7 @@ run_step() {
     pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider ${PYTEST_ARGS:-} "$REPO/tests") ;;
     attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
     w8a16)     limit=${W8A16_TIMEOUT:-180};     cmd=("$PYTHON" "$REPO/benchmarks/w8a16_forms.py" --out "$OUT/RESULTS.md") ;;
+    tune)      limit=${TUNE_TIMEOUT:-300};      cmd=(env FX_FP8_TUNE_DIR="$OUT/tune" "$PYTHON" "$REPO/benchmarks/tune_run.py" --out-dir "$OUT/tune" --results "$OUT/RESULTS.md" ${TUNE_ARGS:-}) ;;
   esac
   if [ "$step" = attention ] && [ ! -f "$REPO/benchmarks/attention_kernels.py" ]; then
     note "step attention: benchmarks/attention_kernels.py is not in this checkout"; return 2

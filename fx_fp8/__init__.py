@@ -28,6 +28,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
+    if name == "tune":  # fx_fp8.tuning: measuring every FP8 decision on this GPU
+        from fx_fp8.tuning import tune
+
+        return tune
     if name == "DiffusersConfig":  # needs diffusers: imported on first use only
         try:
             from fx_fp8.pipeline.diffusers_quantizer import DiffusersConfig

@@ -69,6 +69,7 @@ class ReportEntry:
     act_quant_group: str = ""    # linear: the activation-quantization group it shares ("" if none)
     dims: list = field(default_factory=list)  # input shapes as numbers (`dims_of`; None where symbolic)
     flops: Optional[float] = None  # FLOPs per call from `dims` (`node_flops`); None when a size is symbolic
+    timing: dict = field(default_factory=dict)  # {"pick": ms, "native": ms} from the tune table, when measured
 
     def __post_init__(self):
         if self.flops is None and self.dims:

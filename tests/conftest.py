@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, ex
 # Under pytest-xdist (`-n 2`, one worker per core) each worker computes on one thread, so the
 # workers do not fight over the cores; a single-process run uses both.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+# the tests never follow the user's own tune tables (`fx-fp8 tune`'s cache folder): an empty folder of their own
+os.environ["FX_FP8_TUNE_DIR"] = tempfile.mkdtemp(prefix="fx_fp8_tune_")
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,8 @@ SENSITIVE_MODES = ("native", "weight_only", "fp8")
 #: model and the zoo as good as native sensitive layers, 0.521x weight bytes on a bf16 Flux (0.666x
 #: native); benchmarks/sensitive_modes.py, RESULTS.md 2026-12-02
 DEFAULT_SENSITIVE = "weight_only"
+#: quantization_config.kernel: follow the measured tune table ("auto") or the fixed rules alone
+LINEAR_KERNELS = ("auto", "rules")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class QuantizationConfig:
       one activation quantization; the weights are quantized as W * s and the
       activation is multiplied by 1/s before it is quantized. Works with dynamic
       and static activation scales, FP8 and INT8.
+    kernel: "auto" (default) follows the tune table measured on this GPU (`fx-fp8 tune`,
+      fx_fp8.ops.tune_table) per linear: native where no candidate this config emits is
+      measurably faster, weight-only where that form is the fastest; on CUDA only, unless
+      tune_table names a file. "rules": the fixed rules alone, never a table.
+    tune_table: a tune table JSON to follow instead of the cache's / the shipped one (its key
+      must match the device; a CPU table from `fx-fp8 tune --dry-run` applies to CPU compiles).
     """
 
     method: str = "fp8"
@@ -86,6 +94,8 @@ class QuantizationConfig:
     skip_steps_mode: str = "weight_only"
     weight_only_method: str | None = "int8"
     weight_only_group_size: int | None = 32
+    kernel: str = "auto"
+    tune_table: Any = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
@@ -134,6 +144,12 @@ class QuantizationConfig:
             warnings.warn("quantization_config.activation_scales is given but activation_scheme is "
                           f"{short_repr(self.activation_scheme)} and smoothing_alpha is not set: the scales are unused "
                           "(set activation_scheme: static to use them)", stacklevel=5)
+        set_("kernel", check_choice("quantization_config.kernel", self.kernel, LINEAR_KERNELS))
+        if self.tune_table is not None and not isinstance(self.tune_table, (str, os.PathLike)):
+            raise ValueError(f"invalid quantization_config.tune_table {self.tune_table!r}: expected the path of a "
+                             "table written by `fx-fp8 tune`, or None")
+        if self.tune_table is not None:
+            set_("tune_table", os.fspath(self.tune_table))
         check_int("quantization_config.min_features", self.min_features, minimum=0)
         check_bool("quantization_config.fast_accum", self.fast_accum)
         if self.smoothing_alpha is not None:

@@ -1,7 +1,8 @@
-"""The measured table behind `attention.kernel: auto` on CUDA.
+"""The attention rows of the measured tables behind `attention.kernel: auto` on CUDA.
 
-`attention_table.json` (beside this file) holds rows measured on real GPUs by
-benchmarks/attention_kernels.py (`--table-from` writes it from a probe run). A row covers one
+The rows live in the per-GPU tune tables (fx_fp8.ops.tune_table: the user's own from `fx-fp8
+tune`, else the shipped ones in tune_tables/); benchmarks/attention_kernels.py (`--table-from`)
+writes a probe run's rows into the shipped table of its GPU. A row covers one
 GPU (its torch.cuda.get_device_name), one head dim, key-padding mask or not, and a range of key
 lengths; it keeps, for every kernel the CUDA lowering can run, the measured time (pre-pass
 included) and relative error against float64 attention, next to cuDNN's BF16 time and the
@@ -10,20 +11,19 @@ most BAR x the reference's (the accuracy bar of the FP8 attention kernels); a ro
 passes picks nothing. The S ranges split the measured lengths at their geometric midpoints, the
 first and last open-ended.
 
-`auto_kernel` resolves "auto" at compile time: the row for this GPU, head dim, mask and key length
+`auto_kernel` resolves "auto" at compile time from the table of this device (`rows_for`): the row for this GPU, head dim, mask and key length
 whose pick the node can run (a kernel's own eligibility, e.g. cuDNN's per-tensor scales), else the
 lowering's default (cuda.AUTO_KERNEL) with the reason in the report. A symbolic key length is not
 specialised: the default runs.
 """
 from __future__ import annotations
 
-import functools
-import json
 import math
 from pathlib import Path
 from typing import Callable, Optional
 
-TABLE_PATH = Path(__file__).with_name("attention_table.json")
+#: the shipped tune tables (one JSON per GPU, fx_fp8.ops.tune_table's format)
+TABLE_PATH = Path(__file__).with_name("tune_tables")
 #: a kernel's error may be at most this multiple of the reference lowering's to be picked
 BAR = 1.5
 #: benchmarks/attention_kernels.py candidate -> the attention.kernel value that runs it ("native": the node
@@ -45,19 +45,29 @@ def gpu_name(device) -> Optional[str]:
         return None
 
 
-@functools.lru_cache(maxsize=4)
-def _load(path: str) -> dict:
-    p = Path(path)
-    if not p.exists():
-        return {"rows": []}
-    table = json.loads(p.read_text())
-    if not isinstance(table.get("rows"), list):
-        raise ValueError(f"{path}: an attention table needs a 'rows' list")
-    return table
+def _rows_of(table: dict) -> list[dict]:
+    """A tune table's attention rows, each with its GPU's name (the table's key)."""
+    return [dict(r, gpu=table["key"]["gpu"]) for r in table.get("attention", [])]
 
 
 def load_table(path=TABLE_PATH) -> dict:
-    return _load(str(path))
+    """{"bar", "rows"}: the attention rows of every tune table in the folder `path` (every GPU)."""
+    from fx_fp8.ops import tune_table
+
+    tables = [tune_table.load(p) for p in sorted(Path(path).glob("*.json"))]
+    return {"bar": BAR, "rows": [r for t in tables for r in _rows_of(t)],
+            "sources": [dict(t["source"], device=t["key"]["gpu"]) for t in tables]}
+
+
+def rows_for(device) -> Optional[dict]:
+    """{"bar", "rows", "where"} of the tune table that applies to `device` (tune_table.table_for), or None."""
+    from fx_fp8.ops import tune_table
+
+    found = tune_table.table_for(device)
+    if found is None:
+        return None
+    where, table = found
+    return {"bar": table.get("bar", BAR), "rows": _rows_of(table), "where": where}
 
 
 def _pick(kernels: dict, ref_err: Optional[float]) -> Optional[str]:
@@ -107,8 +117,26 @@ def merged(old: dict, new: dict) -> dict:
 
 
 def write_table(table: dict, path=TABLE_PATH) -> None:
-    Path(path).write_text(json.dumps(table, indent=1) + "\n")
-    _load.cache_clear()
+    """A probe table's rows into the tune table of each GPU in the folder `path` (made when missing,
+    its linear rows kept)."""
+    from fx_fp8.ops import tune_table
+
+    for gpu in sorted({r["gpu"] for r in table["rows"]}):
+        existing = [(p, t) for p in sorted(Path(path).glob("*.json")) for t in [tune_table.load(p)]
+                    if t["key"]["gpu"] == gpu]
+        src = table.get("source") or {}
+        if existing:
+            target, tt = existing[0]
+        else:
+            key = {f: None for f in tune_table.KEY_FIELDS}
+            # the probe's meta names no capability unless it recorded one: a shipped table needs it to be found
+            key.update(gpu=gpu, torch=src.get("torch"), triton=src.get("triton"), capability=src.get("capability"))
+            target, tt = Path(path) / tune_table.file_name(key), {"format": tune_table.FORMAT, "key": key, "linears": []}
+        rows = [{k: v for k, v in r.items() if k != "gpu"} for r in table["rows"] if r["gpu"] == gpu]
+        tt = dict(tt, bar=table["bar"], attention=rows,
+                  source=dict(tt.get("source") or {}, what=f"{src.get('date')} {gpu} probe run, attention",
+                              date=src.get("date"), tool="benchmarks/attention_kernels.py --table-from"))
+        tune_table.write(tt, target)
 
 
 def find_row(table: dict, gpu: Optional[str], d: int, s: Optional[int], mask: bool) -> Optional[dict]:

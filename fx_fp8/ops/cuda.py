@@ -36,8 +36,9 @@ Attention (attention.kernel):
 * "cudnn": cuDNN's FP8 SDPA through nvidia-cudnn-frontend (`cudnn_attention`),
   per-tensor scales only, an explicit opt-in by default (its emulated SQNR is
   below the block recipe's bar, see cudnn_attention).
-"auto" resolves at compile time by the measured table of `attention_table`
-(GPU, head dim, mask, key length -> the fastest kernel within 1.5x of the
+"auto" resolves at compile time by the measured table of this GPU (`tune_table`: the
+user's `fx-fp8 tune` table, else a shipped one; `attention_table` reads its rows:
+GPU, head dim, mask, key length -> the fastest kernel within 1.5x of the
 reference's error that this node can run), else to AUTO_KERNEL; the report
 row names the kernel and the measurement.
 Imports Triton and cuDNN lazily: the module loads on machines without them,
@@ -173,8 +174,14 @@ class CudaLowering(Lowering):
                 return cudnn_attention.attention_reason(q, k, v, cfg, attn_mask, need_lse=need_lse) is None
             return False
 
+        table = attention_table.rows_for(q.device)  # the user's tune table, else the shipped one of this GPU
+        if table is None and concrete(k.shape[2]) is not None:  # a symbolic length runs the default anyway
+            from fx_fp8.ops.tune_table import UNMEASURED
+
+            return AUTO_KERNEL, f"{UNMEASURED}: {AUTO_KERNEL} by default"
         return attention_table.auto_kernel(attention_table.gpu_name(q.device), concrete(q.shape[-1]),
-                                           concrete(k.shape[2]), attn_mask is not None, AUTO_KERNEL, runnable)
+                                           concrete(k.shape[2]), attn_mask is not None, AUTO_KERNEL, runnable,
+                                           table or {"rows": []})
 
     def attention_kernel(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> tuple[str, str]:
         """(kernel baked into the op, report text) for a node attention_reason accepted: "auto"

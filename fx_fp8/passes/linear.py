@@ -48,13 +48,13 @@ from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_PARAMS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
 from fx_fp8.graph.shapes import shape_str
-from fx_fp8.ops import quant
+from fx_fp8.ops import quant, tune_table
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass, NotReusable
 from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
                                         smoothed_static_scale, step_scale_table)
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, group_smoothing
-from fx_fp8.quant.rules import linear_native_reason, linear_plan
+from fx_fp8.quant.rules import linear_native_reason, linear_plan, sensitive_reason
 from fx_fp8.quant.weight_feeds import Feed
 from fx_fp8.report import dims_of
 from fx_fp8.steps import linear_skip_mode
@@ -142,6 +142,7 @@ class Linear:
         self.dims: list = []  # input shapes as numbers, for the report's FLOPs
         self.left_by_prepare = False  # prepare_model left this unprepared linear (it carries diffusers hooks)
         self.why = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
+        self.timing: dict = {}  # the tune table's measured ms of the pick and of native (report rows)
 
     @property
     def smoothed(self) -> bool:
@@ -162,8 +163,9 @@ class FP8LinearPass(FXPass):
 
     Decision order: quantization off -> ignored_layers -> sensitive layer ->
     unsupported weight or shape -> no static scale -> what the lowering cannot
-    take -> quantized (W8A8, or weight-only where the device has no FP8/INT8
-    matrix units). Prepared QuantizedLinear calls always stay quantized (their
+    take -> the tune table measured on this device (quantization_config.kernel
+    auto: native, weight-only or W8A8, fx_fp8.ops.tune_table.linear_decision) ->
+    quantized (W8A8, or weight-only where the device has no FP8/INT8 matrix units). Prepared QuantizedLinear calls always stay quantized (their
     original weights are gone) and are re-targeted to this compile's lowering.
     """
 
@@ -260,6 +262,14 @@ class FP8LinearPass(FXPass):
         real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
         q = self.qcfg
         kind, why = linear_plan(module, w.shape[1], w.shape[0], w.dtype, q, self.sensitive.get(node))
+        # quantization_config.kernel auto: the measured tune table of this device may keep it native or weight-only
+        kind, why, timing = tune_table.linear_decision(kind, why, x, w, args["bias"] is not None, q,
+                                                       self.ctx.lowering.name,
+                                                       sensitive_reason(module, self.sensitive.get(node)) is not None)
+        if kind == "native":
+            self.record(node, op="linear", module=module, action="native", reason=why, shapes=shapes, dims=dims,
+                        timing=timing)
+            return None
         step_why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
         if self.skip_mode == "native":
             self.record(node, op="linear", module=module, action="native", reason=step_why, shapes=shapes,
@@ -288,7 +298,8 @@ class FP8LinearPass(FXPass):
                       weight_granularity=granularity, weight_block=block, act=q.act_granularity,
                       weight_only=weight_only, prepared=False, shapes=shapes, real_weight=real_w, channel_amax=amax)
         item.slot, item.recipe = slot, recipe
-        item.why = why if kind == "weight_only" else (step_why if self.skip_mode else "")
+        item.why = why if kind == "weight_only" else (step_why if self.skip_mode else (why or ""))
+        item.timing = timing
         item.dims = dims
         item.left_by_prepare = bool(self.ctx.resolver.state(slot, real_w, module).left_by_prepare)
         (self.left_by_prepare if item.left_by_prepare else self.compile_quantized).append(module)
@@ -364,6 +375,13 @@ class FP8LinearPass(FXPass):
             self.skipped_prepared.append(module)
         elif self.skip_mode:
             item.why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
+        # the tune table is read, not followed, here: the original weight is gone (the row says what it measured)
+        ran = "weight_only" if prepared_wo else "quantized"
+        kind, told, _ = tune_table.linear_decision(ran, None, x, w, args["bias"] is not None, q, self.ctx.lowering.name)
+        if kind != ran:
+            item.why = (f"{item.why}; " if item.why else "") + (
+                f"{told}; its weights were quantized before compiling (prepare_model or a checkpoint), so it runs as "
+                "they are")
         return item
 
     def _check_channel_names(self, plan: list[Linear]) -> None:
@@ -443,7 +461,7 @@ class FP8LinearPass(FXPass):
             self.record(new, op="linear", module=m.module,
                         action="weight-only" if m.weight_only else ("fp8" if m.method == "fp8" else m.method),
                         reason=self._describe(m), shapes=m.shapes, dims=m.dims,
-                        act_quant_group="" if m.weight_only else group)
+                        act_quant_group="" if m.weight_only else group, timing=m.timing)
 
     def _weight_value(self, m: Linear):
         """The quantized weight GEMM m reads (its value or fake value): shape and device."""
@@ -507,7 +525,8 @@ class FP8LinearPass(FXPass):
             act += ", smoothed"
         gemm = self.ctx.lowering.gemm_description(m.method, m.weight_granularity, m.weight_block,
                                                   self.qcfg.fast_accum, act=m.act, weight_val=self._weight_value(m))
-        return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}" + (f"; {gemm}" if gemm else "")
+        return (f"{m.why + '; ' if m.why else ''}{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}"
+                + (f"; {gemm}" if gemm else ""))
 
     def _notes(self, matched: set, disagreeing: list) -> None:
         report = self.ctx.report

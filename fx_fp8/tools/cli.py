@@ -6,6 +6,7 @@
     fx-fp8 compare     [--out compare.png]                    native vs FP8: latency, PSNR, SSIM, max abs error
                        [--ulysses-degree N --ring-degree N --cache-backend NAME --cache-config JSON]
     fx-fp8 sensitivity [--target-psnr 30]                     per-block/step sensitivity -> recommended YAML
+    fx-fp8 tune        [--out table.json] [--dry-run]         every FP8 decision timed on this GPU -> table auto follows
 
 `--model`: `tiny` (the shipped trained model, default), a family name (flux,
 qwen-image, wan, z-image, sd3: random weights, no download) or a local diffusers
@@ -19,7 +20,7 @@ not finite, such as the PSNR of identical images, are written as the strings
 "inf", "-inf" and "nan" (as in sensitivity.json).
 
 This module is the parser and the entry point; each command lives in its own
-module (cli_inspect: inspect and dump; cli_compare; cli_sensitivity), and what
+module (cli_inspect: inspect and dump; cli_compare; cli_sensitivity; cli_tune), and what
 they share (UsageError, input checks, strict JSON) in cli_common.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fx_fp8.tools.cli_common import PROG, UsageError, _one_line
 from fx_fp8.tools.cli_compare import cmd_compare
 from fx_fp8.tools.cli_inspect import cmd_dump, cmd_inspect
 from fx_fp8.tools.cli_sensitivity import SENSITIVITY_HELP, cmd_sensitivity
+from fx_fp8.tools.cli_tune import TUNE_HELP, add_tune_flags, cmd_tune
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,7 +78,7 @@ JSON_HELP = ("table or json (strict JSON: infinite / NaN numbers, e.g. the PSNR 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{inspect,dump,compare,sensitivity}")
+    sub = parser.add_subparsers(dest="command", metavar="{inspect,dump,compare,sensitivity,tune}")
     sub.required = True
 
     def common(p):
@@ -147,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "native, linears weight-only or native, or both), chosen before the layers and written "
                         "into the YAML (K values default 1,2)")
     p.set_defaults(func=cmd_sensitivity)
+
+    p = sub.add_parser("tune", help="every FP8 decision timed on this GPU: the table auto follows", **kw,
+                       description=TUNE_HELP)
+    common(p)
+    add_tune_flags(p)
+    p.set_defaults(func=cmd_tune)
     return parser
 
 

@@ -58,6 +58,7 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
         for op, counts in r.summary().items():
             for action, n in counts.items():  # fp8, int8, native
                 totals[op][action] = totals[op].get(action, 0) + n
+    timed = [e.timing for r in primary for e in r.entries if e.timing.get("native") is not None]
     data = {
         "model": source.spec,
         "class": source.class_name,
@@ -69,6 +70,10 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
             "steps": steps,  # the run the step selectors are placed in
             "skipped_steps": _skipped_steps(config, steps),
             "nodes": totals,   # over the graphs that run on non-skipped steps
+            # the tune table's measured ms of every measured node: what it picked, and native
+            "tuned": {"nodes": len(timed), "predicted_ms": sum(t["pick"] or t["native"] for t in timed),
+                      "native_ms": sum(t["native"] for t in timed),
+                      "lowerings": sorted({r.lowering for r in primary})},
             "weights": {"model_bytes_before": bytes_before,
                         "model_bytes_after": bytes_before - q_before + q_after,
                         "quantized_linear_bytes_before": q_before, "quantized_linear_bytes_after": q_after},
@@ -119,6 +124,7 @@ def format_inspect(data: dict) -> str:
     out.append(f"weights: model {_mib(w['model_bytes_before'])} -> {_mib(w['model_bytes_after'])} with prepare_model "
                f"(quantized linears {_mib(w['quantized_linear_bytes_before'])} -> "
                f"{_mib(w['quantized_linear_bytes_after'])})")
+    out.append(_predicted_line(s.get("tuned")))
     line = f"graphs: {s['graphs']} (step variants: {', '.join(s['step_variants'])})"
     for g in graphs:
         if g not in shown:
@@ -133,6 +139,17 @@ def format_inspect(data: dict) -> str:
     for note in sorted({n for g in shown for n in g["notes"]}):
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+def _predicted_line(tuned) -> str:
+    """The model's predicted time by the tune table (sum over its measured nodes) next to native."""
+    if not tuned or not tuned["nodes"]:
+        if "cuda" in (tuned or {}).get("lowerings", []):
+            return "predicted total: no node measured on this GPU (fx-fp8 tune)"
+        return "predicted total: none (no tune table applies to this lowering; quantization_config.tune_table names one)"
+    p, n = tuned["predicted_ms"], tuned["native_ms"]
+    return (f"predicted total (fx-fp8 tune table): {p:.3f} ms over {tuned['nodes']} measured linears, native "
+            f"{n:.3f} ms ({n / p:.2f}x)")
 
 
 def cmd_inspect(args) -> int:

@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import attention_table as at
+from fx_fp8.ops import tune_table
 from fx_fp8.ops.lowering import get_lowering
 
 
@@ -108,10 +109,14 @@ def test_the_shipped_table_is_consistent():
 def test_cuda_lowering_reports_the_measured_pick(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(at, "gpu_name", lambda device: "NVIDIA H200")
-    path = tmp_path / "table.json"
-    at.write_table(at.table_from_probe(probe()), path)
-    monkeypatch.setattr(at, "TABLE_PATH", path)
-    monkeypatch.setattr(at, "load_table", lambda path=path: at._load(str(path)))
+    # the user's own table (the cache folder's, written by `fx-fp8 tune`) comes before the shipped H200 one
+    monkeypatch.setenv("FX_FP8_TUNE_DIR", str(tmp_path))
+    at.write_table(at.table_from_probe(probe()), tmp_path)
+    (written,) = tmp_path.glob("*.json")
+    table = tune_table.load(written)
+    with FakeTensorMode():
+        key = tune_table.device_key(torch.empty(1, device="cuda").device)
+    tune_table.write(dict(table, key=key), tmp_path / tune_table.file_name(key))
     from fx_fp8.ops import cudnn_attention
 
     monkeypatch.setattr(cudnn_attention, "import_reason", lambda: None)
@@ -136,7 +141,7 @@ def test_auto_keeps_attention_native_where_bf16_is_measured_faster(monkeypatch, 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(at, "gpu_name", lambda device: "NVIDIA H200")
     table = at.table_from_probe(probe())
-    monkeypatch.setattr(at, "load_table", lambda path=None: table)
+    monkeypatch.setattr(at, "rows_for", lambda device: table)
     low = get_lowering("cuda")
     with FakeTensorMode():
         q = torch.empty(1, 2, 20000, 64, device="cuda", dtype=torch.bfloat16)
@@ -170,3 +175,15 @@ def test_a_probe_run_replaces_its_gpus_rows_and_keeps_the_others():
     again = at.merged(both, at.table_from_probe(probe("NVIDIA H100 80GB HBM3")))
     assert len(again["rows"]) == len(both["rows"])  # its own old rows replaced, not doubled
     assert [s["device"] for s in again["sources"]] == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]
+
+
+def test_a_probe_run_writes_into_its_gpus_tune_table_and_keeps_the_linears(tmp_path):
+    (path, shipped), = tune_table.shipped_tables()
+    linear = {"m": 16, "k": 64, "n": 64, "dtype": "bfloat16", "bias": True, "role": "w8a8",
+              "candidates": {"native": {"ms": 1.0, "err": 0.0}}}
+    tune_table.write(dict(shipped, linears=[linear]), tmp_path / path.name)
+    at.write_table(at.table_from_probe(probe("NVIDIA H200")), tmp_path)
+    written = tune_table.load(tmp_path / path.name)
+    assert written["linears"] == [linear] and written["key"] == shipped["key"]
+    assert len(written["attention"]) == 6 and written["source"]["tool"] == "benchmarks/attention_kernels.py --table-from"
+    assert at.load_table(tmp_path)["rows"][0]["gpu"] == "NVIDIA H200"

@@ -102,8 +102,9 @@ def test_attention_reason_never_guards_on_symbolic_lengths(hopper):
 def test_kernel_choice(hopper):
     low = get_lowering("cuda")
     (q,) = fake_cuda((1, 2, 64, 128))
-    kernel, how = low.attention_kernel(q, q, q, ATT)  # fake CUDA tensors: no GPU name, so no measured row
-    assert kernel == "triton" and how.startswith("Triton FP8 kernel (attention.kernel: auto; no measured row"), how
+    kernel, how = low.attention_kernel(q, q, q, ATT)  # fake CUDA tensors: no GPU name, so no tune table
+    assert kernel == "triton" and how.startswith("Triton FP8 kernel (attention.kernel: auto; not measured on this "
+                                                 "GPU (fx-fp8 tune)"), how
     assert low.attention_kernel(q, q, q, att(kernel="triton"), need_lse=True) == ("triton", "Triton FP8 kernel, LSE")
     assert low.attention_kernel(q, q, q, att(kernel="cudnn", granularity="tensor"))[0] == "cudnn"
     assert resolve_kernel("auto") == "triton"  # see cudnn_attention's SQNR table (test_cuda_cudnn.py)

@@ -21,6 +21,7 @@ LAYERS = [
     ("passes", ["fx_fp8.passes"]),                          # rewriting graphs
     ("compile", ["fx_fp8.compile"]),                        # the Dynamo backends
     ("pipeline", ["fx_fp8.pipeline"]),                      # the diffusers glue
+    ("tuning", ["fx_fp8.tuning"]),                          # fx_fp8.tune: measuring every candidate on this GPU
     ("api", ["fx_fp8"]),                                    # the package's public names
     ("tools", ["fx_fp8.tools", "fx_fp8.__main__"]),         # CLI, sensitivity, model zoo, the tiny model (users of the API)
 ]
