@@ -128,13 +128,17 @@ def test_dynamic_shapes_give_the_same_decisions():
     model = toy()
     static, _ = compile_run(model, toy_inputs())
     want = {n: (e.action, structural(e)) for n, e in linear_entries(static).items()}
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8", "quantization_config": NATIVE_SENSITIVE},
                              dynamic=True)
     with torch.no_grad():
         for batch, side in ((2, 8), (3, 6)):  # batch and tokens symbolic; no recompile
             kw = toy_inputs(batch=batch, side=side)
             assert rel_err(compiled(**kw), model(**kw)) < 0.05
+    assert counters["stats"]["unique_graphs"] == 1 and sum(counters["recompiles"].values()) == 0  # Dynamo's count
     assert len(fx_fp8.get_reports(compiled)) == 1
     assert any(re.search(r"\bs\d+", e.shapes) for e in fx_fp8.get_reports(compiled)[0].entries)  # symbolic
     assert {n: (e.action, structural(e)) for n, e in linear_entries(compiled).items()} == want
