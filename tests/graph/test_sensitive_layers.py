@@ -25,6 +25,7 @@ from fx_fp8.tools.model_zoo import registry as zoo
 from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs, output_tensor
 
 from checks import FIN, MOD, TC, big_enough, rel_err, structural
+from expected_layers import NATIVE_LINEARS, differences
 from toy_models import ToyBlock, ToyScheduler, toy, toy_inputs
 
 #: attention projections: never sensitive
@@ -418,11 +419,15 @@ def test_families_keep_todays_native_set(family):
         model(**kw)
     compiled, _ = compile_run(model, kw)
     entries = linear_entries(compiled)
+    native = {n for n, e in entries.items() if e.action == "native"}
+    assert native and len(native) < len(entries)
+    assert not differences(f"{family}'s native linears", native, NATIVE_LINEARS[family]), \
+        differences(f"{family}'s native linears", native, NATIVE_LINEARS[family])
+    # and the rule that decides them agrees with the report
     qcfg = FP8Config.from_kwargs(quantization="fp8", quantization_config=NATIVE_SENSITIVE).quantization_config
     modules = dict(model.named_modules())
-    today = {n for n in entries if linear_native_reason(n, modules[n].in_features, modules[n].out_features,
-                                                        modules[n].weight.dtype, qcfg) is not None}
-    assert {n for n, e in entries.items() if e.action == "native"} == today
+    assert native == {n for n in entries if linear_native_reason(n, modules[n].in_features, modules[n].out_features,
+                                                                 modules[n].weight.dtype, qcfg) is not None}
     # the structure agrees with the names: every structural find is a listed layer
     assert all(first_match(SENSITIVE_LAYER_PATTERNS, n) for n, e in entries.items() if structural(e))
     assert sum(1 for e in entries.values() if structural(e)) >= 4

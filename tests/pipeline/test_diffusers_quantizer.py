@@ -17,6 +17,7 @@ from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inpu
 from fx_fp8.quant.weight_state import compile_quantizations
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from expected_layers import RULES_PICK_FLUX, differences
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel, PipelineQuantizationConfig  # noqa: E402
@@ -205,19 +206,19 @@ def test_settings_load_time_cannot_honour_are_refused(options, match):
 # -- loading a full-precision checkpoint --------------------------------------------------------------
 def test_loading_quantizes_the_linears_the_rules_pick(tmp_path):
     """One small load (the fast run's end-to-end check): every linear the rules quantize is a
-    QuantizedLinear of its kind, the others stay nn.Linear, and the model's config records them."""
-    from fx_fp8.quant.layer_quantize import layer_kind
-
+    QuantizedLinear of its kind, the others stay nn.Linear, and the model's config records them. The
+    expected layers are pinned lists (tests/helpers/expected_layers.py), not the rules' own answer."""
     model = quiet(build_tiny_transformer, "flux", layers=1, dtype=torch.bfloat16)
     model.save_pretrained(tmp_path)
     cfg = fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"])   # at this width every other linear quantizes
-    kinds = {n: layer_kind(n, m.in_features, m.out_features, m.weight.dtype, cfg.fp8_config)[0]
-             for n, m in model.named_modules() if type(m) is nn.Linear}
     loaded = load(tmp_path, torch_dtype=torch.bfloat16, quantization_config=cfg)
     layers = layers_of(loaded)
-    assert {n for n, k in kinds.items() if k != "native"} == set(layers) and "native" in kinds.values()
-    assert {n for n, k in kinds.items() if k == "weight_only"} == {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}
-    assert all(type(loaded.get_submodule(n)) is nn.Linear for n, k in kinds.items() if k == "native")
+    pinned = RULES_PICK_FLUX
+    assert all(pinned.values()), "each kind is pinned with at least one layer"
+    for kind, got in (("fp8", {n for n, v in layers.items() if v[3] != WEIGHT_ONLY}),
+                      ("weight_only", {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}),
+                      ("native", {n for n, m in loaded.named_modules() if type(m) is nn.Linear})):
+        assert not differences(kind, got, pinned[kind]), differences(kind, got, pinned[kind])
     record = loaded.config.quantization_config.quantized_layers
     assert sorted(n for e in record for n in e["layers"]) == sorted(layers)
     assert loaded.hf_quantizer.quantization_config is loaded.config.quantization_config
