@@ -223,6 +223,7 @@ def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
     w8a8 = [n for n in quantized if n not in weight_only]
     assert {"x_embedder", "proj_out"} <= set(weight_only) <= set(quantized)
     layers = [model.get_submodule(n) for n in w8a8]
+    assert layers  # not vacuous: all() of nothing is True
     assert all(m.weight.dtype == torch.int8 and (m.input_smoothing is not None) == smoothing for m in layers)
     assert all(model.get_submodule(n).weight.dtype == torch.int8 and model.get_submodule(n).input_smoothing is None
                for n in weight_only)
@@ -256,6 +257,7 @@ def test_prepared_layers_report_how_they_were_prepared_and_disagreement_warns():
             compiled(**kw)
     (report,) = fx_fp8.get_reports(compiled)
     rows = [e for e in report.entries if e.op == "linear" and e.action == "fp8"]
+    assert rows  # not vacuous: all() of nothing is True
     assert rows and all("tensor weight scales" in e.reason and "prepared weights" in e.reason for e in rows)
     msgs = [str(i.message) for i in w if "were prepared by prepare_model with another" in str(i.message)]
     assert len(msgs) == 1 and "transformer_blocks.0.attn.to_q" in msgs[0]
