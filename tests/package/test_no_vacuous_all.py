@@ -32,11 +32,14 @@ def _root_names(it: ast.AST) -> set[str]:
 def vacuous_alls(source: str, where: str = "") -> list[str]:
     """`assert all(<comprehension>)` whose iterable no other assert of the same function mentions."""
     out = []
+    if "all(" not in source:
+        return out
     tree = ast.parse(source)
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         asserts = [n for n in ast.walk(fn) if isinstance(n, ast.Assert)]
+        texts = None
         for a in asserts:
             for call in ast.walk(a.test):
                 if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "all" and call.args
@@ -46,7 +49,8 @@ def vacuous_alls(source: str, where: str = "") -> list[str]:
                 if isinstance(it, (ast.List, ast.Tuple, ast.Set)) and it.elts:
                     continue
                 names = _root_names(it)
-                others = [ast.unparse(o) for o in asserts if o is not a]
+                texts = texts or {id(o): ast.unparse(o) for o in asserts}  # once per function
+                others = [t for i, t in texts.items() if i != id(a)]
                 if not any(n in o for n in names for o in others):
                     out.append(f"{where}:{a.lineno}: all() over {ast.unparse(it)}")
     return out
