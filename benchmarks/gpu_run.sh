@@ -9,7 +9,8 @@
 #   env        nvidia-smi, versions, what is installed (60)
 #   quick      benchmarks/cuda_bench.py --quick: linears, conditioning linears, attention (QUICK_TIMEOUT, 320)
 #   flux       benchmarks/cuda_bench.py --flux: full-depth Flux-dev (FLUX_TIMEOUT, 320)
-#   pytest     python -m pytest -m cuda -q <repo>/tests (PYTEST_TIMEOUT, 300)
+#   pytest     python -m pytest -m cuda -q <repo>/tests (PYTEST_TIMEOUT, 300); its junit report becomes
+#              $OUT/gpu_record.csv (benchmarks/gpu_record.py add: the record with this run merged)
 #   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)
 #   w8a16      benchmarks/w8a16_forms.py: the weight-only kernel's forms on the conditioning linears (W8A16_TIMEOUT, 180)
 #   tune       benchmarks/tune_run.py: fx_fp8.tune on Flux-dev's and Wan-14B's shapes, tables in $OUT/tune (TUNE_TIMEOUT, 300)
@@ -88,13 +89,23 @@ EOF
   git -C "$REPO" log -1 --format='repository commit: %h %s' 2>/dev/null || true
 }
 
+record_gpu_run() {   # the GPU record from pytest's junit report: $OUT/gpu_record.csv, to copy over benchmarks/'s
+  [ -f "$OUT/pytest-junit.xml" ] || { note "no junit report: the GPU record is not updated"; return 0; }
+  local gpu torch
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  torch=$(cd "$WORK" && "$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null)
+  "$PYTHON" "$REPO/benchmarks/gpu_record.py" add "$OUT/pytest-junit.xml" --gpu "${gpu:-unknown GPU}" \
+    --torch "${torch:-unknown}" --source "gpu_run.sh pytest, junit $(date +%Y-%m-%dT%H:%M)" \
+    --record "$REPO/benchmarks/gpu_record.csv" --out "$OUT/gpu_record.csv" 2>&1 | tee -a "$LOG"
+}
+
 run_step() {
   local step=$1 limit cmd
   case $step in
     env)       limit=60;                        cmd=(environment) ;;
     quick)     limit=${QUICK_TIMEOUT:-320};     cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --quick --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
     flux)      limit=${FLUX_TIMEOUT:-320};      cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --flux --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
-    pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider ${PYTEST_ARGS:-} "$REPO/tests") ;;
+    pytest)    limit=${PYTEST_TIMEOUT:-300};    cmd=("$PYTHON" -m pytest -m cuda -q -p no:cacheprovider --junitxml "$OUT/pytest-junit.xml" ${PYTEST_ARGS:-} "$REPO/tests") ;;
     attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
     w8a16)     limit=${W8A16_TIMEOUT:-180};     cmd=("$PYTHON" "$REPO/benchmarks/w8a16_forms.py" --out "$OUT/RESULTS.md") ;;
     tune)      limit=${TUNE_TIMEOUT:-300};      cmd=(env FX_FP8_TUNE_DIR="$OUT/tune" "$PYTHON" "$REPO/benchmarks/tune_run.py" --out-dir "$OUT/tune" --results "$OUT/RESULTS.md" ${TUNE_ARGS:-}) ;;
@@ -111,6 +122,7 @@ run_step() {
     (cd "$WORK" && timeout -k 15 "$limit" "${cmd[@]}") >"$OUT/$step.log" 2>&1; rc=$?
   fi
   note "step $step: exit $rc in $((SECONDS - t0)) s$([ $rc -eq 124 ] && echo ' (timed out)'), log $OUT/$step.log"
+  [ "$step" = pytest ] && record_gpu_run
   tail -n 5 "$OUT/$step.log" 2>/dev/null | sed 's/^/    /' | tee -a "$LOG" >/dev/null
   return $rc
 }

@@ -316,6 +316,8 @@ class CudaLowering(Lowering):
 
     def _block_scaled_mm(self, xq, xs, wq, ws, weight_block, bias, out_dtype):
         reason = self.blockwise_reason(xq.device, weight_block, xq.shape[1])
+        if reason is None and xs.numel() == 1:  # a static per-tensor scale: the same scale for every 1x128 group
+            xs = xs.reshape(1, 1).expand(xq.shape[0], -(-xq.shape[1] // SCALED_MM_BLOCK[1]))
         if reason is None:
             try:
                 return blockwise_scaled_mm(xq, xs, wq, ws, bias, out_dtype)

@@ -364,6 +364,7 @@ def test_dry_run_runs_every_row_of_both_modes(tmp_path):
     # the attribution names the quantized GEMM: on the CPU the reference's exact product sum (a matmul; on
     # CUDA it is aten::_scaled_mm, which the CPU reference no longer uses: torch 2.11 lacks its row-wise scales)
     fx_rows = [line for line in quick.splitlines() if f"| {cb.FX_FP8} |" in line and "->" in line]
+    assert fx_rows  # not vacuous: all() of nothing is True
     assert fx_rows and all("aten::matmul" in line for line in fx_rows), fx_rows
     for variant in ("BF16 eager", "BF16 Inductor", "fx_fp8 prepared", cb.TORCHAO, cb.FX_FP8_SENSITIVE_FP8,
                     "fx_fp8 prepared, reduce-overhead", cb.FX_FP8_MULTI_KERNEL):

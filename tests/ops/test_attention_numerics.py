@@ -77,6 +77,18 @@ def test_granularities_close_to_exact(qkv, granularity):
     assert 22.0 < db < 40.0  # close, but not exact: the quantization ran
 
 
+def test_p_quantization_costs_under_1_db_with_its_fixed_scale():
+    """P in [0, 1] is scaled by p_scale (448) before the e4m3 cast: without the scale, probabilities
+    below e4m3's smallest subnormal (2^-9) flush to zero and a long row of peaked scores loses 3 dB."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 2048, 64, generator=g) for _ in range(3))
+    q, v = q * 1.6, v + 0.5  # scores of std 1.6: many small probabilities; V's mean makes lost mass show
+    ref = attention64(q, k, v)
+    with_p = sqnr_db(ref, fp8_attention(q, k, v))
+    without_p = sqnr_db(ref, fp8_attention(q, k, v, quantize_p=False))
+    assert 30.0 < with_p and without_p - with_p < 1.0, (with_p, without_p)
+
+
 def test_key_padding_mask_matches_sdpa():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, 300, 64, generator=g) for _ in range(3))

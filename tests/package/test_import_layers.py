@@ -1,17 +1,23 @@
 """The package's plan: its layers, written once here, lowest first. A module may import its own
-layer or a lower one, never a higher one (imports inside functions included), and the modules'
+layer or a lower one, never a higher one (imports inside functions and dynamic imports included),
+every module belongs to a declared layer (a new subpackage must be placed), and the modules'
 import-time imports form no cycle (an import inside a function runs when it is called, after both
 modules loaded: fx_fp8.pipeline.diffusers_registration's hook imports the quantizer it registers
-that way). Built from the source, an AST walk over fx_fp8/; imports under `if TYPE_CHECKING:`
-(annotations only) are not imports."""
+that way). The checker (tests/helpers/import_layers.py) is an AST walk over fx_fp8/; each rule also
+runs on a temporary copy of the package with a violation planted, and must report it."""
 from __future__ import annotations
 
-import ast
+import shutil
 from pathlib import Path
+
+import pytest
+
+import import_layers as il
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fx_fp8"
 
-#: the layers, lowest first: module name prefixes (the longest matching prefix decides)
+#: the layers, lowest first: module names; an entry below the package covers its submodules (the
+#: longest matching entry decides); "fx_fp8" is the package's own __init__ only
 LAYERS = [
     ("utilities", ["fx_fp8.install_hint", "fx_fp8.progress"]),
     ("config", ["fx_fp8.config", "fx_fp8.steps"]),          # settings, and the published step they select by
@@ -28,143 +34,115 @@ LAYERS = [
 #: at most this many modules at the top of fx_fp8/ besides __init__ and __main__
 MAX_TOP_LEVEL = 8
 
-
-def _modules() -> dict[str, Path]:
-    out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = ("fx_fp8",) + path.relative_to(PACKAGE).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = path
-    return out
-
-
-MODULES = _modules()
-
-
-def _resolve(name: str) -> str:
-    """The module an imported dotted name refers to (a name imported from a module: that module)."""
-    while name not in MODULES and "." in name:
-        name = name.rsplit(".", 1)[0]
-    return name
-
-
-def _runtime_nodes(tree):
-    """Every node, but not those under `if TYPE_CHECKING:` (annotations only: never imported at run time)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING":
-                stack.extend(child.orelse)
-                continue
-            stack.append(child)
-
-
-def _import_time_nodes(tree):
-    """The nodes that run when the module is imported: not function bodies."""
-    stack = list(ast.iter_child_nodes(tree))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
-def _imports(name: str, import_time: bool = False) -> set[str]:
-    tree = ast.parse(MODULES[name].read_text())
-    package = name if MODULES[name].name == "__init__.py" else name.rsplit(".", 1)[0]
-    out = set()
-    nodes = set(map(id, _import_time_nodes(tree))) if import_time else None
-    for node in _runtime_nodes(tree):
-        if nodes is not None and id(node) not in nodes:
-            continue
-        if isinstance(node, ast.Import):
-            out |= {_resolve(a.name) for a in node.names if a.name.startswith("fx_fp8")}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: from the module's package
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
-            if mod.startswith("fx_fp8"):
-                out |= {_resolve(f"{mod}.{a.name}") for a in node.names}
-    out.discard(name)
-    return out
-
-
-GRAPH = {name: _imports(name) for name in MODULES}
-IMPORT_TIME = {name: _imports(name, import_time=True) for name in MODULES}
+SCAN = il.scan(PACKAGE)
+MODULES, GRAPH = SCAN.modules, SCAN.graph
 
 
 def layer_of(name: str) -> int:
-    best, layer = -1, None
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for p in prefixes:
-            if (name == p or name.startswith(p + ".")) and len(p) > best:
-                best, layer = len(p), i
+    layer = il.layer_of(name, LAYERS)
     assert layer is not None, f"{name} belongs to no declared layer"
     return layer
 
 
+def _unreadable(scan) -> list[str]:
+    """Dynamic imports the checker cannot read, outside the top layer (nothing is above that one)."""
+    top = len(LAYERS) - 1
+    return [u for u in scan.unresolved if il.layer_of(u.split(":")[0], LAYERS) != top]
+
+
 def test_every_module_has_a_layer():
-    for name in MODULES:
-        layer_of(name)
+    assert MODULES
+    assert not il.undeclared(SCAN, LAYERS), "modules in no declared layer (add them to LAYERS)"
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) -> {t} ({LAYERS[layer_of(t)][0]})"
-              for m, targets in sorted(GRAPH.items()) for t in sorted(targets) if layer_of(t) > layer_of(m)]
+    upward = il.upward_imports(SCAN, LAYERS)
     assert not upward, "imports of a higher layer:\n  " + "\n  ".join(upward)
+    unreadable = _unreadable(SCAN)
+    assert not unreadable, f"dynamic imports whose target the checker cannot read: {unreadable}"
 
 
 def test_no_import_cycle():
-    # Tarjan's strongly connected components: any component of more than one module is a cycle
-    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in IMPORT_TIME.get(v, ()):
-            if w not in MODULES:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for v in MODULES:
-        if v not in index:
-            visit(v)
+    cycles = il.import_cycles(SCAN)
     assert not cycles, f"import cycles: {cycles}"
 
 
 def test_the_top_level_is_small():
-    top = sorted(n for n in MODULES if n.count(".") == 1 and MODULES[n].name != "__init__.py"
-                 and n != "fx_fp8.__main__" and MODULES[n].parent == PACKAGE)
+    top = il.top_level_modules(SCAN, PACKAGE)
     assert len(top) <= MAX_TOP_LEVEL, top
 
 
 def test_reading_graphs_never_imports_the_rewriting_layer():
-    assert not {t for m in GRAPH if m.startswith("fx_fp8.graph") for t in GRAPH[m] if t.startswith("fx_fp8.passes")}
+    assert not il.imports_between(SCAN, "fx_fp8.graph", "fx_fp8.passes")
 
 
 def test_the_checker_sees_real_edges():
     """Not vacuously green: known imports are in the graph, and their layers are ordered as declared."""
     assert "fx_fp8.passes.manager" in GRAPH["fx_fp8.compile.graph_plan"]
     assert "fx_fp8.quant.recipe" in GRAPH["fx_fp8.quant.weight_state"]
+    assert {"fx_fp8.ops.cuda", "fx_fp8.ops.npu"} <= GRAPH["fx_fp8.ops.lowering"]  # import_module(_MODULES[name])
     assert layer_of("fx_fp8.ops.cuda") < layer_of("fx_fp8.quant.prepare") < layer_of("fx_fp8.compile.backend")
+
+
+# -- each rule fails on a planted violation ---------------------------------------------------------
+def _write(package: Path, relative: str, text: str, append: bool = False) -> None:
+    path = package / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a" if append else "w") as f:
+        f.write(text)
+
+
+#: one violation per rule, each in its own modules of one copy: (rule, where, text, appended to it)
+PLANTED = {
+    "undeclared subpackage": ("newpart/__init__.py", "from fx_fp8.pipeline import compile_pipeline\n", False),
+    "upward import in a function": ("config/values.py", "\n\ndef _planted():\n    from fx_fp8.compile import backend\n", True),
+    "importlib.import_module": ("ops/formats.py", "\n\ndef _planted():\n    import importlib\n"
+                                "    return importlib.import_module('fx_fp8.pipeline.compile')\n", True),
+    "__import__": ("graph/shapes.py", "\n\ndef _planted():\n    return __import__('fx_fp8.quant.prepare')\n", True),
+    "import_module of a module constant": ("quant/recipe.py", "\n_PLANTED = {'x': 'fx_fp8.passes.linear'}\n\n\n"
+                                           "def _planted(k):\n    from importlib import import_module\n"
+                                           "    return import_module(_PLANTED[k])\n", True),
+    "unreadable dynamic import": ("steps.py", "\n\ndef _planted(name):\n    import importlib\n"
+                                  "    return importlib.import_module(name)\n", True),
+    "import cycle": ("install_hint.py", "\nimport fx_fp8.progress  # noqa\n", True),
+    "graph imports passes": ("graph/names.py", "\n\ndef _planted():\n    from fx_fp8.passes import base\n", True),
+}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    package = tmp_path_factory.mktemp("planted") / "fx_fp8"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.json"))
+    for where, text, append in PLANTED.values():
+        _write(package, where, text, append)
+    _write(package, "progress.py", "\nimport fx_fp8.install_hint  # noqa\n", append=True)  # the cycle's other half
+    for i in range(MAX_TOP_LEVEL + 1):
+        _write(package, f"planted_top_{i}.py", "")
+    return package, il.scan(package)
+
+
+def test_the_planted_copy_differs_from_the_package_only_where_planted(planted):
+    package, scan = planted
+    assert set(scan.modules) - set(MODULES) == {"fx_fp8.newpart"} | {
+        f"fx_fp8.planted_top_{i}" for i in range(MAX_TOP_LEVEL + 1)}
+
+
+@pytest.mark.parametrize("rule, found", [
+    ("undeclared subpackage", lambda s, p: "fx_fp8.newpart" in il.undeclared(s, LAYERS)),
+    ("upward import in a function", lambda s, p: "fx_fp8.config.values (config) -> fx_fp8.compile.backend (compile)"
+     in il.upward_imports(s, LAYERS)),
+    ("importlib.import_module", lambda s, p: "fx_fp8.ops.formats (ops) -> fx_fp8.pipeline.compile (pipeline)"
+     in il.upward_imports(s, LAYERS)),
+    ("__import__", lambda s, p: "fx_fp8.graph.shapes (graph) -> fx_fp8.quant.prepare (quant)"
+     in il.upward_imports(s, LAYERS)),
+    ("import_module of a module constant", lambda s, p: "fx_fp8.quant.recipe (quant) -> fx_fp8.passes.linear (passes)"
+     in il.upward_imports(s, LAYERS)),
+    ("unreadable dynamic import", lambda s, p: any(u.startswith("fx_fp8.steps:") for u in _unreadable(s))),
+    ("import cycle", lambda s, p: ["fx_fp8.install_hint", "fx_fp8.progress"] in il.import_cycles(s)),
+    ("graph imports passes", lambda s, p: "fx_fp8.graph.names -> fx_fp8.passes.base"
+     in il.imports_between(s, "fx_fp8.graph", "fx_fp8.passes")),
+    ("too many top-level modules", lambda s, p: len(il.top_level_modules(s, p)) > MAX_TOP_LEVEL),
+])
+def test_each_rule_reports_its_planted_violation(planted, rule, found):
+    package, scan = planted
+    assert found(scan, package), f"the rule '{rule}' did not report the violation planted for it"

@@ -97,6 +97,7 @@ def test_compile_pipeline_with_cache(name, backend):
     assert calls_again == calls and torch.equal(again, out)
     # each hooked module is its own compiled region
     regions = pipeline_state(pipe).extras["transformer"].regions.modules
+    assert regions  # not vacuous: all() of nothing is True
     assert regions and all(m.startswith(("transformer_blocks", "single_transformer_blocks", "blocks"))
                            for m in regions)
     # the layer selector and the defaults hold
@@ -105,7 +106,11 @@ def test_compile_pipeline_with_cache(name, backend):
     for layer in SENSITIVE[name]:   # weight-only by default (native where too small to quantize)
         action = "weight-only" if layer in prepared["weight_only"] else "native"
         assert layer in prepared["weight_only"] or "small layer" in prepared["native"][layer], layer
-        assert all(e.action == action for e in rows if e.op == "linear" and e.module == layer)
+        layer_rows = [e for e in rows if e.op == "linear" and e.module == layer]
+        # a layer inside a compiled region has its row (Wan's embedder and proj_out run outside the
+        # regions under FirstBlockCache: no row to check there, the prepared state above covers them)
+        assert layer_rows or not any(layer.startswith(r + ".") for r in regions), layer
+        assert all(e.action == action for e in layer_rows)
     assert set(SENSITIVE[name]) & set(prepared["weight_only"])
     # FP8's error on top of the cache is FP8's usual error
     assert rel_err(out, native) < 0.02

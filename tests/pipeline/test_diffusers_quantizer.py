@@ -17,6 +17,7 @@ from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inpu
 from fx_fp8.quant.weight_state import compile_quantizations
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from expected_layers import RULES_PICK_FLUX, differences
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel, PipelineQuantizationConfig  # noqa: E402
@@ -205,19 +206,19 @@ def test_settings_load_time_cannot_honour_are_refused(options, match):
 # -- loading a full-precision checkpoint --------------------------------------------------------------
 def test_loading_quantizes_the_linears_the_rules_pick(tmp_path):
     """One small load (the fast run's end-to-end check): every linear the rules quantize is a
-    QuantizedLinear of its kind, the others stay nn.Linear, and the model's config records them."""
-    from fx_fp8.quant.layer_quantize import layer_kind
-
+    QuantizedLinear of its kind, the others stay nn.Linear, and the model's config records them. The
+    expected layers are pinned lists (tests/helpers/expected_layers.py), not the rules' own answer."""
     model = quiet(build_tiny_transformer, "flux", layers=1, dtype=torch.bfloat16)
     model.save_pretrained(tmp_path)
     cfg = fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"])   # at this width every other linear quantizes
-    kinds = {n: layer_kind(n, m.in_features, m.out_features, m.weight.dtype, cfg.fp8_config)[0]
-             for n, m in model.named_modules() if type(m) is nn.Linear}
     loaded = load(tmp_path, torch_dtype=torch.bfloat16, quantization_config=cfg)
     layers = layers_of(loaded)
-    assert {n for n, k in kinds.items() if k != "native"} == set(layers) and "native" in kinds.values()
-    assert {n for n, k in kinds.items() if k == "weight_only"} == {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}
-    assert all(type(loaded.get_submodule(n)) is nn.Linear for n, k in kinds.items() if k == "native")
+    pinned = RULES_PICK_FLUX
+    assert all(pinned.values()), "each kind is pinned with at least one layer"
+    for kind, got in (("fp8", {n for n, v in layers.items() if v[3] != WEIGHT_ONLY}),
+                      ("weight_only", {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}),
+                      ("native", {n for n, m in loaded.named_modules() if type(m) is nn.Linear})):
+        assert not differences(kind, got, pinned[kind]), differences(kind, got, pinned[kind])
     record = loaded.config.quantization_config.quantized_layers
     assert sorted(n for e in record for n in e["layers"]) == sorted(layers)
     assert loaded.hf_quantizer.quantization_config is loaded.config.quantization_config
@@ -356,6 +357,7 @@ def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux
     assert targets.count("fx_fp8.scaled_mm.default") == w8a8
     assert targets.count("fx_fp8.weight_only_linear.default") == len(layers) - w8a8
     entries = [e for e in fx_fp8.get_reports(compiled)[-1].entries if e.op == "linear" and e.module in layers]
+    assert entries  # not vacuous: all() of nothing is True
     assert len(entries) == len(layers) and all(e.action in ("fp8", "weight-only") for e in entries)
     ref = load(flux_folder, torch_dtype=torch.bfloat16)
     fx_fp8.prepare_model(ref)
@@ -365,11 +367,12 @@ def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux
 
 # -- memory ------------------------------------------------------------------------------------------------
 def test_loading_holds_one_full_precision_layer_at_a_time(tmp_path):
-    """fp32 files loaded as bf16: every tensor loading makes is counted (the files are memory-mapped).
-    The peak is the quantized model plus one bf16 layer (the loader's converted copy) plus the
-    workspace of quantizing a slice of rows; loading in bf16 and preparing afterwards holds the
-    whole bf16 model."""
-    from fx_fp8.tools.memory_tracker import TensorMemoryTracker
+    """fp32 files loaded as bf16, measured by torch's CPU allocator (its profiler memory events; the
+    memory-mapped files left out: what is counted is what loading allocates on top of them). The peak
+    is the quantized model plus one bf16 layer (the loader's converted copy) plus the workspace of
+    quantizing a slice of rows; loading in bf16 and preparing afterwards holds the whole bf16 model.
+    The model's size is its state's storage bytes, counted here."""
+    from memory_oracles import AllocatorPeak, state_storage_bytes
 
     torch.manual_seed(0)
     model = quiet(FluxTransformer2DModel, patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
@@ -377,14 +380,16 @@ def test_loading_holds_one_full_precision_layer_at_a_time(tmp_path):
                   axes_dims_rope=(16, 24, 24))
     model.save_pretrained(tmp_path / "fp32")
     largest = max(m.weight.numel() * 2 for m in model.modules() if isinstance(m, nn.Linear))
-    with TensorMemoryTracker("cpu") as mem:
+    files = sorted((tmp_path / "fp32").glob("*.safetensors"))
+    with AllocatorPeak(mapped=files) as mem:
         loaded = load(tmp_path / "fp32", torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
-    final = fx_fp8.reachable_tensor_bytes(loaded)
-    assert mem.live == final   # the tracker counts what the model holds
+    final = state_storage_bytes(loaded)
+    assert mem.events and final > 0 and mem.mapped == len(files)
+    assert mem.net >= final    # the allocator made every tensor the model holds (none is a view of the files)
     assert mem.peak <= final + 1.5 * largest, (mem.peak - final) / largest
-    with TensorMemoryTracker("cpu") as mem:
+    with AllocatorPeak(mapped=files) as mem:
         ref = load(tmp_path / "fp32", torch_dtype=torch.bfloat16)
-        bf16 = fx_fp8.reachable_tensor_bytes(ref)
+        bf16 = state_storage_bytes(ref)
         fx_fp8.prepare_model(ref)
     assert mem.peak >= bf16 > final + 1.5 * largest
 

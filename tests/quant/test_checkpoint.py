@@ -101,6 +101,7 @@ def test_round_trip_with_static_scales_and_smoothing(method, scheme, tmp_path):
     w8a8 = [v for v in layers.values() if v[3] != WEIGHT_ONLY]
     assert w8a8 and len(w8a8) < len(layers)
     assert all(s == (scheme == "static") and sm == (method == "int8") for *_, s, sm in w8a8)
+    assert any(True for _ in (v for v in layers.values() if v[3] == WEIGHT_ONLY))  # not vacuous: all() of nothing is True
     assert all(not s and not sm for *_, s, sm in (v for v in layers.values() if v[3] == WEIGHT_ONLY))
     kw = example_inputs("flux", model, seed=5)
     ref = run(model, kw)
@@ -160,6 +161,7 @@ def test_strict_load_names_missing_and_unexpected_keys_and_leaves_the_model(tmp_
         fx_fp8.load_quantized(tmp_path, model=target)
     assert "missing keys" in str(err.value) and "transformer_blocks.0.attn.to_q.weight_scale" in str(err.value)
     assert "unexpected keys" in str(err.value) and "extra.weight" in str(err.value)
+    assert before  # not vacuous: all() of nothing is True
     assert not layers_of(target) and all(torch.equal(v, target.state_dict()[k]) for k, v in before.items())
     with pytest.raises(ValueError, match="nothing quantized to save"):
         fx_fp8.save_quantized(target, tmp_path / "new")
@@ -294,6 +296,7 @@ def test_mismatched_state_raises_naming_the_layer_and_changes_nothing(case):
     bad = corrupt(case, donor.state_dict(), name)
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         model.load_state_dict(bad, strict=False)
+    assert before  # not vacuous: all() of nothing is True
     assert all(same_bytes(v, model.state_dict()[k]) for k, v in before.items())
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):  # the layer alone refuses too
         model.get_submodule(name).load_state_dict(

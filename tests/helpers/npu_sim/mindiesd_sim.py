@@ -26,6 +26,8 @@ from fx_fp8's code (it imports nothing from fx_fp8):
   FP8RotateQuantFA) and the kernel is not subject to CANN's removal of mode 7.
 * mindiesd/utils/get_platform.py: device kind from torch_npu.npu.get_soc_version()
   (220-225 A2, 250-255 A3, 260 A5).
+
+The source of each rule, by rule name: npu_sim/sources.py (checked complete by a test).
 """
 from __future__ import annotations
 
