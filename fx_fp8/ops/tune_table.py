@@ -63,13 +63,11 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)  # read once: every linear node's decision asks for the key
 def _version(module: str) -> Optional[str]:
-    try:
-        if module == "fx_fp8":
-            from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-            return version("fx_fp8")
-        return __import__(module).__version__
-    except Exception:  # not installed: the key says so with None
+    try:  # the installed distribution's version (torch's carries its build: 2.11.0+cu130)
+        return version(module)
+    except PackageNotFoundError:  # not installed: the key says so with None
         return None
 
 
