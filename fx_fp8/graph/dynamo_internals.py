@@ -169,6 +169,13 @@ def compiling_under(tracing_context):
     return torch._guards.tracing(tracing_context)
 
 
+def is_fake_tensor(t) -> bool:
+    """Whether `t` is one of Dynamo's fake tensors (a shape and dtype, no values to read)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
 def fake_mode_of(graph: torch.fx.Graph):
     """The fake mode of the fake values Dynamo recorded on a graph's nodes, or None."""
     from torch._subclasses.fake_tensor import FakeTensor

@@ -79,11 +79,11 @@ def bad_scale(name: str, weight_scale, input_scale=None) -> Optional[str]:
     pre-quantized layer is NaN, infinite, zero or negative (a damaged checkpoint: the layer then
     computes NaN, zeros or sign-flipped outputs, as the checkpoint's own dequantizing forward
     would), else None. Tensors without values (meta, fake) are not read."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from ..graph.dynamo_internals import is_fake_tensor
 
     found = []
     for what, scale in (("weight_scale", weight_scale), ("input_scale", input_scale)):
-        if not isinstance(scale, torch.Tensor) or scale.is_meta or isinstance(scale, FakeTensor):
+        if not isinstance(scale, torch.Tensor) or scale.is_meta or is_fake_tensor(scale):
             continue
         s = scale.detach().float()
         finite = torch.isfinite(s)
