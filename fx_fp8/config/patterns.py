@@ -20,7 +20,6 @@ is refused when the config is validated, naming the pattern. RE2's \d \w \s \b a
 """
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import functools
 import re
@@ -29,7 +28,7 @@ from typing import Iterable, Optional
 
 import re2
 
-from fx_fp8.config.values import short_repr
+from fx_fp8.config.values import closest, short_repr
 
 #: named sets of ignored_layers patterns ("preset:<name>")
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -170,20 +169,12 @@ def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
     text = pattern.split(":", 1)[1] if pattern.startswith(("re:", PRESET_PREFIX)) else pattern
     plain = not pattern.startswith(("re:", PRESET_PREFIX)) and not any(c in pattern for c in "*?[")
     width = len(text.strip(".").split("."))
-    matcher = difflib.SequenceMatcher(b=text, autojunk=False)
 
-    def score(name: str) -> float:
+    def variants(name: str) -> list[str]:
         parts = name.split(".")
-        runs = [".".join(parts[i:i + width]) for i in range(len(parts) - width + 1)] if plain else []
-        best = 0.0
-        for candidate in runs + [name]:
-            matcher.set_seq1(candidate)
-            if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best:
-                best = max(best, matcher.ratio())
-        return best
+        return ([".".join(parts[i:i + width]) for i in range(len(parts) - width + 1)] if plain else []) + [name]
 
-    scored = sorted(((score(name), name) for name in names), key=lambda t: (-t[0], t[1]))
-    return [name for s, name in scored[:n] if s >= 0.5]
+    return closest(text, names, n=n, cutoff=0.5, variants=variants)
 
 
 def warn_unmatched_patterns(patterns: Iterable[str], names: Iterable[str], where: str, *, stacklevel: int = 3) -> list[str]:

@@ -32,6 +32,23 @@ def did_you_mean(key, known) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def closest(text: str, names, *, n: int = 1, cutoff: float = 0.6, variants=lambda name: [name]) -> list:
+    """The `n` names most like `text`, best first: each name scores difflib's best ratio over its
+    `variants` (the name itself by default), and only scores of at least `cutoff` count."""
+    matcher = difflib.SequenceMatcher(b=text, autojunk=False)
+
+    def score(name) -> float:
+        best = 0.0
+        for candidate in variants(name):
+            matcher.set_seq1(candidate)
+            if matcher.real_quick_ratio() > best and matcher.quick_ratio() > best:
+                best = max(best, matcher.ratio())
+        return best
+
+    scored = sorted(((score(name), name) for name in names), key=lambda t: (-t[0], t[1]))
+    return [name for s, name in scored[:n] if s >= cutoff]
+
+
 def check_known_key(key, known, what: str, where: str = "") -> None:
     """Raise a ValueError for a key `known` lacks:
     "unknown <what> key 'x'<where> (did you mean 'y'?); known keys: [...]"."""

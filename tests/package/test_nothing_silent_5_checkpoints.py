@@ -1,6 +1,5 @@
-"""Round five of hostile use, checkpoints and pre-quantized weights (issue 41 items 4, 6, 9, 12,
-14, 15, 16, 18): what adopt_prequantized keeps survives save_quantized, config.json is digested
-and written last, bad dtypes and hand-edited records are refused by name, tied parameters round
+"""Round five of hostile use, checkpoints and pre-quantized weights: what adopt_prequantized keeps
+survives save_quantized, config.json is digested and written last, bad dtypes and hand-edited records are refused by name, tied parameters round
 trip, suspicious pre-quantized scales warn, and single-file / dtype-move limits of the diffusers
 backend are said up front."""
 from __future__ import annotations
