@@ -9,8 +9,12 @@
 
 `--model`: `tiny` (the shipped trained model, default), a family name (flux,
 qwen-image, wan, z-image, sd3: random weights, no download) or a local diffusers
-folder (pipeline folder or transformer folder). Config: `--config YAML` plus the
-flags, which override it. Bad input (a model that cannot be loaded, a size the
+folder (pipeline folder or transformer folder). Config, the same rule for every
+command: `--config YAML`, else the model folder's own `fx_fp8.yaml` (the shipped
+tiny model has one), else the library default (`--library-default` skips the
+model's own); the flags override it. `--device` / `--dtype`: where the model is
+loaded and run, CPU float32 by default (`--device cuda --dtype bfloat16` on a
+GPU). Every command prints the device, dtype and config it used. Bad input (a model that cannot be loaded, a size the
 pipeline cannot make, an output path that cannot be written) is found before the
 work starts and exits with status 2 and one line on stderr.
 
@@ -84,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="'tiny' (shipped trained model, default), a family (flux, qwen-image, wan, z-image, sd3; "
                             "random weights) or a local diffusers pipeline/transformer folder")
         _add_config_flags(p)
+        p.add_argument("--library-default", action="store_true",
+                       help="start from the library's default config, not the model folder's own fx_fp8.yaml (the "
+                            "shipped tiny model has one, which the examples use too)")
+        from fx_fp8.tools import cli_flags
+
+        cli_flags.add_device_flags(p)
 
     def run_flags(p, steps: int, prompts: int):
         p.add_argument("--steps", type=int, default=steps, help=f"denoising steps (default {steps})")
@@ -124,9 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
     from fx_fp8.tools import cli_flags as _flags
 
     _flags.add_pipeline_flags(p)
-    p.add_argument("--library-default", action="store_true",
-                   help="start from the library's default config, not the model folder's own fx_fp8.yaml (the "
-                        "shipped tiny model has one, which the examples use too)")
     p.add_argument("--out", default=None, help="side-by-side PNG (native | FP8 | difference)")
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)

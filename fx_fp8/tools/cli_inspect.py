@@ -7,7 +7,8 @@ import re
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import PROG, UsageError, _check_dir, _check_source, _config, _source, to_json
+from fx_fp8.tools.cli_common import (PROG, Placement, UsageError, _check_dir, _check_source, _choose_config, _config,
+                                     _placement, _source, to_json)
 
 
 def _mib(n: int) -> str:
@@ -19,15 +20,18 @@ DEFAULT_STEPS = 8
 
 
 def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False,
-                       steps: int = DEFAULT_STEPS) -> dict:
-    """Compile the transformer on example inputs (fullgraph) and collect what fx_fp8 did. The call
-    is published as step 0 of a run of `steps` steps (step selectors counting from the end need
-    the run's number of steps)."""
+                       steps: int = DEFAULT_STEPS, placement: Placement = None,
+                       config_source: str = "the library default") -> dict:
+    """Compile the transformer, loaded in `placement`'s dtype on its device (CPU float32 when None),
+    on example inputs (fullgraph) and collect what fx_fp8 did. The call is published as step 0 of a
+    run of `steps` steps (step selectors counting from the end need the run's number of steps)."""
     import torch
 
     import fx_fp8
 
-    model = source.load_transformer()
+    if placement is None:
+        placement = Placement("cpu", torch.float32)
+    model = source.load_transformer(placement.dtype).to(placement.device)
     kwargs = source.example_inputs(model)
     bytes_before = fx_fp8.reachable_tensor_bytes(model)
     torch._dynamo.reset()
@@ -61,6 +65,9 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
     data = {
         "model": source.spec,
         "class": source.class_name,
+        "device": placement.device,
+        "dtype": placement.dtype_name,
+        "config_source": config_source,
         "config": config.to_dict(),
         "graphs": [dict(r.to_dict(), graph_index=i) for i, r in enumerate(reports)],
         "summary": {
@@ -101,7 +108,8 @@ def _rows(graph: dict) -> list[tuple]:
 def format_inspect(data: dict) -> str:
     from tabulate import tabulate
 
-    out = [f"model: {data['model']} ({data['class']})"]
+    out = [f"model: {data['model']} ({data['class']})",
+           f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}"]
     graphs = data["graphs"]
     shown = [g for g in graphs if g["step_variant"] in (None, "fp8")]
     for g in shown:
@@ -135,11 +143,21 @@ def format_inspect(data: dict) -> str:
     return "\n".join(out)
 
 
-def cmd_inspect(args) -> int:
-    source, config = _source(args), _config(args)
+def _inputs(args):
+    """(source, config, where it came from, placement): every input checked before the work starts."""
+    source = _source(args)
+    config_source = _choose_config(args, source)   # the same rule as compare and sensitivity
+    config = _config(args)
     _check_steps(args)
+    placement = _placement(args)
     _check_source(source, pipeline=False)
-    data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps)
+    return source, config, config_source, placement
+
+
+def cmd_inspect(args) -> int:
+    source, config, config_source, placement = _inputs(args)
+    data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps, placement=placement,
+                                 config_source=config_source)
     print(to_json(data) if args.format == "json" else format_inspect(data))
     return 0
 
@@ -168,11 +186,10 @@ def _remove_previous_dump(out: Path) -> int:
 
 
 def cmd_dump(args) -> int:
-    source, config = _source(args), _config(args)
-    _check_steps(args)
-    _check_source(source, pipeline=False)
+    source, config, config_source, placement = _inputs(args)
     _check_dir("--out", args.out)
-    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True, steps=args.steps)
+    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True, steps=args.steps,
+                                      placement=placement, config_source=config_source)
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     removed = _remove_previous_dump(out)
@@ -192,6 +209,7 @@ def cmd_dump(args) -> int:
     (out / "report.json").write_text(to_json(data))
     (out / "report.txt").write_text(format_inspect(data) + "\n")
     written += [out / "report.json", out / "report.txt"]
+    print(f"ran on: {placement.describe()}; config: {config_source}", file=sys.stderr)
     for p in written:
         print(p)
     print(f"{len(written)} files in {out} (TORCH_LOGS=\"+fx_fp8\" prints the same graphs through PyTorch logging)",
