@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 from fx_fp8.ops import library  # noqa: F401  registers torch.ops.fx_fp8.*
 from fx_fp8.pipeline.diffusers_registration import install as _install_diffusers_quantizer
+from fx_fp8.quant.peft_guard import install as _install_peft_guard
 
 _install_diffusers_quantizer()  # fx_fp8 joins diffusers' quantizer mappings (now or when diffusers loads them)
+_install_peft_guard()  # a PEFT adapter on a prepared model: fx_fp8's error, naming what works (now or when PEFT loads)
 
 __version__ = "0.1.0"
 
