@@ -49,6 +49,7 @@ _LAZY = {
     "restore_pipeline": "fx_fp8.pipeline.restore",
     "pipeline_state": "fx_fp8.pipeline.state",
     "publish_steps": "fx_fp8.pipeline.step_publishing",
+    "summary": "fx_fp8.pipeline.summary",
 }
 
 if TYPE_CHECKING:  # what the names are, for type checkers and IDEs (no import at run time)
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs (no import a
     from fx_fp8.pipeline.restore import restore_pipeline
     from fx_fp8.pipeline.state import pipeline_state
     from fx_fp8.pipeline.step_publishing import publish_steps
+    from fx_fp8.pipeline.summary import summary
     from fx_fp8.quant.activation_scales import load_activation_scales, save_activation_scales
     from fx_fp8.quant.calibration import calibrate
     from fx_fp8.quant.checkpoint import load_quantized, save_quantized
@@ -98,4 +100,5 @@ __all__ = [
     "adopt_prequantized", "calibrate", "clear_reports", "compile_pipeline", "current_step", "denoising_step", "get_reports",
     "load_activation_scales", "load_quantized", "parse_selector", "pipeline_state", "prepare_model", "publish_steps",
     "reachable_tensor_bytes", "refresh_weights", "restore_pipeline", "save_activation_scales", "save_quantized", "set_step",
+    "summary",
 ]

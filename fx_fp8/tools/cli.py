@@ -1,6 +1,7 @@
 """`fx-fp8`: did FP8 apply, and where? Which layers and steps must stay native?
 
     fx-fp8 inspect     [--model tiny] [--format table|json]   one row per attention / linear node
+                       [--summary]                            (or one compact row: fx_fp8.summary)
                        [--steps N]                            (the run last:k step selectors count in)
     fx-fp8 dump        --out DIR [--steps N]                  graphs before/after each pass + report.json
     fx-fp8 compare     [--out compare.png]                    native vs FP8: latency, PSNR, SSIM, max abs error
@@ -115,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     run_length(p)
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
+    p.add_argument("--summary", action="store_true",
+                   help="one compact row instead of one per node (fx_fp8.summary): FP8 attention and W8A8 "
+                        "linears n/m, weight-only, native with the top reasons, weight bytes, kernels")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("dump", help="graph code before/after each pass and per step variant, plus report.json", **kw,

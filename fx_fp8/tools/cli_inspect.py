@@ -54,6 +54,8 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
             torch._dynamo.reset()
             fx_fp8.clear_reports()
     reports = fx_fp8.get_reports()
+    component = fx_fp8.summary(compiled)[0]
+    component.component = "transformer"
     primary = [r for r in reports if r.step_variant in (None, "fp8")]
     q_before = sum(r.weights.get("quantized_linear_bytes_before", 0) for r in primary)
     q_after = sum(r.weights.get("quantized_linear_bytes_after", 0) for r in primary)
@@ -70,6 +72,7 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
         "config_source": config_source,
         "config": config.to_dict(),
         "graphs": [dict(r.to_dict(), graph_index=i) for i, r in enumerate(reports)],
+        "component_summary": [component.__dict__.copy()],   # fx_fp8.summary's row (plain path: FP8 copies kept)
         "summary": {
             "graphs": len(reports),
             "step_variants": [r.step_variant or "single" for r in reports],
@@ -154,11 +157,25 @@ def _inputs(args):
     return source, config, config_source, placement
 
 
+def format_summary(data: dict) -> str:
+    """The compact view (--summary): fx_fp8.summary's table for the compiled transformer."""
+    from fx_fp8.pipeline.summary import ComponentSummary, Summary
+
+    rows = Summary(ComponentSummary(**row) for row in data["component_summary"])
+    return "\n".join([f"model: {data['model']} ({data['class']})",
+                      f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}",
+                      "", rows.table()])
+
+
 def cmd_inspect(args) -> int:
     source, config, config_source, placement = _inputs(args)
     data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps, placement=placement,
                                  config_source=config_source)
-    print(to_json(data) if args.format == "json" else format_inspect(data))
+    if args.summary:
+        keep = ("model", "class", "device", "dtype", "config_source", "component_summary")
+        print(to_json({k: data[k] for k in keep}) if args.format == "json" else format_summary(data))
+    else:
+        print(to_json(data) if args.format == "json" else format_inspect(data))
     return 0
 
 
