@@ -14,7 +14,7 @@ import torch.fx
 
 from fx_fp8.compile.downstream import check_inductor_options, choose_downstream
 from fx_fp8.compile.graph_plan import Settings, compile_graph_plan
-from fx_fp8.compile.stored_config import settle, stored_config
+from fx_fp8.compile.stored_config import settle, stored_config, with_checkpoint_step_policy
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import check_bool
 from fx_fp8.graph.names import resolve_graph
@@ -80,7 +80,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python stack
     shows (see fx_fp8.graph.dynamo_internals.find_compiled_model). Returns the callable Dynamo runs."""
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
-    config, backend_opts = config_from_options(options, stored=stored_config(owner) or stored_config(model))
+    stored = stored_config(owner) or stored_config(model)
+    config, backend_opts = config_from_options(options, stored=stored)
+    if stored is None:  # a checkpoint of another method may carry a step policy (fx_fp8's own is in `stored`)
+        config = with_checkpoint_step_policy(config, owner if owner is not None else model)
     mode = mode or backend_opts.get("mode")
     lowering = choose_lowering(backend, config, _graph_device(example_inputs), ModelRecord.of(owner).warn)
     inductor_options = backend_opts.get("inductor_options", {})

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from fx_fp8.config.checkpoint_step_policy import read_step_policy
 from fx_fp8.config.fp8_config import FP8Config
 
 #: the quant_method diffusers records for fx_fp8 (fx_fp8.pipeline.diffusers_registration.METHOD)
 METHOD = "fx_fp8"
-#: record keys that are not FP8Config keys
-RECORD_KEYS = ("quant_method", "format_version", "quantized_layers")
+#: record keys that are not FP8Config keys (runtime: vLLM-Omni's section, read by checkpoint_step_policy)
+RECORD_KEYS = ("quant_method", "format_version", "quantized_layers", "runtime")
 #: FP8Config keys an option may set whatever the load recorded: where the kernels run, the step
 #: policy and the attention layer selector
 FREE_KEYS = ("lowering", "downstream", "diffusion_kv_cache_skip_steps", "diffusion_kv_cache_skip_layers",
@@ -43,7 +44,28 @@ def stored_config(model) -> Optional[FP8Config]:
     data = qc if isinstance(qc, dict) else None
     if data is None or str(getattr(data.get("quant_method"), "value", data.get("quant_method"))) != METHOD:
         return None
-    return FP8Config.from_mapping({k: v for k, v in data.items() if k not in RECORD_KEYS}, where="quantization_config")
+    stored = FP8Config.from_mapping({k: v for k, v in data.items() if k not in RECORD_KEYS}, where="quantization_config")
+    policy = read_step_policy(data)
+    return stored.replace(**policy) if policy else stored
+
+
+def with_checkpoint_step_policy(config: FP8Config, model) -> FP8Config:
+    """`config` with the step policy of `model`'s checkpoint (config.quantization_config.runtime.
+    diffusion_step_policy, any quantization method: checkpoint_step_policy.py) when `config` sets
+    none for the linears; a different one of its own is StoredConfigConflict naming both."""
+    model = getattr(model, "_orig_mod", model)
+    policy = read_step_policy(getattr(getattr(model, "config", None), "quantization_config", None))
+    if not policy or not config.linear_enabled:
+        return config
+    with_policy = config.replace(**policy)
+    own = config.quantization_config
+    if own.skip_steps and (own.skip_steps, own.skip_steps_mode) != (with_policy.quantization_config.skip_steps,
+                                                                     "weight_only"):
+        raise StoredConfigConflict(
+            f"quantization_config.skip_steps: the checkpoint's diffusion_step_policy asks for "
+            f"{policy['quantization_skip_steps']!r} (weight_only), the options ask for {str(own.skip_steps)!r} "
+            f"({own.skip_steps_mode}): drop the option to run the checkpoint's policy")
+    return with_policy
 
 
 def _flat(data: dict, prefix: str = "") -> dict:
