@@ -4,7 +4,7 @@ Each round starts a fresh interpreter that imports torch, then fx_fp8, timing bo
 process (the ratio is (torch + fx_fp8) / torch: the machine's load cancels out), and lists the
 heavy modules the import pulled in (none of diffusers, Triton, matplotlib, tabulate, RE2, sympy,
 torch._dynamo is expected). `fx-fp8 --help` is timed end to end, interpreter start included.
-The target (issue 42): ratio at most 1.3, --help under 3 s.
+The target: ratio at most 1.3, --help under 3 s.
 
     OMP_NUM_THREADS=1 python benchmarks/import_time.py [--rounds 5]
 """

@@ -1,4 +1,4 @@
-"""A model quantized at load compiles as it was loaded (issue 42 item 2).
+"""A model quantized at load compiles as it was loaded.
 
 `from_pretrained(..., quantization_config=fx_fp8.DiffusersConfig(...))` records the FP8Config the
 model was quantized with in `model.config.quantization_config` (a DiffusersConfig whose `fp8_config`

@@ -1,5 +1,5 @@
 """What a user can set to change a native attention decision, appended to its reason in the report
-(issue 42: a surprising default says, where it happens, what changes it). A reason either names the
+(a surprising default says, where it happens, what changes it). A reason either names the
 key to set or says that no setting changes it: a limit of the call or of the kernels, not a choice."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The plain torch.compile path keeps the full-precision weights beside compile-time FP8 copies: one
-INFO record per model says how many bytes the copies hold and how to avoid them (issue 42 item 3);
+INFO record per model says how many bytes the copies hold and how to avoid them;
 a prepared model, which holds only its FP8 weights, gets none."""
 from __future__ import annotations
 

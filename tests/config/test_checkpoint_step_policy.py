@@ -1,4 +1,4 @@
-"""A step policy read from a checkpoint (issue 42 item 8): quantization_config.runtime.
+"""A step policy read from a checkpoint: quantization_config.runtime.
 diffusion_step_policy, the schema vLLM-Omni and diffusers read from Cosmos3 ModelOpt checkpoints,
 becomes fx_fp8's linear step policy (W8A16 on the first / last steps); malformed or inexpressible
 policies fail closed naming the field; a tiny checkpoint written here carries one."""

@@ -1,4 +1,4 @@
-"""Every name the docs cite exists (issue 42 item 10): README.md and docs/*.md cite `fx_fp8.x.y`
+"""Every name the docs cite exists: README.md and docs/*.md cite `fx_fp8.x.y`
 modules, functions and constants, file paths (fx_fp8/..., tests/..., benchmarks/..., examples/...)
 and `fx-fp8 <command> --flag` lines; a renamed or removed one would send a reader nowhere
 (docs/diffusers_quantization.md cited fx_fp8.quant.quantized_linear.QUANTIZATIONS, which never existed)."""

@@ -1,4 +1,4 @@
-"""`import fx_fp8` stays cheap (issue 42): it imports none of diffusers, Triton, matplotlib (nor
+"""`import fx_fp8` stays cheap: it imports none of diffusers, Triton, matplotlib (nor
 Dynamo, sympy, tabulate, RE2, which cost a second together), every public name still resolves on
 first use, and torch.compile still finds the "fp8" backend (a torch entry point). The time itself
 is measured by benchmarks/import_time.py, not here: a timed test would be flaky on a shared box."""

@@ -1,5 +1,5 @@
 """Every native attention decision in the report says what the user can set to change it, or that
-no setting can (issue 42 item 4): a config naming only linear keys leaves attention native, and its
+no setting can: a config naming only linear keys leaves attention native, and its
 reason names diffusion_kv_cache_dtype: fp8 rather than an option the user never set."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A model quantized at load (fx_fp8.DiffusersConfig) compiles as it was loaded with plain
 torch.compile(backend="fp8") and compile_pipeline(pipe): its stored config supplies the attention
 and linear settings, an option that agrees changes nothing, one that contradicts it is an error
-naming both values (issue 42 item 2)."""
+naming both values."""
 from __future__ import annotations
 
 import warnings

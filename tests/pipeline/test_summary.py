@@ -1,6 +1,6 @@
 """fx_fp8.summary(pipe_or_model) and `fx-fp8 inspect --summary`: one row per component with FP8
 attention and W8A8 linears n/m, weight-only linears, the native nodes' top reasons, weight bytes
-before / after and the kernels (issue 42 item 5)."""
+before / after and the kernels."""
 from __future__ import annotations
 
 import warnings

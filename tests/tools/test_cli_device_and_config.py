@@ -1,4 +1,4 @@
-"""`fx-fp8 --device / --dtype` and the one config rule (issue 42 item 1): every command loads and
+"""`fx-fp8 --device / --dtype` and the one config rule: every command loads and
 runs the model where --device / --dtype say (CPU float32 by default), prints where it ran and the
 config it used, and inspect / dump / sensitivity start from the model's own fx_fp8.yaml as compare
 does (--config, else the model's own, else the library default)."""
