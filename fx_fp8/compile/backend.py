@@ -14,6 +14,7 @@ import torch.fx
 
 from fx_fp8.compile.downstream import check_inductor_options, choose_downstream
 from fx_fp8.compile.graph_plan import Settings, compile_graph_plan
+from fx_fp8.compile.stored_config import settle, stored_config, with_checkpoint_step_policy
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import check_bool, short_repr
 from fx_fp8.graph.names import resolve_graph
@@ -30,8 +31,10 @@ CHECK_REUSE_ENV = "FX_FP8_CHECK_REUSE"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def config_from_options(options: Optional[dict]) -> tuple[FP8Config, dict]:
-    """Split torch.compile options into an FP8Config and backend-only settings."""
+def config_from_options(options: Optional[dict], stored: Optional[FP8Config] = None) -> tuple[FP8Config, dict]:
+    """Split torch.compile options into an FP8Config and backend-only settings. `stored`: the config
+    the model was quantized with at load (stored_config.py): the options then start from it, and one
+    that contradicts it is an error naming both values."""
     options = dict(options or {})
     backend_opts = {k: options.pop(k) for k in BACKEND_OPTION_KEYS if k in options}
     base = backend_opts.pop("config", None)
@@ -41,6 +44,8 @@ def config_from_options(options: Optional[dict]) -> tuple[FP8Config, dict]:
         backend_opts["inductor_options"] = check_inductor_options(backend_opts["inductor_options"])
     if "check_reuse" in backend_opts:
         backend_opts["check_reuse"] = check_bool("check_reuse", backend_opts["check_reuse"])
+    if stored is not None:
+        return settle(stored, base, **options), backend_opts
     if base is None:
         return FP8Config.from_kwargs(**options), backend_opts
     return FP8Config.load(base, **options), backend_opts
@@ -74,9 +79,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                   mode: Optional[str] = None, model=None, owner=None) -> Callable:
     """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python stack
     shows (see fx_fp8.graph.dynamo_internals.find_compiled_model). Returns the callable Dynamo runs."""
-    config, backend_opts = config_from_options(options)
-    mode = mode or backend_opts.get("mode")
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
+    stored = stored_config(owner) or stored_config(model)
+    config, backend_opts = config_from_options(options, stored=stored)
+    if stored is None:  # a checkpoint of another method may carry a step policy (fx_fp8's own is in `stored`)
+        config = with_checkpoint_step_policy(config, owner if owner is not None else model)
+    mode = mode or backend_opts.get("mode")
     lowering = choose_lowering(backend, config, _graph_device(example_inputs), ModelRecord.of(owner).warn)
     inductor_options = backend_opts.get("inductor_options", {})
     settings = Settings(backend=backend, config=config, lowering=lowering,

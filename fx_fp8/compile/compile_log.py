@@ -75,6 +75,29 @@ def first_seen(record) -> float:
     return _STARTED.setdefault(record, time.perf_counter())
 
 
+#: models (their records) already told about the compile-time FP8 copies: once per model
+_COPIES_NOTED: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _note_fp8_copies(report, record) -> None:
+    """Once per model, the first graph whose linears got compile-time FP8 copies (the plain
+    torch.compile path: the full-precision weights stay, for LoRA, weight writes and restore): how
+    many bytes the copies hold and how to avoid them."""
+    w = report.weights
+    if not w.get("original_copy_kept") or not w.get("quantized_linear_bytes_after"):
+        return
+    if record is not None:
+        if record in _COPIES_NOTED:
+            return
+        _COPIES_NOTED.add(record)
+    log.info("fx_fp8: %s made FP8 copies of its linears' weights at compile time: %.2f MiB, kept beside the %.2f MiB "
+             "of full-precision weights they come from (further graphs add theirs; fx_fp8.summary(model) shows the "
+             "total). To hold only the FP8 weights, quantize before compiling: fx_fp8.prepare_model(model), "
+             "compile_pipeline(pipe) (prepare=True, its default) or from_pretrained(..., "
+             "quantization_config=fx_fp8.DiffusersConfig())", _graph_title(report),
+             w["quantized_linear_bytes_after"] / 2**20, w.get("quantized_linear_bytes_before", 0) / 2**20)
+
+
 @contextlib.contextmanager
 def compiling(report, graph: Optional[torch.fx.GraphModule], *, downstream: str, passes_s: float, record=None):
     """Wraps one downstream compile of `graph` (the rewritten graph `report` describes): an INFO record
@@ -87,6 +110,7 @@ def compiling(report, graph: Optional[torch.fx.GraphModule], *, downstream: str,
     log.info("fx_fp8: %s: attention %s; linear %s; kernels: %s; lowering %s; passes %.2f s; compiling with %s...",
              _graph_title(report), count_actions([report], "attention"), count_actions([report], "linear"),
              kernels(graph), report.lowering, passes_s, downstream)
+    _note_fp8_copies(report, record)
     t0 = time.perf_counter()
     yield
     now = time.perf_counter()

@@ -20,6 +20,7 @@ from fx_fp8.graph.fx_utils import call_args, meta_val
 from fx_fp8.graph.names import is_resolved, module_name
 from fx_fp8.graph.shapes import scalar_value, shape_str
 from fx_fp8.passes.base import FXPass
+from fx_fp8.passes import attention_remedies as remedies
 from fx_fp8.quant.rules import attention_call_reason, short_keys_reason
 from fx_fp8.report import dims_of
 from fx_fp8.steps import attention_skipped
@@ -66,39 +67,47 @@ class FP8AttentionPass(FXPass):
         return ("attention", layer if skipped else None, layer is None, is_resolved(node))
 
     def _native_reason(self, node, form: AttentionForm, args: dict, module: str, users) -> Optional[str]:
+        """Why this node stays native, ending with what the user can set to change it (or that nothing can)."""
         if not self.on:
-            return f"attention quantization off (diffusion_kv_cache_dtype={self.ctx.config.diffusion_kv_cache_dtype!r})"
+            return remedies.attention_off(self.ctx.config.diffusion_kv_cache_dtype)
         if form.returns_tuple:
             if users is None or set(users) - {0, 1}:
-                return f"{form.name} attention: outputs other than the result and log-sum-exp are read"
+                return (f"{form.name} attention: outputs other than the result and log-sum-exp are read; "
+                        f"{remedies.NOTHING_TO_SET}")
             if 1 in users and form.lse_layout is None:
-                return f"{form.name} attention: its log-sum-exp layout (padded rows) cannot be produced by the FP8 op"
+                return (f"{form.name} attention: its log-sum-exp layout (padded rows) cannot be produced by the FP8 "
+                        f"op; {remedies.NOTHING_TO_SET}")
         q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
         mask = meta_val(args[form.mask_param]) if form.mask_param else None
         if form.mask_param and args.get(form.mask_param) is not None and mask is None:
-            return "attention mask of unknown shape"
+            return f"attention mask of unknown shape; {remedies.NOTHING_TO_SET}"
         try:
             dropout_p = scalar_value(args["dropout_p"], 0.0)
             is_causal = bool(scalar_value(args["is_causal"], False))
             scalar_value(args.get("scale"))
         except TypeError as e:
-            return f"argument value unknown at compile time ({e})"
+            return f"argument value unknown at compile time ({e}); {remedies.NOTHING_TO_SET}"
         reason = attention_call_reason(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal,
                                        enable_gqa=bool(scalar_value(args.get("enable_gqa"), False)))
-        if reason is None:
-            reason = short_keys_reason(q, k, self.cfg)
+        if reason is not None:
+            remedy = remedies.call_remedy(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
+            return remedies.with_remedy(reason, remedy)
+        reason = short_keys_reason(q, k, self.cfg)   # names attention.cross_attention itself
         if reason is not None:
             return reason
         layer = self.ctx.layer_map.layer_of(module)
         if layer is not None and layer in self.skip_layers:
-            return f"layer {layer} in diffusion_kv_cache_skip_layers"
+            return f"layer {layer} in diffusion_kv_cache_skip_layers; drop {layer} from it to quantize this attention"
         if layer is None and self.skip_layers and not is_resolved(node):
             self.unknown_layer_nodes.append(f"{node.name} ({module or 'top level'})")
             return (f"layer unknown (module {module!r} could not be resolved to the model's name) while "
-                    "diffusion_kv_cache_skip_layers is set: kept native rather than guessing")
+                    "diffusion_kv_cache_skip_layers is set: kept native rather than guessing; drop "
+                    "diffusion_kv_cache_skip_layers (or compile the model itself, not a piece of it) to quantize it")
         if attention_skipped(self.ctx.step_variant):
-            return "skipped step variant (diffusion_kv_cache_skip_steps)"
-        return self.ctx.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
+            return ("skipped step variant (diffusion_kv_cache_skip_steps); drop the step from "
+                    "diffusion_kv_cache_skip_steps to quantize this attention there")
+        reason = self.ctx.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
+        return None if reason is None else remedies.with_remedy(reason, remedies.lowering_remedy(self.ctx.lowering.name))
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         changed = 0

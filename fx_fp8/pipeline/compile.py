@@ -32,6 +32,7 @@ from fx_fp8.pipeline.options import PipelineOptions
 from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS, PipelineFP8State
 from fx_fp8.pipeline.step_publishing import (call_recorder, check_scheduler, install_scheduler_hook, outside_run,
                                              wrapped_class)
+from fx_fp8.compile.stored_config import StoredConfigConflict, settle, stored_config
 from fx_fp8.quant.prepare import prepare_model
 from fx_fp8.quant.rules import check_not_prepared
 
@@ -87,8 +88,12 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     popts = PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
                                  cache_config=cache_config)
     transformers = _find_transformers(pipe)
+    # a transformer quantized at load compiles as it was loaded: its stored config, never prepared again
+    loaded = _loaded_configs(transformers, config, overrides)
     if prepare and cfg.linear_enabled:
         for attr, module in transformers.items():
+            if attr in loaded:
+                continue
             try:
                 check_not_prepared(module, "compile_pipeline(prepare=True) cannot prepare it again",
                                    "pass prepare=False to compile it as it is")
@@ -116,20 +121,22 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     # everything is checked: only now change the transformers
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
                              kept_linears={}, base_class=type(pipe))
+    shared_options = options
     for attr, module in transformers.items():
+        options = {**shared_options, "config": loaded[attr]} if attr in loaded else shared_options
         if regional:
             module.compile_repeated_blocks(backend=backend, options=options, **compile_kwargs)
             compiled = module
         else:
             compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
 
-        def setup(example_inputs, attr=attr, module=module):
+        def setup(example_inputs, attr=attr, module=module, options=options):
             """prepare, then cache hooks, then context parallelism, then regions (apply_options.py):
             preparing after the parallel hooks would drop diffusers' gather hook on proj_out."""
             if attr in state.extras:
                 return  # already set up
             state.pending_setup.pop(attr, None)
-            if prepare:
+            if prepare and attr not in loaded:
                 check_weights_readable(module, attr)
                 linears = dict(module.named_modules()) if keep_weights else {}
                 with outside_run():  # its trace runs the model's hooks: not a call of the run
@@ -141,7 +148,7 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
             state.extras[attr] = apply_pipeline_options(module, popts)
             compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
 
-        if prepare and cfg.linear_enabled and not has_diffusers_hooks(module) and not popts.enabled:
+        if prepare and attr not in loaded and cfg.linear_enabled and not has_diffusers_hooks(module) and not popts.enabled:
             # on the first call: prepare_model traces the model on that call's inputs, so it finds the
             # sensitive layers by structure as the backend does (by name otherwise)
             state.pending_setup[attr] = setup
@@ -156,6 +163,21 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
         setattr(pipe, attr, compiled)
     pipe.__class__ = wrapped_class(state.base_class)
     return pipe
+
+
+def _loaded_configs(transformers: dict, config, overrides: dict) -> dict:
+    """{attr: the config to compile it with} for the transformers quantized at load (their stored
+    config; an option contradicting it raises StoredConfigConflict naming the transformer and both values)."""
+    out = {}
+    for attr, module in transformers.items():
+        stored = stored_config(module)
+        if stored is None:
+            continue
+        try:
+            out[attr] = settle(stored, config, **overrides)
+        except StoredConfigConflict as e:
+            raise StoredConfigConflict(f"pipe.{attr}: {e}") from None
+    return out
 
 
 def _find_transformers(pipe) -> dict:

@@ -34,6 +34,7 @@ import torch.nn as nn
 from diffusers.quantizers.base import DiffusersQuantizer
 from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 
+from fx_fp8.config.checkpoint_step_policy import read_step_policy
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.ops.formats import WEIGHT_ONLY
@@ -75,7 +76,7 @@ class DiffusersConfig(QuantizationConfigMixin):
     """
 
     def __init__(self, config=None, *, quant_method=METHOD, format_version=FORMAT_VERSION,
-                 quantized_layers: Optional[list] = None, **options):
+                 quantized_layers: Optional[list] = None, runtime: Optional[dict] = None, **options):
         ensure_registered()
         if quant_method != METHOD:
             raise ValueError(f"DiffusersConfig is fx_fp8's ({METHOD!r}); got quant_method {quant_method!r}")
@@ -83,18 +84,23 @@ class DiffusersConfig(QuantizationConfigMixin):
             raise ValueError(f"fx_fp8 quantization config format_version {format_version!r}: this fx_fp8 reads "
                              f"version {FORMAT_VERSION}")
         self.quant_method = FxFp8Method.FX_FP8
-        self.fp8_config = FP8Config.load(config, **options)
+        # vLLM-Omni's runtime section: its diffusion_step_policy becomes the linears' step policy
+        self.runtime = runtime
+        policy = read_step_policy({"runtime": runtime}) if runtime is not None else None
+        self.fp8_config = FP8Config.load(config, **{**(policy or {}), **options})
         check_load_time_config(self.fp8_config)
         self.quantized_layers = check_record(quantized_layers)
 
     def with_layers(self, quantized_layers: list) -> "DiffusersConfig":
         """A copy that records `quantized_layers`."""
-        return DiffusersConfig(self.fp8_config, quantized_layers=quantized_layers)
+        return DiffusersConfig(self.fp8_config, quantized_layers=quantized_layers, runtime=self.runtime)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"quant_method": METHOD, "format_version": FORMAT_VERSION, **self.fp8_config.to_dict()}
         if self.quantized_layers is not None:
             data["quantized_layers"] = copy.deepcopy(self.quantized_layers)
+        if self.runtime is not None:
+            data["runtime"] = copy.deepcopy(self.runtime)
         return data
 
     def to_diff_dict(self) -> dict[str, Any]:  # QuantizationConfigMixin.to_json_string / __repr__ use it

@@ -1,6 +1,7 @@
 """`fx-fp8`: did FP8 apply, and where? Which layers and steps must stay native?
 
     fx-fp8 inspect     [--model tiny] [--format table|json]   one row per attention / linear node
+                       [--summary]                            (or one compact row: fx_fp8.summary)
                        [--steps N]                            (the run last:k step selectors count in)
     fx-fp8 dump        --out DIR [--steps N]                  graphs before/after each pass + report.json
     fx-fp8 compare     [--out compare.png]                    native vs FP8: latency, PSNR, SSIM, max abs error
@@ -10,8 +11,12 @@
 
 `--model`: `tiny` (the shipped trained model, default), a family name (flux,
 qwen-image, wan, z-image, sd3: random weights, no download) or a local diffusers
-folder (pipeline folder or transformer folder). Config: `--config YAML` plus the
-flags, which override it. Bad input (a model that cannot be loaded, a size the
+folder (pipeline folder or transformer folder). Config, the same rule for every
+command: `--config YAML`, else the model folder's own `fx_fp8.yaml` (the shipped
+tiny model has one), else the library default (`--library-default` skips the
+model's own); the flags override it. `--device` / `--dtype`: where the model is
+loaded and run, CPU float32 by default (`--device cuda --dtype bfloat16` on a
+GPU). Every command prints the device, dtype and config it used. Bad input (a model that cannot be loaded, a size the
 pipeline cannot make, an output path that cannot be written) is found before the
 work starts and exits with status 2 and one line on stderr.
 
@@ -86,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="'tiny' (shipped trained model, default), a family (flux, qwen-image, wan, z-image, sd3; "
                             "random weights) or a local diffusers pipeline/transformer folder")
         _add_config_flags(p)
+        p.add_argument("--library-default", action="store_true",
+                       help="start from the library's default config, not the model folder's own fx_fp8.yaml (the "
+                            "shipped tiny model has one, which the examples use too)")
+        from fx_fp8.tools import cli_flags
+
+        cli_flags.add_device_flags(p)
 
     def run_flags(p, steps: int, prompts: int):
         p.add_argument("--steps", type=int, default=steps, help=f"denoising steps (default {steps})")
@@ -107,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     run_length(p)
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
+    p.add_argument("--summary", action="store_true",
+                   help="one compact row instead of one per node (fx_fp8.summary): FP8 attention and W8A8 "
+                        "linears n/m, weight-only, native with the top reasons, weight bytes, kernels")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("dump", help="graph code before/after each pass and per step variant, plus report.json", **kw,
@@ -126,9 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
     from fx_fp8.tools import cli_flags as _flags
 
     _flags.add_pipeline_flags(p)
-    p.add_argument("--library-default", action="store_true",
-                   help="start from the library's default config, not the model folder's own fx_fp8.yaml (the "
-                        "shipped tiny model has one, which the examples use too)")
     p.add_argument("--out", default=None, help="side-by-side PNG (native | FP8 | difference)")
     p.add_argument("--format", choices=("table", "json"), default="table", help=JSON_HELP)
     p.set_defaults(func=cmd_compare)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from dataclasses import dataclass
 
 PROG = "fx-fp8"
 
@@ -28,6 +29,49 @@ def _config(args):
         return cli_flags.config_from_args(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a command loads and runs the model (--device, --dtype)."""
+
+    device: str
+    dtype: object  # torch.dtype (torch is imported only when a command runs)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        return f"device {self.device}, dtype {self.dtype_name}"
+
+
+def _placement(args) -> Placement:
+    """--device / --dtype, checked before the work starts (a device this torch cannot use is a UsageError)."""
+    from fx_fp8.tools import cli_flags
+
+    try:
+        device = cli_flags.resolve_device(args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return Placement(device, cli_flags.resolve_dtype(args.dtype, device))
+
+
+def _choose_config(args, source) -> str:
+    """Which config a command starts from, as the examples choose it (one rule for every command):
+    --config; else the model folder's own fx_fp8.yaml (the shipped tiny model has one), unless
+    --library-default; else the library's default. Sets args.config to it; returns how the output
+    names it."""
+    if args.library_default and args.config is not None:
+        raise UsageError(f"--library-default and --config {args.config!r} both say which config to start from: "
+                         "give one of them")
+    if args.config is not None:
+        return f"--config {args.config}"
+    own = None if args.library_default else source.own_config()
+    if own is None:
+        return "the library default" + (" (--library-default)" if args.library_default else "")
+    args.config = str(own)
+    return f"{own} (the model's own; --library-default for the library's default)"
 
 
 def _source(args):

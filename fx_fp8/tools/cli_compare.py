@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import (UsageError, _check_file, _check_sizes, _check_source, _config, _one_line, _source,
-                                     to_json)
+from fx_fp8.tools.cli_common import (UsageError, _check_file, _check_sizes, _check_source, _choose_config, _config,
+                                     _one_line, _placement, _source, to_json)
 
 
 def _latent_psnr(ref, x) -> float:
@@ -25,6 +25,7 @@ def cmd_compare(args) -> int:
     config_source = _choose_config(args, source)
     config = _config(args)
     _check_sizes(args)
+    placement = _placement(args)
     _check_source(source, pipeline=True, args=args)
     options = _pipeline_options(args)   # --ulysses-degree / --ring-degree / --cache-backend / --cache-config
     if args.out:
@@ -32,7 +33,8 @@ def cmd_compare(args) -> int:
     from fx_fp8.tools.model_source import ModelSourceError
 
     try:
-        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
+        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed,
+                                   dtype=placement.dtype, device=placement.device)
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     applied = _apply_pipeline_options(run, options)   # on both runs: FP8 is compared with the same cache / parallel setup
@@ -66,6 +68,8 @@ def cmd_compare(args) -> int:
         "ssim": _mean([image_metrics.ssim(a, b) for a, b in zip(ref_img, img)]),
         "latents_max_abs_error": float((lat - ref_lat).abs().max()),
         "latents_psnr_db": _latent_psnr(ref_lat, lat),
+        "device": placement.device,
+        "dtype": placement.dtype_name,
         "config": config.to_dict(),
         "config_source": config_source,
         "prompts": list(run.labels),
@@ -94,7 +98,7 @@ def cmd_compare(args) -> int:
                 ("PSNR final latents (dB)", f"{result['latents_psnr_db']:.2f}")]
         print(f"model: {source.spec}, {len(run.labels)} sample(s), {args.steps} steps, {args.height}x{args.width}, "
               f"seed {args.seed}")
-        print(f"config: {config_source}")
+        print(f"ran on: {placement.describe()}; config: {config_source}")
         print(f"samples: {'; '.join(run.labels)}")
         if options.enabled:
             print(f"pipeline (both runs): {cli_flags.describe_pipeline_options(options)}")
@@ -104,22 +108,6 @@ def cmd_compare(args) -> int:
         if args.out:
             print(f"side by side (native | FP8 | |difference| x4): {args.out}")
     return 0
-
-
-def _choose_config(args, source) -> str:
-    """Which config compare starts from, as the examples choose it: --config; else the model folder's
-    own fx_fp8.yaml (the shipped tiny model has one), unless --library-default; else the library's
-    default. Sets args.config to it; returns how the output names it."""
-    if args.library_default and args.config is not None:
-        raise UsageError(f"--library-default and --config {args.config!r} both say which config to start from: "
-                         "give one of them")
-    if args.config is not None:
-        return f"--config {args.config}"
-    own = None if args.library_default else source.own_config()
-    if own is None:
-        return "the library default" + (" (--library-default)" if args.library_default else "")
-    args.config = str(own)
-    return f"{own} (the model's own; --library-default for the library's default)"
 
 
 def _pipeline_options(args):

@@ -66,6 +66,23 @@ def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+#: the CLI's --dtype names (auto: bfloat16 on an accelerator, float32 on CPU)
+CLI_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def add_device_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--device, --dtype: where the `fx-fp8` commands load the model and run it (CPU float32 by default)."""
+    g = parser.add_argument_group("where it runs")
+    g.add_argument("--device", default="cpu",
+                   help="device the model is loaded on and run on: cpu (default), cuda, cuda:1, npu, auto (cuda, "
+                        "then npu, then cpu). FP8 numbers on CPU come from the reference lowering: they say "
+                        "nothing about GPU speed")
+    g.add_argument("--dtype", choices=CLI_DTYPES, default="float32",
+                   help="dtype the model is loaded in (default float32; auto = bfloat16 on an accelerator, "
+                        "float32 on CPU); a GPU user wants --device cuda --dtype bfloat16")
+    return parser
+
+
 def overrides_from_args(args: argparse.Namespace) -> dict:
     """The FP8Config keys of the flags the user set (None = unset)."""
     out = {}

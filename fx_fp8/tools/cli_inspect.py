@@ -7,7 +7,8 @@ import re
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import PROG, UsageError, _check_dir, _check_source, _config, _source, to_json
+from fx_fp8.tools.cli_common import (PROG, Placement, UsageError, _check_dir, _check_source, _choose_config, _config,
+                                     _placement, _source, to_json)
 
 
 def _mib(n: int) -> str:
@@ -19,15 +20,18 @@ DEFAULT_STEPS = 8
 
 
 def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False,
-                       steps: int = DEFAULT_STEPS) -> dict:
-    """Compile the transformer on example inputs (fullgraph) and collect what fx_fp8 did. The call
-    is published as step 0 of a run of `steps` steps (step selectors counting from the end need
-    the run's number of steps)."""
+                       steps: int = DEFAULT_STEPS, placement: Placement = None,
+                       config_source: str = "the library default") -> dict:
+    """Compile the transformer, loaded in `placement`'s dtype on its device (CPU float32 when None),
+    on example inputs (fullgraph) and collect what fx_fp8 did. The call is published as step 0 of a
+    run of `steps` steps (step selectors counting from the end need the run's number of steps)."""
     import torch
 
     import fx_fp8
 
-    model = source.load_transformer()
+    if placement is None:
+        placement = Placement("cpu", torch.float32)
+    model = source.load_transformer(placement.dtype).to(placement.device)
     kwargs = source.example_inputs(model)
     bytes_before = fx_fp8.reachable_tensor_bytes(model)
     torch._dynamo.reset()
@@ -50,6 +54,8 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
             torch._dynamo.reset()
             fx_fp8.clear_reports()
     reports = fx_fp8.get_reports()
+    component = fx_fp8.summary(compiled)[0]
+    component.component = "transformer"
     primary = [r for r in reports if r.step_variant in (None, "fp8")]
     q_before = sum(r.weights.get("quantized_linear_bytes_before", 0) for r in primary)
     q_after = sum(r.weights.get("quantized_linear_bytes_after", 0) for r in primary)
@@ -62,8 +68,12 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
     data = {
         "model": source.spec,
         "class": source.class_name,
+        "device": placement.device,
+        "dtype": placement.dtype_name,
+        "config_source": config_source,
         "config": config.to_dict(),
         "graphs": [dict(r.to_dict(), graph_index=i) for i, r in enumerate(reports)],
+        "component_summary": [component.__dict__.copy()],   # fx_fp8.summary's row (plain path: FP8 copies kept)
         "summary": {
             "graphs": len(reports),
             "step_variants": [r.step_variant or "single" for r in reports],
@@ -106,7 +116,8 @@ def _rows(graph: dict) -> list[tuple]:
 def format_inspect(data: dict) -> str:
     from tabulate import tabulate
 
-    out = [f"model: {data['model']} ({data['class']})"]
+    out = [f"model: {data['model']} ({data['class']})",
+           f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}"]
     graphs = data["graphs"]
     shown = [g for g in graphs if g["step_variant"] in (None, "fp8")]
     for g in shown:
@@ -152,12 +163,36 @@ def _predicted_line(tuned) -> str:
             f"{n:.3f} ms ({n / p:.2f}x)")
 
 
-def cmd_inspect(args) -> int:
-    source, config = _source(args), _config(args)
+def _inputs(args):
+    """(source, config, where it came from, placement): every input checked before the work starts."""
+    source = _source(args)
+    config_source = _choose_config(args, source)   # the same rule as compare and sensitivity
+    config = _config(args)
     _check_steps(args)
+    placement = _placement(args)
     _check_source(source, pipeline=False)
-    data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps)
-    print(to_json(data) if args.format == "json" else format_inspect(data))
+    return source, config, config_source, placement
+
+
+def format_summary(data: dict) -> str:
+    """The compact view (--summary): fx_fp8.summary's table for the compiled transformer."""
+    from fx_fp8.pipeline.summary import ComponentSummary, Summary
+
+    rows = Summary(ComponentSummary(**row) for row in data["component_summary"])
+    return "\n".join([f"model: {data['model']} ({data['class']})",
+                      f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}",
+                      "", rows.table()])
+
+
+def cmd_inspect(args) -> int:
+    source, config, config_source, placement = _inputs(args)
+    data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps, placement=placement,
+                                 config_source=config_source)
+    if args.summary:
+        keep = ("model", "class", "device", "dtype", "config_source", "component_summary")
+        print(to_json({k: data[k] for k in keep}) if args.format == "json" else format_summary(data))
+    else:
+        print(to_json(data) if args.format == "json" else format_inspect(data))
     return 0
 
 
@@ -185,11 +220,10 @@ def _remove_previous_dump(out: Path) -> int:
 
 
 def cmd_dump(args) -> int:
-    source, config = _source(args), _config(args)
-    _check_steps(args)
-    _check_source(source, pipeline=False)
+    source, config, config_source, placement = _inputs(args)
     _check_dir("--out", args.out)
-    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True, steps=args.steps)
+    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True, steps=args.steps,
+                                      placement=placement, config_source=config_source)
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     removed = _remove_previous_dump(out)
@@ -209,6 +243,7 @@ def cmd_dump(args) -> int:
     (out / "report.json").write_text(to_json(data))
     (out / "report.txt").write_text(format_inspect(data) + "\n")
     written += [out / "report.json", out / "report.txt"]
+    print(f"ran on: {placement.describe()}; config: {config_source}", file=sys.stderr)
     for p in written:
         print(p)
     print(f"{len(written)} files in {out} (TORCH_LOGS=\"+fx_fp8\" prints the same graphs through PyTorch logging)",

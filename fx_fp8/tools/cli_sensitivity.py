@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import (UsageError, _check_dir, _check_file, _check_sizes, _check_source, _config, _source,
-                                     to_json)
+from fx_fp8.tools.cli_common import (UsageError, _check_dir, _check_file, _check_sizes, _check_source, _choose_config,
+                                     _config, _placement, _source, to_json)
 
 SENSITIVITY_HELP = """\
 Measure how much FP8 in each block's attention, each block's linears and each
@@ -39,10 +39,12 @@ def cmd_sensitivity(args) -> int:
     from fx_fp8.tools.sensitivity import run_sensitivity
     from fx_fp8.tools.sensitivity_chart import save_chart
 
+    source = _source(args)
+    config_source = _choose_config(args, source)   # the same rule as compare, inspect and dump
     config = _config(args)
     _check_sizes(args)
-    edges = _step_edges(args, config)   # before the model source: bad flags fail fast
-    source = _source(args)
+    edges = _step_edges(args, config, config_source)   # before the model loads: bad flags fail fast
+    placement = _placement(args)
     try:
         import matplotlib  # noqa: F401  (the chart)
     except ImportError:
@@ -63,13 +65,15 @@ def cmd_sensitivity(args) -> int:
     _check_file("--chart" if args.chart else "--out", args.chart or chart_path, cli_flags.chart_suffixes(),
                 kind="chart")
     try:
-        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed)
+        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed,
+                                   dtype=placement.dtype, device=placement.device)
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     for p in (yaml_path, chart_path, out / "sensitivity.json"):
         p.parent.mkdir(parents=True, exist_ok=True)
     print(f"sensitivity of {source.spec}: {len(run.labels)} sample(s) x {args.steps} steps at {args.height}x{args.width}, "
           f"target {args.target_psnr:g} dB (PSNR of the final latents vs native)", file=sys.stderr, flush=True)
+    print(f"ran on: {placement.describe()}; config: {config_source}")
     res = run_sensitivity(run, config, steps=args.steps, target_psnr=args.target_psnr, yaml_path=yaml_path,
                           verify=not args.no_verify, step_policy=bool(edges), step_edges=edges or (1,))
     save_chart(res, chart_path)
@@ -108,7 +112,7 @@ def cmd_sensitivity(args) -> int:
     return 0 if res.measured_psnr >= res.target_psnr else 1
 
 
-def _step_edges(args, config) -> tuple:
+def _step_edges(args, config, config_source: str = "") -> tuple:
     """--step-policy K[,K...]: the k values (first and last k steps), checked against --steps and
     the base config (the search starts from no step policy)."""
     if args.step_policy is None:
@@ -126,6 +130,8 @@ def _step_edges(args, config) -> tuple:
     for key, sel in (("--diffusion-kv-cache-skip-steps", config.diffusion_kv_cache_skip_steps),
                      ("--quantization-skip-steps", config.quantization_config.skip_steps)):
         if sel:
+            where = (" (it comes from the model's own config: --library-default starts from the library's)"
+                     if "the model's own" in config_source else "")
             raise UsageError(f"--step-policy searches the step policy itself: drop {key} {str(sel)!r} "
-                             f"(or the YAML key) from the base config")
+                             f"(or the YAML key) from the base config{where}")
     return edges

@@ -94,16 +94,22 @@ class ModelSource:
             return model.eval()
 
     def example_inputs(self, model: torch.nn.Module, *, batch: int = 1, seed: int = 0) -> dict:
-        """Keyword arguments for one forward call of `model`, shaped from its config."""
-        dtype = next(model.parameters()).dtype
+        """Keyword arguments for one forward call of `model`, shaped from its config, on its device
+        (drawn on CPU: the same values on every device)."""
+        param = next(model.parameters())
+        dtype = param.dtype
         if self.kind == "family":
-            return model_zoo.example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
-        build = _INPUT_BUILDERS.get(self.class_name)
-        if build is None:
-            raise ModelSourceError(_no_builder_message(self.class_name, self.path))
-        gen = torch.Generator().manual_seed(seed)
-        size = _TINY_SIZE if self.kind == "tiny" else _FOLDER_SIZES.get(self.class_name, {})
-        return build(model.config, batch, gen, dtype, **size)
+            kwargs = model_zoo.example_inputs(self.family, model, batch=batch, seed=seed, dtype=dtype)
+        else:
+            build = _INPUT_BUILDERS.get(self.class_name)
+            if build is None:
+                raise ModelSourceError(_no_builder_message(self.class_name, self.path))
+            gen = torch.Generator().manual_seed(seed)
+            size = _TINY_SIZE if self.kind == "tiny" else _FOLDER_SIZES.get(self.class_name, {})
+            kwargs = build(model.config, batch, gen, dtype, **size)
+        if param.device.type == "cpu":
+            return kwargs
+        return {k: _on_device(v, param.device) for k, v in kwargs.items()}
 
     def own_config(self) -> Optional[Path]:
         """The pipeline folder's own fx_fp8 config (MODEL_CONFIG_NAME; the shipped tiny model has one:
@@ -174,8 +180,16 @@ class ModelSource:
                 raise ModelSourceError(f"invalid --{name} {v} for {self.spec} ({self.class_name}): expected {what}")
 
     # -- pipeline ----------------------------------------------------------
-    def load_pipeline(self, *, prompts: int = 2, height: int = 32, width: int = 32, seed: int = 0) -> "PipelineRun":
-        """A pipeline plus the calls that make `prompts` samples (same seeds every run)."""
+    def load_pipeline(self, *, prompts: int = 2, height: int = 32, width: int = 32, seed: int = 0,
+                      dtype: torch.dtype = torch.float32, device: str = "cpu") -> "PipelineRun":
+        """A pipeline in `dtype` on `device`, plus the calls that make `prompts` samples (same seeds every run)."""
+        run = self._load_pipeline(prompts=prompts, height=height, width=width, seed=seed, dtype=dtype)
+        if str(device) != "cpu" or dtype != torch.float32:
+            run.pipe.to(device=device, dtype=dtype)
+            run.calls = [{k: _placed(v, device, dtype) for k, v in call.items()} for call in run.calls]
+        return run
+
+    def _load_pipeline(self, *, prompts: int, height: int, width: int, seed: int, dtype: torch.dtype) -> "PipelineRun":
         self.check_pipeline()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -184,7 +198,7 @@ class ModelSource:
                 from fx_fp8.tools.tiny_model import TinyShapesPipeline, random_prompt
 
                 # the shipped folder, or a copy whose transformer/ holds quantized weights
-                pipe = load_pipeline_folder(self.pipeline_path, torch.float32, pipeline_class=TinyShapesPipeline)
+                pipe = load_pipeline_folder(self.pipeline_path, dtype, pipeline_class=TinyShapesPipeline)
                 pipe.set_progress_bar_config(disable=True)
                 rng = np.random.default_rng(seed)
                 texts = [random_prompt(rng) for _ in range(prompts)]
@@ -201,7 +215,7 @@ class ModelSource:
 
             try:
                 with _quiet_loading():
-                    pipe = load_pipeline_folder(self.pipeline_path, torch.float32)
+                    pipe = load_pipeline_folder(self.pipeline_path, dtype)
             except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
                 raise ModelSourceError(f"cannot load the pipeline in {str(self.pipeline_path)!r}: "
                                        f"{_first_line(e)}") from None
@@ -210,6 +224,23 @@ class ModelSource:
             texts = (texts * prompts)[:prompts]
             return PipelineRun(pipe, [dict(prompt=t, height=height, width=width) for t in texts],
                                [seed + i for i in range(prompts)], labels=texts)
+
+
+def _on_device(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_device(v, device) for k, v in value.items()}
+    return value
+
+
+def _placed(value, device, dtype):
+    """A call argument on `device`; floating tensors (prompt embeddings) in `dtype` too."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+    return value
 
 
 @dataclass
@@ -250,11 +281,12 @@ class PipelineRun:
                 out = self.pipe(**call, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
                                 output_type=output_type, callback_on_step_end=grab)
             result = out.frames if hasattr(out, "frames") else out.images
+            # on CPU in float32, whatever the pipeline ran on: the metrics compare them there
             if output_type == "latent":
-                latents.append(torch.as_tensor(result).float())
+                latents.append(torch.as_tensor(result).float().cpu())
             else:
-                latents.append(box["latents"].float())
-                images.append(torch.as_tensor(result).float())
+                latents.append(box["latents"].float().cpu())
+                images.append(torch.as_tensor(result).float().cpu())
         return torch.cat(latents), (torch.cat(images) if images else None)
 
 

@@ -178,8 +178,10 @@ def test_unsupported_calls_stay_native_with_reason():
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries if e.op == "attention"}
     assert got["plain"][0] == "fp8" and got["scaled"][0] == "fp8"
-    assert got["dropout"] == ("native", "dropout_p=0.1 (FP8 attention is inference-only)")
-    assert got["causal"] == ("native", "is_causal=True not supported by the FP8 kernels")
+    assert got["dropout"] == ("native", "dropout_p=0.1 (FP8 attention is inference-only); run the model in eval mode "
+                                        "(model.eval(): no attention dropout)")
+    assert got["causal"] == ("native", "is_causal=True not supported by the FP8 kernels; nothing to set: the FP8 "
+                                       "kernels cannot take this call, it stays native")
     assert got["gqa"][0] == "native" and "grouped-query attention (4 query heads, 2 kv heads)" in got["gqa"][1]
     assert got[""][0] == "native" and "expected 4-D" in got[""][1]
 

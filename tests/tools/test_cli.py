@@ -166,7 +166,7 @@ def test_dump_writes_graphs_and_torch_logs_shows_them(tmp_path, capsys, torch_lo
 
 def test_compare_starts_from_the_models_own_config_as_the_examples_do():
     from fx_fp8.tools.cli import build_parser
-    from fx_fp8.tools.cli_compare import _choose_config
+    from fx_fp8.tools.cli_common import _choose_config
     from fx_fp8.tools.model_source import resolve_model
     from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
