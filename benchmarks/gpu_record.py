@@ -133,10 +133,12 @@ def render(record: list[dict], collected: list[str]) -> str:
         passed = sum(r["outcome"] == "passed" for r in rows)
         lines.append(f"| {gpu} | {torch} | {date} | {passed} of {len(rows)} | {len(rows) - passed} | {source} |")
     marked = [r for r in record if r["outcome"] != "passed" or r["note"]]
+    # a recorded test by its id today (files moved between folders), else by file name and id alone
+    today = {short_id(t): t for t in collected}
     if marked:
         lines += ["", "Not passed, or to be confirmed by the next GPU run:", ""]
-        lines += [f"- `{r['test']}` ({r['gpu']}, {r['date']}): {r['outcome']}" + (f"; {r['note']}" if r["note"] else "")
-                  for r in sorted(marked, key=lambda r: r["test"])]
+        lines += [f"- `{today.get(short_id(r['test']), short_id(r['test']))}` ({r['gpu']}, {r['date']}): {r['outcome']}"
+                  + (f"; {r['note']}" if r["note"] else "") for r in sorted(marked, key=lambda r: r["test"])]
     missing = never_ran(record, collected)
     lines += ["", f"`cuda` tests no GPU has run ({len(missing)} of {len(collected)}; the record matches tests by "
               "file name and id, so a renamed or re-parametrized test counts as not run):", ""]

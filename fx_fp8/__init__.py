@@ -76,9 +76,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs (no import a
 
 
 def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
+    if name in _LAZY:  # _LAZY[name] literally: the layer test reads which modules this may import
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # later lookups skip this hook
         return value
     if name == "DiffusersConfig":  # needs diffusers: imported on first use only
