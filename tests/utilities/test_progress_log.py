@@ -39,14 +39,18 @@ def _run(options=None, steps=(None,)):
     return compiled
 
 
-def _messages(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "fx_fp8" and r.levelno == logging.INFO]
+def _messages(caplog, *, copies_note: bool = False) -> list[str]:
+    """fx_fp8's INFO records: the compile records, or (copies_note) the once-per-model note on the
+    compile-time FP8 weight copies (tests/compile/test_fp8_copies_note.py checks its text)."""
+    return [m for r in caplog.records if r.name == "fx_fp8" and r.levelno == logging.INFO
+            for m in [r.getMessage()] if ("made FP8 copies" in m) == copies_note]
 
 
 def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, downstream_graphs):
     with caplog.at_level(logging.INFO, logger="fx_fp8"):
         compiled = _run()
     before, after = _messages(caplog)
+    assert len(_messages(caplog, copies_note=True)) == 1  # the plain path's weight copies, said once
     # the counts are the graph's: one SDPA node and three linear nodes in AttentionBlock's graph
     (gm,) = downstream_graphs
     ops = _fx_fp8_ops(gm)
