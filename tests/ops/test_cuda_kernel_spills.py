@@ -27,23 +27,27 @@ def _spills(kernel, arch, tmp_path) -> tuple[int, int]:
 
 
 def _cases():
-    from fx_fp8.ops.triton_fp8_attention import POINTER_CONFIGS, TMA_CONFIGS
+    from fx_fp8.ops.triton_fp8_attention import POINTER_CONFIGS, TILE_CANDIDATES, TMA_CONFIGS
 
     out = []
     for d, configs in TMA_CONFIGS.items():
-        out += [pytest.param(d, c, 90, True, id=f"tma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
+        out += [pytest.param(d, c, 90, True, None, id=f"tma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
     for d, configs in POINTER_CONFIGS.items():  # the pointer path serves sm89 (sm90 loads through TMA)
-        out += [pytest.param(d, c, 89, False, id=f"ptr-sm89-d{d}-{'x'.join(map(str, c))}") for c in configs]
+        out += [pytest.param(d, c, 89, False, None, id=f"ptr-sm89-d{d}-{'x'.join(map(str, c))}") for c in configs]
+    for name, (table, pv_keys) in TILE_CANDIDATES.items():  # the tiles a GPU run measures against the default
+        out += [pytest.param(d, c, 90, True, pv_keys, id=f"{name}-sm90-d{d}-{'x'.join(map(str, c))}")
+                for d, configs in table.items() for c in configs]
     return out
 
 
-@pytest.mark.parametrize("d,config,arch,tma", _cases())
-def test_autotune_config_does_not_spill(d, config, arch, tma, tmp_path):
+@pytest.mark.parametrize("d,config,arch,tma,pv_keys", _cases())
+def test_autotune_config_does_not_spill(d, config, arch, tma, pv_keys, tmp_path):
     if _ptxas() is None:
         pytest.skip("no ptxas in this Triton install")
     bm, bn, warps, stages = config
     for flags in (dict(lse=False), dict(), dict(bias=True, lse=False), dict(bias=True)):  # every flag combination
-        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=tma, **flags)
+        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=tma, pv_keys=pv_keys,
+                                                  **flags)
         regs, spill = _spills(kernel, arch, tmp_path)
         assert spill == 0, f"{config} at D={d} on sm{arch} ({'TMA' if tma else 'pointers'}, {flags}): " \
                            f"{regs} registers, {spill} bytes of spill stores"
