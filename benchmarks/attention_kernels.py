@@ -19,6 +19,9 @@ a failing candidate shows its error in the table and the run goes on):
                   autotuned (the chosen config is printed)
   triton_kernel   the kernel alone on prepared inputs;  triton_prepass: the pre-pass alone
   triton_prepass_one_launch  the pre-pass with Q, K and V in one launch (triton_quant.ONE_LAUNCH's candidate)
+  triton_prepass_narrow      the pre-pass as before WIDE_STEPS: two-pass blocks in 32-row steps at 4 warps
+  triton_m64n128  the kernel alone on the candidate tile TILE_CANDIDATES["m64n128"] (64 x 128, one warpgroup,
+                  128-key P @ V dots), autotuned over its configs: against triton_kernel, the default
   triton_pvN      the kernel alone at a fixed config with P @ V dots of N keys (PV_KEYS sweep)
   triton_inplace  the kernel alone, P @ V accumulated in place across tiles (the old structure)
   cudnn_fp8       fx_fp8's cuDNN FP8 SDPA path (per-tensor scales, FP8 O, the pre-pass included)
@@ -73,7 +76,7 @@ BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
             ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
 CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass",
-              "triton_prepass_one_launch"] + \
+              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
 GPU_ONLY = {"cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
@@ -198,7 +201,7 @@ def _prepared(ctx):
     return ctx["prepared"]
 
 
-def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
+def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None):
     from fx_fp8.ops import triton_fp8_attention as ta
 
     (pre, bias) = _prepared(ctx)
@@ -206,14 +209,14 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
     if ctx["dry"] and config is not None:
         config = (64, config[1], 4, 1)  # the interpreter: one small program shape, same key tile
     kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
-              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config)
+              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config, tile=tile)
 
     def fn():
         return ta.fp8_flash_attention(*pre, **kw)
     note = ""
     if config is None and not ctx["dry"]:
         fn()  # autotune now, to name the config it picked
-        tuned = ta._attn_fwd_tma_tuned if ta.tma_available(q.device) else ta._attn_fwd_pointer_tuned
+        tuned = ta._tuned_kernel(tile, ta.tma_available(q.device))
         best = getattr(tuned, "best_config", None)
         if best is not None:
             note = f"{best.kwargs.get('BLOCK_M')}x{best.kwargs.get('BLOCK_N')}x{best.num_warps}w{best.num_stages}s"
@@ -222,15 +225,16 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
     return fn, note
 
 
-def cand_triton_prepass(ctx, one_launch: bool = False):
+def cand_triton_prepass(ctx, one_launch: bool = False, wide_steps=None):
     from fx_fp8.ops import triton_quant
 
     q, k, v = ctx["q"], ctx["k"], ctx["v"]
 
     def fn():
         triton_quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True,
-                                 smooth_k=True, one_launch=one_launch)
-    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "")
+                                 smooth_k=True, one_launch=one_launch, wide_steps=wide_steps)
+    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "") + \
+        (", 32-row steps" if wide_steps is False else "")
 
 
 def cand_cudnn_fp8(ctx):
@@ -357,6 +361,12 @@ def build(ctx, name):
         return cand_triton_prepass(ctx)
     if name == "triton_prepass_one_launch":
         return cand_triton_prepass(ctx, one_launch=True)
+    if name == "triton_prepass_narrow":
+        return cand_triton_prepass(ctx, wide_steps=False)
+    if name == "triton_m64n128":
+        if ctx["outlier"]:
+            raise Skip("not on the outlier row")
+        return cand_triton_kernel(ctx, tile="m64n128")
     for vname, pv, two_level, config in VARIANTS:
         if name == vname:
             key = (ctx["d"], ctx["s"], ctx["mask"] is not None)

@@ -125,9 +125,9 @@ def test_qkv_one_launch_kernel_does_not_spill(d, hadamard, smooth, dot, transpos
         pytest.skip("no ptxas in this Triton install")
     from fx_fp8.ops.triton_quant import QKV_WARPS, _launch_config, _qkv_block_kernel
 
-    q_rows, q_one, _ = _launch_config(128, d, hadamard)
-    k_rows, k_one, _ = _launch_config(256, d, hadamard)
-    v_rows, v_one, _ = _launch_config(256, d, False)
+    q_rows, q_one, _ = _launch_config(128, d, hadamard, False)  # the one launch takes 32-row steps
+    k_rows, k_one, _ = _launch_config(256, d, hadamard, False)
+    v_rows, v_one, _ = _launch_config(256, d, False, False)
     cons = dict(D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, K_ROWS=k_rows, K_ONE_PASS=k_one, V_ROWS=v_rows, V_ONE_PASS=v_one,
                 SMOOTH_K=smooth, HADAMARD=hadamard, DOT=dot, TRANSPOSE_V=transpose, EXACT_CAST=False,
                 q_sd=1, k_sd=1, v_sd=1)  # the JIT specialises unit strides
