@@ -20,6 +20,8 @@ a failing candidate shows its error in the table and the run goes on):
   triton_kernel   the kernel alone on prepared inputs;  triton_prepass: the pre-pass alone
   triton_prepass_one_launch  the pre-pass with Q, K and V in one launch (triton_quant.ONE_LAUNCH's candidate)
   triton_prepass_narrow      the pre-pass as before WIDE_STEPS: two-pass blocks in 32-row steps at 4 warps
+  gluon           fx_fp8's FA3-style Gluon kernel (ops/gluon_fp8_attention.py) alone on prepared inputs: a candidate,
+                  numerically unverified until this cell's error says otherwise; no masks
   triton_m64n128  the kernel alone on the candidate tile TILE_CANDIDATES["m64n128"] (64 x 128, one warpgroup,
                   128-key P @ V dots), autotuned over its configs: against triton_kernel, the default
   triton_pvN      the kernel alone at a fixed config with P @ V dots of N keys (PV_KEYS sweep)
@@ -76,11 +78,11 @@ BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
             ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
 CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass",
-              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128"] + \
+              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128", "gluon"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
-GPU_ONLY = {"cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
-NO_MASK = {"flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
+GPU_ONLY = {"gluon", "cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
+NO_MASK = {"gluon", "flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
 #: one fixed D / S per variant in quick mode (they answer "which PV_KEYS", not "how fast everywhere")
 QUICK_VARIANT_ROWS = {(128, 16384, False), (128, 32760, False)}
 
@@ -225,6 +227,19 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None
     return fn, note
 
 
+def cand_gluon(ctx):
+    from fx_fp8.ops import gluon_fp8_attention as ga
+
+    (pre, _) = _prepared(ctx)
+    q = ctx["q"]
+    kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
+              out_dtype=q.dtype)
+
+    def fn():
+        return ga.fp8_flash_attention(*pre, **kw)
+    return fn, f"{ga.BLOCK_M}x2 rows x {ga.BLOCK_N} keys, {ga.STAGES} stages, unverified"
+
+
 def cand_triton_prepass(ctx, one_launch: bool = False, wide_steps=None):
     from fx_fp8.ops import triton_quant
 
@@ -363,6 +378,8 @@ def build(ctx, name):
         return cand_triton_prepass(ctx, one_launch=True)
     if name == "triton_prepass_narrow":
         return cand_triton_prepass(ctx, wide_steps=False)
+    if name == "gluon":
+        return cand_gluon(ctx)
     if name == "triton_m64n128":
         if ctx["outlier"]:
             raise Skip("not on the outlier row")

@@ -904,7 +904,8 @@ def bench_wan(bench: Bench) -> None:
         bench.add(Row("wan", "model", "all", f"skipped: diffusers not importable ({type(e).__name__}: {e})"))
         return
     torchao, ao_state = torchao_state()
-    cases = [("tiny", "dry")] if bench.dry else [(m, r) for r in bench.args.wan_resolutions for m in bench.args.wan_models]
+    cases = [("tiny", "dry")] if bench.dry else \
+        [(m, r) for r in bench.args.wan_resolutions for m in bench.args.wan_models]
     for model_key, res in cases:
         config = dict(TINY_WAN_CONFIG if bench.dry else WAN_SHAPES[model_key])
         if bench.args.wan_depth:
