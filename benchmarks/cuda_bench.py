@@ -792,11 +792,12 @@ def bench_flux(bench: Bench) -> None:
 
 
 # -- Wan ----------------------------------------------------------------------------------------------
-#: WanTransformer3DModel shapes: Wan2.1-14B (diffusers' defaults) and Wan2.1-1.3B (torchao's published case)
+#: WanTransformer3DModel shapes: Wan2.1-1.3B (torchao's published case) and Wan2.1-14B (diffusers' defaults),
+#: in the order --wan runs them: should --budget run out, the 14B variants are the ones skipped
 WAN_COMMON = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                   freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
-WAN_SHAPES = {"14b": dict(WAN_COMMON, num_attention_heads=40, ffn_dim=13824, num_layers=40),
-              "1.3b": dict(WAN_COMMON, num_attention_heads=12, ffn_dim=8960, num_layers=30)}
+WAN_SHAPES = {"1.3b": dict(WAN_COMMON, num_attention_heads=12, ffn_dim=8960, num_layers=30),  # first: cheaper
+              "14b": dict(WAN_COMMON, num_attention_heads=40, ffn_dim=13824, num_layers=40)}
 #: the model zoo's tiny Wan (the dry run)
 TINY_WAN_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=4,
                        out_channels=4, text_dim=64, freq_dim=64, ffn_dim=128, num_layers=2, cross_attn_norm=True,
