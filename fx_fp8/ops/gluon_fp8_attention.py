@@ -1,16 +1,11 @@
 """An FA3-style FP8 attention forward for Hopper in Gluon (`triton.experimental.gluon`): a GPU-run candidate.
 
-NOT VERIFIED NUMERICALLY, AND NOT YET FAST BY CONSTRUCTION: ptxas (CUDA 13, Triton 3.9's) serializes its wgmmas
-(warning C7514, "non wgmma instructions reading accumulator registers of a wgmma between start and end of
-the pipeline stage"; the same with the next tile's QK^T issued after P @ V, and C7512, "insufficient
-register resources", then), so as compiled today its wgmmas do not overlap the softmax. That must be
-found and fixed (read the SASS: `nvdisasm` ships in Triton's backends/nvidia/bin) before a GPU timing
-means anything. Gluon has no CPU interpreter, and no GPU was lent to the session that wrote
+NOT VERIFIED NUMERICALLY. Gluon has no CPU interpreter, and no GPU was lent to the session that wrote
 this: it is compiled for sm_90a on CPU (`GluonASTSource`, tests/ops/test_gluon_attention_compiles.py:
-registers, spills, wgmma serialization) and nothing more. `attention.kernel: gluon` runs it (never chosen
-by `auto`: the measured table has no row for it); benchmarks/attention_kernels.py's `gluon` cell measures
-its speed and its error against float64 attention on the GPU. Until that cell shows an error within the
-bar, treat its output as unknown.
+no spills, ptxas keeps its wgmmas asynchronous (no C7514 / C7512), the partitions' register budgets) and
+nothing more. `attention.kernel: gluon` runs it (never chosen by `auto`: the measured table has no row for
+it); benchmarks/attention_kernels.py's `gluon` cell measures its speed and its error against float64
+attention on the GPU. Until that cell shows an error within the bar, treat its output as unknown.
 
 Inputs are `triton_quant.prepare_qkv`'s (as the Triton kernel's): Q, K (B, H, S_pad, D) e4m3, V^T
 (B, H, D, S_pad) e4m3, fp32 block scales; head dim 128 or 64, no mask, no LSE (the lowering keeps the
@@ -102,9 +97,12 @@ if GLUON_ERROR is None:
             _tma_load(v_desc, [v_row0, i * BLOCK_N], ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _tile(s, i, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty, zero_o, sk_ptr, sv_ptr, bh, S_K, n_k,
-              kv_block, log2_p):
-        """Key tile i's online softmax on its scores s, and its P @ V from a fresh accumulator added in fp32."""
+    def _tile(s, s_next, i, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty, zero_o, sk_ptr, sv_ptr, bh, S_K,
+              n_k, kv_block, log2_p, HAS_NEXT: gl.constexpr):
+        """Key tile i's online softmax on its scores s, and its P @ V from a fresh accumulator added in fp32.
+        With HAS_NEXT, s_next (the next tile's QK^T, in flight) is waited for with P @ V and returned finished:
+        an accumulator still in flight must not cross the loop's back edge (its copies there read the wgmma's
+        registers before the wait, and ptxas then serializes every wgmma: C7514)."""
         BLOCK_N: gl.constexpr = v_smem.shape[2]
         STAGES: gl.constexpr = v_smem.shape[0]
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=zero_o.type.layout, k_width=4)
@@ -122,10 +120,13 @@ if GLUON_ERROR is None:
         pq = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
         # a fresh accumulator for this tile's BLOCK_N keys, added in fp32 below (two-level accumulation)
         pv = warpgroup_mma(pq, v_smem.index(st).permute((1, 0)), zero_o, use_acc=False, is_async=True)
-        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))  # groups retire in order: the next QK^T too
+        if HAS_NEXT:
+            pv, s_next = warpgroup_mma_wait(num_outstanding=0, deps=(pv, s_next))
+        else:
+            pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
         mbarrier.arrive(empty.index(st), count=1)
         rescale = gl.convert_layout(alpha * (sv_cur / sv), row_o)
-        return acc * gl.expand_dims(rescale, 1) + pv, l_i, m_new, sv
+        return acc * gl.expand_dims(rescale, 1) + pv, l_i, m_new, sv, s_next
 
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr,
@@ -159,19 +160,18 @@ if GLUON_ERROR is None:
         q = q_smem.index(WG)
         # QK^T of the first tile; in the loop, the next tile's is issued before this tile's softmax
         mbarrier.wait(ready.index(0), 0)
-        s_next = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         # every tile but the last: the next tile's QK^T goes out before this tile's softmax (the last tile
         # peeled off, so that no wgmma is issued under a condition)
         for i in range(n_tiles - 1):
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_next,))
             nst = (i + 1) % STAGES
             mbarrier.wait(ready.index(nst), ((i + 1) // STAGES) & 1)
             s_next = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            acc, l_i, m_i, sv_cur = _tile(s, i, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty, zero_o,
-                                          sk_ptr, sv_ptr, bh, S_K, n_k, kv_block, log2_p)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_next,))
-        acc, l_i, m_i, sv_cur = _tile(s, n_tiles - 1, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty, zero_o,
-                                      sk_ptr, sv_ptr, bh, S_K, n_k, kv_block, log2_p)
+            acc, l_i, m_i, sv_cur, s = _tile(s, s_next, i, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty,
+                                             zero_o, sk_ptr, sv_ptr, bh, S_K, n_k, kv_block, log2_p, True)
+        acc, l_i, m_i, sv_cur, s = _tile(s, s, n_tiles - 1, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty,
+                                         zero_o, sk_ptr, sv_ptr, bh, S_K, n_k, kv_block, log2_p, False)
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         out = acc * gl.expand_dims(gl.convert_layout(sv_cur / l_safe, row_o), 1)
         b = bh // H
