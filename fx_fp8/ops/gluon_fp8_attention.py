@@ -67,16 +67,9 @@ def new_warp_specialize_api() -> bool:
 
 
 if GLUON_ERROR is None:
-    #: Triton 3.9 names the TMA load async_load (async_copy_global_to_shared is removed); older Gluon has only the
-    #: latter. A module constexpr: the kernels read it at compile time, whichever Triton runs them
-    _TMA_ASYNC_LOAD = gl.constexpr(hasattr(tma, "async_load"))
-
-    @gluon.jit
-    def _tma_load(desc, coord, bar, dst):
-        if _TMA_ASYNC_LOAD:
-            tma.async_load(desc, coord, bar, dst)
-        else:
-            tma.async_copy_global_to_shared(desc, coord, bar, dst)
+    #: Triton 3.9 names the TMA load async_load (async_copy_global_to_shared is removed); 3.6 has only the latter.
+    #: Bound here: the JIT of 3.6 resolves every attribute a kernel's source names, even in an untaken branch
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, q_row0, k_row0, v_row0,

@@ -70,7 +70,8 @@ SEQ_PAD = 128  # sequence padding of the attention layouts: a multiple of every 
 ONE_PASS_ELEMS = 128 * 128
 ONE_PASS_ROTATED_ELEMS = 64 * 128
 #: a two-pass block's steps: ONE_PASS_ROTATED_ELEMS values at 8 warps (the largest rotated tile one pass holds;
-#: 128 x 128 plain values spill 72-252 bytes in the two-pass loop, Triton 3.9), instead of 4096 values at 4
+#: 128 x 128 plain values spill 72-252 bytes in the two-pass loop, Triton 3.9; a rotated Q with the LSE term's
+#: row dots spills 4 bytes at 64 rows on Triton 3.6 and keeps 32-row steps), instead of 4096 values at 4
 #: warps (twice the steps, the Hadamard dots at 32 rows). The same values: the step only
 #: groups rows (bit for bit in the interpreter, tests/ops/test_triton_interpret.py); no spills on sm_90a
 #: (tests/ops/test_cuda_kernel_spills.py). Not yet timed on a GPU: benchmarks/attention_kernels.py times
@@ -288,14 +289,16 @@ def _hadamard_pm1(n: int, device: str) -> torch.Tensor:
     return torch.sign(quant._hadamard_cpu(n)).to(device=device, dtype=torch.float16).contiguous()
 
 
-def _launch_config(block: int, d: int, rotated: bool, wide: bool | None = None) -> tuple[int, bool, int]:
-    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d, rotated (Hadamard) or not;
-    a two-pass block's steps are wide (WIDE_STEPS) or 4096 values."""
+def _launch_config(block: int, d: int, rotated: bool, wide: bool | None = None,
+                   dot: bool = False) -> tuple[int, bool, int]:
+    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d, rotated (Hadamard) or not,
+    with the LSE term's row dot products (`dot`) or not; a two-pass block's steps are wide (WIDE_STEPS)
+    or 4096 values (always with a rotation and the row dots: wide, they spill 4 bytes on Triton 3.6)."""
     rows = triton.next_power_of_2(block)
     limit = ONE_PASS_ROTATED_ELEMS if rotated else ONE_PASS_ELEMS
     if rows * d <= limit:  # the whole block in registers
         return rows, True, 8 if rows * d >= 8192 else 4
-    if WIDE_STEPS if wide is None else wide:  # 64 rows at d=128 per step of the two-pass loop
+    if (WIDE_STEPS if wide is None else wide) and not (rotated and dot):  # 64 rows at d=128 a step
         return ONE_PASS_ROTATED_ELEMS // d, False, 8
     return max(1, 4096 // d), False, 4  # 32 rows at d=128
 
@@ -331,7 +334,7 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
     exact = interpreting() if exact_cast is None else exact_cast
 
     def launch(mode, blk_rows, n_blocks, out, scale, amax):
-        rows, one_pass, warps = _launch_config(blk_rows, d, hadamard, wide_steps)
+        rows, one_pass, warps = _launch_config(blk_rows, d, hadamard, wide_steps, row_dot is not None)
         some = next(t for t in (scale, amax) if t is not None)  # dummy pointer for unused arguments
         _quant_kernel[(n_blocks, b * h)](
             x, mean if mean is not None else some, had if had is not None else some,

@@ -73,7 +73,7 @@ def test_quantization_kernel_does_not_spill(block, d, mode, smooth, hadamard, do
         pytest.skip("no ptxas in this Triton install")
     from fx_fp8.ops.triton_quant import _launch_config, _quant_kernel
 
-    rows, one_pass, warps = _launch_config(block, d, hadamard)
+    rows, one_pass, warps = _launch_config(block, d, hadamard, dot=dot)
     cons = dict(D=d, ROWS=rows, MODE=mode, ONE_PASS=one_pass, SMOOTH=smooth, HADAMARD=hadamard, DOT=dot,
                 TRANSPOSE=transpose, EXACT_CAST=False, stride_d=1)  # the JIT specialises a unit stride
     types = {"x_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
