@@ -115,9 +115,9 @@ POINTER_CONFIGS = {  # sm89 (no TMA), or a Triton without host tensor descriptor
 #: (`fp8_flash_attention(tile=...)`, benchmarks/attention_kernels.py): name -> ({head dim: TMA configs},
 #: P @ V keys a dot). "m64n128": 64 query rows x 128 keys, one warpgroup, one 128-key P @ V dot a tile
 #: (SageAttention2's sm90 shape): ~0.29 instructions a score element against ~0.41 for (64, 64, 4) in
-#: the SASS of Triton 3.6. ptxas -v, sm_90a, Triton 3.9 (2026-12-07, CPU): D=128 (64,128,4,2|3|4)
-#: 218-245 registers, D=64 (64,128,4,3) 156-245, 0 spill stores, no wgmma serialization, in each of
-#: no flags, LSE, key bias, both (DESIGN.md: 236-239 registers under Triton 3.6).
+#: the SASS of Triton 3.6. ptxas -v, sm_90a (2026-12-07, CPU), in each of no flags, LSE, key bias, both:
+#: Triton 3.9 D=128 (64,128,4,2|3|4) 218-245 registers, D=64 (64,128,4,3) 156-245; Triton 3.6 (the GPU
+#: machine's) 226-240 and 137-185; 0 spill stores, no wgmma serialization.
 #: tests/ops/test_cuda_kernel_spills.py recompiles it; its numerics run in the interpreter.
 TILE_CANDIDATES = {
     "m64n128": ({128: [(64, 128, 4, 3), (64, 128, 4, 2)], 64: [(64, 128, 4, 3)]}, 128),
