@@ -82,7 +82,8 @@ CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton"
               "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128", "gluon"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
-GPU_ONLY = {"gluon", "cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
+GPU_ONLY = {"gluon", "cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8",
+            "sage"}
 NO_MASK = {"gluon", "flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
 #: one fixed D / S per variant in quick mode (they answer "which PV_KEYS", not "how fast everywhere")
 QUICK_VARIANT_ROWS = {(128, 16384, False), (128, 32760, False)}

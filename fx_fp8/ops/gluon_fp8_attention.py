@@ -2,9 +2,10 @@
 
 NOT VERIFIED NUMERICALLY. Gluon has no CPU interpreter, and no GPU was lent to the session that wrote
 this: it is compiled for sm_90a on CPU (`GluonASTSource`, tests/ops/test_gluon_attention_compiles.py;
-Triton 3.9 and, by hand on 2026-12-07, Triton 3.6, the GPU machine's: 168 registers at launch, no spills, ptxas keeps its wgmmas asynchronous (no C7514 / C7512), the partitions' register budgets) and
-nothing more. `attention.kernel: gluon` runs it (never chosen by `auto`: the measured table has no row for
-it); benchmarks/attention_kernels.py's `gluon` cell measures its speed and its error against float64
+Triton 3.9 and, by hand on 2026-12-07, Triton 3.6, the GPU machine's: 168 registers at launch, no spills,
+ptxas keeps its wgmmas asynchronous (no C7514 / C7512), the partitions' register budgets) and nothing more.
+`attention.kernel: gluon` runs it (never chosen by `auto`: the measured table has no row for it);
+benchmarks/attention_kernels.py's `gluon` cell measures its speed and its error against float64
 attention on the GPU. Until that cell shows an error within the bar, treat its output as unknown.
 
 Inputs are `triton_quant.prepare_qkv`'s (as the Triton kernel's): Q, K (B, H, S_pad, D) e4m3, V^T
