@@ -22,6 +22,7 @@ a failing candidate shows its error in the table and the run goes on):
   triton_prepass_narrow      the pre-pass as before WIDE_STEPS: two-pass blocks in 32-row steps at 4 warps
   gluon           fx_fp8's FA3-style Gluon kernel (ops/gluon_fp8_attention.py) alone on prepared inputs: a candidate,
                   numerically unverified until this cell's error says otherwise; no masks
+  triton_qtma     the kernel alone with Q loaded through a TMA descriptor too (q_tma=True; a candidate)
   triton_m64n128  the kernel alone on the candidate tile TILE_CANDIDATES["m64n128"] (64 x 128, one warpgroup,
                   128-key P @ V dots), autotuned over its configs: against triton_kernel, the default
   triton_pvN      the kernel alone at a fixed config with P @ V dots of N keys (PV_KEYS sweep)
@@ -79,7 +80,7 @@ BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
             ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
 CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass",
-              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128", "gluon"] + \
+              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128", "triton_qtma", "gluon"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
 GPU_ONLY = {"gluon", "cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8",
@@ -205,7 +206,7 @@ def _prepared(ctx):
     return ctx["prepared"]
 
 
-def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None):
+def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None, q_tma=False):
     from fx_fp8.ops import triton_fp8_attention as ta
 
     (pre, bias) = _prepared(ctx)
@@ -213,7 +214,8 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None
     if ctx["dry"] and config is not None:
         config = (64, config[1], 4, 1)  # the interpreter: one small program shape, same key tile
     kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
-              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config, tile=tile)
+              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config, tile=tile,
+              q_tma=q_tma)
 
     def fn():
         return ta.fp8_flash_attention(*pre, **kw)
@@ -382,6 +384,8 @@ def build(ctx, name):
         return cand_triton_prepass(ctx, wide_steps=False)
     if name == "gluon":
         return cand_gluon(ctx)
+    if name == "triton_qtma":
+        return cand_triton_kernel(ctx, q_tma=True)
     if name == "triton_m64n128":
         if ctx["outlier"]:
             raise Skip("not on the outlier row")

@@ -35,7 +35,8 @@ def test_dry_run_runs_every_row(tmp_path):
             assert "error" not in c, (name, c)
             if name in ak.GPU_ONLY:
                 assert c["skipped"] == "needs a GPU", (name, c)
-        for name in ("triton", "triton_kernel") + (() if r["inputs"] != "gaussian" else ("triton_m64n128",)):
+        for name in ("triton", "triton_kernel", "triton_qtma") + (() if r["inputs"] != "gaussian" else
+                                                                  ("triton_m64n128",)):
             # fx_fp8's kernels ran in the interpreter (the candidate tile too), as accurate as ref
             c = r["cells"][name]
             assert c["ms"] > 0 and c["err"] < 1.1 * r["ref_err"], (name, c, r["ref_err"])

@@ -85,6 +85,10 @@ for name, d in (("d64", 64), ("d128", 128)):
         if bn != launches[-1]["BLOCK_N"] and str(bn) not in entry["other_tiles"]:
             o = real_fa(*kernel_args["args"], **dict(kernel_args["kwargs"], config=(bm, bn, warps, 1)))
             entry["other_tiles"][str(bn)] = rel(o)
+    # Q through a TMA descriptor (a candidate): the same kernel output, bit for bit
+    pointer_q = real_fa(*kernel_args["args"], **kernel_args["kwargs"])
+    tma_q = real_fa(*kernel_args["args"], **dict(kernel_args["kwargs"], q_tma=True))
+    entry["q_tma_same"] = bool(torch.equal(pointer_q, tma_q)) and bool(torch.equal(pointer_q, out))
     # the candidate tiles a GPU run measures against the default (never launched unless named)
     entry["candidate_tiles"] = {t: rel(real_fa(*kernel_args["args"], **dict(kernel_args["kwargs"], tile=t)))
                                 for t in ta.TILE_CANDIDATES}
@@ -121,6 +125,12 @@ def test_shipped_attention_stays_within_the_gpu_bound_under_hopper_accumulation(
     assert r["err"] <= GPU_BOUND * r["ref_err"], r
     for bn, err in r["other_tiles"].items():  # whichever key tile the GPU's autotuner picks
         assert err <= GPU_BOUND * r["ref_err"], (bn, r)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["d64", "d128"])
+def test_q_through_tma_gives_the_same_output(shipped, case):
+    assert shipped[case]["q_tma_same"], shipped[case]
 
 
 @pytest.mark.slow

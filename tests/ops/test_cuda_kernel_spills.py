@@ -32,6 +32,8 @@ def _cases():
     out = []
     for d, configs in TMA_CONFIGS.items():
         out += [pytest.param(d, c, 90, True, None, id=f"tma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
+        # Q through a TMA descriptor too (fp8_flash_attention(q_tma=True), a candidate)
+        out += [pytest.param(d, c, 90, "q", None, id=f"qtma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
     for d, configs in POINTER_CONFIGS.items():  # the pointer path serves sm89 (sm90 loads through TMA)
         out += [pytest.param(d, c, 89, False, None, id=f"ptr-sm89-d{d}-{'x'.join(map(str, c))}") for c in configs]
     for name, (table, pv_keys) in TILE_CANDIDATES.items():  # the tiles a GPU run measures against the default
@@ -46,8 +48,8 @@ def test_autotune_config_does_not_spill(d, config, arch, tma, pv_keys, tmp_path)
         pytest.skip("no ptxas in this Triton install")
     bm, bn, warps, stages = config
     for flags in (dict(lse=False), dict(), dict(bias=True, lse=False), dict(bias=True)):  # every flag combination
-        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=tma, pv_keys=pv_keys,
-                                                  **flags)
+        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=bool(tma), pv_keys=pv_keys,
+                                                  q_tma=tma == "q", **flags)
         regs, spill = _spills(kernel, arch, tmp_path)
         assert spill == 0, f"{config} at D={d} on sm{arch} ({'TMA' if tma else 'pointers'}, {flags}): " \
                            f"{regs} registers, {spill} bytes of spill stores"
