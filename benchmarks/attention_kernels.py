@@ -6,7 +6,7 @@
     python benchmarks/attention_kernels.py --table-from OUT/attention_kernels.json
                                             # write the measured table `attention.kernel: auto` reads
 
-B1 H24, head dim 64 and 128, S 1024 / 4608 / 16384 / 32760 keys = queries; a few rows with a
+B1 H24, head dim 64 and 128, S 1024 / 4608 / 16384 / 32760 / 32768 keys = queries; a few rows with a
 key-padding mask (the last 10 % of keys masked) and one with outlier channels in Q and K (four
 channels x5). Q, K ~ N(0, 1), V ~ N(0.5, 1), bf16. Candidates (each cell is measured on its own;
 a failing candidate shows its error in the table and the run goes on):
@@ -19,6 +19,12 @@ a failing candidate shows its error in the table and the run goes on):
                   autotuned (the chosen config is printed)
   triton_kernel   the kernel alone on prepared inputs;  triton_prepass: the pre-pass alone
   triton_prepass_one_launch  the pre-pass with Q, K and V in one launch (triton_quant.ONE_LAUNCH's candidate)
+  triton_prepass_narrow      the pre-pass as before WIDE_STEPS: two-pass blocks in 32-row steps at 4 warps
+  gluon           fx_fp8's FA3-style Gluon kernel (ops/gluon_fp8_attention.py) alone on prepared inputs: a candidate,
+                  numerically unverified until this cell's error says otherwise; no masks
+  triton_qtma     the kernel alone with Q loaded through a TMA descriptor too (q_tma=True; a candidate)
+  triton_m64n128  the kernel alone on the candidate tile TILE_CANDIDATES["m64n128"] (64 x 128, one warpgroup,
+                  128-key P @ V dots), autotuned over its configs: against triton_kernel, the default
   triton_pvN      the kernel alone at a fixed config with P @ V dots of N keys (PV_KEYS sweep)
   triton_inplace  the kernel alone, P @ V accumulated in place across tiles (the old structure)
   cudnn_fp8       fx_fp8's cuDNN FP8 SDPA path (per-tensor scales, FP8 O, the pre-pass included)
@@ -57,8 +63,9 @@ except ImportError:
     sys.path.insert(0, ROOT)
 
 H = 24
-FULL_GRID = [(d, s) for d in (128, 64) for s in (1024, 4608, 16384, 32760)]
-QUICK_GRID = [(128, 4608), (128, 16384), (128, 32760), (64, 4608)]
+# 32768 beside 32760 (Wan's 480p length): cuDNN BF16 runs slowly at the odd length, flattering every ratio there
+FULL_GRID = [(d, s) for d in (128, 64) for s in (1024, 4608, 16384, 32760, 32768)]
+QUICK_GRID = [(128, 4608), (128, 16384), (128, 32760), (128, 32768), (64, 4608)]
 MASK_ROWS = [(128, 4608), (128, 16384), (64, 16384)]
 QUICK_MASK_ROWS = [(128, 4608)]
 OUTLIER_ROWS = [(128, 4608)]
@@ -73,11 +80,12 @@ BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
             ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
 CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass",
-              "triton_prepass_one_launch"] + \
+              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128", "triton_qtma", "gluon"] + \
              [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
 #: candidates that need a GPU library (skipped in a dry run)
-GPU_ONLY = {"cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
-NO_MASK = {"flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
+GPU_ONLY = {"gluon", "cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8",
+            "sage"}
+NO_MASK = {"gluon", "flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
 #: one fixed D / S per variant in quick mode (they answer "which PV_KEYS", not "how fast everywhere")
 QUICK_VARIANT_ROWS = {(128, 16384, False), (128, 32760, False)}
 
@@ -88,7 +96,7 @@ class Skip(Exception):
 
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer rows (D128 S 4608 / 16384 / 32760, D64 S 4608)")
+    ap.add_argument("--quick", action="store_true", help="fewer rows (D128 S 4608 / 16384 / 32760 / 32768, D64 S 4608)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: every row")
     ap.add_argument("--out-dir", default=None, help="write attention_kernels.json here")
     ap.add_argument("--only", default=None, help="comma-separated candidate names to run (default: all)")
@@ -198,7 +206,7 @@ def _prepared(ctx):
     return ctx["prepared"]
 
 
-def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
+def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None, q_tma=False):
     from fx_fp8.ops import triton_fp8_attention as ta
 
     (pre, bias) = _prepared(ctx)
@@ -206,14 +214,15 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
     if ctx["dry"] and config is not None:
         config = (64, config[1], 4, 1)  # the interpreter: one small program shape, same key tile
     kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
-              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config)
+              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config, tile=tile,
+              q_tma=q_tma)
 
     def fn():
         return ta.fp8_flash_attention(*pre, **kw)
     note = ""
     if config is None and not ctx["dry"]:
         fn()  # autotune now, to name the config it picked
-        tuned = ta._attn_fwd_tma_tuned if ta.tma_available(q.device) else ta._attn_fwd_pointer_tuned
+        tuned = ta._tuned_kernel(tile, ta.tma_available(q.device))
         best = getattr(tuned, "best_config", None)
         if best is not None:
             note = f"{best.kwargs.get('BLOCK_M')}x{best.kwargs.get('BLOCK_N')}x{best.num_warps}w{best.num_stages}s"
@@ -222,15 +231,29 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None):
     return fn, note
 
 
-def cand_triton_prepass(ctx, one_launch: bool = False):
+def cand_gluon(ctx):
+    from fx_fp8.ops import gluon_fp8_attention as ga
+
+    (pre, _) = _prepared(ctx)
+    q = ctx["q"]
+    kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
+              out_dtype=q.dtype)
+
+    def fn():
+        return ga.fp8_flash_attention(*pre, **kw)
+    return fn, f"{ga.BLOCK_M}x2 rows x {ga.BLOCK_N} keys, {ga.STAGES} stages, unverified"
+
+
+def cand_triton_prepass(ctx, one_launch: bool = False, wide_steps=None):
     from fx_fp8.ops import triton_quant
 
     q, k, v = ctx["q"], ctx["k"], ctx["v"]
 
     def fn():
         triton_quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True,
-                                 smooth_k=True, one_launch=one_launch)
-    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "")
+                                 smooth_k=True, one_launch=one_launch, wide_steps=wide_steps)
+    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "") + \
+        (", 32-row steps" if wide_steps is False else "")
 
 
 def cand_cudnn_fp8(ctx):
@@ -357,6 +380,16 @@ def build(ctx, name):
         return cand_triton_prepass(ctx)
     if name == "triton_prepass_one_launch":
         return cand_triton_prepass(ctx, one_launch=True)
+    if name == "triton_prepass_narrow":
+        return cand_triton_prepass(ctx, wide_steps=False)
+    if name == "gluon":
+        return cand_gluon(ctx)
+    if name == "triton_qtma":
+        return cand_triton_kernel(ctx, q_tma=True)
+    if name == "triton_m64n128":
+        if ctx["outlier"]:
+            raise Skip("not on the outlier row")
+        return cand_triton_kernel(ctx, tile="m64n128")
     for vname, pv, two_level, config in VARIANTS:
         if name == vname:
             key = (ctx["d"], ctx["s"], ctx["mask"] is not None)

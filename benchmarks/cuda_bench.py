@@ -2,6 +2,7 @@
 
     python benchmarks/cuda_bench.py --quick                      # linears, conditioning linears, attention: <= 5 min
     python benchmarks/cuda_bench.py --flux                       # full-depth Flux-dev, <= 5 min more
+    python benchmarks/cuda_bench.py --wan                        # Wan2.1 14B and 1.3B shapes at 480p, <= 5 min
     python benchmarks/cuda_bench.py --quick --out benchmarks/RESULTS.md   # ... and append a dated section
     python benchmarks/cuda_bench.py --dry-run                    # CPU, tiny shapes: every row of both modes
     benchmarks/gpu_run.sh quick flux                             # the same on the GPU machine, with its logs
@@ -37,6 +38,18 @@
   then a second table, GPU kernel time per forward kernel by kernel for every variant, the kernels
   with the largest |fx_fp8 prepared - torchao| first (where fx_fp8's kernel time goes that torchao's
   does not), then all others and the total.
+
+--wan, two tables per model (printed last): WanTransformer3DModel shaped as Wan2.1-14B (40 blocks, width
+  5120, 40 heads x 128, FFN 13824) and Wan2.1-1.3B (30 blocks, width 1536, 12 heads, FFN 8960), random
+  bf16 weights built on the GPU, 480x832 x 81 frames (32760 tokens; --wan-resolutions 720p: 75600), every
+  block compiled once: BF16 eager (the error reference), BF16 Inductor (the row names the SDPA backend
+  torch's default dispatch picks), fx_fp8 prepared (attention.kernel auto), fx_fp8 prepared with FP8
+  attention forced (attention.kernel triton), torchao float8 row-wise, and the same plus torchao's
+  low-precision attention (torchao.prototype.attention.apply_low_precision_attention, where the installed
+  torchao has it; the row says why not otherwise). The --flux columns and the kernel-by-kernel table.
+  Not yet run on a GPU. Expected on an H200 (estimates, from the FLOP count, not measured): a 14B forward
+  at 32760 tokens ~2-4 s, so ~30-60 s a variant with its compile; --wan-depth N (fewer blocks) or
+  --wan-variants keep a run inside --budget, which skips the variants that would not finish.
 
 Every row: ms = triton.testing.do_bench median with L2 flushed; wall / launch / kernel ms per call and
 the kernels with their share of GPU time (torch.profiler): see benchmarks/gpu_timing.py. Ratios are
@@ -685,7 +698,7 @@ def regional_compile(model: nn.Module, **compile_kwargs) -> None:
         model.compile_repeated_blocks(**compile_kwargs)
         return
     for module in model.modules():
-        if type(module).__name__ in ("FluxTransformerBlock", "FluxSingleTransformerBlock"):
+        if type(module).__name__ in ("FluxTransformerBlock", "FluxSingleTransformerBlock", "WanTransformerBlock"):
             module.compile(**compile_kwargs)
 
 
@@ -778,6 +791,175 @@ def bench_flux(bench: Bench) -> None:
         longest = max(longest, time.perf_counter() - t0)
 
 
+# -- Wan ----------------------------------------------------------------------------------------------
+#: WanTransformer3DModel shapes: Wan2.1-1.3B (torchao's published case) and Wan2.1-14B (diffusers' defaults),
+#: in the order --wan runs them: should --budget run out, the 14B variants are the ones skipped
+WAN_COMMON = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
+                  freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
+WAN_SHAPES = {"1.3b": dict(WAN_COMMON, num_attention_heads=12, ffn_dim=8960, num_layers=30),  # first: cheaper
+              "14b": dict(WAN_COMMON, num_attention_heads=40, ffn_dim=13824, num_layers=40)}
+#: the model zoo's tiny Wan (the dry run)
+TINY_WAN_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=4,
+                       out_channels=4, text_dim=64, freq_dim=64, ffn_dim=128, num_layers=2, cross_attn_norm=True,
+                       qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+#: (height, width, frames) of a video -> latent (frames, height, width): Wan's VAE compresses 4x in time, 8x in
+#: space; the (1, 2, 2) patches make 480x832 x 81 frames 21 x 30 x 52 = 32760 tokens, 720x1280 75600
+WAN_RESOLUTIONS = {"480p": (480, 832, 81), "720p": (720, 1280, 81)}
+WAN_TEXT_TOKENS = 512
+FX_FP8_FORCED = "fx_fp8 prepared, FP8 attention forced"
+TORCHAO_ATTENTION = "torchao float8 row-wise + FP8 attention"
+#: --wan-variants keys -> the variants' names, in the order they run
+WAN_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": FX_FP8_PREPARED,
+                "fx_fp8_fp8_attention": FX_FP8_FORCED, "torchao": TORCHAO, "torchao_attention": TORCHAO_ATTENTION}
+#: timed forwards a Wan variant (a 14B forward at 32760 tokens takes seconds)
+WAN_FORWARDS = 3
+
+
+def wan_tokens(config: dict, height: int, width: int, frames: int) -> int:
+    pt, ph, pw = config["patch_size"]
+    return ((frames - 1) // 4 + 1) // pt * (height // 8 // ph) * (width // 8 // pw)
+
+
+def build_wan(config: dict, device: str, seed: int = 0) -> nn.Module:
+    """WanTransformer3DModel from `config`, built on `device` in bf16 with seeded random weights (each
+    module's own initialisation; the rotary tables computed as diffusers does): nothing is downloaded."""
+    import diffusers
+
+    previous = torch.get_default_dtype()
+    torch.manual_seed(seed)
+    try:
+        with warnings.catch_warnings(), torch.device(device):
+            warnings.simplefilter("ignore")
+            torch.set_default_dtype(torch.bfloat16)  # parameters made in bf16: no fp32 copy of 14B weights
+            model = diffusers.WanTransformer3DModel(**config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def wan_inputs(config: dict, height: int, width: int, frames: int, device: str, seed: int = 0) -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+    latent = (1, config["in_channels"], (frames - 1) // 4 + 1, height // 8, width // 8)
+    return dict(hidden_states=torch.randn(latent, device=device, generator=g, dtype=torch.bfloat16),
+                encoder_hidden_states=torch.randn(1, WAN_TEXT_TOKENS if device == "cuda" else 16, config["text_dim"],
+                                                  device=device, generator=g, dtype=torch.bfloat16),
+                timestep=torch.full((1,), 500, device=device, dtype=torch.long), return_dict=False)
+
+
+def default_sdpa_backend(heads: int, tokens: int, head_dim: int, device: str) -> str:
+    """The backend torch's default SDPA dispatch picks for Wan's self-attention (bf16, no mask)."""
+    if device != "cuda":
+        return "CPU SDPA (dry run)"
+    q = torch.empty(1, heads, tokens, head_dim, device=device, dtype=torch.bfloat16)
+    try:
+        from torch.nn.attention import SDPBackend
+
+        return SDPBackend(torch._fused_sdp_choice(q, q, q)).name
+    except Exception as e:  # a private API: say so rather than guess
+        return f"unknown ({type(e).__name__}: {e})"
+
+
+def wan_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Callable, Callable]]:
+    """(name, prepare(model) -> note, compile(model), note(model)) of the --wan-variants, in WAN_VARIANTS'
+    order. Each builds its own model (same seed, same weights); every block class compiled once."""
+    import fx_fp8
+
+    forced = {**(bench.fx_options or {}), "attention": {**(bench.fx_options or {}).get("attention", {}),
+                                                        "kernel": "triton"}}
+    fx = {"options": bench.fx_options} if bench.fx_options else {}
+
+    def report(model):
+        return fx_fp8_summary(model, "linear") + "; " + fx_fp8_summary(model, "attention")
+
+    def prepared(model):
+        r = fx_fp8.prepare_model(model)
+        return (f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
+                f"weight-only), {len(r['native'])} native")
+
+    def torchao_quantized(model, attention=False):
+        torchao_float8_rowwise(model, bench.dry)
+        note = f"{ao_state}: quantize_ on every nn.Linear"
+        if attention:
+            from torchao.prototype.attention import apply_low_precision_attention
+
+            apply_low_precision_attention(model)  # rewrites F.scaled_dot_product_attention calls (its default backend)
+            note += "; torchao.prototype.attention.apply_low_precision_attention (default config)"
+        return note
+
+    every = {
+        "eager": (None, None, None),
+        "inductor": (None, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "fx_fp8": (prepared, lambda m: regional_compile(m, backend="fp8", **fx), report),
+        "fx_fp8_fp8_attention": (prepared, lambda m: regional_compile(m, backend="fp8", options=forced), report),
+        "torchao": (torchao_quantized, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "torchao_attention": (lambda m: torchao_quantized(m, attention=True),
+                              lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+    }
+    return [(WAN_VARIANTS[key], *every[key]) for key in WAN_VARIANTS if key in bench.args.wan_variants]
+
+
+def bench_wan(bench: Bench) -> None:
+    try:
+        import diffusers  # noqa: F401
+    except Exception as e:
+        bench.add(Row("wan", "model", "all", f"skipped: diffusers not importable ({type(e).__name__}: {e})"))
+        return
+    torchao, ao_state = torchao_state()
+    cases = [("tiny", "dry")] if bench.dry else \
+        [(m, r) for r in bench.args.wan_resolutions for m in bench.args.wan_models]
+    for model_key, res in cases:
+        config = dict(TINY_WAN_CONFIG if bench.dry else WAN_SHAPES[model_key])
+        if bench.args.wan_depth:
+            config["num_layers"] = bench.args.wan_depth
+        height, width, frames = (32, 32, 9) if bench.dry else WAN_RESOLUTIONS[res]
+        tokens = wan_tokens(config, height, width, frames)
+        heads = config["num_attention_heads"]
+        case = (f"Wan {model_key} ({config['num_layers']} blocks, width {heads * config['attention_head_dim']}, "
+                f"{heads} heads, FFN {config['ffn_dim']}), {height}x{width} x {frames} frames = {tokens} tokens")
+        sdpa = default_sdpa_backend(heads, tokens, config["attention_head_dim"], bench.device)
+        kwargs = wan_inputs(config, height, width, frames, bench.device)
+        reference, longest = None, 0.0
+        for name, prepare, compile_, note in wan_variants(bench, ao_state):
+            if name in (TORCHAO, TORCHAO_ATTENTION) and torchao is None:
+                bench.add(Row("wan", case, name, ao_state))
+                continue
+            if name == TORCHAO_ATTENTION and bench.dry:
+                bench.add(Row("wan", case, name, "not in a dry run: its FP8 attention is FlashAttention-3's (GPU)"))
+                continue
+            if not bench.fits(longest):
+                bench.add(Row("wan", case, name, "skipped: time budget"))
+                continue
+            t0 = time.perf_counter()
+            row = Row("wan", case, name)
+
+            def run(prepare=prepare, compile_=compile_, note=note, row=row):
+                model = build_wan(config, bench.device)
+                notes = [prepare(model)] if prepare else []
+                row.extra["build s"] = time.perf_counter() - t0
+                if compile_ is not None:
+                    compile_(model)
+                timing, out = measure_model(bench, row, lambda: model(**kwargs)[0], reference,
+                                            forwards=2 if bench.dry else WAN_FORWARDS)
+                if name in ("BF16 eager", "BF16 Inductor"):
+                    notes.append(f"SDPA default dispatch: {sdpa}")
+                row.note = "; ".join(notes + ([note(model)] if note else []))
+                return timing, out
+
+            result = bench.cell(f"wan {name}", run)
+            if isinstance(result, tuple):
+                row.timing, out = result
+                if reference is None and name == "BF16 eager":
+                    reference = out
+            else:
+                row.timing = result
+            bench.add(row)
+            torch._dynamo.reset()
+            gc.collect()
+            if bench.device == "cuda":
+                torch.cuda.empty_cache()
+            longest = max(longest, time.perf_counter() - t0)
+
+
 def compile_counts() -> tuple[int, int, int]:
     """(graphs Dynamo traced, Inductor FX-graph compiles, FX-graph cache hits) so far in this process."""
     from torch._dynamo.utils import counters
@@ -787,9 +969,11 @@ def compile_counts() -> tuple[int, int, int]:
         ind["fxgraph_cache_hit"]
 
 
-def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple[Timing, torch.Tensor]:
+def measure_model(bench: Bench, row: Row, forward: Callable, reference, forwards: Optional[int] = None
+                  ) -> tuple[Timing, torch.Tensor]:
     """First call (compile), two more (CUDA graphs: warm-up, recording), the output of the fourth
-    (a replay) against `reference`, then back-to-back forwards and one profiled forward."""
+    (a replay) against `reference`, then `forwards` back-to-back forwards (default 5, 2 in a dry run)
+    and one profiled forward."""
     before = compile_counts()
     if bench.device == "cuda":
         torch.cuda.synchronize()
@@ -811,7 +995,7 @@ def measure_model(bench: Bench, row: Row, forward: Callable, reference) -> tuple
     out = step().clone()  # a replay's output is overwritten by the next one
     if reference is not None:
         row.err = rel(out, reference)
-    wall, launch = bench.timer.wall_and_launch(step, 2 if bench.dry else 5)
+    wall, launch = bench.timer.wall_and_launch(step, forwards or (2 if bench.dry else 5))
     kernel_ms, per_call, kernels = bench.timer.profile(step, 1)  # one forward: thousands of kernels
     host = bench.timer.host_profile(step, 1, top=12) if is_fx_fp8(row.contender) else []
     if bench.device == "cuda":
@@ -891,6 +1075,13 @@ FLUX_NOTES = ("ms / forward: 5 back-to-back forwards after 4 (compile, warm-up, 
               "inside CUDA graphs). err: relative L2 error of the output against BF16 eager on the same weights.")
 
 
+WAN_NOTES = (f"As --flux, with {WAN_FORWARDS} timed forwards a variant. Random bf16 weights (each module's own "
+             "initialisation), latent noise, 512 text tokens of width 4096, timestep 500. BF16 rows name the backend "
+             "torch's default SDPA dispatch picks for the self-attention. FP8 attention forced: attention.kernel "
+             "triton (auto keeps attention native where the measured table says BF16 is faster). torchao + FP8 "
+             "attention: torchao.prototype.attention.apply_low_precision_attention on the float8 row-wise model.")
+
+
 ATTRIBUTION_NOTES = ("ms per forward of each kernel (torch.profiler, one profiled forward; kernels are named without "
                      "templates or parameters, so Inductor's fused kernels are told apart by their generated names). "
                      "Largest |fx_fp8 prepared - torchao| first; all others: the remaining kernels summed; total: "
@@ -903,6 +1094,16 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="linears, conditioning (adaLN, M 1) linears and attention (the default with no mode)")
     ap.add_argument("--flux", action="store_true",
                     help="the full-depth Flux-dev model, and its GPU kernel time by kernel per variant")
+    ap.add_argument("--wan", action="store_true",
+                    help="Wan2.1-shaped video transformers (14B, 1.3B) at 480p x 81 frames, kernel time by kernel")
+    ap.add_argument("--wan-models", type=_choices(WAN_SHAPES), default=tuple(WAN_SHAPES), metavar="KEYS",
+                    help=f"comma list from {','.join(WAN_SHAPES)} (default: both)")
+    ap.add_argument("--wan-resolutions", type=_choices(WAN_RESOLUTIONS), default=("480p",), metavar="KEYS",
+                    help=f"comma list from {','.join(WAN_RESOLUTIONS)} (default 480p: 32760 tokens; 720p: 75600)")
+    ap.add_argument("--wan-depth", type=int, default=None, metavar="BLOCKS",
+                    help="blocks of every Wan model (default: the model's own, 40 / 30)")
+    ap.add_argument("--wan-variants", type=_choices(WAN_VARIANTS), default=tuple(WAN_VARIANTS), metavar="KEYS",
+                    help=f"comma list of Wan variants from {','.join(WAN_VARIANTS)} (default: all)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every row, to check the script")
     ap.add_argument("--out", help="append a dated markdown section with the tables to this file")
     ap.add_argument("--budget", type=float, default=None,
@@ -919,7 +1120,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         ap.error(f"--budget must be positive seconds, got {args.budget}")
-    if not args.quick and not args.flux:
+    if args.wan_depth is not None and args.wan_depth < 1:
+        ap.error(f"--wan-depth must be at least 1 block, got {args.wan_depth}")
+    if not args.quick and not args.flux and not args.wan:
         args.quick = True
         args.flux = args.dry_run  # a dry run checks both modes; a GPU run without a mode is --quick
     if args.budget is None and not args.dry_run:
@@ -946,6 +1149,17 @@ def _variants(text: str) -> tuple[str, ...]:
     return keys
 
 
+def _choices(table: dict) -> Callable:
+    def parse(text: str) -> tuple[str, ...]:
+        keys = tuple(k.strip() for k in text.split(",") if k.strip())
+        unknown = [k for k in keys if k not in table]
+        if unknown or not keys:
+            raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}: expected a comma list of "
+                                             f"{', '.join(table)}")
+        return keys
+    return parse
+
+
 def _on_sigterm(signum, frame):
     raise Terminated()
 
@@ -960,7 +1174,7 @@ def main(argv=None) -> int:
     env = environment(bench.device)
     print("\n".join(f"- {x}" for x in env) + "\n", flush=True)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    modes = [m for m in ("quick", "flux") if getattr(args, m)]
+    modes = [m for m in ("quick", "flux", "wan") if getattr(args, m)]
     parts, status, t_start = [], 0, time.perf_counter()
     try:
         with torch.no_grad(), _quiet():
@@ -972,6 +1186,8 @@ def main(argv=None) -> int:
                         bench_linears(bench)
                         bench_conditioning(bench)
                         bench_attention(bench)
+                    elif mode == "wan":
+                        bench_wan(bench)
                     else:
                         bench_flux(bench)
                 finally:
@@ -1003,6 +1219,14 @@ def render(mode: str, rows: list[Row], seconds: float) -> str:
         return (f"### cuda_bench --quick: linears, conditioning linears and attention, bf16 ({seconds:.0f} s)\n\n"
                 + quick_table(rows) + "\n" + QUICK_NOTES + "\n\n"
                 + "#### CPU time per call of the fx_fp8 rows, by Python function\n\n" + host_table(rows))
+    if mode == "wan":
+        cases = list(dict.fromkeys(r.case for r in rows))
+        return "".join(
+            f"### cuda_bench --wan: {case}, regional compile ({seconds:.0f} s in all)\n\n"
+            + flux_table([r for r in rows if r.case == case]) + "\n" + WAN_NOTES + "\n\n"
+            + "#### GPU kernel time per forward, by kernel\n\n"
+            + kernel_attribution_table([r for r in rows if r.case == case]) + "\n" + ATTRIBUTION_NOTES + "\n\n"
+            for case in cases) or "### cuda_bench --wan: no rows\n"
     return (f"### cuda_bench --flux: {rows[0].case if rows else 'Flux'}, regional compile ({seconds:.0f} s)\n\n"
             + flux_table(rows) + "\n" + FLUX_NOTES + "\n\n"
             + "#### GPU kernel time per forward, by kernel\n\n" + kernel_attribution_table(rows) + "\n"

@@ -5,13 +5,20 @@
 #
 #   benchmarks/gpu_run.sh [STEP ...]      (default: env quick)
 #
+# The next GPU run (one call, ~8.5 min from a started machine; estimates, not measured):
+#   benchmarks/gpu_run.sh env pytest attention wan
+#   env ~10 s, wheels ~10 s, pytest -m cuda ~90 s, attention ~120 s, wan <= 300 s
+#
 # steps (seconds of timeout; override with e.g. QUICK_TIMEOUT=400):
 #   env        nvidia-smi, versions, what is installed (60)
 #   quick      benchmarks/cuda_bench.py --quick: linears, conditioning linears, attention (QUICK_TIMEOUT, 320)
 #   flux       benchmarks/cuda_bench.py --flux: full-depth Flux-dev (FLUX_TIMEOUT, 320)
 #   pytest     python -m pytest -m cuda -q <repo>/tests (PYTEST_TIMEOUT, 300); its junit report becomes
 #              $OUT/gpu_record.csv (benchmarks/gpu_record.py add: the record with this run merged)
-#   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300)
+#   attention  benchmarks/attention_kernels.py --quick (ATTENTION_TIMEOUT, 300): every kernel candidate, the
+#              m64n128 tile, the Gluon kernel, the pre-pass with wide / 32-row steps, at 4608-32768 keys
+#   wan        benchmarks/cuda_bench.py --wan: Wan2.1 1.3B and 14B shapes at 480p (WAN_TIMEOUT, 320;
+#              its --budget, 280 s, skips the variants that would not finish and says so)
 #   w8a16      benchmarks/w8a16_forms.py: the weight-only kernel's forms on the conditioning linears (W8A16_TIMEOUT, 180)
 #   tune       benchmarks/tune_run.py: fx_fp8.tune on Flux-dev's and Wan-14B's shapes, tables in $OUT/tune (TUNE_TIMEOUT, 300)
 # Each step logs to $OUT/<step>.log; $OUT/gpu_run.log gets the environment and one line per step
@@ -35,8 +42,8 @@ STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(env quick)
 
 for step in "${STEPS[@]}"; do
-  case $step in env|quick|flux|pytest|attention|w8a16|tune) ;;
-    *) echo "gpu_run.sh: unknown step '$step' (expected env, quick, flux, pytest, attention, w8a16, tune)" >&2; exit 2 ;;
+  case $step in env|quick|flux|pytest|attention|w8a16|wan|tune) ;;
+    *) echo "gpu_run.sh: unknown step '$step' (expected env, quick, flux, pytest, attention, w8a16, wan, tune)" >&2; exit 2 ;;
   esac
 done
 
@@ -109,6 +116,7 @@ run_step() {
     attention) limit=${ATTENTION_TIMEOUT:-300}; cmd=("$PYTHON" "$REPO/benchmarks/attention_kernels.py" --quick ${ATTENTION_ARGS:-}) ;;
     w8a16)     limit=${W8A16_TIMEOUT:-180};     cmd=("$PYTHON" "$REPO/benchmarks/w8a16_forms.py" --out "$OUT/RESULTS.md") ;;
     tune)      limit=${TUNE_TIMEOUT:-300};      cmd=(env FX_FP8_TUNE_DIR="$OUT/tune" "$PYTHON" "$REPO/benchmarks/tune_run.py" --out-dir "$OUT/tune" --results "$OUT/RESULTS.md" ${TUNE_ARGS:-}) ;;
+    wan)       limit=${WAN_TIMEOUT:-320};       cmd=("$PYTHON" "$REPO/benchmarks/cuda_bench.py" --wan --out "$OUT/RESULTS.md" ${BENCH_ARGS:-}) ;;
   esac
   if [ "$step" = attention ] && [ ! -f "$REPO/benchmarks/attention_kernels.py" ]; then
     note "step attention: benchmarks/attention_kernels.py is not in this checkout"; return 2

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from fx_fp8.config.values import check_bool, check_choice, check_int, is_number, short_repr
 
 ATTENTION_GRANULARITIES = ("tensor", "head", "block", "mx")
-ATTENTION_KERNELS = ("auto", "triton", "cudnn")
+ATTENTION_KERNELS = ("auto", "triton", "cudnn", "gluon")  # gluon: a GPU-run candidate, never picked by auto
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class AttentionQuantConfig:
       length (cross-attention to a short prompt) stays native; joint attention
       (keys = the image tokens plus a few more) is quantized.
     cross_attention: quantize attention whatever its key length (overrides min_kv_ratio).
-    kernel: CUDA attention kernel: "auto", "triton" or "cudnn" (ignored elsewhere).
+    kernel: CUDA attention kernel: "auto", "triton", "cudnn" or "gluon" (a GPU-run candidate, numerically
+      unverified; see ops/gluon_fp8_attention.py) (ignored elsewhere).
     """
 
     granularity: str = "block"

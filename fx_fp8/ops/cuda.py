@@ -36,6 +36,9 @@ Attention (attention.kernel):
 * "cudnn": cuDNN's FP8 SDPA through nvidia-cudnn-frontend (`cudnn_attention`),
   per-tensor scales only, an explicit opt-in by default (its emulated SQNR is
   below the block recipe's bar, see cudnn_attention).
+* "gluon": the same pre-pass, then the FA3-style Gluon kernel of
+  `gluon_fp8_attention` (sm90, head dims 64 / 128, no mask, no LSE): a candidate
+  for a GPU run to measure, numerically unverified, never chosen by "auto".
 "auto" resolves at compile time by the measured table of this GPU (`tune_table`: the
 user's `fx-fp8 tune` table, else a shipped one; `attention_table` reads its rows:
 GPU, head dim, mask, key length -> the fastest kernel within 1.5x of the
@@ -100,11 +103,11 @@ def is_key_padding_mask(shape, b, h, s_k) -> bool:
 
 
 def resolve_kernel(kernel: str) -> str:
-    """attention.kernel -> the kernel that runs ("triton" or "cudnn")."""
+    """attention.kernel -> the kernel that runs ("triton", "cudnn" or "gluon")."""
     if kernel == "auto":
         return AUTO_KERNEL
-    if kernel not in ("triton", "cudnn"):
-        raise ValueError(f"unknown attention kernel {kernel!r}: expected 'auto', 'triton' or 'cudnn'")
+    if kernel not in ("triton", "cudnn", "gluon"):
+        raise ValueError(f"unknown attention kernel {kernel!r}: expected 'auto', 'triton', 'cudnn' or 'gluon'")
     return kernel
 
 
@@ -154,12 +157,32 @@ class CudaLowering(Lowering):
                 shape = ", ".join(size_str(s) for s in attn_mask.shape)
                 return (f"mask not supported by the Triton FP8 kernel (shape ({shape}); "
                         "only key-padding masks broadcastable to (B, H, 1, Sk))")
+        if cfg.kernel == "gluon":
+            return self._gluon_reason(q, cfg, attn_mask, need_lse)
         if cfg.kernel == "auto":
             kernel, why = self._auto_kernel(q, k, v, cfg, attn_mask, need_lse)
             if kernel == "native":  # the measured table: native BF16 attention is faster here, and exact
                 return (f"attention.kernel auto: native attention is faster here ({why}); "
                         "attention.kernel: triton runs FP8 anyway")
         return None  # need_lse: the kernel writes the LSE when asked
+
+    @staticmethod
+    def _gluon_reason(q, cfg, attn_mask, need_lse) -> Optional[str]:
+        """What keeps a node the Triton kernel accepts from the Gluon candidate (sm90, no mask, no LSE, FP8 P,
+        128-key tiles inside the K / V blocks)."""
+        from fx_fp8.ops import gluon_fp8_attention
+
+        reason = device_reason(q, (9, 0), "TMA and wgmma for the Gluon FP8 attention kernel")
+        if reason:
+            return f"attention.kernel=gluon: {reason}"
+        reason = gluon_fp8_attention.attention_reason(concrete(q.shape[-1]), masked=attn_mask is not None,
+                                                      need_lse=need_lse)
+        if reason is None and not cfg.quantize_p:
+            reason = "the Gluon FP8 attention kernel quantizes P (attention.quantize_p: false needs triton)"
+        if reason is None and cfg.granularity == "block" and cfg.kv_block % gluon_fp8_attention.BLOCK_N:
+            reason = (f"kv_block={cfg.kv_block} is not a multiple of the Gluon kernel's "
+                      f"{gluon_fp8_attention.BLOCK_N}-key tile")
+        return f"attention.kernel=gluon: {reason}" if reason else None
 
     def _auto_kernel(self, q, k, v, cfg, attn_mask, need_lse) -> tuple[str, str]:
         """attention.kernel "auto" by the measured table (attention_table): (kernel or "native", why)."""
@@ -189,7 +212,9 @@ class CudaLowering(Lowering):
         kernel, why = resolve_kernel(cfg.kernel), ""
         if cfg.kernel == "auto":
             kernel, why = self._auto_kernel(q, k, v, cfg, attn_mask, need_lse)
-        how = "cuDNN FP8 SDPA, per-tensor scales, FP8 output" if kernel == "cudnn" else "Triton FP8 kernel"
+        how = {"cudnn": "cuDNN FP8 SDPA, per-tensor scales, FP8 output",
+               "gluon": "Gluon FA3-style FP8 kernel (a candidate: numerically unverified)"}.get(kernel,
+                                                                                                 "Triton FP8 kernel")
         if cfg.kernel == "auto":
             how += f" (attention.kernel: auto; {why})"
         return kernel, how + (", LSE" if need_lse else "")
@@ -234,6 +259,12 @@ class CudaLowering(Lowering):
         qq, sq, kq, sk, vt, sv, shift = triton_quant.prepare_qkv(
             q, k, v, granularity=granularity, q_block=q_block, kv_block=kv_block, hadamard=hadamard,
             smooth_k=smooth_k, lse_shift=return_lse)
+        if resolve_kernel(kernel) == "gluon":  # attention_reason let only maskless, LSE-free FP8-P nodes through
+            from fx_fp8.ops import gluon_fp8_attention
+
+            return gluon_fp8_attention.fp8_flash_attention(qq, sq, kq, sk, vt, sv, s_q=q.shape[2], s_k=k.shape[2],
+                                                           softmax_scale=softmax_scale, q_block=q_block,
+                                                           kv_block=kv_block, p_scale=p_scale, out_dtype=q.dtype)
         b, h, s_q, _ = q.shape
         bias = key_bias(attn_mask, b, h, k.shape[2])
         res = fp8_flash_attention(qq, sq, kq, sk, vt, sv, s_q=s_q, s_k=k.shape[2], softmax_scale=softmax_scale,

@@ -111,6 +111,17 @@ POINTER_CONFIGS = {  # sm89 (no TMA), or a Triton without host tensor descriptor
     128: [(128, 32, 8, 3)],
     64: [(128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)],
 }
+#: Candidate tiles a GPU run measures against the autotuned default above; never used unless named
+#: (`fp8_flash_attention(tile=...)`, benchmarks/attention_kernels.py): name -> ({head dim: TMA configs},
+#: P @ V keys a dot). "m64n128": 64 query rows x 128 keys, one warpgroup, one 128-key P @ V dot a tile
+#: (SageAttention2's sm90 shape): ~0.29 instructions a score element against ~0.41 for (64, 64, 4) in
+#: the SASS of Triton 3.6. ptxas -v, sm_90a (2026-12-07, CPU), in each of no flags, LSE, key bias, both:
+#: Triton 3.9 D=128 (64,128,4,2|3|4) 218-245 registers, D=64 (64,128,4,3) 156-245; Triton 3.6 (the GPU
+#: machine's) 226-240 and 137-185; 0 spill stores, no wgmma serialization.
+#: tests/ops/test_cuda_kernel_spills.py recompiles it; its numerics run in the interpreter.
+TILE_CANDIDATES = {
+    "m64n128": ({128: [(64, 128, 4, 3), (64, 128, 4, 2)], 64: [(64, 128, 4, 3)]}, 128),
+}
 #: the most keys one P @ V dot sums in the tensor cores' limited-precision accumulator before the
 #: result joins the fp32 accumulator (see the module docstring)
 PV_KEYS = 64
@@ -227,7 +238,7 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
                      QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, RETURN_LSE: tl.constexpr,
                      USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False, TWO_LEVEL: tl.constexpr = True,
-                     PV_KEYS: tl.constexpr = 128):
+                     PV_KEYS: tl.constexpr = 128, Q_TMA: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -235,7 +246,10 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    q = tl.load(Q + bh * SQ_PAD * D + offs_m[:, None] * D + offs_d[None, :])
+    if Q_TMA:  # Q viewed as (B*H*Sq_pad, D): one TMA load of the tile (a candidate, see fp8_flash_attention)
+        q = Q.load([(bh * SQ_PAD + pid_m * BLOCK_M).to(tl.int32), 0])
+    else:
+        q = tl.load(Q + bh * SQ_PAD * D + offs_m[:, None] * D + offs_d[None, :])
     row_scale = tl.load(SQ + bh * n_q + tl.minimum(offs_m // q_block, n_q - 1)) * qk_scale
     if USE_TMA:  # TMA coordinates are 32-bit
         krow0 = (bh * SK_PAD).to(tl.int32)
@@ -290,6 +304,8 @@ def _set_tile_shapes(nargs):
     bn, d = nargs["BLOCK_N"], nargs["D"]
     nargs["K"].block_shape = [bn, d]
     nargs["VT"].block_shape = [d, min(bn, nargs.get("PV_KEYS", bn))]
+    if nargs.get("Q_TMA"):
+        nargs["Q"].block_shape = [nargs["BLOCK_M"], d]
 
 
 def _autotuned(table, pre_hook=None):
@@ -297,13 +313,55 @@ def _autotuned(table, pre_hook=None):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
                  for m, n, w, s in configs],
-        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE", "TWO_LEVEL", "PV_KEYS"],
+        key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE", "TWO_LEVEL", "PV_KEYS", "Q_TMA"],
         prune_configs_by={"early_config_prune": _make_prune(table)},
     )(_attn_fwd_kernel)
 
 
 _attn_fwd_tma_tuned = _autotuned(TMA_CONFIGS, _set_tile_shapes)
 _attn_fwd_pointer_tuned = _autotuned(POINTER_CONFIGS)
+
+
+def _tile_table(tile: str | None, use_tma: bool) -> dict:
+    if tile is None:
+        return TMA_CONFIGS if use_tma else POINTER_CONFIGS
+    if tile not in TILE_CANDIDATES:
+        raise ValueError(f"unknown attention tile {tile!r}: expected one of {sorted(TILE_CANDIDATES)}")
+    if not use_tma:
+        raise ValueError(f"attention tile {tile!r} is a Hopper tile: it needs TMA loads (sm90+, Triton >= 3.4)")
+    return TILE_CANDIDATES[tile][0]
+
+
+def launch_candidates(d: int, kv_block: int, use_tma: bool, tile: str | None = None) -> list[tuple]:
+    """The (BLOCK_M, BLOCK_N, num_warps, num_stages) configs the autotuner chooses among for a launch
+    (its pick among them is by time; BLOCK_N must divide kv_block): the default lists, or a named
+    candidate tile's."""
+    kept = [c for c in _tile_table(tile, use_tma).get(d, ()) if kv_block % c[1] == 0]
+    if not kept:
+        raise ValueError(f"no {tile or ('TMA' if use_tma else 'pointer')} attention config for head dim {d} has "
+                         f"a key tile dividing kv_block={kv_block}")
+    return kept
+
+
+_tile_tuned: dict = {}  # candidate tile name -> its autotuned kernel (made on first use)
+
+
+def _tuned_kernel(tile: str | None, use_tma: bool):
+    if tile is None:
+        return _attn_fwd_tma_tuned if use_tma else _attn_fwd_pointer_tuned
+    if tile not in _tile_tuned:
+        _tile_tuned[tile] = _autotuned(_tile_table(tile, use_tma), _set_tile_shapes)
+    return _tile_tuned[tile]
+
+
+def interpreter_config(d: int, kv_block: int, use_tma: bool, tile: str | None = None) -> tuple:
+    """The config Triton's CPU interpreter runs when none is given: the autotuner's first candidate for
+    this launch, one stage (pipelining does not change the numerics; BLOCK_M does not either: each query
+    row's arithmetic is the same in any tile). tests/ops/test_attention_shipped_numerics.py runs this
+    launch from the lowering's own call under Hopper's emulated accumulation, and every other key tile
+    (BLOCK_N) the autotuner may pick."""
+    bm, bn, warps, _ = launch_candidates(d, kv_block, use_tma, tile)[0]
+    return bm, bn, warps, 1
 
 
 def tma_available(device: torch.device) -> bool:
@@ -339,7 +397,7 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
                         kv_block: int, quantize_p: bool = True, p_scale: float = 448.0, out_dtype=torch.bfloat16,
                         bias: torch.Tensor | None = None, return_lse: bool = False, config: tuple | None = None,
                         use_tma: bool | None = None, exact_cast: bool | None = None, two_level: bool = True,
-                        pv_keys: int | None = None):
+                        pv_keys: int | None = None, tile: str | None = None, q_tma: bool = False):
     """The attention kernel alone on prepared inputs; returns (B, H, s_q, D) in out_dtype, and
     with return_lse also the fp32 (B, H, s_q) natural-log LSE.
 
@@ -349,7 +407,11 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     descriptors (default: where `tma_available`; the interpreter runs both paths). pv_keys: the
     most keys one P @ V dot sums before its result is added to the fp32 accumulator (default
     PV_KEYS; 32, 64 or 128). two_level=False accumulates P @ V in place across key tiles (the
-    old, inaccurate structure: measurement only)."""
+    old, inaccurate structure: measurement only). tile: a name of TILE_CANDIDATES, autotuned over its
+    configs with its P @ V keys (pv_keys default), instead of the default lists: measurement only.
+    q_tma: load the Q tile through a TMA descriptor too (with use_tma; measurement only: the same output
+    bit for bit in the interpreter, 164-185 registers instead of 237-247 at (128, 64, 8 warps) on sm_90a,
+    Triton 3.6 and 3.9, no spills; not yet timed on a GPU)."""
     b, h, sq_pad, d = qq.shape
     sk_pad = kq.shape[2]
     if d not in (64, 128):
@@ -361,11 +423,17 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     n_q, n_k = sq.shape[-1], sk.shape[-1]
     if sv.shape[-1] != n_k:
         raise ValueError("K and V scales must share the kv blocks")
-    pv_keys = PV_KEYS if pv_keys is None else int(pv_keys)
+    if tile is not None and tile not in TILE_CANDIDATES:
+        raise ValueError(f"unknown attention tile {tile!r}: expected one of {sorted(TILE_CANDIDATES)}")
+    if pv_keys is None:
+        pv_keys = PV_KEYS if tile is None else TILE_CANDIDATES[tile][1]
+    pv_keys = int(pv_keys)
     if pv_keys not in (32, 64, 128):
         raise ValueError(f"pv_keys must be 32, 64 or 128, got {pv_keys}")
-    if use_tma is None:
-        use_tma = tma_available(qq.device) and not interpreting()
+    if use_tma is None:  # the interpreter takes Hopper's path: what the lowering launches on an H100 / H200
+        use_tma = TensorDescriptor is not None if interpreting() else tma_available(qq.device)
+    if q_tma and not use_tma:
+        raise ValueError("q_tma=True loads Q through TMA: it needs use_tma (sm90+, Triton >= 3.4)")
     if use_tma and TensorDescriptor is None:
         raise RuntimeError("use_tma=True needs triton.tools.tensor_descriptor (Triton >= 3.4)")
     # one scale for the whole sequence: any block length works, make it span everything
@@ -380,18 +448,20 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     qk_scale = softmax_scale * LOG2E
     log2_p = math.log2(p_scale) if quantize_p else 0.0  # P is computed as exp2(x + log2_p) = P * p_scale
     if config is None and interpreting():
-        config = (64, 64, 4, 1)
-    k_arg, v_arg = kq, vt
+        config = interpreter_config(d, kb, use_tma, tile)
+    q_arg, k_arg, v_arg = qq, kq, vt
     if use_tma:  # 2-D views: K (B*H*Sk_pad, D), V^T (B*H*D, Sk_pad); tile shapes set per config
         bn0 = (config[1] if config is not None else 64)
         k_arg = TensorDescriptor.from_tensor(kq.reshape(b * h * sk_pad, d), [bn0, d])
         v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, min(bn0, pv_keys)])
-    args = (qq, k_arg, v_arg, sq, sk, sv, bias_t, out, lse, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
+        if q_tma:
+            q_arg = TensorDescriptor.from_tensor(qq.reshape(b * h * sq_pad, d), [config[0] if config else 64, d])
+    args = (q_arg, k_arg, v_arg, sq, sk, sv, bias_t, out, lse, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
             out.stride(0), out.stride(1), out.stride(2), qk_scale, log2_p)
     exact = interpreting() if exact_cast is None else exact_cast
     flags = dict(D=d, HAS_BIAS=has_bias, QUANT_P=quantize_p, RETURN_LSE=return_lse, USE_TMA=use_tma,
                  EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16, TWO_LEVEL=bool(two_level),
-                 PV_KEYS=pv_keys)
+                 PV_KEYS=pv_keys, Q_TMA=bool(q_tma))
     if b * h and s_q:
         if config is not None:
             bm, bn, warps, stages = config
@@ -401,7 +471,7 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
             _attn_fwd_kernel[grid](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **flags)
         else:
             grid = lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]), b * h)  # noqa: E731
-            (_attn_fwd_tma_tuned if use_tma else _attn_fwd_pointer_tuned)[grid](*args, **flags)
+            _tuned_kernel(tile, use_tma)[grid](*args, **flags)
     return (out, lse) if return_lse else out
 
 

@@ -15,8 +15,12 @@ Memory traffic:
   64 x 128 rotated by the Hadamard dots) are loaded, reduced to their amax,
   scaled, cast and stored in one pass. Larger ones (the default 128-row Q
   and 256-row K blocks at head dim 128, rotated; 256-row V blocks) are walked
-  twice in 32-row steps (4096 values), the second walk re-reading what the same
-  program has just read, from L2: HBM traffic stays one read of each block.
+  twice, the second walk re-reading what the same program has just read, from
+  L2: HBM traffic stays one read of each block. Each step of the walk is 64
+  rows at head dim 128, 8 warps (`WIDE_STEPS`: the largest rotated tile one
+  pass holds; 128 plain rows spill in the two-pass loop); it was 32 rows at 4
+  warps, twice the steps and Hadamard dots of 32 rows, which the benchmark still
+  times (`wide_steps=False`).
 * per-head / per-tensor scales need the whole head's amax before the first
   cast: an amax-only pass, a tiny torch reduction, then the cast pass.
 * the K mean of smooth_k is one torch reduction `mean(dtype=float32)`, which
@@ -65,6 +69,14 @@ SEQ_PAD = 128  # sequence padding of the attention layouts: a multiple of every 
 #: a rotated 128 x 128 block fits Triton 3.9's 254 registers but spills 12-340 bytes on Triton 3.6 (torch 2.11's)
 ONE_PASS_ELEMS = 128 * 128
 ONE_PASS_ROTATED_ELEMS = 64 * 128
+#: a two-pass block's steps: ONE_PASS_ROTATED_ELEMS values at 8 warps (the largest rotated tile one pass holds;
+#: 128 x 128 plain values spill 72-252 bytes in the two-pass loop, Triton 3.9; a rotated Q with the LSE term's
+#: row dots spills 4 bytes at 64 rows on Triton 3.6 and keeps 32-row steps), instead of 4096 values at 4
+#: warps (twice the steps, the Hadamard dots at 32 rows). The same values: the step only
+#: groups rows (bit for bit in the interpreter, tests/ops/test_triton_interpret.py); no spills on sm_90a
+#: (tests/ops/test_cuda_kernel_spills.py). Not yet timed on a GPU: benchmarks/attention_kernels.py times
+#: both (triton_prepass, triton_prepass_narrow).
+WIDE_STEPS = True
 #: rows a program handles in the amax-only / cast-only passes of per-head and per-tensor scales
 CHUNK_ROWS = 128
 
@@ -277,12 +289,18 @@ def _hadamard_pm1(n: int, device: str) -> torch.Tensor:
     return torch.sign(quant._hadamard_cpu(n)).to(device=device, dtype=torch.float16).contiguous()
 
 
-def _launch_config(block: int, d: int, rotated: bool) -> tuple[int, bool, int]:
-    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d, rotated (Hadamard) or not."""
+def _launch_config(block: int, d: int, rotated: bool, wide: bool | None = None,
+                   dot: bool = False) -> tuple[int, bool, int]:
+    """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d, rotated (Hadamard) or not,
+    with the LSE term's row dot products (`dot`) or not; a two-pass block's steps are wide (WIDE_STEPS)
+    or 4096 values (always with a rotation and the row dots: wide, they spill 4 bytes on Triton 3.6)."""
     rows = triton.next_power_of_2(block)
-    if rows * d <= (ONE_PASS_ROTATED_ELEMS if rotated else ONE_PASS_ELEMS):  # the whole block in registers
+    limit = ONE_PASS_ROTATED_ELEMS if rotated else ONE_PASS_ELEMS
+    if rows * d <= limit:  # the whole block in registers
         return rows, True, 8 if rows * d >= 8192 else 4
-    return max(1, 4096 // d), False, 4  # 32 rows at d=128 per step of the two-pass loop
+    if (WIDE_STEPS if wide is None else wide) and not (rotated and dot):  # 64 rows at d=128 a step
+        return ONE_PASS_ROTATED_ELEMS // d, False, 8
+    return max(1, 4096 // d), False, 4  # 32 rows at d=128
 
 
 def token_mean(x: torch.Tensor) -> torch.Tensor:
@@ -296,12 +314,14 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
 
 def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch.Tensor | None = None,
                    hadamard: bool = False, transpose: bool = False, pad: bool = True,
-                   row_dot: torch.Tensor | None = None, exact_cast: bool | None = None):
+                   row_dot: torch.Tensor | None = None, exact_cast: bool | None = None,
+                   wide_steps: bool | None = None):
     """Quantize (B, H, S, D) as quant.quantize_rows_in_blocks(granularity, block) does on the input
     minus `mean` ((B, H, D) fp32, smoothing), rotated when `hadamard`. Returns (fp8 (B, H, S_out, D),
     or (B, H, D, S_out) if transpose; fp32 scales: block (B, H, ceil(S / block)), head (B, H, 1),
     tensor (1, 1, 1); and with row_dot ((B, H, D) fp32) the fp32 (B, H, S) dot products of the
-    raw rows with it, else None). S_out = padded_len(S) when pad, else S."""
+    raw rows with it, else None). S_out = padded_len(S) when pad, else S. wide_steps: the two-pass
+    step (default WIDE_STEPS)."""
     b, h, s, d = x.shape
     if granularity not in ("tensor", "head", "block"):
         raise ValueError(f"quantize_heads: unknown granularity {granularity!r}")
@@ -314,7 +334,7 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
     exact = interpreting() if exact_cast is None else exact_cast
 
     def launch(mode, blk_rows, n_blocks, out, scale, amax):
-        rows, one_pass, warps = _launch_config(blk_rows, d, hadamard)
+        rows, one_pass, warps = _launch_config(blk_rows, d, hadamard, wide_steps, row_dot is not None)
         some = next(t for t in (scale, amax) if t is not None)  # dummy pointer for unused arguments
         _quant_kernel[(n_blocks, b * h)](
             x, mean if mean is not None else some, had if had is not None else some,
@@ -357,20 +377,24 @@ QKV_WARPS = 8
 
 def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadamard: bool, smooth_k: bool,
                 pad: bool = True, transpose_v: bool = True, lse_shift: bool = False, exact_cast: bool | None = None,
-                one_launch: bool | None = None):
+                one_launch: bool | None = None, wide_steps: bool | None = None):
     """quant.prepare_qkv on the GPU, in the kernels' layouts: (qq (B,H,Sq_out,D), sq, kq (B,H,Sk_out,D), sk,
     v (B,H,D,Sk_out) if transpose_v else (B,H,Sk_out,D), sv, shift); scales as quant.quantize_rows_in_blocks.
     shift: with lse_shift and smooth_k, q . mean(K) per query row, fp32 (B, H, Sq) (what the smoothing
     removed from the scores, before softmax_scale: quant.smoothing_lse_shift / softmax_scale), else None.
     one_launch (block scales, Q / K / V of one batch and head count): _qkv_block_kernel instead of three
-    launches (default ONE_LAUNCH)."""
-    k_mean = token_mean(k) if smooth_k else None
+    launches (default ONE_LAUNCH). wide_steps: the two-pass blocks' step of the three launches (default
+    WIDE_STEPS; the one launch always takes 32-row steps)."""
     one_launch = ONE_LAUNCH if one_launch is None else one_launch
+    if one_launch and wide_steps:
+        raise ValueError("prepare_qkv: one_launch walks its two-pass blocks in 32-row steps (wide steps spill "
+                         "128-136 bytes in the one kernel); wide_steps=True needs one_launch=False")
+    k_mean = token_mean(k) if smooth_k else None
     if one_launch and granularity == "block" and q.shape[:2] == k.shape[:2] and k.shape == v.shape:
         return _prepare_blocks_in_one_launch(q, k, v, k_mean, q_block=q_block, kv_block=kv_block, hadamard=hadamard,
                                              pad=pad, transpose_v=transpose_v,
                                              lse_shift=lse_shift and smooth_k, exact_cast=exact_cast)
-    kw = dict(granularity=granularity, pad=pad, exact_cast=exact_cast)
+    kw = dict(granularity=granularity, pad=pad, exact_cast=exact_cast, wide_steps=wide_steps)
     qq, sq, shift = quantize_heads(q, block=q_block, hadamard=hadamard,
                                    row_dot=k_mean if lse_shift and smooth_k else None, **kw)
     kq, sk, _ = quantize_heads(k, block=kv_block, mean=k_mean, hadamard=hadamard, **kw)
@@ -408,9 +432,10 @@ def _prepare_blocks_in_one_launch(q, k, v, k_mean, *, q_block: int, kv_block: in
     vq, sv, _, _ = _block_outputs(v, kv_block, pad, transpose_v)
     dots = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if lse_shift else None
     if b * h and (nq or nk):
-        q_rows, q_one, _ = _launch_config(q_block, d, hadamard)
-        k_rows, k_one, _ = _launch_config(kv_block, d, hadamard)
-        v_rows, v_one, _ = _launch_config(kv_block, d, False)
+        # 32-row steps: with wide ones the three branches in one kernel spill (128-136 bytes, sm_90a, D 128)
+        q_rows, q_one, _ = _launch_config(q_block, d, hadamard, False)
+        k_rows, k_one, _ = _launch_config(kv_block, d, hadamard, False)
+        v_rows, v_one, _ = _launch_config(kv_block, d, False, False)
         had = _hadamard_pm1(d, str(q.device)) if hadamard else sq
         _qkv_block_kernel[(nq + 2 * nk, b * h)](
             q, k, v, k_mean if k_mean is not None else sq, had, qq, kq, vq, sq, sk, sv,

@@ -417,3 +417,60 @@ def test_without_gpu_and_without_dry_run_it_says_so():
         pytest.skip("a GPU is present: the script would run the real benchmark")
     proc = subprocess.run([sys.executable, SCRIPT, "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--dry-run" in proc.stderr
+
+
+# -- --wan ----------------------------------------------------------------------------------------------
+def test_wan_shapes_and_token_counts():
+    # Wan2.1 at 480x832 and 720x1280, 81 frames: the 32760 and 75600 tokens, for both models
+    for shape in cb.WAN_SHAPES.values():
+        assert cb.wan_tokens(shape, *cb.WAN_RESOLUTIONS["480p"]) == 32760
+        assert cb.wan_tokens(shape, *cb.WAN_RESOLUTIONS["720p"]) == 75600
+    big, small = cb.WAN_SHAPES["14b"], cb.WAN_SHAPES["1.3b"]
+    assert (big["num_layers"], big["num_attention_heads"] * big["attention_head_dim"], big["ffn_dim"]) == \
+        (40, 5120, 13824)
+    assert (small["num_layers"], small["num_attention_heads"] * small["attention_head_dim"], small["ffn_dim"]) == \
+        (30, 1536, 8960)
+    args = cb.parse_args(["--wan", "--wan-models", "1.3b", "--wan-depth", "4", "--wan-variants", "inductor,fx_fp8"])
+    assert (args.quick, args.flux, args.wan, args.wan_models, args.wan_depth) == (False, False, True, ("1.3b",), 4)
+    assert args.wan_variants == ("inductor", "fx_fp8") and args.wan_resolutions == ("480p",)
+
+
+@pytest.mark.parametrize("argv, message", [(["--wan-models", "14b,7b"], "['7b']"), (["--wan-depth", "0"], "0"),
+                                           (["--wan-resolutions", "1080p"], "['1080p']"),
+                                           (["--wan-variants", "bogus"], "['bogus']")])
+def test_bad_wan_arguments_are_refused_naming_the_value(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cb.parse_args(["--wan", *argv])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ~40-75 s: four tiny Wan models compiled block by block
+def test_wan_dry_run_runs_every_variant():
+    proc = _dry_run("--wan")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    assert "error:" not in text and "### cuda_bench --quick" not in text and "### cuda_bench --flux" not in text
+    wan = text[text.index("### cuda_bench --wan"):]
+    assert "Wan tiny (2 blocks, width 64, 2 heads, FFN 128), 32x32 x 9 frames = 12 tokens" in wan
+    variants = {cells[0]: cells for cells in _table_cells(wan[:wan.index("#### GPU kernel time")])}
+    assert set(variants) == set(cb.WAN_VARIANTS.values()), sorted(variants)
+    for name in ("BF16 eager", cb.BF16_INDUCTOR):
+        assert "SDPA default dispatch: CPU SDPA (dry run)" in variants[name][-1]
+    for name in (cb.FX_FP8_PREPARED, cb.FX_FP8_FORCED):  # every block's self- and cross-attention ran FP8
+        assert "attention fp8 4/4 (reference/eager)" in variants[name][-1], variants[name]
+        assert 0 < float(variants[name][12]) < 0.1  # err vs BF16 eager: quantized, not garbage
+    assert "not in a dry run" in variants[cb.TORCHAO_ATTENTION][1] or "torchao" in variants[cb.TORCHAO_ATTENTION][1]
+    assert "#### GPU kernel time per forward, by kernel" in wan
+
+
+def test_fp8_attention_forced_variant_asks_for_the_triton_kernel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cb, "regional_compile", lambda model, **kw: calls.append(kw))
+    bench = cb.Bench(cb.parse_args(["--dry-run", "--wan", "--wan-variants", "fx_fp8,fx_fp8_fp8_attention"]))
+    variants = dict((name, compile_) for name, _, compile_, _ in cb.wan_variants(bench, "n/a"))
+    variants[cb.FX_FP8_PREPARED](None)
+    variants[cb.FX_FP8_FORCED](None)
+    auto, forced = calls
+    assert auto["backend"] == forced["backend"] == "fp8"
+    assert "attention" not in auto.get("options", {})
+    assert forced["options"]["attention"] == {"kernel": "triton"} and forced["options"]["lowering"] == "reference"

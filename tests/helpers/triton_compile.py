@@ -25,7 +25,7 @@ def ptxas_path():
 
 
 def compile_attention(d, bm, bn, warps, stages, *, arch=90, tma=True, bias=False, lse=True, two_level=True,
-                      pv_keys=None):
+                      pv_keys=None, q_tma=False):
     """fx_fp8.ops.triton_fp8_attention's kernel for sm_<arch>, as the lowering launches it (FP8 P, bf16 out)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -34,11 +34,13 @@ def compile_attention(d, bm, bn, warps, stages, *, arch=90, tma=True, bias=False
 
     pv_keys = PV_KEYS if pv_keys is None else pv_keys
     cons = dict(D=d, BLOCK_M=bm, BLOCK_N=bn, HAS_BIAS=bias, QUANT_P=True, EXACT_CAST=False, RETURN_LSE=lse,
-                USE_TMA=tma, ROUND_BF16=False, TWO_LEVEL=two_level, PV_KEYS=pv_keys)
+                USE_TMA=tma, ROUND_BF16=False, TWO_LEVEL=two_level, PV_KEYS=pv_keys, Q_TMA=q_tma)
     types = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "VT": "*fp8e4nv", "SQ": "*fp32", "SK": "*fp32", "SV": "*fp32",
              "BIAS": "*fp32", "OUT": "*bf16", "LSE": "*fp32"}
     if tma:
         types.update(K=f"tensordesc<fp8e4nv[{bn}, {d}]>", VT=f"tensordesc<fp8e4nv[{d}, {min(bn, pv_keys)}]>")
+    if q_tma:
+        types.update(Q=f"tensordesc<fp8e4nv[{bm}, {d}]>")
     floats = {"qk_scale", "log2_p"}
     sig = {n: "constexpr" if n in cons else types.get(n, "fp32" if n in floats else "i32")
            for n in _attn_fwd_kernel.arg_names}

@@ -27,23 +27,29 @@ def _spills(kernel, arch, tmp_path) -> tuple[int, int]:
 
 
 def _cases():
-    from fx_fp8.ops.triton_fp8_attention import POINTER_CONFIGS, TMA_CONFIGS
+    from fx_fp8.ops.triton_fp8_attention import POINTER_CONFIGS, TILE_CANDIDATES, TMA_CONFIGS
 
     out = []
     for d, configs in TMA_CONFIGS.items():
-        out += [pytest.param(d, c, 90, True, id=f"tma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
+        out += [pytest.param(d, c, 90, True, None, id=f"tma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
+        # Q through a TMA descriptor too (fp8_flash_attention(q_tma=True), a candidate)
+        out += [pytest.param(d, c, 90, "q", None, id=f"qtma-sm90-d{d}-{'x'.join(map(str, c))}") for c in configs]
     for d, configs in POINTER_CONFIGS.items():  # the pointer path serves sm89 (sm90 loads through TMA)
-        out += [pytest.param(d, c, 89, False, id=f"ptr-sm89-d{d}-{'x'.join(map(str, c))}") for c in configs]
+        out += [pytest.param(d, c, 89, False, None, id=f"ptr-sm89-d{d}-{'x'.join(map(str, c))}") for c in configs]
+    for name, (table, pv_keys) in TILE_CANDIDATES.items():  # the tiles a GPU run measures against the default
+        out += [pytest.param(d, c, 90, True, pv_keys, id=f"{name}-sm90-d{d}-{'x'.join(map(str, c))}")
+                for d, configs in table.items() for c in configs]
     return out
 
 
-@pytest.mark.parametrize("d,config,arch,tma", _cases())
-def test_autotune_config_does_not_spill(d, config, arch, tma, tmp_path):
+@pytest.mark.parametrize("d,config,arch,tma,pv_keys", _cases())
+def test_autotune_config_does_not_spill(d, config, arch, tma, pv_keys, tmp_path):
     if _ptxas() is None:
         pytest.skip("no ptxas in this Triton install")
     bm, bn, warps, stages = config
     for flags in (dict(lse=False), dict(), dict(bias=True, lse=False), dict(bias=True)):  # every flag combination
-        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=tma, **flags)
+        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=bool(tma), pv_keys=pv_keys,
+                                                  q_tma=tma == "q", **flags)
         regs, spill = _spills(kernel, arch, tmp_path)
         assert spill == 0, f"{config} at D={d} on sm{arch} ({'TMA' if tma else 'pointers'}, {flags}): " \
                            f"{regs} registers, {spill} bytes of spill stores"
@@ -69,7 +75,7 @@ def test_quantization_kernel_does_not_spill(block, d, mode, smooth, hadamard, do
         pytest.skip("no ptxas in this Triton install")
     from fx_fp8.ops.triton_quant import _launch_config, _quant_kernel
 
-    rows, one_pass, warps = _launch_config(block, d, hadamard)
+    rows, one_pass, warps = _launch_config(block, d, hadamard, dot=dot)
     cons = dict(D=d, ROWS=rows, MODE=mode, ONE_PASS=one_pass, SMOOTH=smooth, HADAMARD=hadamard, DOT=dot,
                 TRANSPOSE=transpose, EXACT_CAST=False, stride_d=1)  # the JIT specialises a unit stride
     types = {"x_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
@@ -121,9 +127,9 @@ def test_qkv_one_launch_kernel_does_not_spill(d, hadamard, smooth, dot, transpos
         pytest.skip("no ptxas in this Triton install")
     from fx_fp8.ops.triton_quant import QKV_WARPS, _launch_config, _qkv_block_kernel
 
-    q_rows, q_one, _ = _launch_config(128, d, hadamard)
-    k_rows, k_one, _ = _launch_config(256, d, hadamard)
-    v_rows, v_one, _ = _launch_config(256, d, False)
+    q_rows, q_one, _ = _launch_config(128, d, hadamard, False)  # the one launch takes 32-row steps
+    k_rows, k_one, _ = _launch_config(256, d, hadamard, False)
+    v_rows, v_one, _ = _launch_config(256, d, False, False)
     cons = dict(D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, K_ROWS=k_rows, K_ONE_PASS=k_one, V_ROWS=v_rows, V_ONE_PASS=v_one,
                 SMOOTH_K=smooth, HADAMARD=hadamard, DOT=dot, TRANSPOSE_V=transpose, EXACT_CAST=False,
                 q_sd=1, k_sd=1, v_sd=1)  # the JIT specialises unit strides
