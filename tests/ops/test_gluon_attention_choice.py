@@ -58,7 +58,9 @@ def test_auto_never_picks_gluon_even_where_a_table_says_it_is_fastest(hopper, mo
            "baseline_ms": 5.0, "pick": "gluon",
            "kernels": {"gluon": {"ms": 1.0, "err": 0.01}, "triton": {"ms": 4.0, "err": 0.01},
                        "native": {"ms": 5.0, "err": 0.002}}}
-    monkeypatch.setattr(attention_table, "load_table", lambda *a, **k: {"rows": [row]})
+    # the tune table that applies to this device (tune_table.table_for) holds only this row
+    monkeypatch.setattr(attention_table, "rows_for", lambda device: {"bar": attention_table.BAR, "rows": [row],
+                                                                     "where": "a test's table"})
     monkeypatch.setattr(attention_table, "gpu_name", lambda device: "NVIDIA H200")
     (q,) = fake_cuda((1, 2, 20000, 128))
     kernel, _ = CudaLowering().attention_kernel(q, q, q, att(kernel="auto"))
