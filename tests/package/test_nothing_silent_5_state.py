@@ -1,0 +1,185 @@
+"""Round five of hostile use, the model's state: prepare_model under torch.inference_mode, models
+built inside it, instances told apart by what really differs per instance, writes through `.data`
+aliases, and the FX_FP8_CHECK_REUSE variable (issue 41, items 1, 2, 3, 5 and 17)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fx_fp8
+import fx_fp8.quant.prepare as prepare_module
+from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
+
+from toy_models import ToyDiT, ToyScheduler, toy_inputs
+
+REF = {"lowering": "reference", "downstream": "eager"}  # the rewritten graph runs as it is: no Inductor
+
+
+def quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+def three_linears(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)).eval()
+
+
+def snapshot(model: nn.Module) -> dict:
+    """Each submodule object and each tensor object with its bytes: what "as it was" means."""
+    return {"modules": dict(model.named_modules()),
+            "tensors": {k: (v, v.detach().clone()) for k, v in model.state_dict(keep_vars=True).items()}}
+
+
+def assert_as_it_was(model: nn.Module, before: dict) -> None:
+    now = dict(model.named_modules())
+    assert now.keys() == before["modules"].keys()
+    assert all(now[k] is m for k, m in before["modules"].items()), "a module object was replaced"
+    tensors = model.state_dict(keep_vars=True)
+    assert tensors.keys() == before["tensors"].keys()
+    for k, (obj, values) in before["tensors"].items():
+        assert tensors[k] is obj and torch.equal(tensors[k].detach(), values), k
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())
+    assert "save_pretrained" not in model.__dict__  # no guard left behind
+
+
+# -- item 1: prepare_model validates, then mutates ---------------------------------------------------
+def test_prepare_model_under_inference_mode_prepares_every_layer_as_outside_it():
+    x = torch.randn(4, 64)
+    inside, outside = three_linears(), three_linears()
+    with torch.inference_mode():
+        result = fx_fp8.prepare_model(inside, quantization="fp8")
+    fx_fp8.prepare_model(outside, quantization="fp8")
+    assert result["quantized"] == ["0", "1", "2"]
+    assert all(isinstance(m, QuantizedLinear) for m in inside)
+    # the prepared tensors are normal ones: a later state-dict load outside inference_mode works
+    assert not any(t.is_inference() for t in inside.state_dict().values())
+    with torch.no_grad():
+        assert torch.equal(inside(x), outside(x))
+        inside.load_state_dict(three_linears(seed=1).state_dict())
+        outside.load_state_dict(three_linears(seed=1).state_dict())
+        assert torch.equal(inside(x), outside(x))
+
+
+def test_a_failure_part_way_through_prepare_model_leaves_the_model_as_it_was(monkeypatch):
+    model = three_linears()
+    before = snapshot(model)
+    real, calls = prepare_module.replace_module, []
+
+    def fails_on_the_second_layer(model_, name, new, old=None):
+        calls.append(name)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure")
+        real(model_, name, new, old=old)
+
+    monkeypatch.setattr(prepare_module, "replace_module", fails_on_the_second_layer)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        fx_fp8.prepare_model(model, quantization="fp8")
+    assert calls[:2] == ["0", "1"]  # the first layer had been replaced
+    assert_as_it_was(model, before)
+    monkeypatch.undo()
+    assert fx_fp8.prepare_model(model, quantization="fp8")["quantized"] == ["0", "1", "2"]  # and can be prepared
+
+
+def test_a_failure_while_accepting_the_weights_changes_nothing(monkeypatch):
+    model = three_linears()
+    before = snapshot(model)
+    real, calls = QuantizedLinear.accept_weight, []
+
+    def fails_on_the_second_layer(self, name=""):
+        calls.append(name)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure")
+        real(self, name)
+
+    monkeypatch.setattr(QuantizedLinear, "accept_weight", fails_on_the_second_layer)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        fx_fp8.prepare_model(model, quantization="fp8")
+    assert_as_it_was(model, before)
+
+
+# -- item 2: parameters created under torch.inference_mode -------------------------------------------
+def test_torch_compile_of_a_model_built_under_inference_mode_runs_as_one_built_outside_it():
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        inside = three_linears()
+        assert inside[0].weight.is_inference()
+        out_inside = torch.compile(inside, backend="fp8", options=REF)(x)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out_outside = torch.compile(three_linears(), backend="fp8", options=REF)(x)
+    assert torch.equal(out_inside, out_outside)
+
+
+def test_a_model_built_under_inference_mode_is_followed_when_a_weight_is_replaced():
+    """No version counter, but a replaced weight is still seen per call; the quantized copy made
+    during a call under inference_mode is rewritten in place by a later call outside it."""
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        model = three_linears()
+        compiled = torch.compile(model, backend="fp8", options=REF)
+        compiled(x)
+    other = three_linears(seed=1)
+    for mine, theirs in zip(model, other):
+        mine.weight = nn.Parameter(theirs.weight.detach().clone())
+        mine.bias = nn.Parameter(theirs.bias.detach().clone())
+    with torch.no_grad():
+        out = compiled(x)
+        torch._dynamo.reset()
+        assert torch.equal(out, torch.compile(other, backend="fp8", options=REF)(x))
+
+
+@pytest.fixture(scope="module")
+def flux_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("flux") / "transformer"
+    quiet(build_tiny_transformer, "flux", dtype=torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def test_from_pretrained_with_diffusers_config_under_inference_mode(flux_folder):
+    from diffusers import FluxTransformer2DModel
+
+    def load():
+        return quiet(FluxTransformer2DModel.from_pretrained, flux_folder, torch_dtype=torch.bfloat16,
+                     quantization_config=fx_fp8.DiffusersConfig())
+
+    with torch.inference_mode():
+        inside = load()
+    outside = load()
+    assert any(isinstance(m, QuantizedLinear) for m in inside.modules())
+    kw = example_inputs("flux", outside, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out_inside = output_tensor(torch.compile(inside, backend="fp8", options=REF)(**kw))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out_outside = output_tensor(torch.compile(outside, backend="fp8", options=REF)(**kw))
+    assert torch.equal(out_inside, out_outside)
+
+
+class ToyPipe:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.transformer, self.scheduler = ToyDiT().eval(), ToyScheduler()
+
+    def __call__(self, steps=2):
+        kw = toy_inputs()
+        for i in range(steps):
+            kw["x"] = self.scheduler.step(self.transformer(**kw), i, kw["x"])
+        return kw["x"]
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_compile_pipeline_of_a_pipeline_built_under_inference_mode(prepare):
+    with torch.inference_mode():
+        pipe = fx_fp8.compile_pipeline(ToyPipe(), prepare=prepare, quantization="fp8", **REF)
+        out_inside = pipe()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out_outside = fx_fp8.compile_pipeline(ToyPipe(), prepare=prepare, quantization="fp8", **REF)()
+    assert torch.equal(out_inside, out_outside)
+
