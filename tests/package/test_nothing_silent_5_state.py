@@ -183,3 +183,81 @@ def test_compile_pipeline_of_a_pipeline_built_under_inference_mode(prepare):
         out_outside = fx_fp8.compile_pipeline(ToyPipe(), prepare=prepare, quantization="fp8", **REF)()
     assert torch.equal(out_inside, out_outside)
 
+
+# -- item 3: instances told apart by what really differs per instance -------------------------------
+class SharedNormBlock(nn.Module):
+    """A block whose forward reads a LayerNorm object every block shares, then its own attention."""
+
+    def __init__(self, norm: nn.LayerNorm, dim: int = 64, heads: int = 2):
+        super().__init__()
+        self.norm, self.heads = norm, heads
+        self.qkv, self.o = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, h):
+        b, s, d = h.shape
+        q, k, v = self.qkv(self.norm(h)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
+        return h + self.o(a)
+
+
+class SharedNormModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        norm = nn.LayerNorm(64)
+        self.blocks = nn.ModuleList([SharedNormBlock(norm) for _ in range(3)])
+
+    def forward(self, h):
+        for block in self.blocks:
+            h = block(h)
+        return h
+
+
+SDPA = "<built-in function scaled_dot_product_attention>"
+
+
+def test_blocks_sharing_a_layernorm_each_run_their_own_plan(downstream_graphs):
+    options = {**REF, "diffusion_kv_cache_skip_layers": "1"}
+    x = torch.randn(1, 16, 64)
+    model = SharedNormModel().eval()
+    for block in model.blocks:
+        block.compile(backend="fp8", options=options)
+    with torch.no_grad():
+        out = model(x)
+    # block 1's attention is kept native: its own artifact, with aten's SDPA where the others have FP8's
+    targets = [[str(n.target) for n in gm.graph.nodes if "attention" in str(n.target)] for gm in downstream_graphs]
+    assert sorted(targets) == sorted([["fx_fp8.fp8_attention.default"], [SDPA]])
+    rows = [(e.module, e.action) for r in fx_fp8.get_reports(model) for e in r.entries if e.op == "attention"]
+    assert rows == [("blocks.0", "fp8"), ("blocks.1", "native"), ("blocks.2", "fp8")]
+    torch._dynamo.reset()
+    with torch.no_grad():  # the whole model compiled as one graph decides per node: the same output
+        assert torch.equal(out, torch.compile(SharedNormModel().eval(), backend="fp8", options=options)(x))
+
+
+class WithEmbedder(nn.Module):
+    def __init__(self, embed: nn.Linear):
+        super().__init__()
+        self.embed = embed
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(self.embed(x))))
+
+
+def test_two_models_of_one_class_sharing_their_embedder_each_run_their_own_weights():
+    torch.manual_seed(0)
+    embed = nn.Linear(64, 64)
+    base, tuned = WithEmbedder(embed).eval(), WithEmbedder(embed).eval()
+    x = torch.randn(4, 64)
+    compiled_base = torch.compile(base, backend="fp8", options=REF)
+    compiled_tuned = torch.compile(tuned, backend="fp8", options=REF)
+    with torch.no_grad():
+        out_base, out_tuned, again = compiled_base(x), compiled_tuned(x), compiled_base(x)
+    assert len(fx_fp8.get_reports(compiled_base)) == len(fx_fp8.get_reports(compiled_tuned)) == 1
+    assert torch.equal(again, out_base)
+    torch._dynamo.reset()
+    with torch.no_grad():  # each as if compiled alone
+        assert torch.equal(out_tuned, torch.compile(tuned, backend="fp8", options=REF)(x))
+        torch._dynamo.reset()
+        assert torch.equal(out_base, torch.compile(base, backend="fp8", options=REF)(x))
+
