@@ -261,3 +261,30 @@ def test_two_models_of_one_class_sharing_their_embedder_each_run_their_own_weigh
         torch._dynamo.reset()
         assert torch.equal(out_base, torch.compile(base, backend="fp8", options=REF)(x))
 
+
+# -- item 17: FX_FP8_CHECK_REUSE read as a boolean ------------------------------------------------------
+@pytest.mark.parametrize("value, on", [("false", False), ("False", False), ("0", False), ("no", False), ("", False),
+                                       ("true", True), ("1", True), ("yes", True)])
+def test_check_reuse_variable_is_read_as_a_boolean(monkeypatch, value, on):
+    from fx_fp8.compile import graph_plan
+    from fx_fp8.compile.backend import CHECK_REUSE_ENV
+
+    checked = []
+    monkeypatch.setattr(graph_plan, "check_reuse", lambda *args: checked.append(args[-1]))
+    monkeypatch.setenv(CHECK_REUSE_ENV, value)
+    model = SharedNormModel().eval()
+    for block in model.blocks:
+        block.compile(backend="fp8", options=REF)
+    with torch.no_grad():
+        model(torch.randn(1, 16, 64))
+    assert checked == (["blocks.1", "blocks.2"] if on else [])
+
+
+def test_check_reuse_variable_that_is_no_boolean_is_refused_naming_it(monkeypatch):
+    from fx_fp8.compile.backend import CHECK_REUSE_ENV
+
+    monkeypatch.setenv(CHECK_REUSE_ENV, "sometimes")
+    with pytest.raises(Exception, match="invalid FX_FP8_CHECK_REUSE='sometimes': expected true or false"):
+        with torch.no_grad():
+            torch.compile(three_linears(), backend="fp8", options=REF)(torch.randn(4, 64))
+
