@@ -63,8 +63,8 @@ class InstanceDispatch:
     its layer index, its name, its model's record, its weights' static scales and smoothing.
 
     The instance is known from the parameters the graph is called with (the `anchors`: every
-    input slot holding a parameter of the instance), by the identities of them all: one tuple of
-    ids and one dict lookup per call, no stack walk. Not by one parameter: blocks that share a
+    input slot holding a parameter of the instance), by the identities of one parameter of each
+    of its modules: one tuple of ids and one dict lookup per call, no stack walk. Not by one parameter: blocks that share a
     module (one LayerNorm object read by every block) or two models sharing an embedder hold
     the same first parameter. A set of parameters seen for the first time is resolved to
     (model, instance) once (an instance is named only where it holds every one of them); the
@@ -78,7 +78,12 @@ class InstanceDispatch:
     def __init__(self, gm, instance: str, anchors: list, first, plan, models: list):
         self.gm, self.instance, self.plan = gm, instance, plan
         self.anchors = anchors                        # [(input slot, module name relative to the instance)]
-        self.slots = [slot for slot, _ in anchors]
+        # one parameter per module tells the modules apart (modules are what instances share), in half
+        # the ids or less (a linear's weight and bias)
+        held = {}
+        for slot, relative in anchors:
+            held.setdefault(relative, slot)
+        self.slots = list(held.values())
         self._pick = operator.itemgetter(*self.slots) if len(self.slots) > 1 else None
         self.models = models                          # [(model, owner)] seen so far
         self.by_params: dict = {}                     # ids of the anchor parameters -> ((module ref, attr), callable)
