@@ -17,9 +17,10 @@ writes to the Parameter (its version counter: `copy_`, `load_state_dict`, `add_`
 no_grad) and device or dtype moves. An in-place write through the `.data` alias
 (`w.data.add_(d)`, PEFT's unsafe merge `w.data += d`) bumps the alias's version counter, not
 the Parameter's, so no per-call check can see it without reading the bytes: `refresh_weights`
-compares byte digests and re-quantizes what changed; every compile (PEFT's merge and unmerge
-recompile the model they change) and every `compile_pipeline` call do it for the weights they
-run, and `fx_fp8.refresh_weights(model)` does it on request.
+compares byte digests and re-quantizes what changed; every compile and every `compile_pipeline`
+call do it for the weights they run, each compiled graph after a followed writer ran (EMA's
+copy_to / restore, PEFT's merge / unmerge: fx_fp8/quant/weight_writers.py), and
+`fx_fp8.refresh_weights(model)` on request.
 """
 from __future__ import annotations
 

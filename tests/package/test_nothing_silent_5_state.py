@@ -263,21 +263,31 @@ def test_two_models_of_one_class_sharing_their_embedder_each_run_their_own_weigh
 
 
 # -- item 17: FX_FP8_CHECK_REUSE read as a boolean ------------------------------------------------------
-@pytest.mark.parametrize("value, on", [("false", False), ("False", False), ("0", False), ("no", False), ("", False),
-                                       ("true", True), ("1", True), ("yes", True)])
+@pytest.mark.parametrize("value, on", [("false", False), ("False", False), ("0", False), ("no", False), ("off", False),
+                                       ("", False), ("true", True), ("TRUE", True), ("1", True), ("yes", True)])
 def test_check_reuse_variable_is_read_as_a_boolean(monkeypatch, value, on):
+    from fx_fp8.compile.backend import CHECK_REUSE_ENV, check_reuse_env
+
+    monkeypatch.setenv(CHECK_REUSE_ENV, value)
+    assert check_reuse_env() is on
+
+
+def test_check_reuse_variable_false_turns_the_check_off(monkeypatch):
     from fx_fp8.compile import graph_plan
     from fx_fp8.compile.backend import CHECK_REUSE_ENV
 
     checked = []
     monkeypatch.setattr(graph_plan, "check_reuse", lambda *args: checked.append(args[-1]))
-    monkeypatch.setenv(CHECK_REUSE_ENV, value)
-    model = SharedNormModel().eval()
-    for block in model.blocks:
-        block.compile(backend="fp8", options=REF)
-    with torch.no_grad():
-        model(torch.randn(1, 16, 64))
-    assert checked == (["blocks.1", "blocks.2"] if on else [])
+    for value, expected in (("false", []), ("true", ["blocks.1", "blocks.2"])):
+        monkeypatch.setenv(CHECK_REUSE_ENV, value)
+        torch._dynamo.reset()
+        model = SharedNormModel().eval()
+        for block in model.blocks:
+            block.compile(backend="fp8", options=REF)
+        with torch.no_grad():
+            model(torch.randn(1, 16, 64))
+        assert checked == expected, value
+        checked.clear()
 
 
 def test_check_reuse_variable_that_is_no_boolean_is_refused_naming_it(monkeypatch):
@@ -288,3 +298,86 @@ def test_check_reuse_variable_that_is_no_boolean_is_refused_naming_it(monkeypatc
         with torch.no_grad():
             torch.compile(three_linears(), backend="fp8", options=REF)(torch.randn(4, 64))
 
+
+# -- item 5: the common writers through `.data` are followed --------------------------------------------
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def fresh_compile_output(model: nn.Module, x: torch.Tensor, build=lambda: Mlp().eval()) -> torch.Tensor:
+    """What a compile of the model as it holds its weights now gives (a twin from `build` given
+    its state dict, a clean Dynamo cache)."""
+    twin = build()
+    twin.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    with torch.no_grad():
+        return torch.compile(twin, backend="fp8", options=REF)(x)
+
+
+def test_ema_copy_to_and_restore_are_followed_by_the_compiled_model():
+    from diffusers.training_utils import EMAModel
+
+    torch.manual_seed(0)
+    model, x = Mlp().eval(), torch.randn(4, 64)
+    ema = EMAModel(model.parameters())
+    with torch.no_grad():
+        for shadow in ema.shadow_params:  # the averaged weights: 5 % away from the trained ones
+            shadow.add_(0.05 * shadow.abs().mean() * torch.randn_like(shadow))
+    compiled = torch.compile(model, backend="fp8", options=REF)
+    with torch.no_grad():
+        trained = compiled(x)
+        ema.store(model.parameters())
+        ema.copy_to(model.parameters())     # writes every weight through param.data
+        averaged = compiled(x)
+        ema.restore(model.parameters())     # and back
+        back = compiled(x)
+    assert torch.equal(back, trained)
+    assert not torch.equal(averaged, trained)
+    ema.copy_to(model.parameters())
+    assert torch.equal(averaged, fresh_compile_output(model, x))
+
+
+def test_peft_merge_and_unmerge_are_followed_by_the_compiled_model():
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.lora import LoraLayer
+
+    def build():
+        torch.manual_seed(0)
+        config = LoraConfig(r=4, target_modules=["a", "b"], init_lora_weights=False)  # B != 0: the merge moves W
+        return inject_adapter_in_model(config, Mlp().eval())
+
+    model, x = build(), torch.randn(4, 64)
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    compiled = torch.compile(model, backend="fp8", options=REF)
+    with torch.no_grad():
+        unmerged = compiled(x)
+        for layer in layers:
+            layer.merge()                   # base weight += B @ A, through .data
+        merged = compiled(x)
+        for layer in layers:
+            layer.unmerge()                 # and back: the first graph again, no recompile
+        again = compiled(x)
+    assert torch.equal(again, fresh_compile_output(model, x, build))  # W + BA - BA: not W bit for bit
+    assert (again - unmerged).abs().max() < 0.01 * unmerged.abs().max()
+    assert (merged - unmerged).abs().max() < 0.1 * unmerged.abs().max()  # the same function, merged
+
+
+
+def test_a_noted_write_into_a_prepared_model_raises_naming_the_layer_on_its_next_call():
+    from fx_fp8.quant.weight_writers import note_weights_written
+
+    model, x = three_linears(), torch.randn(4, 64)
+    fx_fp8.prepare_model(model, quantization="fp8")
+    compiled = torch.compile(model, backend="fp8", options=REF)
+    with torch.no_grad():
+        compiled(x)
+        model[1].weight.data.copy_(torch.zeros_like(model[1].weight))  # through .data: no version counter moves
+        compiled(x)                                                      # unseen per call: the trade-off
+        note_weights_written()                                           # what the followed writers say
+        with pytest.raises(Exception, match="prepared layer 1 was written after prepare_model"):
+            compiled(x)
