@@ -200,7 +200,6 @@ class Feeder:
             self._made_of = made_of
         return self._out
 
-
     def _check_bytes(self, args, states: list) -> None:
         """Re-quantize the copies whose source bytes changed (one digest of each weight, one
         device-to-host copy per device)."""

@@ -381,3 +381,21 @@ def test_a_noted_write_into_a_prepared_model_raises_naming_the_layer_on_its_next
         note_weights_written()                                           # what the followed writers say
         with pytest.raises(Exception, match="prepared layer 1 was written after prepare_model"):
             compiled(x)
+
+
+def test_writers_imported_after_fx_fp8_compiled_are_followed_too():
+    """A training script may import diffusers' EMA or PEFT after compiling: the import hook wraps them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, fx_fp8\n"
+            "from fx_fp8.quant.weight_writers import follow_writers\n"
+            "assert 'diffusers.training_utils' not in sys.modules and 'peft.tuners.lora.layer' not in sys.modules\n"
+            "follow_writers()  # what the backend does when it compiles a graph\n"
+            "from diffusers.training_utils import EMAModel\n"
+            "from peft.tuners.lora.layer import Linear\n"
+            "print(all(getattr(f, '_fx_fp8_counts_writes', False) for f in (EMAModel.copy_to, EMAModel.restore,"
+            " Linear.merge, Linear.unmerge)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "True"
