@@ -2,8 +2,8 @@
 
 A tiny Flux (2 double + 2 single blocks, width 64) is compiled block by block, as
 diffusers' compile_repeated_blocks does, with Inductor downstream. Each compiled block call
-goes through Dynamo's guards, then (fx_fp8) InstanceDispatch (which instance: one dict
-lookup on a parameter's identity) and, with step skips, StepDispatch (which step variant).
+goes through Dynamo's guards, then (fx_fp8) InstanceDispatch (which instance: a tuple of
+the ids of the block's parameters, one dict lookup) and, with step skips, StepDispatch (which step variant).
 Printed side by side in one run:
   * µs per block call of plain Inductor and of fx_fp8 with both features off, on, and on
     with step skips (the FP8 rows include the FP8 kernels' own CPU cost: CPU is not FP8's
@@ -75,10 +75,11 @@ def compiled_blocks(config: dict, device: str):
 
     returned = list(_RETURNED)
     inner = [fn for d in returned if isinstance(d, InstanceDispatch)
-             for _, fn in d.by_param.values() if isinstance(fn, StepDispatch)]
+             for _, fn in d.by_params.values() if isinstance(fn, StepDispatch)]
     steps = [d for d in returned if isinstance(d, StepDispatch)] + inner
     instances = [d for d in returned if isinstance(d, InstanceDispatch)]
-    return time_calls, steps[:1] + instances[:1]  # the step layer is measured first
+    params = {id(p): p for p in model.parameters()}  # the dispatch alone is called with the block's own
+    return time_calls, [(d, params) for d in steps[:1] + instances[:1]]  # the step layer is measured first
 
 
 _RETURNED: list = []
@@ -91,17 +92,19 @@ def _spy(*args, **kwargs):
     return fn
 
 
-def dispatch_alone_us(dispatcher, calls: int) -> float:
-    """The dispatcher's own cost: the same object, its compiled variants replaced by a no-op."""
+def dispatch_alone_us(dispatcher, calls: int, params: dict) -> float:
+    """The dispatcher's own cost: the same object, its compiled variants replaced by a no-op
+    (`params`: {id: parameter} of the model, to call an InstanceDispatch with its anchors)."""
     def noop(*_):
         return None
 
     if isinstance(dispatcher, InstanceDispatch):
-        args = [None] * (dispatcher.anchor_slot + 1) if dispatcher.anchor_slot is not None else []
-        if dispatcher.anchor_slot is not None:
-            (module_ref, attr), _ = next(iter(dispatcher.by_param.values()))
-            args[dispatcher.anchor_slot] = module_ref()._parameters[attr]  # the anchor parameter
-            dispatcher.by_param = {k: (owner, noop) for k, (owner, _) in dispatcher.by_param.items()}
+        args = [None] * (max(dispatcher.slots) + 1) if dispatcher.slots else []
+        if dispatcher.slots:
+            key = next(iter(dispatcher.by_params))
+            for slot, pid in zip(dispatcher.slots, key if isinstance(key, tuple) else (key,)):
+                args[slot] = params[pid]  # the anchor parameters of the first instance
+            dispatcher.by_params = {k: (owner, noop) for k, (owner, _) in dispatcher.by_params.items()}
     else:
         dispatcher.variants = {k: noop for k in dispatcher.variants}
         args = []
@@ -128,8 +131,8 @@ def main() -> None:
             best[name] = min(best[name], time_calls(args.calls))
     base = best["inductor"]
     rows = [[name, f"{us:.1f}", f"{us - base:+.1f}"] for name, us in best.items()]
-    alone = [[name, type(d).__name__, f"{dispatch_alone_us(d, 20000):.2f}"]
-             for name, (_, dispatchers) in setups.items() for d in dispatchers]
+    alone = [[name, type(d).__name__, f"{dispatch_alone_us(d, 20000, params):.2f}"]
+             for name, (_, dispatchers) in setups.items() for d, params in dispatchers]
     print(tabulate(rows, headers=["backend", "µs per block call", "vs inductor"], tablefmt="github"))
     print()
     print(tabulate(alone, headers=["backend", "dispatcher", "µs per call, dispatch alone"], tablefmt="github"))

@@ -51,6 +51,20 @@ def config_from_options(options: Optional[dict], stored: Optional[FP8Config] = N
     return FP8Config.load(base, **options), backend_opts
 
 
+#: what CHECK_REUSE_ENV may say: the option's booleans as a config file spells them, 1 / 0; unset or empty is off
+ENV_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def check_reuse_env() -> bool:
+    """The check_reuse option's default, from CHECK_REUSE_ENV; any other value is refused, naming it."""
+    value = os.environ.get(CHECK_REUSE_ENV, "")
+    if not value.strip():
+        return False
+    if value.strip().lower() not in ENV_BOOLEANS:
+        raise ValueError(f"invalid {CHECK_REUSE_ENV}={value!r}: expected true or false (or 1 / 0)")
+    return ENV_BOOLEANS[value.strip().lower()]
+
+
 def _graph_device(example_inputs) -> Optional[torch.device]:
     for t in example_inputs:
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
@@ -91,7 +105,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
                         downstream=choose_downstream(config, lowering, mode, inductor_options), mode=mode,
                         inductor_options=inductor_options,
                         dump_graphs=bool(backend_opts.get("dump_graphs")),
-                        check_reuse=backend_opts.get("check_reuse", os.environ.get(CHECK_REUSE_ENV, "0") not in ("", "0")))
+                        check_reuse=backend_opts["check_reuse"] if "check_reuse" in backend_opts else check_reuse_env())
     return compile_graph_plan(gm, example_inputs, settings, model=model, owner=owner)
 
 

@@ -5,6 +5,7 @@ fx_fp8.compile.backend.compile_graph builds them; the passes and downstream comp
 are planned there, so these classes only pick, once per call, which compiled callable runs."""
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from typing import Callable, Optional
@@ -61,32 +62,57 @@ class InstanceDispatch:
     second model compiled on its own. fx_fp8's decisions and records depend on the instance:
     its layer index, its name, its model's record, its weights' static scales and smoothing.
 
-    The instance is known from a parameter the graph is called with (the `anchor` slot of the
-    inputs), by identity: one dict lookup per call, no stack walk. A parameter seen for the
-    first time is resolved to (model, instance) once, the passes run for it, and the compiled
-    artifact of an instance that decides the same way is reused (one downstream compile per
-    distinct set of decisions). A graph that reads no parameter falls back to the Python stack
+    The instance is known from the parameters the graph is called with (the `anchors`: every
+    input slot holding a parameter of the instance), by the identities of one parameter of each
+    of its modules: one tuple of ids and one dict lookup per call, no stack walk. Not by one parameter: blocks that share a
+    module (one LayerNorm object read by every block) or two models sharing an embedder hold
+    the same first parameter. A set of parameters seen for the first time is resolved to
+    (model, instance) once (an instance is named only where it holds every one of them); the
+    passes run for an instance seen for the first time, and the compiled artifact of an instance
+    that decides the same way is reused (one downstream compile per distinct set of decisions).
+    A graph that reads no parameter falls back to the Python stack
     (fx_fp8.graph.dynamo_internals.runtime_instance): the running module in the first model, else
     in the compiled model found on the stack (another model of the class, compiled on its own:
     its own decisions and record, so its warnings are its own)."""
 
-    def __init__(self, gm, instance: str, anchor_slot: Optional[int], anchor: str, first, plan, models: list):
+    def __init__(self, gm, instance: str, anchors: list, first, plan, models: list):
         self.gm, self.instance, self.plan = gm, instance, plan
-        self.anchor_slot, self.anchor = anchor_slot, anchor
+        self.anchors = anchors                        # [(input slot, module name relative to the instance)]
+        # one parameter per module tells the modules apart (modules are what instances share), in half
+        # the ids or less (a linear's weight and bias)
+        held = {}
+        for slot, relative in anchors:
+            held.setdefault(relative, slot)
+        self.slots = list(held.values())
+        self._pick = operator.itemgetter(*self.slots) if len(self.slots) > 1 else None
         self.models = models                          # [(model, owner)] seen so far
-        self.by_param: dict[int, tuple] = {}          # id(anchor parameter) -> ((module ref, attr), callable)
+        self.by_params: dict = {}                     # ids of the anchor parameters -> ((module ref, attr), callable)
+        self.by_instance: dict = {}                   # (id(model), instance name) -> (model ref, callable, key)
         self.by_name: dict[str, Callable] = {}        # instance name -> callable (graphs without parameters)
         self.lock = threading.Lock()
         self.first = first
-        self.names = module_names_of(models[0][0]) if anchor_slot is None else None
+        self.names = module_names_of(models[0][0]) if not anchors else None
         self.other_models: dict[int, tuple] = {}     # graphs without parameters: id(model) -> (weakref, names, {path: callable})
 
-    def remember(self, param, fn, model) -> None:
-        """Route calls with `param` at the anchor slot to `fn`. The entry holds the module that
-        owns `param` weakly and checks it still holds `param`: no reference of any kind on the
-        user's parameter (torch's swap-based conversion refuses to swap a weakly referenced one)."""
+    def key(self, args):
+        """What tells instances apart, per call: the ids of every anchor parameter."""
+        if self._pick is None:
+            return id(args[self.slots[0]])
+        return tuple(map(id, self._pick(args)))
+
+    def remember(self, args, fn, model, instance: Optional[str] = None) -> None:
+        """Route calls with these anchor parameters to `fn`. The entry holds the module that
+        owns the first of them weakly and checks it still holds it: no reference of any kind on
+        the user's parameters (torch's swap-based conversion refuses to swap a weakly referenced one)."""
+        param = args[self.slots[0]]
         owner = OWNERS_BY_TENSOR.owner(model, param)
-        self.by_param[id(param)] = ((weakref.ref(owner[0]), owner[1]) if owner is not None else None, fn)
+        key = self.key(args)
+        self.by_params[key] = ((weakref.ref(owner[0]), owner[1]) if owner is not None else None, fn)
+        if instance is not None:  # an instance's parameters replaced since: its older key goes
+            known = self.by_instance.get((id(model), instance))
+            if known is not None and known[2] != key:
+                self.by_params.pop(known[2], None)
+            self.by_instance[(id(model), instance)] = (weakref.ref(model), fn, key)
 
     @staticmethod
     def _holds(entry, param) -> bool:
@@ -96,28 +122,58 @@ class InstanceDispatch:
         return module is not None and module._parameters.get(entry[0][1]) is param
 
     def __call__(self, *args):
-        if self.anchor_slot is None:
+        if not self.slots:
             return self._by_stack(args)
-        param = args[self.anchor_slot]
-        entry = self.by_param.get(id(param))
-        if not self._holds(entry, param):
+        entry = self.by_params.get(self.key(args))
+        if not self._holds(entry, args[self.slots[0]]):
             with self.lock:
-                entry = self.by_param.get(id(param))
-                if not self._holds(entry, param):
-                    fn, model = self._build_for_param(param, list(args))
-                    self.remember(param, fn, model)
-                    entry = self.by_param[id(param)]
+                entry = self.by_params.get(self.key(args))
+                if not self._holds(entry, args[self.slots[0]]):
+                    self._build_for_params(list(args))
+                    entry = self.by_params[self.key(args)]
         return entry[1](*args)
 
-    def _build_for_param(self, param, inputs: list) -> tuple:
-        """(callable, model) for an anchor parameter seen for the first time."""
-        found = instance_holding(param, self.anchor, self.models)
-        if found is None:  # not a parameter of any model we can name: the first instance's decisions
-            return self.first, self.models[0][0]
+    def _build_for_params(self, inputs: list) -> None:
+        """Route anchor parameters seen for the first time: to their instance's callable, planned
+        now for an instance seen for the first time."""
+        found = self._instance_holding_all(inputs)
+        if found is None:  # not the parameters of any instance we can name: the first instance's decisions
+            self.remember(inputs, self.first, self.models[0][0])
+            return
         model, owner, path = found
         if all(model is not m for m, _ in self.models):
             self.models.append((model, owner))
-        return self.plan(inputs, model, owner, (self.instance, path)), model
+        known = self.by_instance.get((id(model), path))
+        if known is not None and known[0]() is model:  # its parameters replaced since: its weights are followed per call
+            fn = known[1]
+        else:
+            fn = self.plan(inputs, model, owner, (self.instance, path))
+        self.remember(inputs, fn, model, path)
+
+    def _instance_holding_all(self, inputs: list) -> Optional[tuple]:
+        """(model, owner, instance name) of the instance holding every anchor parameter where the
+        first instance held its own: tried from each parameter in turn, since a shared one (a
+        LayerNorm every block reads, an embedder two models share) names another instance first."""
+        tried = set()
+        for slot, relative in self.anchors:
+            found = instance_holding(inputs[slot], relative, self.models)
+            if found is None or (id(found[0]), found[2]) in tried:
+                continue
+            tried.add((id(found[0]), found[2]))
+            if self._holds_all(found[0], found[2], inputs):
+                return found
+        return None
+
+    def _holds_all(self, model, path: str, inputs: list) -> bool:
+        for slot, relative in self.anchors:
+            name = ".".join(p for p in (path, relative) if p)
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                return False
+            if not any(p is inputs[slot] for p in module._parameters.values()):
+                return False
+        return True
 
     def _by_stack(self, args):
         path = runtime_instance(self.names)
@@ -156,17 +212,18 @@ class InstanceDispatch:
         return fn
 
 
-def find_anchor(example_inputs, model: torch.nn.Module, instance: str) -> tuple[Optional[int], str]:
-    """(input slot, name relative to `instance` of the module holding it) of the first
-    parameter of `model` the graph is called with; (None, "") when it reads none."""
+def find_anchors(example_inputs, model: torch.nn.Module, instance: str) -> list[tuple[int, str]]:
+    """[(input slot, name relative to `instance` of the module holding it)] of every parameter of
+    `instance` in `model` the graph is called with; [] when it reads none."""
+    anchors = []
     for i, t in enumerate(example_inputs):
         holder = OWNERS.holder(model, t) if isinstance(t, torch.nn.Parameter) else None
         if holder is None:
             continue
         if not instance:
-            return i, holder
-        if holder == instance:
-            return i, ""
-        if holder.startswith(instance + "."):
-            return i, holder[len(instance) + 1:]
-    return None, ""
+            anchors.append((i, holder))
+        elif holder == instance:
+            anchors.append((i, ""))
+        elif holder.startswith(instance + "."):
+            anchors.append((i, holder[len(instance) + 1:]))
+    return anchors

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import torch.fx
 
 from fx_fp8.compile import compile_log, downstream
-from fx_fp8.compile.dispatch import InstanceDispatch, StepDispatch, find_anchor
+from fx_fp8.compile.dispatch import InstanceDispatch, StepDispatch, find_anchors
 from fx_fp8.compile.graph_copies import copy_graph, kept_graph
 from fx_fp8.compile.instance_plans import Template, check_reuse
 from fx_fp8.config.fp8_config import FP8Config
@@ -227,10 +227,10 @@ class GraphPlan:
         if model is None:
             return first
         instance = self.gm.meta.get(INSTANCE_KEY) or ""
-        anchor_slot, anchor = find_anchor(example_inputs, model, instance)
-        dispatch = InstanceDispatch(self.gm, instance, anchor_slot, anchor, first, self.plan, [(model, owner)])
-        if anchor_slot is not None:
-            dispatch.remember(example_inputs[anchor_slot], first, model)
+        anchors = find_anchors(example_inputs, model, instance)
+        dispatch = InstanceDispatch(self.gm, instance, anchors, first, self.plan, [(model, owner)])
+        if anchors:
+            dispatch.remember(example_inputs, first, model, instance)
         dispatch.by_name[instance] = first  # without parameters: instances told apart on the stack
         return dispatch
 

@@ -96,6 +96,60 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     if qcfg.smoothing_alpha is not None:
         channel = channel_stats(qcfg.activation_scales)
         check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
+    # quantized outside inference_mode: a model prepared inside it holds normal tensors, whose writes
+    # (load_state_dict) the version counter sees, as one prepared outside it
+    with torch.inference_mode(False):
+        plan, hooked = _plan_layers(model, cfg, linears, sensitive, scales, channel, result)
+        for name, _, new in plan:  # its bytes' fingerprint and digest: what can still fail on the tensors
+            new.accept_weight(name)
+    # every check passed and every weight is quantized and accepted: only now change the model,
+    # and put every original back if anything still fails part-way
+    from fx_fp8.quant.state_guard import guard, guarded
+
+    replaced, was_guarded = [], guarded(model)
+    try:
+        for name, module, new in plan:
+            replace_module(model, name, new, old=module)
+            replaced.append((name, module))
+        if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
+            guard(model, {**result["native"], **result["hooked"]})  # save_quantized records why they are full precision
+    except BaseException:
+        _undo(model, replaced, was_guarded)
+        raise
+    for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
+        state_on(module, "weight", name).left_by_prepare = reason
+    for name, module, new in plan:
+        result["bytes_before"] += module.weight.numel() * module.weight.element_size()
+        result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
+        if new.input_smoothing is not None:
+            result["bytes_after"] += new.input_smoothing.numel() * 4
+        result["quantized"].append(name)
+        if new.weight_only:
+            result["weight_only"].append(name)
+    if result["hooked"]:
+        names = list(result["hooked"])
+        warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
+                      f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
+                      "and they keep their original weights", stacklevel=2)
+    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
+    return result
+
+
+def _undo(model: nn.Module, replaced: list, was_guarded: bool) -> None:
+    """Put the original linears back (the objects, with their weights and hooks) and drop the
+    guard this call added: the model as it was before the call."""
+    from fx_fp8.quant.state_guard import unguard
+
+    for name, module in reversed(replaced):
+        replace_module(model, name, module)
+    if not was_guarded:
+        unguard(model)
+
+
+def _plan_layers(model, cfg, linears, sensitive, scales, channel, result) -> tuple[list, list]:
+    """[(name, linear, its QuantizedLinear)] and the hooked linears left as they are; fills
+    result["native"] / ["hooked"]. Reads the model, changes nothing in it."""
+    qcfg = cfg.quantization_config
     plan, hooked = [], []
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
@@ -144,30 +198,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
             weight_block=qcfg.weight_block_size,
             act_granularity=qcfg.act_granularity if qcfg.act_granularity != "static" else qcfg.activation_granularity,
             input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse, **step_kw)))
-    # every check passed and every weight is quantized: only now change the model
-    for name, module, new in plan:
-        replace_module(model, name, new, old=module)
-        new.accept_weight(name)
-        result["bytes_before"] += module.weight.numel() * module.weight.element_size()
-        result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
-        if new.input_smoothing is not None:
-            result["bytes_after"] += new.input_smoothing.numel() * 4
-        result["quantized"].append(name)
-        if new.weight_only:
-            result["weight_only"].append(name)
-    for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
-        state_on(module, "weight", name).left_by_prepare = reason
-    if plan:  # save_pretrained would write FP8 codes as weights; load_state_dict is checked first
-        from fx_fp8.quant.state_guard import guard
-
-        guard(model, {**result["native"], **result["hooked"]})  # save_quantized records why they are full precision
-    if result["hooked"]:
-        names = list(result["hooked"])
-        warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
-                      f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
-                      "and they keep their original weights", stacklevel=2)
-    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
-    return result
+    return plan, hooked
 
 
 def _split_inputs(example_inputs) -> tuple[tuple, dict]:

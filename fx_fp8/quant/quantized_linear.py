@@ -11,8 +11,8 @@ backend's quantized copies of them live on their modules: fx_fp8/quant/weight_st
 A prepared weight has no original to re-quantize from: its bytes are accepted together with
 its scales (prepare_model, a state-dict load) and checked not written since, by fingerprint
 once per compiled graph call (fx_fp8/quant/weight_feeds.py) and per eager call, by a byte digest
-when the fingerprint moved or when `fx_fp8.refresh_weights` / compile_pipeline ask; a write
-raises naming the layer.
+when the fingerprint moved, after a followed writer ran (fx_fp8/quant/weight_writers.py) or when
+`fx_fp8.refresh_weights` / compile_pipeline ask; a write raises naming the layer.
 """
 from __future__ import annotations
 
@@ -26,10 +26,13 @@ from fx_fp8.ops.formats import METHODS, WEIGHT_ONLY
 from fx_fp8.ops.lowering import resolve_lowering_name
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, recipe
 from fx_fp8.quant.weight_state import digest, fingerprint, quantized_copies_of, refresh_copies
+from fx_fp8.quant.weight_writers import WRITES, follow_writers
 
 QUANTIZED_DTYPES = tuple(dtype for dtype, _ in METHODS.values())  # fp8, int8
 #: attributes in a QuantizedLinear's __dict__: its name for messages, its accepted (fingerprint, digest)
 NAME_ATTR, ACCEPTED_ATTR = "_fx_fp8_name", "_fx_fp8_accepted"
+#: attribute in a QuantizedLinear's __dict__: the followed writers' count its bytes were last checked at
+WRITES_ATTR = "_fx_fp8_writes_seen"
 
 
 class QuantizedLinear(nn.Module):
@@ -94,6 +97,8 @@ class QuantizedLinear(nn.Module):
         if name:
             self.__dict__[NAME_ATTR] = name
         self.__dict__[ACCEPTED_ATTR] = (fingerprint(self.weight), digest(self.weight))
+        follow_writers()
+        self.__dict__[WRITES_ATTR] = WRITES.count
 
     def check_weight(self, weight: Optional[torch.Tensor] = None, *, check_bytes: bool = False) -> None:
         """Raise if the weight was replaced by a full-precision tensor or its bytes changed since
@@ -109,10 +114,12 @@ class QuantizedLinear(nn.Module):
         if accepted is None:
             return
         fp = fingerprint(w)
-        if accepted[0] == fp and not check_bytes:
+        writes = WRITES.count  # a followed writer (EMA swap, LoRA merge) ran since: read the bytes once
+        if accepted[0] == fp and not check_bytes and self.__dict__.get(WRITES_ATTR, writes) == writes:
             return
         if digest(w) == accepted[1]:
             self.__dict__[ACCEPTED_ATTR] = (fp, accepted[1])  # moved, or the same bytes written back
+            self.__dict__[WRITES_ATTR] = writes
             return
         raise RuntimeError(
             f"fx_fp8: the quantized weight of prepared layer {self.layer_name} was written after prepare_model (its "

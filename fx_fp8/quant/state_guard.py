@@ -70,6 +70,10 @@ def guard(module: nn.Module, native: Optional[dict] = None, *, refuse_save_pretr
         module.__dict__[_HOOK_ATTR] = module.register_load_state_dict_pre_hook(_check_quantized_state)
 
 
+def guarded(module: nn.Module) -> bool:
+    return _PREPARED_ATTR in unwrap_compiled(module).__dict__
+
+
 def unguard(module: nn.Module) -> None:
     """Undo guard (the model keeps its quantized layers)."""
     module = unwrap_compiled(module)

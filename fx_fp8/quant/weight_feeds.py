@@ -22,7 +22,8 @@ import torch
 import torch.fx
 
 from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.quant.weight_state import OWNERS, WeightState, copy_key, state_on
+from fx_fp8.quant.weight_state import OWNERS, WeightState, copy_key, digests, state_on
+from fx_fp8.quant.weight_writers import WRITES, follow_writers
 
 #: what a Feed supplies
 KINDS = ("wq", "ws", "inverse", "input_scale", "step_scales")
@@ -149,6 +150,8 @@ class Feeder:
                 self.prepared.append((s, weakref.ref(module)))
         self._out: Optional[list] = None
         self._made_of: tuple = ()
+        follow_writers()
+        self._writes = WRITES.count  # the followed writers' count these weights' bytes were checked at
 
     def _resolve(self, slot: int, weight: torch.Tensor) -> list:
         """[state (a weak reference, or the state itself for a weight no module holds: then this
@@ -184,6 +187,8 @@ class Feeder:
             st = self._state(entry, weight)
             st.sync(weight)
             states.append(st)
+        if self._writes != WRITES.count:  # a followed writer (EMA swap, LoRA merge) ran: read the bytes once
+            self._check_bytes(args, states)
         for slot, ref in self.prepared:
             module = ref()
             if module is not None:
@@ -194,6 +199,14 @@ class Feeder:
             self._out = [f.tensor(states[i], args[f.slot]) for i, f in self.feeds]
             self._made_of = made_of
         return self._out
+
+    def _check_bytes(self, args, states: list) -> None:
+        """Re-quantize the copies whose source bytes changed (one digest of each weight, one
+        device-to-host copy per device)."""
+        self._writes = WRITES.count
+        weights = [args[entry[0]] for entry in self.slots]
+        for st, weight, now in zip(states, weights, digests(weights)):
+            st.sync(weight, check_bytes=True, known_digest=now)
 
 
 class Fed:

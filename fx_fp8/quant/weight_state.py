@@ -10,16 +10,17 @@ original weights). Nothing is attached to the user's Parameter and nothing is ke
 
 The compiled graph takes a copy's tensors as extra inputs that fx_fp8 appends (see
 fx_fp8/quant/weight_feeds.py): once per graph call, outside the graph, each source weight's
-fingerprint (object, version counter, storage address, dtype, device, shape) is compared with
-the one its copy was made from, and a moved one is re-quantized in place (same addresses, so
-CUDA graphs replay the new values). That sees a Parameter replaced, `w.data = new`, in-place
+fingerprint (object, version counter (none for an inference tensor), storage address, dtype, device,
+shape) is compared with the one its copy was made from, and a moved one is re-quantized in place
+(same addresses, so CUDA graphs replay the new values). That sees a Parameter replaced, `w.data = new`, in-place
 writes to the Parameter (its version counter: `copy_`, `load_state_dict`, `add_` under
 no_grad) and device or dtype moves. An in-place write through the `.data` alias
 (`w.data.add_(d)`, PEFT's unsafe merge `w.data += d`) bumps the alias's version counter, not
 the Parameter's, so no per-call check can see it without reading the bytes: `refresh_weights`
-compares byte digests and re-quantizes what changed; every compile (PEFT's merge and unmerge
-recompile the model they change) and every `compile_pipeline` call do it for the weights they
-run, and `fx_fp8.refresh_weights(model)` does it on request.
+compares byte digests and re-quantizes what changed; every compile and every `compile_pipeline`
+call do it for the weights they run, each compiled graph after a followed writer ran (EMA's
+copy_to / restore, PEFT's merge / unmerge: fx_fp8/quant/weight_writers.py), and
+`fx_fp8.refresh_weights(model)` on request.
 """
 from __future__ import annotations
 
@@ -38,8 +39,20 @@ STATE_ATTR = "_fx_fp8_weight_states"
 
 
 def fingerprint(weight: torch.Tensor) -> tuple:
-    """What moves when a weight's values may have moved without a byte being read (cheap)."""
-    return (id(weight), weight._version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
+    """What moves when a weight's values may have moved without a byte being read (cheap).
+    A tensor made under torch.inference_mode (a model built or loaded inside it) has no version
+    counter: it is written in place only inside inference_mode or through `.data`, and such a
+    write is as invisible per call as any write through `.data` (refresh_copies' digest sees
+    it); its other moves (replaced, `w.data = v`, dtype, device) are seen as for any weight."""
+    try:
+        version = weight._version
+    except RuntimeError:  # "Inference tensors do not track version counter" (also after `w.data = v`)
+        version = INFERENCE
+    return (id(weight), version, weight.data_ptr(), weight.dtype, weight.device, weight.shape)
+
+
+#: the version field of an inference tensor's fingerprint (it has no version counter)
+INFERENCE = "inference"
 
 
 #: odd 64-bit multipliers of the digest, per device
@@ -79,6 +92,13 @@ def digest(weight: torch.Tensor) -> str:
     return digests([weight])[0]
 
 
+def _quantize(recipe: WeightRecipe, weight: torch.Tensor, smoothing: Optional[Smoothing]) -> tuple:
+    """A copy's tensors, never inference tensors (a copy made during a call under
+    torch.inference_mode is rewritten in place by a later call outside it)."""
+    with torch.inference_mode(False):
+        return recipe.quantize(weight, smoothing)
+
+
 @dataclass(eq=False)
 class QuantizedCopy:
     """One weight quantized by one recipe (of W * s with a smoothing): the tensors a compiled
@@ -93,7 +113,7 @@ class QuantizedCopy:
     def refresh(self, weight: torch.Tensor) -> None:
         """Re-quantize from `weight`: in place where shapes, dtypes and device agree (the
         addresses a CUDA graph recorded stay valid), else new tensors."""
-        wq, ws = self.recipe.quantize(weight, self.smoothing)
+        wq, ws = _quantize(self.recipe, weight, self.smoothing)
         if (wq.shape, wq.dtype, wq.device, ws.shape, ws.device) == (
                 self.wq.shape, self.wq.dtype, self.wq.device, self.ws.shape, self.ws.device):
             self.wq.copy_(wq)
@@ -130,7 +150,7 @@ class WeightState:
         key = copy_key(recipe, smoothing)
         entry = self.copies.get(key)
         if entry is None:
-            wq, ws = recipe.quantize(weight, smoothing)
+            wq, ws = _quantize(recipe, weight, smoothing)
             entry = self.copies[key] = QuantizedCopy(recipe, smoothing, wq, ws)
             self.generation += 1
             if self.source_digest is None:  # the bytes every copy is now of (refresh_copies compares)
