@@ -17,6 +17,7 @@ What runs per call lives in fx_fp8/compile/dispatch.py (step variant, module ins
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import weakref
 from typing import Callable, Optional
@@ -36,9 +37,9 @@ from fx_fp8.graph.names import INSTANCE_KEY, LayerMap, instance_module_name, mod
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.passes.base import CompileContext, FactsContext, NotReusable
-from fx_fp8.passes.linear import apply_weight_action
 from fx_fp8.passes.manager import PassManager
-from fx_fp8.quant.activation_scales import load_activation_scales
+from fx_fp8.quant import weight_actions
+from fx_fp8.quant.linear_plan import Calibration
 from fx_fp8.quant.linear_scales import check_scales_match
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.rules import is_plain_linear
@@ -67,12 +68,11 @@ class GraphPlan:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, settings: Settings, model, owner):
         self.gm, self.settings, self.model = gm, settings, model
         config = settings.config
-        qcfg = config.quantization_config
-        self.static_scales = (load_activation_scales(qcfg.activation_scales)
-                              if config.linear_enabled and qcfg.activation_scheme == "static" else None)
-        if self.static_scales is not None and model is not None:
-            check_scales_match(self.static_scales, [n for n, m in model.named_modules()
-                                                    if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
+        # the calibration, once per graph: every instance and variant reads it from here
+        self.calibration = Calibration.load(config)
+        if self.calibration.scales is not None and model is not None:
+            check_scales_match(self.calibration.scales, [n for n, m in model.named_modules()
+                                                         if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
         self.layer_map = _layer_map(gm, model)
         # graph analyses, once per Dynamo graph, keyed by node name (stable across the graph's copies)
         # (a block compiled on its own holds no final projection: see holds_model_output)
@@ -96,7 +96,7 @@ class GraphPlan:
         for instance `name`, evaluated on its names without copying the graph; None when a pass cannot say."""
         if self.settings.dump_graphs:  # graph dumps are per instance
             return None
-        fc = FactsContext(config=self.settings.config, layer_map=self.layer_map, static_scales=self.static_scales,
+        fc = FactsContext(config=self.settings.config, layer_map=self.layer_map, calibration=self.calibration,
                           sensitive=self.sensitive, gm=self.gm, example_inputs=inputs,
                           placeholders=self.placeholders, resolver=resolver)
         facts = []
@@ -128,10 +128,12 @@ class GraphPlan:
             ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=self.settings.config,
                                  lowering=get_lowering(self.settings.lowering), report=report,
                                  layer_map=self.layer_map, warn=warn, step_variant=variant,
-                                 static_scales=self.static_scales,
+                                 calibration=self.calibration,
                                  analysis={"sensitive": {n: self.sensitive[n.name] for n in graph_copy.graph.nodes
                                                          if n.name in self.sensitive}},
-                                 dumps=[] if self.settings.dump_graphs else None, resolver=resolver)
+                                 dumps=[] if self.settings.dump_graphs else None, resolver=resolver,
+                                 weight_applier=functools.partial(self.apply_weight_action, inputs=inputs, name=name,
+                                                                  resolver=resolver))
             PassManager(self.passes).run(ctx)
             report.layer_map = self.layer_map.as_dict()
             if ctx.dumps is not None:
@@ -163,18 +165,23 @@ class GraphPlan:
             for e in t_report.entries:
                 module = rename(e.module) if e.name_resolved else e.module
                 report.entries.append(dataclasses.replace(e, module=module, layer=self.layer_map.layer_of(module)))
-            for action in t_ctx.weight_actions:
-                module = instance_module_name(self.nodes[action.node], self.own_instance, name)
-                apply_weight_action(action, inputs[action.slot], module, self.settings.config.quantization_config,
-                                    self.static_scales, resolver)
+            for action in t_ctx.weight_actions:  # the template's side effects, on this instance's weights
+                self.apply_weight_action(action, inputs, name, resolver)
             ctx = CompileContext(gm=graph, example_inputs=inputs, config=self.settings.config,
                                  lowering=t_ctx.lowering, report=report, layer_map=self.layer_map, warn=t_ctx.warn,
-                                 step_variant=variant, static_scales=self.static_scales,
+                                 step_variant=variant, calibration=self.calibration,
                                  placeholders=self.placeholders,
                                  unmatched_ignored_layers=list(t_ctx.unmatched_ignored_layers),
                                  resolver=resolver, feeds=t_ctx.feeds)
             out[variant] = (report, graph, ctx)
         return out
+
+    def apply_weight_action(self, action, inputs: list, name: str, resolver: Resolver) -> dict:
+        """One weight action a pass emitted (fx_fp8/quant/weight_actions.py), done to instance `name`'s
+        weights: for the instance whose passes ran and for each that reuses its decisions alike."""
+        return weight_actions.apply(action, inputs,
+                                    lambda node: instance_module_name(self.nodes[node], self.own_instance, name),
+                                    resolver, self.calibration)
 
     def _decide(self, inputs: list, name: str, resolver: Resolver, record: ModelRecord) -> tuple[dict, list]:
         """(variants as run_passes gives them, warnings) for instance `name`: an earlier instance's

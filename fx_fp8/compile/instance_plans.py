@@ -28,10 +28,9 @@ class Template:
 
     @classmethod
     def of(cls, name: str, variants: dict, warnings: list, gm: torch.fx.GraphModule) -> Optional["Template"]:
-        """None when its decisions cannot be carried to another instance: a weight side effect
-        that is not redone per instance, or two nodes' modules spelled alike here but not elsewhere."""
-        if any(a is None for _, _, ctx in variants.values() for a in ctx.weight_actions):
-            return None
+        """None when its decisions cannot be carried to another instance: two nodes' modules
+        spelled alike here but not elsewhere. (Its weight side effects are actions the graph plan
+        redoes on each instance's weights: fx_fp8/quant/weight_actions.py.)"""
         nodes_of, originals = {}, {}
         for node in gm.graph.nodes:
             if node.op != "call_function" or not node.meta.get(RESOLVED_KEY) or NAME_KEY not in node.meta:

@@ -10,8 +10,10 @@ import torch.fx
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.dynamo_internals import fake_mode_of
 from fx_fp8.graph.fx_utils import placeholder_index
-from fx_fp8.graph.names import LayerMap, is_resolved
+from fx_fp8.graph.names import LayerMap, is_resolved, module_name
 from fx_fp8.ops.lowering import Lowering
+from fx_fp8.quant import weight_actions
+from fx_fp8.quant.linear_plan import Calibration
 from fx_fp8.quant.weight_feeds import FeedPlan, Resolver
 from fx_fp8.report import CompileReport
 
@@ -32,17 +34,19 @@ class CompileContext:
     layer_map: LayerMap
     warn: Callable[[str], None]               # a warning, once per compiled model
     step_variant: Optional[str] = None
-    static_scales: Optional[dict] = None      # calibrated activation scales by module name (static scheme)
+    calibration: Calibration = field(default_factory=Calibration)  # loaded once per graph (GraphPlan)
     analysis: dict = field(default_factory=dict)   # results of graph analyses, e.g. {"sensitive": {node: reason}}
     dumps: Optional[list] = None              # [(stage, python code)] when a dump was asked for
     placeholders: dict = None
     unmatched_ignored_layers: list = field(default_factory=list)
-    # what the passes did to the instance's own weights (quantized copies, attached scales): redone
-    # for another instance that reuses these decisions (see FXPass.instance_facts)
+    # what the passes did to the instance's own weights (fx_fp8/quant/weight_actions.py), in order:
+    # redone for another instance that reuses these decisions (see FXPass.instance_facts)
     weight_actions: list = field(default_factory=list)
     # where the weight states the passes fill live (the instance's model), and the inputs they append
     resolver: Optional[Resolver] = None
     feeds: Optional[FeedPlan] = None
+    # applies one weight action to this instance's weights (GraphPlan's; default: these inputs)
+    weight_applier: Optional[Callable] = None
 
     def __post_init__(self):
         if self.placeholders is None:
@@ -51,6 +55,16 @@ class CompileContext:
             self.resolver = Resolver(None)
         if self.feeds is None:
             self.feeds = FeedPlan(self.gm.graph, fake_mode_of(self.gm.graph))
+        if self.weight_applier is None:
+            nodes = {n.name: n for n in self.gm.graph.nodes}
+            self.weight_applier = lambda action: weight_actions.apply(
+                action, self.example_inputs, lambda node: module_name(nodes[node]), self.resolver, self.calibration)
+
+    def apply_weight(self, action) -> dict:
+        """A pass's side effect on the instance's weights: kept (for instances that reuse these
+        decisions) and applied by whoever planned this compile."""
+        self.weight_actions.append(action)
+        return self.weight_applier(action)
 
 
 class NotReusable(Exception):
@@ -63,7 +77,7 @@ class FactsContext:
 
     config: FP8Config
     layer_map: LayerMap
-    static_scales: Optional[dict]
+    calibration: Calibration
     sensitive: dict                           # {node name: structural reason}, one per graph
     gm: torch.fx.GraphModule
     example_inputs: list

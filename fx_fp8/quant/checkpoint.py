@@ -37,6 +37,7 @@ import torch.nn as nn
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.layer_quantize import scale_shape
+from fx_fp8.quant.linear_plan import LinearPlan
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import WeightRecipe
@@ -357,12 +358,13 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     plan = []
     for name, rec in layers.items():
         t = lambda k: tensors.get(f"{name}.{k}")  # noqa: E731
-        plan.append((name, linears[name], QuantizedLinear(
-            t("weight"), t("weight_scale"), t("bias"), method=rec["method"],
-            weight_granularity=rec["weight_granularity"], weight_block=rec["weight_block"],
-            act_granularity=rec["act_granularity"], input_scale=t("input_scale"),
-            orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"),
-            input_step_scales=t("input_step_scales"), input_step_groups=rec.get("input_step_groups"))))
+        stored = LinearPlan.stored(WeightRecipe(rec["method"], rec["weight_granularity"],
+                                                tuple(rec["weight_block"] or ()) or None),
+                                   rec["act_granularity"], rec.get("input_step_groups"))
+        plan.append((name, linears[name], QuantizedLinear.from_plan(
+            stored, t("weight"), t("weight_scale"), t("bias"), orig_dtype=_dtype(rec["orig_dtype"], folder),
+            input_scale=t("input_scale"), input_smoothing=t("input_smoothing"),
+            input_step_scales=t("input_step_scales"))))
     return plan
 
 
