@@ -36,7 +36,7 @@ from fx_fp8.graph.fx_utils import fill_example_values, placeholder_index
 from fx_fp8.graph.names import INSTANCE_KEY, LayerMap, instance_module_name, module_name, rename_instance, resolve_graph
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.passes.base import CompileContext, FactsContext, NotReusable
+from fx_fp8.passes.base import CompileOutputs, FactsContext, NotReusable, compile_contexts
 from fx_fp8.passes.manager import PassManager
 from fx_fp8.quant import weight_actions
 from fx_fp8.quant.linear_plan import Calibration
@@ -118,28 +118,24 @@ class GraphPlan:
         return CompileReport(backend=s.backend, lowering=s.lowering, downstream=s.downstream, step_variant=variant, **kw)
 
     def run_passes(self, inputs: list, name: str, warn: Callable[[str], None], resolver: Resolver) -> dict:
-        """{variant: (report, rewritten graph, compile context)} for instance `name` (its weight
+        """{variant: (report, rewritten graph, the passes' outputs)} for instance `name` (its weight
         states kept where `resolver` finds them: on the instance model's modules)."""
         out = {}
         for variant in self.variants:
             graph_copy = copy_graph(self.gm)
             rename_instance(graph_copy, self.own_instance, name)
             report = self._report(variant)
-            ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=self.settings.config,
-                                 lowering=get_lowering(self.settings.lowering), report=report,
-                                 layer_map=self.layer_map, warn=warn, step_variant=variant,
-                                 calibration=self.calibration,
-                                 analysis={"sensitive": {n: self.sensitive[n.name] for n in graph_copy.graph.nodes
-                                                         if n.name in self.sensitive}},
-                                 dumps=[] if self.settings.dump_graphs else None, resolver=resolver,
-                                 weight_applier=functools.partial(self.apply_weight_action, inputs=inputs, name=name,
-                                                                  resolver=resolver))
-            PassManager(self.passes).run(ctx)
+            passes_in, passes_out = compile_contexts(
+                graph_copy, inputs, self.settings.config, get_lowering(self.settings.lowering), report,
+                self.layer_map, warn, step_variant=variant, calibration=self.calibration, sensitive=self.sensitive,
+                resolver=resolver, dump=self.settings.dump_graphs,
+                weight_applier=functools.partial(self.apply_weight_action, inputs=inputs, name=name, resolver=resolver))
+            PassManager(self.passes).run(passes_in, passes_out)
             report.layer_map = self.layer_map.as_dict()
-            if ctx.dumps is not None:
-                report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
-                report.graphs = dict(ctx.dumps)
-            out[variant] = (report, graph_copy, ctx)
+            if passes_out.dumps is not None:
+                report.notes.append(f"{len(passes_out.dumps)} graph dumps attached")
+                report.graphs = dict(passes_out.dumps)
+            out[variant] = (report, graph_copy, passes_out)
         return out
 
     def reuse(self, template: Template, inputs: list, name: str, resolver: Resolver) -> dict:
@@ -159,21 +155,17 @@ class GraphPlan:
             return renamed[spelling]
 
         out = {}
-        for variant, (t_report, graph, t_ctx) in template.variants.items():
+        for variant, (t_report, graph, t_out) in template.variants.items():
             report = self._report(variant, layer_map=dict(t_report.layer_map), weights=dict(t_report.weights),
                                   notes=list(t_report.notes))
             for e in t_report.entries:
                 module = rename(e.module) if e.name_resolved else e.module
                 report.entries.append(dataclasses.replace(e, module=module, layer=self.layer_map.layer_of(module)))
-            for action in t_ctx.weight_actions:  # the template's side effects, on this instance's weights
+            for action in t_out.weight_actions:  # the template's side effects, on this instance's weights
                 self.apply_weight_action(action, inputs, name, resolver)
-            ctx = CompileContext(gm=graph, example_inputs=inputs, config=self.settings.config,
-                                 lowering=t_ctx.lowering, report=report, layer_map=self.layer_map, warn=t_ctx.warn,
-                                 step_variant=variant, calibration=self.calibration,
-                                 placeholders=self.placeholders,
-                                 unmatched_ignored_layers=list(t_ctx.unmatched_ignored_layers),
-                                 resolver=resolver, feeds=t_ctx.feeds)
-            out[variant] = (report, graph, ctx)
+            out[variant] = (report, graph, CompileOutputs(
+                report=report, feeds=t_out.feeds, weight_actions=list(t_out.weight_actions),
+                unmatched_ignored_layers=list(t_out.unmatched_ignored_layers)))
         return out
 
     def apply_weight_action(self, action, inputs: list, name: str, resolver: Resolver) -> dict:
@@ -222,8 +214,9 @@ class GraphPlan:
         for message in warned:
             record.warn(message)
         instance = InstancePlan(self, record, resolver, planned, time.perf_counter() - started)
-        for report, _, ctx in planned.values():
-            _warn_about_selectors(self.layer_map, ctx.unmatched_ignored_layers, self.settings.config, record, model_)
+        for report, _, passes_out in planned.values():
+            _warn_about_selectors(self.layer_map, passes_out.unmatched_ignored_layers, self.settings.config, record,
+                                  model_)
             record.add(report)
             RECENT.add(report)
         return instance.entry(inputs)
@@ -249,7 +242,7 @@ class InstancePlan:
         self.graph, self.record, self.resolver, self.passes_s = graph, record, resolver, passes_s
         self.reports = {v: report for v, (report, _, _) in planned.items()}
         self.rewritten = {v: gm for v, (_, gm, _) in planned.items()}
-        self.feeds = {v: ctx.feeds for v, (_, _, ctx) in planned.items()}
+        self.feeds = {v: passes_out.feeds for v, (_, _, passes_out) in planned.items()}
         # instances whose decisions and appended inputs are equal share one compiled artifact
         self.keys = {v: (v, tuple((e.node, e.action, e.reason) for e in report.entries), self.feeds[v].signature)
                      for v, report in self.reports.items()}

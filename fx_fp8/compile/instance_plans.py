@@ -21,7 +21,7 @@ class Template:
     """An instance whose passes ran, kept for instances with equal facts to reuse."""
 
     name: str                     # its instance name
-    variants: dict                # variant -> (report, rewritten graph, compile context)
+    variants: dict                # variant -> (report, rewritten graph, the passes' outputs)
     warnings: list                # what its passes warned
     nodes_of: dict                # module name as it spells it -> the graph node it names
     portable_warnings: bool       # no warning names one of its modules: the same words for every instance

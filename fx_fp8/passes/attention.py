@@ -47,11 +47,11 @@ class FP8AttentionPass(FXPass):
 
     name = "fp8_attention"
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.cfg = ctx.config.attention           # config slice this pass keeps
-        self.skip_layers = ctx.config.diffusion_kv_cache_skip_layers
-        self.on = ctx.config.attention_enabled
+    def __init__(self, inputs, out):
+        super().__init__(inputs, out)
+        self.cfg = inputs.config.attention           # config slice this pass keeps
+        self.skip_layers = inputs.config.diffusion_kv_cache_skip_layers
+        self.on = inputs.config.attention_enabled
         self.unknown_layer_nodes: list[str] = []
 
     @classmethod
@@ -67,7 +67,7 @@ class FP8AttentionPass(FXPass):
 
     def _native_reason(self, node, form: AttentionForm, args: dict, module: str, users) -> Optional[str]:
         if not self.on:
-            return f"attention quantization off (diffusion_kv_cache_dtype={self.ctx.config.diffusion_kv_cache_dtype!r})"
+            return f"attention quantization off (diffusion_kv_cache_dtype={self.inputs.config.diffusion_kv_cache_dtype!r})"
         if form.returns_tuple:
             if users is None or set(users) - {0, 1}:
                 return f"{form.name} attention: outputs other than the result and log-sum-exp are read"
@@ -89,16 +89,16 @@ class FP8AttentionPass(FXPass):
             reason = short_keys_reason(q, k, self.cfg)
         if reason is not None:
             return reason
-        layer = self.ctx.layer_map.layer_of(module)
+        layer = self.inputs.layer_map.layer_of(module)
         if layer is not None and layer in self.skip_layers:
             return f"layer {layer} in diffusion_kv_cache_skip_layers"
         if layer is None and self.skip_layers and not is_resolved(node):
             self.unknown_layer_nodes.append(f"{node.name} ({module or 'top level'})")
             return (f"layer unknown (module {module!r} could not be resolved to the model's name) while "
                     "diffusion_kv_cache_skip_layers is set: kept native rather than guessing")
-        if attention_skipped(self.ctx.step_variant):
+        if attention_skipped(self.inputs.step_variant):
             return "skipped step variant (diffusion_kv_cache_skip_steps)"
-        return self.ctx.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
+        return self.inputs.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         changed = 0
@@ -118,7 +118,7 @@ class FP8AttentionPass(FXPass):
                 continue
             q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
             mask = meta_val(args[form.mask_param]) if form.mask_param else None
-            kernel, how = self.ctx.lowering.attention_kernel(q, k, v, self.cfg, mask,
+            kernel, how = self.inputs.lowering.attention_kernel(q, k, v, self.cfg, mask,
                                                              need_lse=bool(users and 1 in users))
             new = self._rewrite(gm, node, form, args, users, kernel)
             self.record(new, op="attention", module=module, action="fp8",
@@ -126,7 +126,7 @@ class FP8AttentionPass(FXPass):
                         form=form.name)
             changed += 1
         if self.unknown_layer_nodes:
-            self.ctx.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
+            self.inputs.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
                           f"attention node(s) whose layer is unknown; they were kept native: "
                           f"{', '.join(self.unknown_layer_nodes[:8])}")
         return changed
@@ -144,7 +144,7 @@ class FP8AttentionPass(FXPass):
                 op, (args["query"], args["key"], args["value"], mask, softmax_scale),
                 dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
                      smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=kernel,
-                     lowering=self.ctx.lowering.name),
+                     lowering=self.inputs.lowering.name),
             )
             new.meta.update(node.meta)
             if not form.returns_tuple:
@@ -168,4 +168,4 @@ class FP8AttentionPass(FXPass):
         c = self.cfg
         desc = f"{c.granularity} scales" + (f" (q {c.q_block} / kv {c.kv_block} rows)" if c.granularity == "block" else "")
         desc += ", Hadamard Q/K" if c.hadamard else ""
-        return f"{self.ctx.lowering.name}: {desc}"
+        return f"{self.inputs.lowering.name}: {desc}"

@@ -86,11 +86,11 @@ class FP8LinearPass(FXPass):
 
     name = "quantized_linear"
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.qcfg = ctx.config.quantization_config
-        self.calibration = ctx.calibration
-        self.decisions = LinearDecisions(ctx, self.record)
+    def __init__(self, inputs, out):
+        super().__init__(inputs, out)
+        self.qcfg = inputs.config.quantization_config
+        self.calibration = inputs.calibration
+        self.decisions = LinearDecisions(self)
 
     @classmethod
     def instance_facts(cls, fc, node, module):
@@ -116,7 +116,7 @@ class FP8LinearPass(FXPass):
     # -- rewriting ---------------------------------------------------------------------------
     def _rewrite_group(self, gm, members: list[Linear], group: str, replaced: dict) -> None:
         graph = gm.graph
-        lowering = self.ctx.lowering
+        lowering = self.inputs.lowering
         w8a8 = [m for m in members if not m.weight_only]
         first = members[0]
         xq = xs = None
@@ -130,9 +130,9 @@ class FP8LinearPass(FXPass):
                 base_meta = {k: v for k, v in m.node.meta.items() if k not in ("val", "example_value")}
                 wq, ws = (m.weight, m.weight_scale) if m.prepared else (self._fed(m, "wq"), self._fed(m, "ws"))
                 if m.prepared and m.weight.op == "placeholder":  # checked not written, once per call
-                    slot = self.ctx.placeholders.get(m.weight)
-                    if slot is not None and slot not in self.ctx.feeds.prepared:
-                        self.ctx.feeds.prepared.append(slot)
+                    slot = self.inputs.placeholders.get(m.weight)
+                    if slot is not None and slot not in self.out.feeds.prepared:
+                        self.out.feeds.prepared.append(slot)
                 if m.weight_only:
                     x = m.x  # a prepared layer's weight is W * s: its input still needs the 1/s
                     if m.input_smoothing is not None:
@@ -157,9 +157,9 @@ class FP8LinearPass(FXPass):
         """The quantized weight GEMM m reads (its value or fake value): shape and device."""
         if m.prepared:
             val = meta_val(m.weight)
-            return val if val is not None else real_tensor(m.weight, self.ctx.gm, self.ctx.example_inputs,
-                                                           self.ctx.placeholders)
-        st = self.ctx.resolver.state(m.slot, m.real_weight, m.module)
+            return val if val is not None else real_tensor(m.weight, self.inputs.gm, self.inputs.example_inputs,
+                                                           self.inputs.placeholders)
+        st = self.inputs.resolver.state(m.slot, m.real_weight, m.module)
         alpha = m.smoothing.alpha if m.smoothing is not None else None
         return Feed(m.slot, "wq", m.plan.recipe, alpha).tensor(st, m.real_weight)
 
@@ -167,12 +167,12 @@ class FP8LinearPass(FXPass):
         """The appended input carrying what the pass derived from unprepared linear m's weight."""
         alpha = m.smoothing.alpha if m.smoothing is not None and kind in ("wq", "ws", "inverse") else None
         feed = Feed(m.slot, kind, m.plan.recipe if kind in ("wq", "ws") else None, alpha)
-        st = self.ctx.resolver.state(m.slot, m.real_weight, m.module)
-        return self.ctx.feeds.placeholder(feed, feed.tensor(st, m.real_weight), hint=str(m.slot))
+        st = self.inputs.resolver.state(m.slot, m.real_weight, m.module)
+        return self.out.feeds.placeholder(feed, feed.tensor(st, m.real_weight), hint=str(m.slot))
 
     def _quantize(self, graph, m: Linear):
         """(xq, xs) nodes for a group's activation, at the graph's insert point."""
-        lowering = self.ctx.lowering
+        lowering = self.inputs.lowering
         x = m.x
         inverse = m.input_smoothing  # a prepared layer's 1/s buffer
         if inverse is None and m.smoothing is not None:  # unprepared: its group's 1/s, an appended input
@@ -182,7 +182,7 @@ class FP8LinearPass(FXPass):
         scale = m.input_scale
         if m.act == "static" and scale is None:  # unprepared: the calibrated scale, an appended input
             scale = self._fed(m, "input_scale")
-            steps = self.ctx.resolver.state(m.slot, m.real_weight, m.module).input_step_scales
+            steps = self.inputs.resolver.state(m.slot, m.real_weight, m.module).input_step_scales
             if steps is not None:  # the published step's group picks its scale per call (no recompile)
                 scale = graph.call_function(torch.ops.fx_fp8.step_scale.default, (self._fed(m, "step_scales"), scale),
                                             {"groups": list(steps[0])})
@@ -203,7 +203,7 @@ class FP8LinearPass(FXPass):
         src = m.node.meta.get(WEIGHT_ORIGIN, "prepared weights") if m.prepared else "weights quantized at compile"
         if m.left_by_prepare:
             src += " (prepare_model left it: it carries diffusers hooks)"
-        name = self.ctx.lowering.name
+        name = self.inputs.lowering.name
         if m.weight_only:
             return f"{m.why + '; ' if m.why else ''}{name}: weight-only {m.method.upper()} ({w} scales), {src}"
         act = "static activations" if m.act == "static" else f"dynamic per-{m.act} activations"
@@ -213,7 +213,7 @@ class FP8LinearPass(FXPass):
             act += f", smoothed (alpha {m.smoothing.alpha:g})"
         elif m.input_smoothing is not None:
             act += ", smoothed"
-        gemm = self.ctx.lowering.gemm_description(m.method, m.weight_granularity, m.weight_block,
+        gemm = self.inputs.lowering.gemm_description(m.method, m.weight_granularity, m.weight_block,
                                                   self.qcfg.fast_accum, act=m.act, weight_val=self._weight_value(m))
         return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}" + (f"; {gemm}" if gemm else "")
 

@@ -92,14 +92,16 @@ class LinearDecisions:
     original weights are gone) and are re-targeted to this compile's lowering.
     """
 
-    def __init__(self, ctx, record):
-        self.ctx, self.record = ctx, record  # record: the pass's report row writer (FXPass.record)
-        self.qcfg = ctx.config.quantization_config
-        self.on = ctx.config.linear_enabled
-        self.calibration = ctx.calibration
-        self.sensitive = ctx.analysis.get("sensitive", {})
+    def __init__(self, owner):
+        """`owner`: the pass (its inputs and outputs, its report rows and weight actions)."""
+        self.inputs, self.out = owner.inputs, owner.out
+        self.record, self.apply_weight, self.sensitive_of = owner.record, owner.apply_weight, owner.sensitive_of
+        inputs = owner.inputs
+        self.qcfg = inputs.config.quantization_config
+        self.on = inputs.config.linear_enabled
+        self.calibration = inputs.calibration
         self.alpha = self.qcfg.smoothing_alpha if self.on else None
-        self.skip_mode = linear_skip_mode(ctx.step_variant) if self.on else None
+        self.skip_mode = linear_skip_mode(inputs.step_variant) if self.on else None
         self.matched: set[str] = set()  # the ignored_layers patterns that named a linear
         self.disagreeing: list[str] = []  # prepared linears whose recipe is not this compile's
         self.sensitive_prepared: list[str] = []  # prepared linears the graph finds sensitive (warned about once)
@@ -110,7 +112,7 @@ class LinearDecisions:
 
     def linears(self, gm) -> list[Linear]:
         """The linears to rewrite, in graph order (a report row for each one kept native)."""
-        weights = self.ctx.report.weights
+        weights = self.out.report.weights
         for key in ("quantized_linear_bytes_before", "quantized_linear_bytes_after"):
             weights.setdefault(key, 0)
         weights.setdefault("original_copy_kept", False)
@@ -159,23 +161,23 @@ class LinearDecisions:
         hit = first_match(self.qcfg.ignored_layers, module)
         if hit is not None:
             self.matched.add(hit)
-        real_w = real_tensor(args["weight"], gm, self.ctx.example_inputs, self.ctx.placeholders)
+        real_w = real_tensor(args["weight"], gm, self.inputs.example_inputs, self.inputs.placeholders)
         plan = self.plan(node, args, module, x, w, real_w)
         if plan.native:
             self.record(node, op="linear", module=module, action="native", reason=plan.reason, shapes=shapes,
                         dims=dims)
             return None
         if plan.warning:
-            self.ctx.warn(f"fx_fp8: {plan.warning}: {plan.recipe.method} linears use weight-only quantization "
+            self.inputs.warn(f"fx_fp8: {plan.warning}: {plan.recipe.method} linears use weight-only quantization "
                           "(quantized storage, native matmul)")
-        weights = self.ctx.report.weights
+        weights = self.out.report.weights
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
         weights["original_copy_kept"] = True
-        slot = self.ctx.placeholders[args["weight"]]
+        slot = self.inputs.placeholders[args["weight"]]
         if plan.channel_amax is None:  # smoothed: quantized per group, in _smooth
-            copy = self.ctx.apply_weight(WeightAction(slot, node.name, plan.recipe, static=plan.static))[slot]
+            copy = self.apply_weight(WeightAction(slot, node.name, plan.recipe, static=plan.static))[slot]
             weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
-        left = bool(self.ctx.resolver.state(slot, real_w, module).left_by_prepare)
+        left = bool(self.inputs.resolver.state(slot, real_w, module).left_by_prepare)
         (self.left_by_prepare if left else self.compile_quantized).append(module)
         return Linear(node, module, plan, args["input"], args["weight"], args["bias"], act=self.qcfg.act_granularity,
                       shapes=shapes, dims=dims, real_weight=real_w, slot=slot, left_by_prepare=left,
@@ -197,8 +199,8 @@ class LinearDecisions:
         elif args["weight"].op != "placeholder":
             graph_reason = ("weight is a constant of the graph, not one of its inputs (its quantized copy is fed as "
                             "an input derived from the weight input)")
-        return plan_linear(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, sensitive=self.sensitive.get(node),
-                           graph_reason=graph_reason, calibration=self.calibration, lowering=self.ctx.lowering,
+        return plan_linear(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, sensitive=self.sensitive_of(node),
+                           graph_reason=graph_reason, calibration=self.calibration, lowering=self.inputs.lowering,
                            values=(x, w), step_mode=self.skip_mode)
 
     def prepared(self, node) -> Linear:
@@ -211,7 +213,7 @@ class LinearDecisions:
         q = self.qcfg
         smoothed = args["input_smoothing"] is not None
         prepared_wo = act == WEIGHT_ONLY
-        why = self.sensitive.get(node)  # prepare_model without example inputs decides by name; the graph knows better
+        why = self.sensitive_of(node)  # prepare_model without example inputs decides by name; the graph knows better
         if WEIGHT_ORIGIN in node.meta:
             pass  # a pre-quantized checkpoint's own layout: it runs as stored, nothing to disagree with
         elif prepared_wo:
@@ -245,9 +247,9 @@ class LinearDecisions:
     def device_weight_only(self, w, method: str) -> bool:
         """A prepared W8A8 layer on a device without matrix units for `method`: it runs weight-only."""
         qcfg = self.qcfg if method == self.qcfg.method else dataclasses.replace(self.qcfg, method=method)
-        msg = self.ctx.lowering.weight_only(w, qcfg)
+        msg = self.inputs.lowering.weight_only(w, qcfg)
         if msg:
-            self.ctx.warn(f"fx_fp8: {msg}: {method} linears use weight-only quantization "
+            self.inputs.warn(f"fx_fp8: {msg}: {method} linears use weight-only quantization "
                           "(quantized storage, native matmul)")
         return bool(msg)
 
@@ -257,7 +259,7 @@ class LinearDecisions:
         channel = self.calibration.channel
         if channel is None or any(m.channel_amax is not None for m in plan):
             return
-        missing = [e.module for e in self.ctx.report.entries
+        missing = [e.module for e in self.out.report.entries
                    if e.op == "linear" and e.reason.startswith("no channel statistics")]
         if missing:
             raise ValueError(f"quantization_config.smoothing_alpha: none of the {len(missing)} eligible linears of "
@@ -276,8 +278,8 @@ class LinearDecisions:
             return
         action = SmoothingAction(tuple((m.slot, m.node.name) for m in todo), self.alpha, todo[0].plan.recipe,
                                  static=todo[0].act == "static")
-        done = self.ctx.apply_weight(action)
-        weights = self.ctx.report.weights
+        done = self.apply_weight(action)
+        weights = self.out.report.weights
         for m in todo:
             copy = done[m.slot]
             weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
@@ -286,7 +288,7 @@ class LinearDecisions:
     def notes(self) -> None:
         """The report's notes and the warnings about this graph's linears."""
         matched, disagreeing = self.matched, self.disagreeing
-        report = self.ctx.report
+        report = self.out.report
         if self.compile_quantized:
             report.notes.append("quantized weights were made at compile time; the model still holds its original "
                                 "weights (call fx_fp8.prepare_model(model, config) before torch.compile to free them)")
@@ -298,25 +300,25 @@ class LinearDecisions:
         if self.on:
             unmatched = [p for p in self.qcfg.ignored_layers if p not in matched]
             if unmatched:
-                self.ctx.unmatched_ignored_layers.extend(unmatched)
+                self.out.unmatched_ignored_layers.extend(unmatched)
         if self.ignored_prepared:
-            self.ctx.warn(f"fx_fp8: {len(self.ignored_prepared)} linear(s) named by ignored_layers were quantized by "
+            self.inputs.warn(f"fx_fp8: {len(self.ignored_prepared)} linear(s) named by ignored_layers were quantized by "
                           f"prepare_model and still run quantized (their original weights are gone): "
                           f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
                           "(or reload the original weights) to keep them native")
         if self.sensitive_prepared:
             mode = self.qcfg.sensitive
             would = "weight-only (W8A16)" if mode == "weight_only" else "native"
-            self.ctx.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) W8A8 that this "
+            self.inputs.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) W8A8 that this "
                           f"compile finds sensitive by the graph's structure: {', '.join(self.sensitive_prepared[:8])}; "
                           f"with quantization_config.sensitive {mode!r} they would run {would}, but prepared "
                           "linears run as prepared (W8A8). Give prepare_model example_inputs (it then finds them by "
                           "structure), or list them in quantization_config.ignored_layers when calling prepare_model")
         if self.skipped_prepared:
-            self.ctx.warn(f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
+            self.inputs.warn(f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
                           f"linear(s) were quantized by prepare_model (their original weights are gone): they run "
                           f"weight-only on the skipped steps: {', '.join(self.skipped_prepared[:8])}")
         if disagreeing:
-            self.ctx.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
+            self.inputs.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
                           f"granularity or activation scheme than this compile's config (or quantization is off); "
                           f"they run as prepared: {', '.join(disagreeing[:8])}")

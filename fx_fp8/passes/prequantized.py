@@ -316,12 +316,11 @@ class PrequantizedLinearPass(FXPass):
 
     name = "prequantized_linear"
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.qcfg = ctx.config.quantization_config
-        self.on = ctx.config.linear_enabled
-        self.skip_mode = linear_skip_mode(ctx.step_variant) if self.on else None
-        self.sensitive = ctx.analysis.get("sensitive", {})
+    def __init__(self, inputs, out):
+        super().__init__(inputs, out)
+        self.qcfg = inputs.config.quantization_config
+        self.on = inputs.config.linear_enabled
+        self.skip_mode = linear_skip_mode(inputs.step_variant) if self.on else None
         self._fp8_configs: dict = {}
 
     @classmethod
@@ -360,8 +359,8 @@ class PrequantizedLinearPass(FXPass):
 
     def _label_adopted(self, node) -> None:
         w = call_args(node, ["x", "weight"], {}).get("weight")
-        origin = weight_origin(self.ctx.resolver.module(real_tensor(w, self.ctx.gm, self.ctx.example_inputs,
-                                                                    self.ctx.placeholders)))
+        origin = weight_origin(self.inputs.resolver.module(real_tensor(w, self.inputs.gm, self.inputs.example_inputs,
+                                                                    self.inputs.placeholders)))
         if origin is not None:
             node.meta[WEIGHT_ORIGIN] = origin
 
@@ -373,8 +372,8 @@ class PrequantizedLinearPass(FXPass):
         wq, x = meta_val(m.weight), meta_val(m.x)
         graph_reason = None if x is not None and x.dtype in FLOAT_DTYPES else f"input dtype {getattr(x, 'dtype', None)}"
         return plan_linear(module_name(m.linear), wq.shape[1], wq.shape[0], _compute_dtype(m), self.qcfg,
-                           sensitive=self.sensitive.get(m.linear), enabled=self.on, graph_reason=graph_reason,
-                           lowering=self.ctx.lowering, values=(x, wq), lowering_config=self._fp8_config(m.granularity),
+                           sensitive=self.sensitive_of(m.linear), enabled=self.on, graph_reason=graph_reason,
+                           lowering=self.inputs.lowering, values=(x, wq), lowering_config=self._fp8_config(m.granularity),
                            stored=WeightRecipe("fp8", m.granularity))
 
     def _fp8_config(self, granularity: str):
@@ -404,10 +403,11 @@ class PrequantizedLinearPass(FXPass):
             new = graph.call_function(
                 torch.ops.fx_fp8.quantized_linear.default, (m.x, m.weight, scale, m.bias, input_scale, None),
                 dict(method="fp8", weight_granularity=m.granularity, weight_block=[], act_granularity=act,
-                     lowering=self.ctx.lowering.name))
+                     lowering=self.inputs.lowering.name))
         new.meta.update(m.linear.meta)  # the same value, module and names as the linear it replaces
-        if m.linear in self.sensitive:
-            self.sensitive[new] = self.sensitive[m.linear]
+        why = self.sensitive_of(m.linear)
+        if why is not None:  # the linear pass reads it on the node that replaces the linear
+            self.out.sensitive[new.name] = why
         m.linear.replace_all_uses_with(new)
         self.erase(gm, m.linear)
         return True
