@@ -84,12 +84,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         args, kwargs = _split_inputs(example_inputs)
         sensitive = sensitive_linear_names(model, args, kwargs)
     sensitive = sensitive or {}
-    calibration = Calibration.load(cfg)
-    if calibration.scales is not None:
-        check_scales_match(calibration.scales, [n for n, _ in linears])
-    if calibration.channel is not None:
-        check_scales_match(calibration.channel, [n for n, _ in linears], what="channel_amax entries",
-                           one="channel_amax entry")
+    calibration = _calibration(cfg, [n for n, _ in linears])
     plan, hooked = [], []
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         w = module.weight
@@ -108,7 +103,24 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
                 "original weight")
             continue
         plan.append((name, module, _quantized_layer(name, module, layer)))
-    # every check passed and every weight is quantized: only now change the model
+    _install(model, plan, hooked, result)  # every check passed and every weight is quantized
+    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
+    return result
+
+
+def _calibration(cfg: FP8Config, names: list) -> Calibration:
+    """The calibration the config names, checked to name this model's linears."""
+    calibration = Calibration.load(cfg)
+    if calibration.scales is not None:
+        check_scales_match(calibration.scales, names)
+    if calibration.channel is not None:
+        check_scales_match(calibration.channel, names, what="channel_amax entries", one="channel_amax entry")
+    return calibration
+
+
+def _install(model: nn.Module, plan: list, hooked: list, result: dict) -> None:
+    """Only now change the model: each planned QuantizedLinear in its linear's place, the hooked
+    linears marked, the model guarded; `result` counts them."""
     for name, module, new in plan:
         replace_module(model, name, new, old=module)
         new.accept_weight(name)
@@ -129,9 +141,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         names = list(result["hooked"])
         warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
                       f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
-                      "and they keep their original weights", stacklevel=2)
-    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
-    return result
+                      "and they keep their original weights", stacklevel=3)
 
 
 def _quantized_layer(name: str, module: nn.Module, layer) -> QuantizedLinear:
