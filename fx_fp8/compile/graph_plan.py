@@ -5,7 +5,7 @@ Per graph Dynamo hands over:
   1. names: each node is resolved to the compiled model's real module name
      (fx_fp8/graph/names.py), once, into the node's meta;
   2. the passes run on a copy of the graph for each step variant the step selectors can
-     produce (one, or up to four: fx_fp8.steps.variant_name), per module instance; an instance
+     produce (one, or up to four: fx_fp8.config.step_variants.variant_name), per module instance; an instance
      whose facts equal an earlier one's reuses its decisions (fx_fp8/compile/instance_plans.py);
   3. each variant goes to the downstream compiler on its first call; instances that decide alike
      share one compiled artifact, each called with its own weights' quantized copies appended

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 import torch.fx
 
+from fx_fp8.config.step_variants import attention_skipped
 from fx_fp8.graph.forms import AttentionForm, attention_form
 from fx_fp8.graph.fx_utils import call_args, meta_val
 from fx_fp8.graph.names import is_resolved, module_name
@@ -22,7 +23,6 @@ from fx_fp8.graph.shapes import scalar_value, shape_str
 from fx_fp8.passes.base import FXPass
 from fx_fp8.quant.rules import attention_call_reason, short_keys_reason
 from fx_fp8.report import dims_of
-from fx_fp8.steps import attention_skipped
 
 
 def _tuple_users(node: torch.fx.Node) -> Optional[dict[int, list[torch.fx.Node]]]:

@@ -12,6 +12,7 @@ import torch
 import torch.fx
 
 from fx_fp8.config.patterns import first_match
+from fx_fp8.config.step_variants import linear_skip_mode
 from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_PARAMS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
@@ -22,7 +23,6 @@ from fx_fp8.quant.linear_plan import QUANTIZATION_OFF, LinearPlan, native, plan_
 from fx_fp8.quant.recipe import Smoothing, recipe
 from fx_fp8.quant.weight_actions import SmoothingAction, WeightAction
 from fx_fp8.report import dims_of
-from fx_fp8.steps import linear_skip_mode
 
 
 @dataclasses.dataclass(eq=False)

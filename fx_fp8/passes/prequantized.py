@@ -49,6 +49,7 @@ import torch
 import torch.fx
 
 from fx_fp8.config.patterns import first_match
+from fx_fp8.config.step_variants import linear_skip_mode
 from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
@@ -59,7 +60,6 @@ from fx_fp8.quant.linear_plan import LinearPlan, native, plan_linear
 from fx_fp8.quant.prequantized import (channel_scale, describe_origin, scale_granularity, source_of_class,
                                        tensor_scale, weight_origin)
 from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.steps import linear_skip_mode
 
 MUL_TARGETS = {operator.mul, torch.mul}
 DIV_TARGETS = {operator.truediv, torch.div}
