@@ -16,7 +16,7 @@ raises naming the layer.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -26,9 +26,6 @@ from fx_fp8.ops.formats import METHODS, WEIGHT_ONLY
 from fx_fp8.ops.lowering import resolve_lowering_name
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, recipe
 from fx_fp8.quant.weight_state import digest, fingerprint, quantized_copies_of, refresh_copies
-
-if TYPE_CHECKING:
-    from fx_fp8.quant.linear_plan import LinearPlan
 
 QUANTIZED_DTYPES = tuple(dtype for dtype, _ in METHODS.values())  # fp8, int8
 #: attributes in a QuantizedLinear's __dict__: its name for messages, its accepted (fingerprint, digest)
@@ -77,10 +74,10 @@ class QuantizedLinear(nn.Module):
         self.origin = origin
 
     @classmethod
-    def from_plan(cls, plan: "LinearPlan", weight_q, weight_scale, bias, *, orig_dtype,
+    def from_plan(cls, plan, weight_q, weight_scale, bias, *, orig_dtype,
                   input_scale: Optional[torch.Tensor] = None, input_smoothing: Optional[torch.Tensor] = None,
                   input_step_scales: Optional[torch.Tensor] = None, origin: Optional[str] = None) -> "QuantizedLinear":
-        """The prepared layer of a quantized (W8A8 or weight-only) `plan` (fx_fp8/quant/linear_plan.py):
+        """The prepared layer of a quantized (W8A8 or weight-only) `plan` (a LinearPlan: fx_fp8/quant/linear_plan.py):
         its recipe and activation scheme; its static scale and per-step scales unless given as
         tensors (a smoothed layer's scale, a checkpoint's buffers)."""
         r = plan.quantized_recipe()
