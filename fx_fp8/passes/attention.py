@@ -119,7 +119,7 @@ class FP8AttentionPass(FXPass):
             q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
             mask = meta_val(args[form.mask_param]) if form.mask_param else None
             kernel, how = self.inputs.lowering.attention_kernel(q, k, v, self.cfg, mask,
-                                                             need_lse=bool(users and 1 in users))
+                                                                need_lse=bool(users and 1 in users))
             new = self._rewrite(gm, node, form, args, users, kernel)
             self.record(new, op="attention", module=module, action="fp8",
                         reason=self._describe() + (f", {how}" if how else ""), shapes=shapes, dims=dims,
@@ -127,8 +127,8 @@ class FP8AttentionPass(FXPass):
             changed += 1
         if self.unknown_layer_nodes:
             self.inputs.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
-                          f"attention node(s) whose layer is unknown; they were kept native: "
-                          f"{', '.join(self.unknown_layer_nodes[:8])}")
+                             f"attention node(s) whose layer is unknown; they were kept native: "
+                             f"{', '.join(self.unknown_layer_nodes[:8])}")
         return changed
 
     def _rewrite(self, gm, node, form: AttentionForm, args: dict, users, kernel: str) -> torch.fx.Node:

@@ -214,6 +214,6 @@ class FP8LinearPass(FXPass):
         elif m.input_smoothing is not None:
             act += ", smoothed"
         gemm = self.inputs.lowering.gemm_description(m.method, m.weight_granularity, m.weight_block,
-                                                  self.qcfg.fast_accum, act=m.act, weight_val=self._weight_value(m))
+                                                     self.qcfg.fast_accum, act=m.act, weight_val=self._weight_value(m))
         return f"{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}" + (f"; {gemm}" if gemm else "")
 

@@ -168,8 +168,7 @@ class LinearDecisions:
                         dims=dims)
             return None
         if plan.warning:
-            self.inputs.warn(f"fx_fp8: {plan.warning}: {plan.recipe.method} linears use weight-only quantization "
-                          "(quantized storage, native matmul)")
+            self.warn_weight_only(plan.warning, plan.recipe.method)
         weights = self.out.report.weights
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
         weights["original_copy_kept"] = True
@@ -249,9 +248,13 @@ class LinearDecisions:
         qcfg = self.qcfg if method == self.qcfg.method else dataclasses.replace(self.qcfg, method=method)
         msg = self.inputs.lowering.weight_only(w, qcfg)
         if msg:
-            self.inputs.warn(f"fx_fp8: {msg}: {method} linears use weight-only quantization "
-                          "(quantized storage, native matmul)")
+            self.warn_weight_only(msg, method)
         return bool(msg)
+
+    def warn_weight_only(self, why: str, method: str) -> None:
+        """The lowering runs `method` linears weight-only on this device (said once per compiled model)."""
+        self.inputs.warn(f"fx_fp8: {why}: {method} linears use weight-only quantization (quantized storage, "
+                         "native matmul)")
 
     def check_channel_names(self, plan: list[Linear]) -> None:
         """Smoothing statistics that name none of this graph's linears come from another model: an
@@ -303,22 +306,22 @@ class LinearDecisions:
                 self.out.unmatched_ignored_layers.extend(unmatched)
         if self.ignored_prepared:
             self.inputs.warn(f"fx_fp8: {len(self.ignored_prepared)} linear(s) named by ignored_layers were quantized by "
-                          f"prepare_model and still run quantized (their original weights are gone): "
-                          f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
-                          "(or reload the original weights) to keep them native")
+                             f"prepare_model and still run quantized (their original weights are gone): "
+                             f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
+                             "(or reload the original weights) to keep them native")
         if self.sensitive_prepared:
             mode = self.qcfg.sensitive
             would = "weight-only (W8A16)" if mode == "weight_only" else "native"
             self.inputs.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) W8A8 that this "
-                          f"compile finds sensitive by the graph's structure: {', '.join(self.sensitive_prepared[:8])}; "
-                          f"with quantization_config.sensitive {mode!r} they would run {would}, but prepared "
-                          "linears run as prepared (W8A8). Give prepare_model example_inputs (it then finds them by "
-                          "structure), or list them in quantization_config.ignored_layers when calling prepare_model")
+                             f"compile finds sensitive by the graph's structure: {', '.join(self.sensitive_prepared[:8])}; "
+                             f"with quantization_config.sensitive {mode!r} they would run {would}, but prepared "
+                             "linears run as prepared (W8A8). Give prepare_model example_inputs (it then finds them by "
+                             "structure), or list them in quantization_config.ignored_layers when calling prepare_model")
         if self.skipped_prepared:
             self.inputs.warn(f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
-                          f"linear(s) were quantized by prepare_model (their original weights are gone): they run "
-                          f"weight-only on the skipped steps: {', '.join(self.skipped_prepared[:8])}")
+                             f"linear(s) were quantized by prepare_model (their original weights are gone): they run "
+                             f"weight-only on the skipped steps: {', '.join(self.skipped_prepared[:8])}")
         if disagreeing:
             self.inputs.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
-                          f"granularity or activation scheme than this compile's config (or quantization is off); "
-                          f"they run as prepared: {', '.join(disagreeing[:8])}")
+                             f"granularity or activation scheme than this compile's config (or quantization is off); "
+                             f"they run as prepared: {', '.join(disagreeing[:8])}")

@@ -360,7 +360,7 @@ class PrequantizedLinearPass(FXPass):
     def _label_adopted(self, node) -> None:
         w = call_args(node, ["x", "weight"], {}).get("weight")
         origin = weight_origin(self.inputs.resolver.module(real_tensor(w, self.inputs.gm, self.inputs.example_inputs,
-                                                                    self.inputs.placeholders)))
+                                                                       self.inputs.placeholders)))
         if origin is not None:
             node.meta[WEIGHT_ORIGIN] = origin
 
