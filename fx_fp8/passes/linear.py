@@ -15,8 +15,10 @@ Prepared QuantizedLinear modules (prepare_model) reach the graph as
 fx_fp8::quantized_linear calls and are rewritten the same way; devices without
 quantized matrix units get fx_fp8::weight_only_linear.
 
-An unprepared linear's weight is quantized now, into a copy its module owns
-(fx_fp8/quant/weight_state.py), and the graph reads that copy through inputs the pass
+Which linears, and how, is decided in fx_fp8/passes/linear_decisions.py (one LinearPlan each).
+An unprepared linear's weight is quantized into a copy its module owns
+(fx_fp8/quant/weight_state.py) by a weight action the graph plan applies
+(fx_fp8/quant/weight_actions.py), and the graph reads that copy through inputs the pass
 appends (fx_fp8/quant/weight_feeds.py: the caller supplies them once per graph call,
 re-quantizing a changed weight in place), never through a lookup at run time.
 The GEMM itself is what the lowering writes (Lowering.emit_gemm): aten ops on

@@ -44,7 +44,7 @@ class Linear:
     input_smoothing: Optional[torch.fx.Node] = None
     real_weight: Optional[torch.Tensor] = None       # unprepared: its weight, graph input `slot`
     slot: Optional[int] = None
-    smoothing: Optional[Smoothing] = None            # unprepared, smoothed: its group's (set by _smooth)
+    smoothing: Optional[Smoothing] = None            # unprepared, smoothed: its group's (set by smooth)
     left_by_prepare: bool = False  # prepare_model left this unprepared linear (it carries diffusers hooks)
     why: str = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
 
@@ -131,7 +131,7 @@ class LinearDecisions:
 
     @staticmethod
     def facts(fc, node, module):
-        """What _decide / _prepared read through the linear's name or the instance's inputs:
+        """What decide / prepared read through the linear's name or the instance's inputs:
         the ignored_layers pattern it matches, the plan's kind and reason for its name
         (sensitive name patterns, shape, size, its weight as a graph input, the calibration).
         Smoothing vectors come from each instance's own weights and statistics: never reused."""
@@ -151,7 +151,6 @@ class LinearDecisions:
                             enabled=on, calibration=fc.calibration)
                 if w is not None and w.dim() == 2 else None)
         return ("linear", first_match(qcfg.ignored_layers, module), plan and (plan.kind, plan.reason), real)
-
 
     def decide(self, gm, node) -> Optional[Linear]:
         args = call_args(node, ["input", "weight", "bias"], {"bias": None})
@@ -173,7 +172,7 @@ class LinearDecisions:
         weights["quantized_linear_bytes_before"] += real_w.numel() * real_w.element_size()
         weights["original_copy_kept"] = True
         slot = self.inputs.placeholders[args["weight"]]
-        if plan.channel_amax is None:  # smoothed: quantized per group, in _smooth
+        if plan.channel_amax is None:  # smoothed: quantized per group, in smooth
             copy = self.apply_weight(WeightAction(slot, node.name, plan.recipe, static=plan.static))[slot]
             weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
         left = bool(self.inputs.resolver.state(slot, real_w, module).left_by_prepare)
