@@ -23,6 +23,7 @@ from typing import Callable, Optional, Union
 
 from fx_fp8.config.selectors import Selector
 from fx_fp8.config.step_groups import format_step_groups
+from fx_fp8.config.step_variants import variant_name
 
 #: the current denoising step of this thread / task (None: nothing published)
 _STEP: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("fx_fp8_denoising_step", default=None)
@@ -112,33 +113,6 @@ def variant_listener(listener: Callable[[str], None]):
         yield
     finally:
         _VARIANT_LISTENER.reset(token)
-
-
-#: the variant of unskipped steps; "native" is the one whose attention is native (its historical name)
-ALL_QUANTIZED = "fp8"
-ATTENTION_NATIVE = "native"
-LINEAR_PREFIX = "linear_"
-
-
-def variant_name(attention_skipped: bool, linears_skipped: bool, mode: str = "weight_only") -> str:
-    """The closed set of step variants: "fp8" (nothing skipped), "native" (attention native),
-    "linear_<mode>" (linears run `mode`: weight_only or native), "native+linear_<mode>"."""
-    parts = [ATTENTION_NATIVE] if attention_skipped else []
-    if linears_skipped:
-        parts.append(LINEAR_PREFIX + mode)
-    return "+".join(parts) or ALL_QUANTIZED
-
-
-def attention_skipped(variant: Optional[str]) -> bool:
-    return variant is not None and variant.split("+")[0] == ATTENTION_NATIVE
-
-
-def linear_skip_mode(variant: Optional[str]) -> Optional[str]:
-    """"weight_only" / "native" when the variant's linears are skipped, else None."""
-    for part in (variant or "").split("+"):
-        if part.startswith(LINEAR_PREFIX):
-            return part[len(LINEAR_PREFIX):]
-    return None
 
 
 def variant_for_step(skip_steps, on_unpublished: Callable[[], None], linear_skip_steps=None,

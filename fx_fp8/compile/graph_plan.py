@@ -5,7 +5,7 @@ Per graph Dynamo hands over:
   1. names: each node is resolved to the compiled model's real module name
      (fx_fp8/graph/names.py), once, into the node's meta;
   2. the passes run on a copy of the graph for each step variant the step selectors can
-     produce (one, or up to four: fx_fp8.steps.variant_name), per module instance; an instance
+     produce (one, or up to four: fx_fp8.config.step_variants.variant_name), per module instance; an instance
      whose facts equal an earlier one's reuses its decisions (fx_fp8/compile/instance_plans.py);
   3. each variant goes to the downstream compiler on its first call; instances that decide alike
      share one compiled artifact, each called with its own weights' quantized copies appended
@@ -17,6 +17,7 @@ What runs per call lives in fx_fp8/compile/dispatch.py (step variant, module ins
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import weakref
 from typing import Callable, Optional
@@ -35,10 +36,10 @@ from fx_fp8.graph.fx_utils import fill_example_values, placeholder_index
 from fx_fp8.graph.names import INSTANCE_KEY, LayerMap, instance_module_name, module_name, rename_instance, resolve_graph
 from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.passes.base import CompileContext, FactsContext, NotReusable
-from fx_fp8.passes.linear import apply_weight_action
+from fx_fp8.passes.base import CompileOutputs, FactsContext, NotReusable, compile_contexts
 from fx_fp8.passes.manager import PassManager
-from fx_fp8.quant.activation_scales import load_activation_scales
+from fx_fp8.quant import weight_actions
+from fx_fp8.quant.linear_plan import Calibration
 from fx_fp8.quant.linear_scales import check_scales_match
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.rules import is_plain_linear
@@ -67,12 +68,11 @@ class GraphPlan:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, settings: Settings, model, owner):
         self.gm, self.settings, self.model = gm, settings, model
         config = settings.config
-        qcfg = config.quantization_config
-        self.static_scales = (load_activation_scales(qcfg.activation_scales)
-                              if config.linear_enabled and qcfg.activation_scheme == "static" else None)
-        if self.static_scales is not None and model is not None:
-            check_scales_match(self.static_scales, [n for n, m in model.named_modules()
-                                                    if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
+        # the calibration, once per graph: every instance and variant reads it from here
+        self.calibration = Calibration.load(config)
+        if self.calibration.scales is not None and model is not None:
+            check_scales_match(self.calibration.scales, [n for n, m in model.named_modules()
+                                                         if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
         self.layer_map = _layer_map(gm, model)
         # graph analyses, once per Dynamo graph, keyed by node name (stable across the graph's copies)
         # (a block compiled on its own holds no final projection: see holds_model_output)
@@ -96,7 +96,7 @@ class GraphPlan:
         for instance `name`, evaluated on its names without copying the graph; None when a pass cannot say."""
         if self.settings.dump_graphs:  # graph dumps are per instance
             return None
-        fc = FactsContext(config=self.settings.config, layer_map=self.layer_map, static_scales=self.static_scales,
+        fc = FactsContext(config=self.settings.config, layer_map=self.layer_map, calibration=self.calibration,
                           sensitive=self.sensitive, gm=self.gm, example_inputs=inputs,
                           placeholders=self.placeholders, resolver=resolver)
         facts = []
@@ -118,26 +118,24 @@ class GraphPlan:
         return CompileReport(backend=s.backend, lowering=s.lowering, downstream=s.downstream, step_variant=variant, **kw)
 
     def run_passes(self, inputs: list, name: str, warn: Callable[[str], None], resolver: Resolver) -> dict:
-        """{variant: (report, rewritten graph, compile context)} for instance `name` (its weight
+        """{variant: (report, rewritten graph, the passes' outputs)} for instance `name` (its weight
         states kept where `resolver` finds them: on the instance model's modules)."""
         out = {}
         for variant in self.variants:
             graph_copy = copy_graph(self.gm)
             rename_instance(graph_copy, self.own_instance, name)
             report = self._report(variant)
-            ctx = CompileContext(gm=graph_copy, example_inputs=inputs, config=self.settings.config,
-                                 lowering=get_lowering(self.settings.lowering), report=report,
-                                 layer_map=self.layer_map, warn=warn, step_variant=variant,
-                                 static_scales=self.static_scales,
-                                 analysis={"sensitive": {n: self.sensitive[n.name] for n in graph_copy.graph.nodes
-                                                         if n.name in self.sensitive}},
-                                 dumps=[] if self.settings.dump_graphs else None, resolver=resolver)
-            PassManager(self.passes).run(ctx)
+            passes_in, passes_out = compile_contexts(
+                graph_copy, inputs, self.settings.config, get_lowering(self.settings.lowering), report,
+                self.layer_map, warn, step_variant=variant, calibration=self.calibration, sensitive=self.sensitive,
+                resolver=resolver, dump=self.settings.dump_graphs,
+                weight_applier=functools.partial(self.apply_weight_action, inputs=inputs, name=name, resolver=resolver))
+            PassManager(self.passes).run(passes_in, passes_out)
             report.layer_map = self.layer_map.as_dict()
-            if ctx.dumps is not None:
-                report.notes.append(f"{len(ctx.dumps)} graph dumps attached")
-                report.graphs = dict(ctx.dumps)
-            out[variant] = (report, graph_copy, ctx)
+            if passes_out.dumps is not None:
+                report.notes.append(f"{len(passes_out.dumps)} graph dumps attached")
+                report.graphs = dict(passes_out.dumps)
+            out[variant] = (report, graph_copy, passes_out)
         return out
 
     def reuse(self, template: Template, inputs: list, name: str, resolver: Resolver) -> dict:
@@ -157,24 +155,25 @@ class GraphPlan:
             return renamed[spelling]
 
         out = {}
-        for variant, (t_report, graph, t_ctx) in template.variants.items():
+        for variant, (t_report, graph, t_out) in template.variants.items():
             report = self._report(variant, layer_map=dict(t_report.layer_map), weights=dict(t_report.weights),
                                   notes=list(t_report.notes))
             for e in t_report.entries:
                 module = rename(e.module) if e.name_resolved else e.module
                 report.entries.append(dataclasses.replace(e, module=module, layer=self.layer_map.layer_of(module)))
-            for action in t_ctx.weight_actions:
-                module = instance_module_name(self.nodes[action.node], self.own_instance, name)
-                apply_weight_action(action, inputs[action.slot], module, self.settings.config.quantization_config,
-                                    self.static_scales, resolver)
-            ctx = CompileContext(gm=graph, example_inputs=inputs, config=self.settings.config,
-                                 lowering=t_ctx.lowering, report=report, layer_map=self.layer_map, warn=t_ctx.warn,
-                                 step_variant=variant, static_scales=self.static_scales,
-                                 placeholders=self.placeholders,
-                                 unmatched_ignored_layers=list(t_ctx.unmatched_ignored_layers),
-                                 resolver=resolver, feeds=t_ctx.feeds)
-            out[variant] = (report, graph, ctx)
+            for action in t_out.weight_actions:  # the template's side effects, on this instance's weights
+                self.apply_weight_action(action, inputs, name, resolver)
+            out[variant] = (report, graph, CompileOutputs(
+                report=report, feeds=t_out.feeds, weight_actions=list(t_out.weight_actions),
+                unmatched_ignored_layers=list(t_out.unmatched_ignored_layers)))
         return out
+
+    def apply_weight_action(self, action, inputs: list, name: str, resolver: Resolver) -> dict:
+        """One weight action a pass emitted (fx_fp8/quant/weight_actions.py), done to instance `name`'s
+        weights: for the instance whose passes ran and for each that reuses its decisions alike."""
+        return weight_actions.apply(action, inputs,
+                                    lambda node: instance_module_name(self.nodes[node], self.own_instance, name),
+                                    resolver, self.calibration)
 
     def _decide(self, inputs: list, name: str, resolver: Resolver, record: ModelRecord) -> tuple[dict, list]:
         """(variants as run_passes gives them, warnings) for instance `name`: an earlier instance's
@@ -215,8 +214,9 @@ class GraphPlan:
         for message in warned:
             record.warn(message)
         instance = InstancePlan(self, record, resolver, planned, time.perf_counter() - started)
-        for report, _, ctx in planned.values():
-            _warn_about_selectors(self.layer_map, ctx.unmatched_ignored_layers, self.settings.config, record, model_)
+        for report, _, passes_out in planned.values():
+            _warn_about_selectors(self.layer_map, passes_out.unmatched_ignored_layers, self.settings.config, record,
+                                  model_)
             record.add(report)
             RECENT.add(report)
         return instance.entry(inputs)
@@ -242,7 +242,7 @@ class InstancePlan:
         self.graph, self.record, self.resolver, self.passes_s = graph, record, resolver, passes_s
         self.reports = {v: report for v, (report, _, _) in planned.items()}
         self.rewritten = {v: gm for v, (_, gm, _) in planned.items()}
-        self.feeds = {v: ctx.feeds for v, (_, _, ctx) in planned.items()}
+        self.feeds = {v: passes_out.feeds for v, (_, _, passes_out) in planned.items()}
         # instances whose decisions and appended inputs are equal share one compiled artifact
         self.keys = {v: (v, tuple((e.node, e.action, e.reason) for e in report.entries), self.feeds[v].signature)
                      for v, report in self.reports.items()}

@@ -21,17 +21,16 @@ class Template:
     """An instance whose passes ran, kept for instances with equal facts to reuse."""
 
     name: str                     # its instance name
-    variants: dict                # variant -> (report, rewritten graph, compile context)
+    variants: dict                # variant -> (report, rewritten graph, the passes' outputs)
     warnings: list                # what its passes warned
     nodes_of: dict                # module name as it spells it -> the graph node it names
     portable_warnings: bool       # no warning names one of its modules: the same words for every instance
 
     @classmethod
     def of(cls, name: str, variants: dict, warnings: list, gm: torch.fx.GraphModule) -> Optional["Template"]:
-        """None when its decisions cannot be carried to another instance: a weight side effect
-        that is not redone per instance, or two nodes' modules spelled alike here but not elsewhere."""
-        if any(a is None for _, _, ctx in variants.values() for a in ctx.weight_actions):
-            return None
+        """None when its decisions cannot be carried to another instance: two nodes' modules
+        spelled alike here but not elsewhere. (Its weight side effects are actions the graph plan
+        redoes on each instance's weights: fx_fp8/quant/weight_actions.py.)"""
         nodes_of, originals = {}, {}
         for node in gm.graph.nodes:
             if node.op != "call_function" or not node.meta.get(RESOLVED_KEY) or NAME_KEY not in node.meta:

@@ -22,6 +22,7 @@ from fx_fp8.config.keys import (TOP_KEYS, apply_step_shortcuts, check_method_agr
                                 pop_step_shortcuts)
 from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
 from fx_fp8.config.selectors import Selector, parse_selector
+from fx_fp8.config.step_variants import variant_name
 from fx_fp8.config.values import check_choice, dataclass_from_mapping, did_you_mean, is_off, short_repr
 
 KV_CACHE_DTYPES = (None, "auto", "fp8")
@@ -107,10 +108,8 @@ class FP8Config:
         return self.linear_enabled and bool(self.quantization_config.skip_steps)
 
     def step_variants(self) -> tuple:
-        """The step variants some step can map to (fx_fp8.steps.variant_name), the unskipped one
+        """The step variants some step can map to (step_variants.variant_name), the unskipped one
         first: at most 4, from the two selectors' overlaps (held as ranges, never expanded)."""
-        from fx_fp8.steps import variant_name
-
         if not self.has_step_skips:
             return (None,)
         a = self.diffusion_kv_cache_skip_steps if self.attention_step_skips else Selector()

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 import torch.fx
 
+from fx_fp8.config.step_variants import attention_skipped
 from fx_fp8.graph.forms import AttentionForm, attention_form
 from fx_fp8.graph.fx_utils import call_args, meta_val
 from fx_fp8.graph.names import is_resolved, module_name
@@ -23,7 +24,6 @@ from fx_fp8.passes.base import FXPass
 from fx_fp8.passes import attention_remedies as remedies
 from fx_fp8.quant.rules import attention_call_reason, short_keys_reason
 from fx_fp8.report import dims_of
-from fx_fp8.steps import attention_skipped
 
 
 def _tuple_users(node: torch.fx.Node) -> Optional[dict[int, list[torch.fx.Node]]]:
@@ -48,11 +48,11 @@ class FP8AttentionPass(FXPass):
 
     name = "fp8_attention"
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.cfg = ctx.config.attention           # config slice this pass keeps
-        self.skip_layers = ctx.config.diffusion_kv_cache_skip_layers
-        self.on = ctx.config.attention_enabled
+    def __init__(self, inputs, out):
+        super().__init__(inputs, out)
+        self.cfg = inputs.config.attention           # config slice this pass keeps
+        self.skip_layers = inputs.config.diffusion_kv_cache_skip_layers
+        self.on = inputs.config.attention_enabled
         self.unknown_layer_nodes: list[str] = []
 
     @classmethod
@@ -69,7 +69,7 @@ class FP8AttentionPass(FXPass):
     def _native_reason(self, node, form: AttentionForm, args: dict, module: str, users) -> Optional[str]:
         """Why this node stays native, ending with what the user can set to change it (or that nothing can)."""
         if not self.on:
-            return remedies.attention_off(self.ctx.config.diffusion_kv_cache_dtype)
+            return remedies.attention_off(self.inputs.config.diffusion_kv_cache_dtype)
         if form.returns_tuple:
             if users is None or set(users) - {0, 1}:
                 return (f"{form.name} attention: outputs other than the result and log-sum-exp are read; "
@@ -95,7 +95,7 @@ class FP8AttentionPass(FXPass):
         reason = short_keys_reason(q, k, self.cfg)   # names attention.cross_attention itself
         if reason is not None:
             return reason
-        layer = self.ctx.layer_map.layer_of(module)
+        layer = self.inputs.layer_map.layer_of(module)
         if layer is not None and layer in self.skip_layers:
             return f"layer {layer} in diffusion_kv_cache_skip_layers; drop {layer} from it to quantize this attention"
         if layer is None and self.skip_layers and not is_resolved(node):
@@ -103,11 +103,11 @@ class FP8AttentionPass(FXPass):
             return (f"layer unknown (module {module!r} could not be resolved to the model's name) while "
                     "diffusion_kv_cache_skip_layers is set: kept native rather than guessing; drop "
                     "diffusion_kv_cache_skip_layers (or compile the model itself, not a piece of it) to quantize it")
-        if attention_skipped(self.ctx.step_variant):
+        if attention_skipped(self.inputs.step_variant):
             return ("skipped step variant (diffusion_kv_cache_skip_steps); drop the step from "
                     "diffusion_kv_cache_skip_steps to quantize this attention there")
-        reason = self.ctx.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
-        return None if reason is None else remedies.with_remedy(reason, remedies.lowering_remedy(self.ctx.lowering.name))
+        reason = self.inputs.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
+        return None if reason is None else remedies.with_remedy(reason, remedies.lowering_remedy(self.inputs.lowering.name))
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         changed = 0
@@ -127,17 +127,17 @@ class FP8AttentionPass(FXPass):
                 continue
             q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
             mask = meta_val(args[form.mask_param]) if form.mask_param else None
-            kernel, how = self.ctx.lowering.attention_kernel(q, k, v, self.cfg, mask,
-                                                             need_lse=bool(users and 1 in users))
+            kernel, how = self.inputs.lowering.attention_kernel(q, k, v, self.cfg, mask,
+                                                                need_lse=bool(users and 1 in users))
             new = self._rewrite(gm, node, form, args, users, kernel)
             self.record(new, op="attention", module=module, action="fp8",
                         reason=self._describe() + (f", {how}" if how else ""), shapes=shapes, dims=dims,
                         form=form.name)
             changed += 1
         if self.unknown_layer_nodes:
-            self.ctx.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
-                          f"attention node(s) whose layer is unknown; they were kept native: "
-                          f"{', '.join(self.unknown_layer_nodes[:8])}")
+            self.inputs.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
+                             f"attention node(s) whose layer is unknown; they were kept native: "
+                             f"{', '.join(self.unknown_layer_nodes[:8])}")
         return changed
 
     def _rewrite(self, gm, node, form: AttentionForm, args: dict, users, kernel: str) -> torch.fx.Node:
@@ -153,7 +153,7 @@ class FP8AttentionPass(FXPass):
                 op, (args["query"], args["key"], args["value"], mask, softmax_scale),
                 dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
                      smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=kernel,
-                     lowering=self.ctx.lowering.name),
+                     lowering=self.inputs.lowering.name),
             )
             new.meta.update(node.meta)
             if not form.returns_tuple:
@@ -177,4 +177,4 @@ class FP8AttentionPass(FXPass):
         c = self.cfg
         desc = f"{c.granularity} scales" + (f" (q {c.q_block} / kv {c.kv_block} rows)" if c.granularity == "block" else "")
         desc += ", Hadamard Q/K" if c.hadamard else ""
-        return f"{self.ctx.lowering.name}: {desc}"
+        return f"{self.inputs.lowering.name}: {desc}"

@@ -14,7 +14,7 @@ import torch.fx
 from torch._dynamo.utils import lazy_format_graph_code
 
 from fx_fp8.passes.attention import FP8AttentionPass
-from fx_fp8.passes.base import CompileContext, FXPass
+from fx_fp8.passes.base import CompileInputs, CompileOutputs, FXPass
 from fx_fp8.passes.linear import FP8LinearPass
 from fx_fp8.passes.prequantized import PrequantizedLinearPass
 
@@ -30,18 +30,18 @@ class PassManager:
         self.pass_types = passes if passes is not None else default_passes()
         self.counts: dict[str, int] = {}
 
-    def _dump(self, ctx: CompileContext, stage: str) -> None:
-        title = f"fx_fp8 {stage} (variant={ctx.step_variant or 'single'})"
+    def _dump(self, inputs: CompileInputs, out: CompileOutputs, stage: str) -> None:
+        title = f"fx_fp8 {stage} (variant={inputs.step_variant or 'single'})"
         # Through Dynamo's lazy formatter so TORCH_LOGS / graph_code logging sees it too.
-        log.debug("%s", lazy_format_graph_code(title, ctx.gm, colored=False))
-        if ctx.dumps is not None:
-            ctx.dumps.append((stage, ctx.gm.print_readable(print_output=False)))
+        log.debug("%s", lazy_format_graph_code(title, inputs.gm, colored=False))
+        if out.dumps is not None:
+            out.dumps.append((stage, inputs.gm.print_readable(print_output=False)))
 
-    def run(self, ctx: CompileContext) -> torch.fx.GraphModule:
-        gm = ctx.gm
-        self._dump(ctx, "before")
+    def run(self, inputs: CompileInputs, out: CompileOutputs) -> torch.fx.GraphModule:
+        gm = inputs.gm
+        self._dump(inputs, out, "before")
         for pass_type in self.pass_types:
-            p = pass_type(ctx)
+            p = pass_type(inputs, out)
             before = {n.name for n in gm.graph.nodes}
             changed = p.run(gm)
             removed = before - {n.name for n in gm.graph.nodes}
@@ -51,6 +51,6 @@ class PassManager:
             if changed or p.erased:  # regenerating the code of a large graph is the passes' main cost
                 gm.graph.lint()
                 gm.recompile()
-            self._dump(ctx, f"after_{p.name}")
+            self._dump(inputs, out, f"after_{p.name}")
             log.debug("fx_fp8 pass %s rewrote %d nodes", p.name, changed)  # the INFO summary: fx_fp8/compile/compile_log.py
         return gm

@@ -49,16 +49,17 @@ import torch
 import torch.fx
 
 from fx_fp8.config.patterns import first_match
+from fx_fp8.config.step_variants import linear_skip_mode
 from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, insert_function, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
 from fx_fp8.graph.shapes import concrete
-from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_DTYPE, FP8_MAX, WEIGHT_ONLY
+from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_DTYPE, FP8_MAX
 from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
+from fx_fp8.quant.linear_plan import LinearPlan, native, plan_linear
 from fx_fp8.quant.prequantized import (bad_scale, channel_scale, describe_origin, scale_granularity, source_of_class,
                                        tensor_scale, warn_bad_scales, weight_origin)
-from fx_fp8.quant.rules import linear_plan
-from fx_fp8.steps import linear_skip_mode
+from fx_fp8.quant.recipe import WeightRecipe
 
 MUL_TARGETS = {operator.mul, torch.mul}
 DIV_TARGETS = {operator.truediv, torch.div}
@@ -315,12 +316,11 @@ class PrequantizedLinearPass(FXPass):
 
     name = "prequantized_linear"
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.qcfg = ctx.config.quantization_config
-        self.on = ctx.config.linear_enabled
-        self.skip_mode = linear_skip_mode(ctx.step_variant) if self.on else None
-        self.sensitive = ctx.analysis.get("sensitive", {})
+    def __init__(self, inputs, out):
+        super().__init__(inputs, out)
+        self.qcfg = inputs.config.quantization_config
+        self.on = inputs.config.linear_enabled
+        self.skip_mode = linear_skip_mode(inputs.step_variant) if self.on else None
         self._fp8_configs: dict = {}
 
     @classmethod
@@ -338,8 +338,9 @@ class PrequantizedLinearPass(FXPass):
         if m is None:
             return None
         wq = meta_val(m.weight)
-        return ("prequantized", first_match(qcfg.ignored_layers, module),
-                linear_plan(module, wq.shape[1], wq.shape[0], _compute_dtype(m), qcfg, fc.sensitive.get(node.name)))
+        plan = plan_linear(module, wq.shape[1], wq.shape[0], _compute_dtype(m), qcfg,
+                           sensitive=fc.sensitive.get(node.name), stored=WeightRecipe("fp8", m.granularity))
+        return ("prequantized", first_match(qcfg.ignored_layers, module), plan.kind, plan.reason)
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         matches = []
@@ -359,34 +360,28 @@ class PrequantizedLinearPass(FXPass):
 
     def _bad_scale(self, m: Match) -> Optional[str]:
         """bad_scale of the stored scales this linear reads (when the compile has their values)."""
-        real = [real_tensor(n, self.ctx.gm, self.ctx.example_inputs, self.ctx.placeholders)
+        real = [real_tensor(n, self.inputs.gm, self.inputs.example_inputs, self.inputs.placeholders)
                 for n in (m.scale, m.input_scale)]
         return bad_scale(module_name(m.linear), *real)
 
     def _label_adopted(self, node) -> None:
         w = call_args(node, ["x", "weight"], {}).get("weight")
-        origin = weight_origin(self.ctx.resolver.module(real_tensor(w, self.ctx.gm, self.ctx.example_inputs,
-                                                                    self.ctx.placeholders)))
+        origin = weight_origin(self.inputs.resolver.module(real_tensor(w, self.inputs.gm, self.inputs.example_inputs,
+                                                                       self.inputs.placeholders)))
         if origin is not None:
             node.meta[WEIGHT_ORIGIN] = origin
 
-    def _plan(self, m: Match) -> tuple[Optional[str], Optional[str]]:
-        """("quantized" or "weight_only", None), or (None, why the linear stays the module's own
-        dequantizing forward)."""
-        if not self.on:
-            return None, "linear quantization off"
+    def _plan(self, m: Match) -> LinearPlan:
+        """The linear's plan with its stored weights' own layout: a W8A8 or weight-only plan
+        rewrites it, a native one leaves the module's own dequantizing forward."""
         if self.skip_mode == "native":
-            return None, "natively skipped step"
-        module = module_name(m.linear)
+            return native("natively skipped step")
         wq, x = meta_val(m.weight), meta_val(m.x)
-        kind, why = linear_plan(module, wq.shape[1], wq.shape[0], _compute_dtype(m), self.qcfg,
-                                self.sensitive.get(m.linear))
-        if kind == "native":
-            return None, why
-        if x is None or x.dtype not in FLOAT_DTYPES:
-            return None, f"input dtype {getattr(x, 'dtype', None)}"
-        reason = self.ctx.lowering.linear_reason(x, wq, self._fp8_config(m.granularity))
-        return (None, reason) if reason is not None else (kind, None)
+        graph_reason = None if x is not None and x.dtype in FLOAT_DTYPES else f"input dtype {getattr(x, 'dtype', None)}"
+        return plan_linear(module_name(m.linear), wq.shape[1], wq.shape[0], _compute_dtype(m), self.qcfg,
+                           sensitive=self.sensitive_of(m.linear), enabled=self.on, graph_reason=graph_reason,
+                           lowering=self.inputs.lowering, values=(x, wq), lowering_config=self._fp8_config(m.granularity),
+                           stored=WeightRecipe("fp8", m.granularity))
 
     def _fp8_config(self, granularity: str):
         """This compile's quantization config with the stored weights' method and granularity (what
@@ -400,12 +395,12 @@ class PrequantizedLinearPass(FXPass):
 
     def _rewrite(self, gm, m: Match) -> bool:
         m.linear.meta[WEIGHT_ORIGIN] = m.origin  # a kept linear's row can say where its weight came from too
-        kind, _ = self._plan(m)
-        if kind is None:
+        plan = self._plan(m)
+        if plan.native:
             return False
         # a sensitive layer run weight-only (W8A16) takes the stored weight with unquantized activations
-        weight_only = kind == "weight_only"
-        act = WEIGHT_ONLY if weight_only else self.qcfg.activation_granularity
+        weight_only = plan.weight_only
+        act = plan.act
         graph = gm.graph
         with graph.inserting_before(m.linear):
             to_scale = channel_scale if m.granularity == "channel" else tensor_scale
@@ -415,10 +410,11 @@ class PrequantizedLinearPass(FXPass):
             new = graph.call_function(
                 torch.ops.fx_fp8.quantized_linear.default, (m.x, m.weight, scale, m.bias, input_scale, None),
                 dict(method="fp8", weight_granularity=m.granularity, weight_block=[], act_granularity=act,
-                     lowering=self.ctx.lowering.name))
+                     lowering=self.inputs.lowering.name))
         new.meta.update(m.linear.meta)  # the same value, module and names as the linear it replaces
-        if m.linear in self.sensitive:
-            self.sensitive[new] = self.sensitive[m.linear]
+        why = self.sensitive_of(m.linear)
+        if why is not None:  # the linear pass reads it on the node that replaces the linear
+            self.out.sensitive[new.name] = why
         m.linear.replace_all_uses_with(new)
         self.erase(gm, m.linear)
         return True

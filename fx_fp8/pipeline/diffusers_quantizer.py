@@ -40,7 +40,7 @@ from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
 from fx_fp8.quant.checkpoint import some_names
-from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
+from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_plan,
                                          quantized_linear)
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
@@ -297,8 +297,8 @@ class FxFp8Quantizer(DiffusersQuantizer):
         if param_value.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"{param_name} is {param_value.dtype} in the checkpoint: fx_fp8.DiffusersConfig "
                              "quantizes full-precision (fp32 / bf16 / fp16) weights")
-        weight_recipe, act = layer_recipe(self.plan[name], self.fp8, torch.device(target_device))
-        new = quantized_linear(param_value, layer.bias, weight_recipe, act, target_device)
+        plan = layer_plan(name, layer.in_features, layer.out_features, layer.weight.dtype, self.fp8, target_device)
+        new = quantized_linear(param_value, layer.bias, plan, target_device)
         replace_module(model, name, new)
 
     def _set_stored(self, layer: QuantizedLinear, name: str, tensor: str, value: torch.Tensor, device) -> None:

@@ -40,6 +40,7 @@ from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.quant.layer_quantize import scale_shape
 from fx_fp8.quant.checkpoint_record import check_index, check_record
+from fx_fp8.quant.linear_plan import LinearPlan
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.prequantized import _is_bfl_fp8r as is_bfl_fp8r
 from fx_fp8.quant.quantized_linear import QuantizedLinear
@@ -484,12 +485,13 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     plan = []
     for name, rec in layers.items():
         t = lambda k: tensors.get(f"{name}.{k}")  # noqa: E731
-        plan.append((name, linears[name], QuantizedLinear(
-            t("weight"), t("weight_scale"), t("bias"), method=rec["method"],
-            weight_granularity=rec["weight_granularity"], weight_block=rec["weight_block"],
-            act_granularity=rec["act_granularity"], input_scale=t("input_scale"),
-            orig_dtype=_dtype(rec["orig_dtype"], folder), input_smoothing=t("input_smoothing"),
-            input_step_scales=t("input_step_scales"), input_step_groups=rec.get("input_step_groups"))))
+        stored = LinearPlan.stored(WeightRecipe(rec["method"], rec["weight_granularity"],
+                                                tuple(rec["weight_block"] or ()) or None),
+                                   rec["act_granularity"], rec.get("input_step_groups"))
+        plan.append((name, linears[name], QuantizedLinear.from_plan(
+            stored, t("weight"), t("weight_scale"), t("bias"), orig_dtype=_dtype(rec["orig_dtype"], folder),
+            input_scale=t("input_scale"), input_smoothing=t("input_smoothing"),
+            input_step_scales=t("input_step_scales"))))
     for name, rec in bfl.items():
         plan.append((name, linears[name], _empty_bfl_layer(rec, folder)))
     return plan

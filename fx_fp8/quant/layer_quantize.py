@@ -3,10 +3,10 @@
 Load-time quantization (fx_fp8/pipeline/diffusers_quantizer.py) sees each weight once, as the loader
 hands it over, and must never hold more than that one full-precision layer. This module
 decides and builds one layer:
-* which linears are quantized, and how: fx_fp8.quant.rules.linear_plan, the rule prepare_model
+* which linears are quantized, and how: fx_fp8.quant.linear_plan.plan_linear, the plan prepare_model
   and the linear pass use (ignored_layers, the sensitive-layer name patterns, dtype, shape,
-  min_features), so load time and prepare time choose the same layers;
-* the recipe: WeightRecipe.w8a8 / WeightRecipe.weight_only, as prepare_model takes them;
+  min_features; weight-only storage as the device's lowering takes it), so load time and
+  prepare time choose the same layers and recipes;
 * the quantized weight: WeightRecipe.quantize applied to slices of rows, moved to the target
   device one slice at a time, so the device never holds the full-precision layer and the
   float32 workspace of quantizing stays a fraction of one layer (ROW_SLICES, SLICE_ELEMENTS). Per-channel and block
@@ -22,13 +22,13 @@ from typing import Optional
 import torch
 
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.ops.formats import METHODS, WEIGHT_ONLY
+from fx_fp8.ops.formats import METHODS
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.quant.linear_plan import LinearPlan, plan_linear
 from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.quant.rules import linear_plan
 
-#: linear_plan's kinds of a quantized layer
+#: layer_kind's kinds of a quantized layer
 W8A8, WEIGHT_ONLY_KIND = "quantized", "weight_only"
 #: a layer is quantized in at least this many slices of rows, each of at most SLICE_ELEMENTS weights
 #: (quantizing a slice makes about three float32 copies of it: 12 MiB at most, and at most 3/8 of the
@@ -51,23 +51,19 @@ def check_load_time_config(cfg: FP8Config) -> None:
                          "fx_fp8.calibrate, then fx_fp8.prepare_model(model, config)")
 
 
+def layer_plan(name: str, in_features: int, out_features: int, dtype: torch.dtype, cfg: FP8Config,
+               device="cpu") -> LinearPlan:
+    """The plan of the linear `name` whose weight lives on `device`: prepare_model's, without
+    example inputs (the sensitive layers found by name)."""
+    lowering = get_lowering(resolve_lowering_name(cfg.lowering, torch.device(device)))
+    return plan_linear(name, in_features, out_features, dtype, cfg.quantization_config, lowering=lowering)
+
+
 def layer_kind(name: str, in_features: int, out_features: int, dtype: torch.dtype,
                cfg: FP8Config) -> tuple[str, Optional[str]]:
-    """("quantized" | "weight_only" | "native", why) of the linear `name`: prepare_model's rule
-    without example inputs (the sensitive layers found by name)."""
-    return linear_plan(name, in_features, out_features, dtype, cfg.quantization_config, None)
-
-
-def layer_recipe(kind: str, cfg: FP8Config, device) -> tuple[WeightRecipe, str]:
-    """(WeightRecipe, act_granularity) of a `kind` layer whose weight lives on `device`: what
-    prepare_model gives such a layer on that device (weight-only storage follows the lowering)."""
-    qcfg = cfg.quantization_config
-    if kind == WEIGHT_ONLY_KIND:
-        lowering = get_lowering(resolve_lowering_name(cfg.lowering, torch.device(device)))
-        return WeightRecipe.weight_only(qcfg, lowering), WEIGHT_ONLY
-    if kind != W8A8:
-        raise ValueError(f"a {kind!r} linear has no quantization recipe")
-    return WeightRecipe.w8a8(qcfg), qcfg.act_granularity
+    """("quantized" | "weight_only" | "native", why) of the linear `name` (layer_plan's kind)."""
+    plan = layer_plan(name, in_features, out_features, dtype, cfg)
+    return (W8A8 if plan.w8a8 else plan.kind), plan.reason
 
 
 def slice_rows(weight_recipe: WeightRecipe, out_features: int, in_features: int, slices: int = ROW_SLICES) -> int:
@@ -101,14 +97,12 @@ def quantize_by_rows(weight_recipe: WeightRecipe, weight: torch.Tensor, device=N
     return wq, torch.cat(scales)
 
 
-def quantized_linear(weight: torch.Tensor, bias: Optional[torch.Tensor], weight_recipe: WeightRecipe,
-                     act_granularity: str, device=None) -> QuantizedLinear:
-    """The QuantizedLinear of one full-precision linear, on `device`; its output dtype is the
-    weight's (as prepare_model's). `bias` may still be on the meta device (loaded later)."""
-    wq, ws = quantize_by_rows(weight_recipe, weight, device)
-    return QuantizedLinear(wq, ws, bias, method=weight_recipe.method, weight_granularity=weight_recipe.granularity,
-                           weight_block=weight_recipe.block, act_granularity=act_granularity,
-                           orig_dtype=weight.dtype)
+def quantized_linear(weight: torch.Tensor, bias: Optional[torch.Tensor], plan: LinearPlan,
+                     device=None) -> QuantizedLinear:
+    """The QuantizedLinear of one full-precision linear as its `plan` says, on `device`; its output
+    dtype is the weight's (as prepare_model's). `bias` may still be on the meta device (loaded later)."""
+    wq, ws = quantize_by_rows(plan.quantized_recipe(), weight, device)
+    return QuantizedLinear.from_plan(plan, wq, ws, bias, orig_dtype=weight.dtype)
 
 
 def scale_shape(weight_recipe: WeightRecipe, out_features: int, in_features: int) -> tuple:
@@ -129,5 +123,4 @@ def empty_quantized_linear(in_features: int, out_features: int, bias: bool, dtyp
     wq = torch.empty(out_features, in_features, dtype=METHODS[weight_recipe.method][0], device=meta)
     ws = torch.empty(scale_shape(weight_recipe, out_features, in_features), dtype=torch.float32, device=meta)
     b = torch.empty(out_features, dtype=dtype, device=meta) if bias else None
-    return QuantizedLinear(wq, ws, b, method=weight_recipe.method, weight_granularity=weight_recipe.granularity,
-                           weight_block=weight_recipe.block, act_granularity=act_granularity, orig_dtype=dtype)
+    return QuantizedLinear.from_plan(LinearPlan.stored(weight_recipe, act_granularity), wq, ws, b, orig_dtype=dtype)

@@ -1,6 +1,6 @@
 """prepare_model: a model's eligible linears become QuantizedLinear modules, before compiling.
 
-The same rules as the linear pass decide (fx_fp8.quant.rules), including the sensitive
+The same plan as the linear pass decides (fx_fp8.quant.linear_plan.plan_linear), including the sensitive
 layers found by the graph's structure (fx_fp8/graph/sensitive.py) when example inputs
 are given: the model is traced once on them.
 """
@@ -18,15 +18,13 @@ from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.graph.sensitive import sensitive_linear_names
-from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
-from fx_fp8.quant.activation_scales import load_activation_scales
-from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
-                                        method_scale, smoothed_static_scale, step_scale_table)
+from fx_fp8.quant.linear_plan import Calibration, plan_linear
+from fx_fp8.quant.linear_scales import check_scales_match, smoothed_static_scale
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
-from fx_fp8.quant.recipe import WeightRecipe, group_smoothing
-from fx_fp8.quant.rules import check_not_prepared, is_plain_linear, linear_plan
+from fx_fp8.quant.recipe import group_smoothing
+from fx_fp8.quant.rules import check_not_prepared, is_plain_linear
 from fx_fp8.quant.weight_state import state_on
 
 #: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
@@ -46,7 +44,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
                   **overrides) -> dict:
     """Quantize eligible nn.Linear weights of `model` in place, freeing the originals.
 
-    Uses the same rules as the linear pass (fx_fp8.quant.rules: ignored_layers,
+    Uses the same plan as the linear pass (fx_fp8.quant.linear_plan: ignored_layers,
     sensitive layers, sizes). The sensitive layers are found by structure, as
     the backend finds them, when `example_inputs` is given (a tuple of
     arguments, a dict of keyword arguments, or (args, kwargs)): the model is
@@ -88,22 +86,58 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         args, kwargs = _split_inputs(example_inputs)
         sensitive = sensitive_linear_names(model, args, kwargs)
     sensitive = sensitive or {}
-    scales = channel = None
-    if qcfg.activation_scheme == "static":
-        scales = load_activation_scales(qcfg.activation_scales)
-        check_scales_match(scales, [n for n, _ in linears])
-        check_per_step_supported(scales, qcfg.smoothing_alpha)
-    if qcfg.smoothing_alpha is not None:
-        channel = channel_stats(qcfg.activation_scales)
-        check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
+    calibration = _calibration(cfg, [n for n, _ in linears])
     # quantized outside inference_mode: a model prepared inside it holds normal tensors, whose writes
     # (load_state_dict) the version counter sees, as one prepared outside it
     with torch.inference_mode(False):
-        plan, hooked = _plan_layers(model, cfg, linears, sensitive, scales, channel, result)
+        plan, hooked = _plan_layers(cfg, linears, sensitive, calibration, result)
         for name, _, new in plan:  # its bytes' fingerprint and digest: what can still fail on the tensors
             new.accept_weight(name)
-    # every check passed and every weight is quantized and accepted: only now change the model,
-    # and put every original back if anything still fails part-way
+    _install(model, plan, hooked, result)  # every check passed and every weight is quantized and accepted
+    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
+    return result
+
+
+def _plan_layers(cfg: FP8Config, linears: list, sensitive: dict, calibration: Calibration,
+                 result: dict) -> tuple[list, list]:
+    """[(name, linear, its QuantizedLinear)] and the hooked linears left as they are; fills
+    result["native"] / ["hooked"]. Reads the model, changes nothing in it."""
+    qcfg = cfg.quantization_config
+    plan, hooked = [], []
+    for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
+        w = module.weight
+        layer = plan_linear(name, module.in_features, module.out_features, w.dtype, qcfg,
+                            sensitive=sensitive.get(name), calibration=calibration,
+                            lowering=get_lowering(resolve_lowering_name(cfg.lowering, w.device)))
+        if layer.native:
+            result["native"][name] = layer.reason
+            continue
+        hooks = hooks_lost_by_replacing(module)
+        if hooks:
+            hooked.append(module)
+            result["hooked"][name] = (
+                f"carries diffusers hooks {hooks}: not replaced (the hooks would be lost); the backend quantizes it "
+                f"at compile time ({'weight-only' if layer.weight_only else qcfg.method}) and it keeps its "
+                "original weight")
+            continue
+        plan.append((name, module, _quantized_layer(name, module, layer)))
+    return plan, hooked
+
+
+def _calibration(cfg: FP8Config, names: list) -> Calibration:
+    """The calibration the config names, checked to name this model's linears."""
+    calibration = Calibration.load(cfg)
+    if calibration.scales is not None:
+        check_scales_match(calibration.scales, names)
+    if calibration.channel is not None:
+        check_scales_match(calibration.channel, names, what="channel_amax entries", one="channel_amax entry")
+    return calibration
+
+
+def _install(model: nn.Module, plan: list, hooked: list, result: dict) -> None:
+    """Only now change the model: each planned QuantizedLinear in its linear's place and the model
+    guarded (every original put back if anything fails part-way), the hooked linears marked;
+    `result` counts them."""
     from fx_fp8.quant.state_guard import guard, guarded
 
     replaced, was_guarded = [], guarded(model)
@@ -116,8 +150,6 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     except BaseException:
         _undo(model, replaced, was_guarded)
         raise
-    for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
-        state_on(module, "weight", name).left_by_prepare = reason
     for name, module, new in plan:
         result["bytes_before"] += module.weight.numel() * module.weight.element_size()
         result["bytes_after"] += new.weight.numel() * new.weight.element_size() + new.weight_scale.numel() * 4
@@ -126,13 +158,13 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         result["quantized"].append(name)
         if new.weight_only:
             result["weight_only"].append(name)
+    for module, (name, reason) in zip(hooked, result["hooked"].items()):  # the backend's report says why
+        state_on(module, "weight", name).left_by_prepare = reason
     if result["hooked"]:
         names = list(result["hooked"])
         warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
                       f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
-                      "and they keep their original weights", stacklevel=2)
-    progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
-    return result
+                      "and they keep their original weights", stacklevel=3)
 
 
 def _undo(model: nn.Module, replaced: list, was_guarded: bool) -> None:
@@ -146,59 +178,19 @@ def _undo(model: nn.Module, replaced: list, was_guarded: bool) -> None:
         unguard(model)
 
 
-def _plan_layers(model, cfg, linears, sensitive, scales, channel, result) -> tuple[list, list]:
-    """[(name, linear, its QuantizedLinear)] and the hooked linears left as they are; fills
-    result["native"] / ["hooked"]. Reads the model, changes nothing in it."""
-    qcfg = cfg.quantization_config
-    plan, hooked = [], []
-    for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
-        kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
-                                   sensitive.get(name))
-        if kind == "quantized":
-            if scales is not None and name not in scales:
-                kind, reason = "native", "no static activation scale for this layer (recalibrate)"
-            elif channel is not None and name not in channel:
-                kind, reason = "native", ("no channel statistics for smoothing_alpha in the calibration (recalibrate "
-                                          "with fx_fp8.calibrate)")
-        if kind == "native":
-            result["native"][name] = reason
-            continue
-        hooks = hooks_lost_by_replacing(module)
-        if hooks:
-            hooked.append(module)
-            result["hooked"][name] = (
-                f"carries diffusers hooks {hooks}: not replaced (the hooks would be lost); the backend quantizes it "
-                f"at compile time ({'weight-only' if kind == 'weight_only' else qcfg.method}) and it keeps its "
-                "original weight")
-            continue
-        if kind == "weight_only":  # W8A16: weight_only_method / weight_only_group_size storage, as the device's weight-only matmul takes it
-            recipe = WeightRecipe.weight_only(qcfg, get_lowering(resolve_lowering_name(cfg.lowering, module.weight.device)))
-            wq, ws = recipe.quantize(module.weight)
-            plan.append((name, module, QuantizedLinear(
-                wq, ws, module.bias, method=recipe.method, weight_granularity=recipe.granularity,
-                weight_block=recipe.block, act_granularity=WEIGHT_ONLY, orig_dtype=module.weight.dtype)))
-            continue
-        device = module.weight.device
-        smoothing = inverse = static = steps = None
-        if channel is not None:  # per layer: prepare_model sees no graph, so no activation-quantization groups
-            check_channel_amax(name, channel[name], module.in_features)
-            smoothing = group_smoothing([(channel[name], module.weight)], qcfg.smoothing_alpha, device)
-            inverse = smoothing.inverse
-            if scales is not None:
-                static = smoothed_static_scale(channel[name], inverse, qcfg.method)
-        elif scales is not None:
-            static = method_scale(scales[name], qcfg.method)
-            steps = step_scale_table(scales, name, lambda v: method_scale(v, qcfg.method))
-        wq, ws = WeightRecipe.w8a8(qcfg).quantize(module.weight, smoothing)
-        input_scale = torch.tensor(static, dtype=torch.float32, device=device) if static is not None else None
-        step_kw = {} if steps is None else dict(  # per-step scales: a buffer the published step indexes
-            input_step_groups=steps[0], input_step_scales=torch.tensor(steps[1], dtype=torch.float32, device=device))
-        plan.append((name, module, QuantizedLinear(
-            wq, ws, module.bias, method=qcfg.method, weight_granularity=qcfg.weight_granularity,
-            weight_block=qcfg.weight_block_size,
-            act_granularity=qcfg.act_granularity if qcfg.act_granularity != "static" else qcfg.activation_granularity,
-            input_scale=input_scale, orig_dtype=module.weight.dtype, input_smoothing=inverse, **step_kw)))
-    return plan, hooked
+def _quantized_layer(name: str, module: nn.Module, layer) -> QuantizedLinear:
+    """The QuantizedLinear of `module` as its plan says; a smoothed layer is smoothed on its own
+    (prepare_model sees no graph, so no activation-quantization groups)."""
+    smoothing = input_scale = None
+    if layer.smoothing_alpha is not None:
+        smoothing = group_smoothing([(layer.channel_amax, module.weight)], layer.smoothing_alpha, module.weight.device)
+        if layer.static:
+            input_scale = torch.tensor(smoothed_static_scale(layer.channel_amax, smoothing.inverse, layer.recipe.method),
+                                       dtype=torch.float32, device=module.weight.device)
+    wq, ws = layer.recipe.quantize(module.weight, smoothing)
+    return QuantizedLinear.from_plan(layer, wq, ws, module.bias, orig_dtype=module.weight.dtype,
+                                     input_scale=input_scale,
+                                     input_smoothing=smoothing.inverse if smoothing is not None else None)
 
 
 def _split_inputs(example_inputs) -> tuple[tuple, dict]:

@@ -203,10 +203,11 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     """
     from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.config.patterns import warn_unmatched_patterns
-    from fx_fp8.ops.formats import WEIGHT_ONLY
+    from fx_fp8.quant.linear_plan import plan_linear
     from fx_fp8.quant.module_swap import replace_module
     from fx_fp8.quant.quantized_linear import QuantizedLinear
-    from fx_fp8.quant.rules import is_plain_linear, linear_plan
+    from fx_fp8.quant.recipe import WeightRecipe
+    from fx_fp8.quant.rules import is_plain_linear
     from fx_fp8.quant.state_guard import guard
 
     if not isinstance(model, nn.Module):
@@ -250,21 +251,19 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     swaps, kept, dequantized = [], {}, []
     for name, (w, s, i, bias, dtype, origin, g) in plans.items():
         module = modules[name]
-        kind, why = ("native", "linear quantization off (quantization=None)") if not cfg.linear_enabled else \
-            linear_plan(name, w.shape[1], w.shape[0], dtype, qcfg)
+        plan = plan_linear(name, w.shape[1], w.shape[0], dtype, qcfg, enabled=cfg.linear_enabled,
+                           stored=WeightRecipe("fp8", g))
         hooks = _kept_reason(module)
-        if kind == "native" or hooks:
-            kept[name] = hooks or why
+        if plan.native or hooks:
+            kept[name] = hooks or plan.reason
             if not _is_bfl_fp8r(module):  # an export's layer: its weight, dequantized, is what runs natively
                 weight = (w.float() * canonical_weight_scale(s, g)).to(dtype)
                 dequantized.append((module, weight, bias))
                 kept[name] += f"; {origin} dequantized into its weight ({dtype})"
             continue
-        weight_only = kind == "weight_only"
-        input_scale = tensor_scale(i.detach()) if i is not None and not weight_only else None
-        new = QuantizedLinear(w.detach(), canonical_weight_scale(s, g), bias, method="fp8", weight_granularity=g,
-                              weight_block=None, act_granularity=WEIGHT_ONLY if weight_only else
-                              qcfg.activation_granularity, input_scale=input_scale, orig_dtype=dtype, origin=origin)
+        input_scale = tensor_scale(i.detach()) if i is not None and not plan.weight_only else None
+        new = QuantizedLinear.from_plan(plan, w.detach(), canonical_weight_scale(s, g), bias, orig_dtype=dtype,
+                                        input_scale=input_scale, origin=origin)
         swaps.append((name, module, new, origin))
     # every layer checked and built: only now change the model
     for module, weight, bias in dequantized:

@@ -76,6 +76,27 @@ class QuantizedLinear(nn.Module):
         self.orig_dtype = orig_dtype
         self.origin = origin
 
+    @classmethod
+    def from_plan(cls, plan, weight_q, weight_scale, bias, *, orig_dtype,
+                  input_scale: Optional[torch.Tensor] = None, input_smoothing: Optional[torch.Tensor] = None,
+                  input_step_scales: Optional[torch.Tensor] = None, origin: Optional[str] = None) -> "QuantizedLinear":
+        """The prepared layer of a quantized (W8A8 or weight-only) `plan` (a LinearPlan: fx_fp8/quant/linear_plan.py):
+        its recipe and activation scheme; its static scale and per-step scales unless given as
+        tensors (a smoothed layer's scale, a checkpoint's buffers)."""
+        r = plan.quantized_recipe()
+        device = weight_q.device
+        if input_scale is None and plan.static_scale is not None:
+            input_scale = torch.tensor(plan.static_scale, dtype=torch.float32, device=device)
+        groups = None
+        if plan.step_scales is not None:  # per-step scales: a buffer the published step indexes
+            groups = plan.step_scales[0]
+            if input_step_scales is None and plan.step_scales[1] is not None:
+                input_step_scales = torch.tensor(plan.step_scales[1], dtype=torch.float32, device=device)
+        return cls(weight_q, weight_scale, bias, method=r.method, weight_granularity=r.granularity,
+                   weight_block=r.block, act_granularity=plan.act, input_scale=input_scale, orig_dtype=orig_dtype,
+                   input_smoothing=input_smoothing, input_step_scales=input_step_scales, input_step_groups=groups,
+                   origin=origin)
+
     @property
     def recipe(self) -> WeightRecipe:
         """How this layer's weight was quantized (a full-precision load is quantized the same way)."""

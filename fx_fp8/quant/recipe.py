@@ -2,7 +2,7 @@
 SmoothQuant-style smoothing, the one rule that makes a group's Smoothing (group_smoothing).
 
 Every quantized weight is made by WeightRecipe.quantize: prepare_model's QuantizedLinear
-weights, the linear pass's compile-time copies (kept per weight version in fx_fp8.quant.quantized_linear'
+weights, the linear pass's compile-time copies (kept per weight version in fx_fp8.quant.weight_state's
 WeightState), a prepared layer loading full-precision weights, and the fake quantization of
 FP8-aware training. A change of recipe (a granularity, a smoothing rule) is made here.
 

@@ -1,8 +1,8 @@
-"""What can run in FP8, and why not: the one place for eligibility rules.
+"""What can run in FP8, and why not: the eligibility rules that depend on no device.
 
-Used by the passes (at compile time, on FakeTensor metadata), by
-`prepare_model` (on real modules) and by the tiny model's fake quantization,
-so the three never disagree. Device-specific limits live in each lowering's
+The linears' decision is fx_fp8/quant/linear_plan.py (plan_linear, from the sensitive layers
+named here); the attention rules are used by the attention pass (at compile time, on
+FakeTensor metadata) and by the tiny model's fake quantization, so the two never disagree. Device-specific limits live in each lowering's
 `attention_reason` / `linear_reason`; everything that does not depend on a
 device is here. Every check reads shapes through fx_fp8.graph.shapes, so none of
 them specialises a symbolic size.
@@ -78,40 +78,6 @@ def sensitive_reason(name: str, sensitive: Optional[str] = None) -> Optional[str
         return sensitive
     hit = first_match(SENSITIVE_LAYER_PATTERNS, name)
     return f"known sensitive layer (pattern {hit!r})" if hit is not None else None
-
-
-def linear_plan(name: str, in_features: int, out_features: int, dtype, qcfg,
-                sensitive: Optional[str] = None) -> tuple[str, Optional[str]]:
-    """("native", why), ("weight_only", why: a sensitive layer with sensitive: weight_only) or
-    ("quantized", None) for the linear `name`.
-
-    Order: the user's ignored_layers, a sensitive layer (`sensitive` is the
-    structural reason found in the graph, if any, else the name patterns)
-    kept native, dtype, shape, size.
-    """
-    hit = first_match(qcfg.ignored_layers, name)
-    if hit is not None:
-        return "native", f"ignored_layers pattern {hit!r}"
-    why = sensitive_reason(name, sensitive) if qcfg.sensitive != "fp8" else None
-    if why is not None and qcfg.sensitive == "native":
-        return "native", f"{why}; kept native (sensitive: weight_only, or fp8 / quantize_sensitive: true, quantizes it)"
-    if dtype not in FLOAT_DTYPES:
-        return "native", f"weight dtype {dtype} not supported"
-    if in_features % 16 or out_features % 16:
-        return "native", f"features {in_features}->{out_features} not multiples of 16 (FP8 matmul tiles)"
-    if min(in_features, out_features) < qcfg.min_features:
-        return "native", (f"small layer ({in_features}->{out_features}, below min_features={qcfg.min_features}): "
-                          "FP8 only costs time")
-    if why is not None:
-        return "weight_only", f"{why}; weight-only (sensitive: weight_only): quantized weights, unquantized activations"
-    return "quantized", None
-
-
-def linear_native_reason(name: str, in_features: int, out_features: int, dtype, qcfg,
-                         sensitive: Optional[str] = None) -> Optional[str]:
-    """Why the linear `name` stays native, or None when it is quantized (W8A8 or weight-only)."""
-    kind, why = linear_plan(name, in_features, out_features, dtype, qcfg, sensitive)
-    return why if kind == "native" else None
 
 
 # -- attention -----------------------------------------------------------------------

@@ -118,7 +118,7 @@ def test_config_yaml_path_option(block, tmp_path):
 def test_any_config_key_through_options(block):
     report, _ = summary_for(block, options={"quantization_config": {"weight_block_size": [64, 64]}, "ignored_layers": ["to_out"]})
     got = {e.module: (e.action, e.reason) for e in report.entries if e.op == "linear"}
-    assert got["to_out"] == ("native", "ignored_layers pattern 'to_out'")
+    assert got["to_out"] == ("native", "ignored_layers pattern 'to_out' (remove it from quantization_config.ignored_layers to quantize this layer)")
     assert got["to_qkv"][0] == "fp8" and "block [64, 64]" in got["to_qkv"][1]
 
 

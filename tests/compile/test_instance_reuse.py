@@ -114,7 +114,8 @@ def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
     entries = linear_rows(fx_fp8.get_reports(model))
     for i in range(BLOCKS):
         e = entries[f"blocks.{i}.fc1"]
-        assert (e.action, e.reason) == (("native", f"ignored_layers pattern {pattern!r}") if i in native else
+        ignored = f"ignored_layers pattern {pattern!r} (remove it from quantization_config.ignored_layers to quantize this layer)"
+        assert (e.action, e.reason) == (("native", ignored) if i in native else
                                         ("fp8", e.reason)), (i, e.reason)
         assert (f"blocks.{i}.fc1" in _fp8_linears(model, kernels)) == (i not in native)
     # one pattern naming every block: one plan; naming one block: that block plans on its own

@@ -6,9 +6,16 @@ import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.quantization import QuantizationConfig
 from fx_fp8.config.patterns import first_match, matches, validate_pattern
-from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason, linear_plan
+from fx_fp8.quant.linear_plan import plan_linear
+from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS
 
 from toy_models import TwoLinears
+
+
+def native_reason(name, in_features, out_features, dtype, qcfg, sensitive=None):
+    """plan_linear's native reason for the linear `name`, None when it is quantized."""
+    plan = plan_linear(name, in_features, out_features, dtype, qcfg, sensitive=sensitive)
+    return plan.reason if plan.native else None
 
 NAME = "transformer_blocks.7.img_mlp.net.0.proj"
 
@@ -56,27 +63,28 @@ def test_bad_regex_names_pattern(bad):
 def test_ignored_beats_eligibility():
     qc = QuantizationConfig(ignored_layers=["img_mlp"])
     # an ignored layer that is also too small reports the pattern, not the size
-    assert linear_native_reason("img_mlp.fc", 8, 8, torch.float32, qc) == "ignored_layers pattern 'img_mlp'"
-    assert "min_features" in linear_native_reason("other.fc", 16, 16, torch.float32, qc)
-    assert "multiples of 16" in linear_native_reason("other.fc", 24, 64, torch.float32, qc)
-    assert linear_native_reason("other.fc", 64, 64, torch.float32, qc) is None
-    assert "weight dtype" in linear_native_reason("other.fc", 64, 64, torch.int8, qc)
+    assert native_reason("img_mlp.fc", 8, 8, torch.float32, qc) == "ignored_layers pattern 'img_mlp' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    assert "min_features" in native_reason("other.fc", 16, 16, torch.float32, qc)
+    assert "multiples of 16" in native_reason("other.fc", 24, 64, torch.float32, qc)
+    assert native_reason("other.fc", 64, 64, torch.float32, qc) is None
+    assert "weight dtype" in native_reason("other.fc", 64, 64, torch.int8, qc)
 
 
 def test_user_list_adds_to_the_sensitive_layers():
     sensitive = "time_text_embed.linear_1"
     for kw in ({}, {"ignored_layers": ["img_mlp"]}, {"ignored_layers": []}):
         # pinned to native: the native reason names what the analysis found
-        reason = linear_native_reason(sensitive, 64, 64, torch.float32, QuantizationConfig(sensitive="native", **kw))
+        reason = native_reason(sensitive, 64, 64, torch.float32, QuantizationConfig(sensitive="native", **kw))
         assert reason.startswith("known sensitive layer (pattern 'time_text_embed')"), reason
         # the default runs it weight-only, for the same reason
-        kind, why = linear_plan(sensitive, 64, 64, torch.float32, QuantizationConfig(**kw))
+        plan = plan_linear(sensitive, 64, 64, torch.float32, QuantizationConfig(**kw))
+        kind, why = plan.kind, plan.reason
         assert kind == "weight_only" and why.startswith("known sensitive layer (pattern 'time_text_embed')"), why
     opt_in = QuantizationConfig(ignored_layers=["img_mlp"], quantize_sensitive=True)
-    assert linear_native_reason(sensitive, 64, 64, torch.float32, opt_in) is None
-    assert linear_native_reason("a.img_mlp.fc", 64, 64, torch.float32, opt_in) == "ignored_layers pattern 'img_mlp'"
+    assert native_reason(sensitive, 64, 64, torch.float32, opt_in) is None
+    assert native_reason("a.img_mlp.fc", 64, 64, torch.float32, opt_in) == "ignored_layers pattern 'img_mlp' (remove it from quantization_config.ignored_layers to quantize this layer)"
     # a structural reason found in the graph is reported instead of the name pattern
-    assert linear_native_reason("blocks.0.mod", 64, 64, torch.float32, QuantizationConfig(sensitive="native"),
+    assert native_reason("blocks.0.mod", 64, 64, torch.float32, QuantizationConfig(sensitive="native"),
                                 sensitive="adaLN modulation").startswith("adaLN modulation; kept native")
 
 
@@ -98,5 +106,5 @@ def test_unmatched_user_pattern_warns():
         compiled(torch.randn(4, 64))
     (report,) = fx_fp8.get_reports(compiled)
     actions = {e.module: (e.action, e.reason) for e in report.entries if e.op == "linear"}
-    assert actions["fc1"] == ("native", "ignored_layers pattern 'fc1'")
+    assert actions["fc1"] == ("native", "ignored_layers pattern 'fc1' (remove it from quantization_config.ignored_layers to quantize this layer)")
     assert actions["fc2"][0] == "fp8"

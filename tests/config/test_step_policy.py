@@ -14,7 +14,7 @@ import fx_fp8
 from fx_fp8.quant.checkpoint import QUANT_NAME
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.selectors import Selector
-from fx_fp8.steps import attention_skipped, linear_skip_mode, variant_name
+from fx_fp8.config.step_variants import attention_skipped, linear_skip_mode, variant_name
 from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args
 from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.quant.quantized_linear import QuantizedLinear

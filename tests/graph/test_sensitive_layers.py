@@ -20,13 +20,20 @@ import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.sensitive import find_sensitive_linears
 from fx_fp8.config.patterns import first_match
-from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS, linear_native_reason
+from fx_fp8.quant.linear_plan import plan_linear
+from fx_fp8.quant.rules import SENSITIVE_LAYER_PATTERNS
 from fx_fp8.tools.model_zoo import registry as zoo
 from fx_fp8.tools.model_zoo.registry import FAMILIES, build_tiny_transformer, example_inputs, output_tensor
 
 from checks import FIN, MOD, TC, big_enough, rel_err, structural
 from expected_layers import NATIVE_LINEARS, differences
 from toy_models import ToyBlock, ToyScheduler, toy, toy_inputs
+
+
+def native_reason(name, in_features, out_features, dtype, qcfg, sensitive=None):
+    """plan_linear's native reason for the linear `name`, None when it is quantized."""
+    plan = plan_linear(name, in_features, out_features, dtype, qcfg, sensitive=sensitive)
+    return plan.reason if plan.native else None
 
 #: attention projections: never sensitive
 QKV = re.compile(r"(^|\.)(to_q|to_k|to_v|to_qkv|to_kv|to_query|to_key|to_value|add_[qkv]_proj|[qkv]_proj|"
@@ -129,7 +136,7 @@ def test_toy_structure_keeps_conditioning_modulation_and_final_native():
     torch._dynamo.reset()
     compiled, _ = compile_run(model, kw, ignored_layers=["blocks.0.ada", "blocks.1.q"])
     entries = linear_entries(compiled)
-    assert entries["blocks.0.ada"].reason == "ignored_layers pattern 'blocks.0.ada'"
+    assert entries["blocks.0.ada"].reason == "ignored_layers pattern 'blocks.0.ada' (remove it from quantization_config.ignored_layers to quantize this layer)"
     assert entries["blocks.1.q"].action == "native" and structural(entries["blocks.1.ada"]) == MOD
 
 
@@ -443,8 +450,8 @@ def test_families_keep_todays_native_set(family):
     # and the rule that decides them agrees with the report
     qcfg = FP8Config.from_kwargs(quantization="fp8", quantization_config=NATIVE_SENSITIVE).quantization_config
     modules = dict(model.named_modules())
-    assert native == {n for n in entries if linear_native_reason(n, modules[n].in_features, modules[n].out_features,
-                                                                 modules[n].weight.dtype, qcfg) is not None}
+    assert native == {n for n in entries if native_reason(n, modules[n].in_features, modules[n].out_features,
+                                                          modules[n].weight.dtype, qcfg) is not None}
     # the structure agrees with the names: every structural find is a listed layer
     assert all(first_match(SENSITIVE_LAYER_PATTERNS, n) for n, e in entries.items() if structural(e))
     assert sum(1 for e in entries.values() if structural(e)) >= 4

@@ -76,6 +76,12 @@ def test_reading_graphs_never_imports_the_rewriting_layer():
     assert not il.imports_between(SCAN, "fx_fp8.graph", "fx_fp8.passes")
 
 
+def test_settings_never_import_the_published_step():
+    """config/ names the step variants (config/step_variants.py); the published step (fx_fp8.steps)
+    selects by the settings, never the other way round."""
+    assert not {m for m in GRAPH if m.startswith("fx_fp8.config") and "fx_fp8.steps" in GRAPH[m]}
+
+
 def test_the_checker_sees_real_edges():
     """Not vacuously green: known imports are in the graph, and their layers are ordered as declared."""
     assert "fx_fp8.passes.manager" in GRAPH["fx_fp8.compile.graph_plan"]

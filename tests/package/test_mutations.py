@@ -73,8 +73,9 @@ MUTATIONS = [
              "            return _MM(xq, wq.t(), xs.float().reshape(1, 1), ws.float().reshape(1, 1), None, None, out_dtype,\n                       True)",
              ("tests/ops/test_cuda_graph_linears_run.py::test_every_form_keeps_torch_contract",)),
     Mutation("the diffusers quantizer quantizes the layers the rules pick",
-             "quant/layer_quantize.py", "    return linear_plan(name, in_features, out_features, dtype, cfg.quantization_config, None)",
-             "    return (\"native\", \"mutated\")",
+             "quant/layer_quantize.py",
+             "    return plan_linear(name, in_features, out_features, dtype, cfg.quantization_config, lowering=lowering)",
+             "    return LinearPlan(\"native\", \"mutated\")",
              ("tests/pipeline/test_diffusers_quantizer.py::test_loading_quantizes_the_linears_the_rules_pick",)),
 ]
 

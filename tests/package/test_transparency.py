@@ -1,6 +1,6 @@
 """The backend computes what the model computes, except the nodes it reports as rewritten.
 
-Across the diffusers zoo (fx_fp8.tools.zoo: 52 image, video and audio transformers): with both
+Across the diffusers zoo (fx_fp8.tools.model_zoo: 52 image, video and audio transformers): with both
 features off the output is bit-identical to Dynamo's own eager backend; with FP8 on it stays
 within 5 % wherever something was rewritten. Plus the graph shapes that broke this once:
 in-place side effects whose results are unused, vmap level markers, and the manager's own check.
@@ -11,7 +11,7 @@ import torch.fx
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.passes.base import CompileContext, FXPass
+from fx_fp8.passes.base import FXPass, compile_contexts
 from fx_fp8.passes.manager import PassManager
 from fx_fp8.tools.model_zoo import registry as zoo
 from graph_capture import Capture, compile_stored
@@ -113,11 +113,9 @@ def test_manager_refuses_a_pass_that_removes_what_it_did_not_replace():
     (gm, inputs), = cap.graphs
     assert any(n.op == "call_function" and not n.users for n in gm.graph.nodes)  # the in-place ops
     _, report = compile_stored(gm, inputs, fx_fp8.FP8Config())
-    ctx_cls = CompileContext
     from fx_fp8.ops.lowering import get_lowering
     from fx_fp8.graph.names import LayerMap
 
-    ctx = ctx_cls(gm=gm, example_inputs=inputs, config=fx_fp8.FP8Config(), lowering=get_lowering("reference"),
-                  report=report, layer_map=LayerMap({}), warn=print)
+    contexts = compile_contexts(gm, inputs, fx_fp8.FP8Config(), get_lowering("reference"), report, LayerMap({}), print)
     with pytest.raises(AssertionError, match="sloppy removed nodes it did not replace"):
-        PassManager([_Sloppy]).run(ctx)
+        PassManager([_Sloppy]).run(*contexts)

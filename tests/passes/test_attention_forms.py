@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.passes.base import CompileContext
+from fx_fp8.passes.base import compile_contexts
 from fx_fp8.passes.attention import FP8AttentionPass
 from fx_fp8.graph.names import LayerMap
 from fx_fp8.report import CompileReport
@@ -76,12 +76,11 @@ def _graph(op, *, use=(0,), mask=False, device="cuda", dtype=torch.float16):
     outs = [g.call_function(operator.getitem, (call, i)) for i in use]
     g.output(tuple(outs))
     gm = torch.fx.GraphModule(nn.Module(), g)
-    ctx = CompileContext(gm=gm, example_inputs=vals, config=FP8Config(quantization=None),
-                         lowering=get_lowering("reference"), report=CompileReport("fp8", "reference", "eager", None),
-                         layer_map=LayerMap({}), warn=warnings.warn)
-    changed = FP8AttentionPass(ctx).run(gm)
+    inputs, out = compile_contexts(gm, vals, FP8Config(quantization=None), get_lowering("reference"),
+                                   CompileReport("fp8", "reference", "eager", None), LayerMap({}), warnings.warn)
+    changed = FP8AttentionPass(inputs, out).run(gm)
     gm.graph.lint()
-    (entry,) = ctx.report.entries
+    (entry,) = out.report.entries
     return changed, entry, gm
 
 

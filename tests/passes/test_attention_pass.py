@@ -11,7 +11,7 @@ import fx_fp8
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 from fx_fp8.ops.lowering import get_lowering
-from fx_fp8.passes.base import CompileContext
+from fx_fp8.passes.base import compile_contexts
 from fx_fp8.passes.attention import FP8AttentionPass
 from fx_fp8.graph.forms import is_attention
 from fx_fp8.graph.fx_utils import meta_val
@@ -203,11 +203,10 @@ def _pass_on_mask(mask_val):
     q = torch.randn(1, 2, 16, 32)
     for node, val in zip([n for n in gm.graph.nodes if n.op == "placeholder"], [q, q, q, mask_val]):
         node.meta["val"] = val
-    ctx = CompileContext(gm=gm, example_inputs=[q, q, q, mask_val], config=FP8Config(quantization=None),
-                         lowering=get_lowering("reference"), report=CompileReport("fp8", "reference", "eager", None),
-                         layer_map=LayerMap({}), warn=warnings.warn)
-    changed = FP8AttentionPass(ctx).run(gm)
-    (entry,) = ctx.report.entries
+    inputs, out = compile_contexts(gm, [q, q, q, mask_val], FP8Config(quantization=None), get_lowering("reference"),
+                                   CompileReport("fp8", "reference", "eager", None), LayerMap({}), warnings.warn)
+    changed = FP8AttentionPass(inputs, out).run(gm)
+    (entry,) = out.report.entries
     return changed, entry
 
 

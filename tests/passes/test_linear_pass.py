@@ -84,7 +84,7 @@ def test_qwen_ignored_img_mlp_adds_to_the_sensitive_layers():
     # vLLM-Omni's recommended setting never quietly quantizes img_in / txt_in / modulation / proj_out
     assert native == img_mlp | small | sensitive
     assert {n for n, e in got.items() if "ignored_layers" in e.reason} == img_mlp
-    assert all(got[n].reason == "ignored_layers pattern 'img_mlp'" for n in img_mlp)
+    assert all(got[n].reason == "ignored_layers pattern 'img_mlp' (remove it from quantization_config.ignored_layers to quantize this layer)" for n in img_mlp)
     assert got["txt_in"].action == "native" and {"txt_in", "norm_out.linear"} <= sensitive
     # "@defaults" (older configs) changes nothing: the sensitive layers are always kept
     report2, _, _, _ = run_pass("qwen-image", ignored_layers=["img_mlp", "@defaults"],
@@ -143,9 +143,10 @@ def test_small_and_misaligned_layers_stay_native():
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries}
     assert got["ok"][0] == "fp8"
-    assert got["odd"] == ("native", "features 64->72 not multiples of 16 (FP8 matmul tiles)")
-    assert got["narrow"] == ("native", "features 72->16 not multiples of 16 (FP8 matmul tiles)")
-    assert got["small"] == ("native", "small layer (16->64, below min_features=32): FP8 only costs time")
+    assert got["odd"] == ("native", "features 64->72 not multiples of 16 (FP8 matmul tiles; the layer's shape, no setting changes it)")
+    assert got["narrow"] == ("native", "features 72->16 not multiples of 16 (FP8 matmul tiles; the layer's shape, no setting changes it)")
+    assert got["small"] == ("native", ("small layer (16->64, below min_features=32): FP8 only costs time (lower "
+                             "quantization_config.min_features to quantize it)"))
     assert all(e.name_resolved for e in report.entries)
     torch._dynamo.reset()
     fx_fp8.clear_reports()

@@ -16,7 +16,7 @@ from fx_fp8.graph.names import LayerMap, module_name
 from fx_fp8.ops import quant
 from fx_fp8.ops.lowering import get_lowering
 from fx_fp8.ops.reference import ReferenceLowering
-from fx_fp8.passes.base import CompileContext
+from fx_fp8.passes.base import compile_contexts
 from fx_fp8.passes.manager import PassManager
 from fx_fp8.passes.prequantized import PrequantizedLinearPass
 from fx_fp8.passes.base import WEIGHT_ORIGIN
@@ -58,12 +58,12 @@ def run_pass(gm, inputs, **options):
     graph = _copy_graph(gm)
     cfg = FP8Config.from_kwargs(**{"quantization": "fp8", **options})
     names = [module_name(n) for n in graph.graph.nodes]
-    ctx = CompileContext(gm=graph, example_inputs=inputs, config=cfg, lowering=get_lowering("reference"),
-                         report=CompileReport(backend="fp8", lowering="reference", downstream="eager",
+    contexts = compile_contexts(graph, inputs, cfg, get_lowering("reference"),
+                                CompileReport(backend="fp8", lowering="reference", downstream="eager",
                                               step_variant=None),
-                         layer_map=LayerMap.from_graph([], names), warn=lambda m: None, analysis={"sensitive": {}})
+                                LayerMap.from_graph([], names), lambda m: None)
     manager = PassManager([PrequantizedLinearPass])
-    manager.run(ctx)
+    manager.run(*contexts)
     return graph, manager.counts["prequantized_linear"]
 
 

@@ -83,7 +83,8 @@ def test_missing_scale_keeps_layer_native():
         "activation_scheme": "static", "activation_scales": scales}})(x)
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries}
-    assert got["a"][0] == "fp8" and got["b"] == ("native", "no static activation scale for this layer (recalibrate)")
+    assert got["a"][0] == "fp8" and got["b"] == ("native", ("no static activation scale for this layer (recalibrate with fx_fp8.calibrate, or use "
+                                             "quantization_config.activation_scheme: dynamic)"))
 
 
 def test_calibrate_on_a_compiled_model_uses_the_real_names():

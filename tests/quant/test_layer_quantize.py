@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_recipe,
+from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_plan,
                                    quantize_by_rows, quantized_linear, scale_shape, slice_rows)
+from fx_fp8.quant.linear_plan import LinearPlan
 from fx_fp8.quant.recipe import recipe
 from fx_fp8.ops.formats import WEIGHT_ONLY
 
@@ -52,10 +53,12 @@ def test_layer_decisions_and_recipes_are_prepare_models():
     kind, why = layer_kind("time_text_embed.timestep_embedder.linear_1", 256, 256, torch.bfloat16, cfg)
     assert kind == "weight_only" and "known sensitive layer" in why                       # by name, as prepare_model
     assert layer_kind("blocks.0.attn.to_k", 16, 256, torch.bfloat16, cfg)[0] == "native"  # below min_features
-    assert layer_recipe("quantized", cfg, "cpu") == (recipe("fp8", "channel"), "token")
-    assert layer_recipe("weight_only", cfg, "cpu") == (recipe("int8", "block", (1, 32)), WEIGHT_ONLY)
-    with pytest.raises(ValueError, match="a 'native' linear has no quantization recipe"):
-        layer_recipe("native", cfg, "cpu")
+    w8a8 = layer_plan("blocks.0.attn.to_q", 256, 256, torch.bfloat16, cfg, "cpu")
+    assert (w8a8.recipe, w8a8.act) == (recipe("fp8", "channel"), "token")
+    wo = layer_plan("time_text_embed.timestep_embedder.linear_1", 256, 256, torch.bfloat16, cfg, "cpu")
+    assert (wo.recipe, wo.act) == (recipe("int8", "block", (1, 32)), WEIGHT_ONLY)
+    with pytest.raises(ValueError, match="a 'native' linear plan has no quantization recipe \\(ignored_layers pattern"):
+        quantized_linear(torch.randn(256, 256), None, layer_plan("blocks.0.ff", 256, 256, torch.float32, cfg))
     with pytest.raises(ValueError, match="quantization is None"):
         check_load_time_config(FP8Config.load(None, quantization=None))
 
@@ -64,7 +67,7 @@ def test_an_empty_layer_has_the_shapes_a_quantized_checkpoint_holds():
     w = torch.randn(96, 64, dtype=torch.bfloat16)
     bias = torch.randn(96, dtype=torch.bfloat16)
     for r, act in ((recipe("fp8", "channel"), "token"), (recipe("int8", "block", (1, 32)), WEIGHT_ONLY)):
-        full = quantized_linear(w, bias, r, act)
+        full = quantized_linear(w, bias, LinearPlan.stored(r, act))
         empty = empty_quantized_linear(64, 96, True, torch.bfloat16, r, act)
         assert empty.weight.is_meta and empty.recipe == full.recipe == r
         for name, t in full.state_dict().items():

@@ -130,7 +130,7 @@ def test_prepare_model_respects_config():
     assert off["quantized"] == [] and not any(isinstance(m, QuantizedLinear) for m in model.modules())
     res = fx_fp8.prepare_model(model, ignored_layers=["ff"])
     assert all(".ff." not in n for n in res["quantized"])
-    assert res["native"]["transformer_blocks.0.ff.net.2"] == "ignored_layers pattern 'ff'"
+    assert res["native"]["transformer_blocks.0.ff.net.2"] == "ignored_layers pattern 'ff' (remove it from quantization_config.ignored_layers to quantize this layer)"
     # sensitive: weight-only by default, even with an explicit list
     assert "x_embedder" not in res["native"] and "x_embedder" in res["weight_only"]
     assert model.get_submodule("x_embedder").weight_only

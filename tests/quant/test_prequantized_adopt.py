@@ -246,7 +246,8 @@ def test_an_export_layer_kept_native_gets_its_dequantized_weight():
     sd = modelopt_state_dict(model, per_channel=True)
     result = fx_fp8.adopt_prequantized(model, state_dict=sd, ignored_layers=["layers.0"])
     assert list(result["adopted"]) == ["layers.1"] and "layers.0.weight" in result["state_dict_keys"]
-    assert result["kept"]["layers.0"] == ("ignored_layers pattern 'layers.0'; ModelOpt FP8 checkpoint (per-channel "
+    assert result["kept"]["layers.0"] == ("ignored_layers pattern 'layers.0' (remove it from quantization_config.ignored_layers to quantize "
+                                          "this layer); ModelOpt FP8 checkpoint (per-channel "
                                           "weight scales) dequantized into its weight (torch.bfloat16)")
     layer = model.layers[0]
     assert type(layer) is nn.Linear and layer.weight.dtype == torch.bfloat16

@@ -1,4 +1,4 @@
-"""The tiny model zoo (fx_fp8.tools.zoo, a view of the registry fx_fp8.tools.model_zoo): every entry
+"""The tiny model zoo (the registry fx_fp8.tools.model_zoo): every entry
 builds, runs its 4 size variants, is seeded, and (slow) compiles to the graphs and attention kinds its
 notes promise."""
 from __future__ import annotations

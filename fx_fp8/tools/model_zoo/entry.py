@@ -12,7 +12,7 @@ KINDS = ("image", "video", "audio")
 
 @dataclass(frozen=True)
 class Family:
-    """What a named family adds to its entry (fx_fp8.tools.families, the CLI's `--model`, the tiny
+    """What a named family adds to its entry (fx_fp8.tools.model_zoo.registry.FAMILIES, the CLI's `--model`, the tiny
     pipelines). Its transformer is its entry's config; `layers` sets `layer_keys`."""
 
     aliases: tuple[str, ...]

@@ -1,6 +1,6 @@
 """The five named families: each one entry, with its one tiny config (hidden sizes 64-128, the
 structure of the real family: module names, block lists, attention kinds), its config-driven input
-maker, its aliases and its tiny pipelines. The zoo, fx_fp8.tools.families, the tiny pipelines and
+maker, its aliases and its tiny pipelines. The zoo, its named families (registry.FAMILIES), the tiny pipelines and
 `fx-fp8 --model <family>` all build from these entries."""
 from __future__ import annotations
 

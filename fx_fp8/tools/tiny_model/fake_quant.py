@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.quant.rules import attention_call_reason, linear_plan, short_keys_reason
+from fx_fp8.quant.linear_plan import plan_linear
+from fx_fp8.quant.rules import attention_call_reason, short_keys_reason
 
 
 def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,7 @@ def quantized_linear_names(model: torch.nn.Module, config: FP8Config) -> list[st
     sensitive layers are not simulated: their activations stay unquantized)."""
     qcfg = config.quantization_config
     return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-            and linear_plan(name, m.in_features, m.out_features, m.weight.dtype, qcfg)[0] == "quantized"]
+            and plan_linear(name, m.in_features, m.out_features, m.weight.dtype, qcfg).w8a8]
 
 
 def _fake_linear_forward(module: torch.nn.Linear, qcfg):

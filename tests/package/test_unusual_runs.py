@@ -1,6 +1,6 @@
-"""Round four of hostile use: a hang, sensitive layers lost from the 9th model of a class, CLI
-commands that could not place relative steps, damaged checkpoints, a parameterless module that
-never warned, and an undocumented difference from vLLM-Omni."""
+"""Unusual runs that once failed quietly: a hang, sensitive layers lost from the 9th model of a
+class, CLI commands that could not place relative steps, damaged checkpoints, a parameterless
+module that never warned, and an undocumented difference from vLLM-Omni."""
 from __future__ import annotations
 
 import json

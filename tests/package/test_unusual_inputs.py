@@ -15,9 +15,15 @@ from fx_fp8.config.attention import AttentionQuantConfig
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import quant
 from fx_fp8.config.patterns import matches, validate_pattern
-from fx_fp8.quant.rules import linear_native_reason, linear_plan
+from fx_fp8.quant.linear_plan import plan_linear
 
 from toy_models import TwoLinears
+
+
+def native_reason(name, in_features, out_features, dtype, qcfg, sensitive=None):
+    """plan_linear's native reason for the linear `name`, None when it is quantized."""
+    plan = plan_linear(name, in_features, out_features, dtype, qcfg, sensitive=sensitive)
+    return plan.reason if plan.native else None
 
 
 def _messages(record) -> list[str]:
@@ -60,7 +66,7 @@ def test_catastrophic_regex_shapes_match_in_linear_time(pattern):
     # a backtracking matcher takes 5 s ('(a|a)*z' on 24 letters) to days ('(.*.*)*z' on 40) here
     for name in ("a" * 24, "single_transformer_blocks.37.attn.to_out"):
         start = time.perf_counter()
-        assert linear_native_reason(name, 64, 64, torch.float32, config.quantization_config) is None
+        assert native_reason(name, 64, 64, torch.float32, config.quantization_config) is None
         assert time.perf_counter() - start < 0.2, (pattern, name)
     assert matches(pattern, "a" * 40 + "z")
 
@@ -133,9 +139,9 @@ def test_vllm_omni_flux_preset_keeps_dual_stream_blocks_native():
     cfg = FP8Config.from_kwargs(quantization="fp8", ignored_layers="preset:vllm-omni-flux")
     assert FP8Config.from_kwargs(**cfg.to_dict()) == cfg  # round-trips as the preset's name
     qc = cfg.quantization_config
-    assert linear_native_reason("transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc) == \
-        "ignored_layers pattern 'preset:vllm-omni-flux'"
-    assert linear_native_reason("single_transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc) is None
+    assert native_reason("transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc) == \
+        "ignored_layers pattern 'preset:vllm-omni-flux' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    assert native_reason("single_transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc) is None
 
 
 def test_prepared_layer_named_in_ignored_layers_is_warned_about():
@@ -269,12 +275,12 @@ def test_per_tensor_and_group_quantization_of_empty_inputs():
 @pytest.mark.parametrize("name", ["head.head", "img_emb.proj.1", "text_embedding.0", "time_projection.1"])
 def test_wan_animate2_sensitive_names(name):
     qc = FP8Config.from_kwargs(quantization_config={"sensitive": "native"}).quantization_config  # names what is found
-    assert "kept native" in linear_native_reason(name, 128, 128, torch.float32, qc)
-    assert linear_native_reason("blocks.0.head.head", 128, 128, torch.float32, qc) is None
+    assert "kept native" in native_reason(name, 128, 128, torch.float32, qc)
+    assert native_reason("blocks.0.head.head", 128, 128, torch.float32, qc) is None
     # the default runs the same layers weight-only, and only them
     default = FP8Config().quantization_config
-    assert linear_plan(name, 128, 128, torch.float32, default)[0] == "weight_only"
-    assert linear_plan("blocks.0.head.head", 128, 128, torch.float32, default) == ("quantized", None)
+    assert plan_linear(name, 128, 128, torch.float32, default).kind == "weight_only"
+    assert plan_linear("blocks.0.head.head", 128, 128, torch.float32, default).kind == "fp8"
 
 
 def _wan_animate2():
