@@ -1,6 +1,6 @@
 """Round five of hostile use, the model's state: prepare_model under torch.inference_mode, models
 built inside it, instances told apart by what really differs per instance, writes through `.data`
-aliases, and the FX_FP8_CHECK_REUSE variable (issue 41, items 1, 2, 3, 5 and 17)."""
+aliases, and the FX_FP8_CHECK_REUSE variable."""
 from __future__ import annotations
 
 import warnings
