@@ -7,6 +7,15 @@ from fx_fp8.tools.model_zoo.entry import TinyModel
 from fx_fp8.tools.model_zoo.inputs import SIDE_P2, TXT, VID_P1, VID_P2, pick, rand_t, randn, video_bcfhw_in
 
 
+def _anyflow_in(model, gen, v):
+    """hidden_states is (batch, frames, channels, height, width); timesteps are per frame, r_timestep the one
+    each frame jumps to."""
+    (f, s), n = pick(VID_P2, v), pick(TXT, v)
+    t = torch.randint(1, 1000, (1, f), generator=gen).float()
+    return dict(hidden_states=randn(gen, 1, f, 4, s, s), timestep=t, r_timestep=t * 0.5,
+                encoder_hidden_states=randn(gen, 1, n, 16))
+
+
 def _cogvideox_in(model, gen, v):
     f, s = pick(VID_P2, v)
     # the text length is fixed to max_text_seq_length by the positional embedding
@@ -24,6 +33,30 @@ def _cosmos_in(model, gen, v):
     (f, s), n = pick(VID_P2, v), pick(TXT, v)
     return dict(hidden_states=randn(gen, 1, 4, f, s, s), timestep=rand_t(gen),
                 encoder_hidden_states=randn(gen, 1, n, 16), attention_mask=torch.ones(1, n), fps=30)
+
+
+def _minimax_h3_in(model, gen, v):
+    """One packed sequence: text rows, then video rows ((1, 2, 2) patches), then audio rows, one timestep."""
+    (f, s), n = pick(VID_P1, v), pick(TXT, v)
+    video, audio = f * s * s, 2 * f
+    seq = n + video + audio
+    t, h, w = torch.meshgrid(torch.arange(f), torch.arange(s), torch.arange(s), indexing="ij")
+    pos = torch.zeros(seq, 3, dtype=torch.long)
+    pos[:n, 0] = torch.arange(n)
+    pos[n:n + video] = torch.stack([t.reshape(-1), h.reshape(-1), w.reshape(-1)], dim=-1)
+    pos[n + video:, 0] = torch.arange(audio)
+    tags = torch.cat([torch.full((n,), 1), torch.zeros(video, dtype=torch.long), torch.full((audio,), 2)])
+    return dict(hidden_states=randn(gen, 1, video, 16), audio_hidden_states=randn(gen, 1, audio, 8),
+                encoder_hidden_states=randn(gen, 1, n, 16), timestep=torch.rand(1, generator=gen),
+                timestep_indices=torch.zeros(seq, dtype=torch.long), token_tags=tags, position_ids=pos,
+                video_indices=torch.arange(n, n + video), audio_indices=torch.arange(n + video, seq),
+                text_indices=torch.arange(n))
+
+
+def _temporal_in(model, gen, v):
+    """UNet temporal attention: frames stacked in the batch, attention over frames at each pixel."""
+    f, s = pick(VID_P2, v)
+    return dict(hidden_states=randn(gen, f, 4, s, s), num_frames=f)
 
 
 def _text_mask(gen, f, s, n):
@@ -104,6 +137,9 @@ VIDEO = [
               dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, num_layers=1,
                    cross_attention_dim=16, sample_width=8, sample_height=8, sample_frames=8, caption_channels=8),
               video_bcfhw_in(4, 8), "sdpa=2; cross-attn"),
+    TinyModel("anyflow", "AnyFlowTransformer3DModel", "video",
+              dict({k: v for k, v in _WAN_LIKE.items() if k != "qk_norm"}, rope_max_seq_len=32),
+              _anyflow_in, "sdpa=2; cross-attn; Wan-style, per-frame timesteps"),
     TinyModel("chronoedit", "ChronoEditTransformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32, eps=1e-6, rope_temporal_skip_len=8),
               video_bcfhw_in(4, 16), "sdpa=2; cross-attn; Wan-style"),
@@ -176,6 +212,12 @@ VIDEO = [
                    audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=1,
                    qk_norm="rms_norm_across_heads", caption_channels=16, rope_double_precision=False),
               _ltx2_in, "sdpa=6; cross-attn; mask; audio+video: self, text cross and audio<->video cross attention"),
+    TinyModel("minimax-h3", "MiniMaxH3Transformer3DModel", "video",
+              dict(num_attention_heads=2, attention_head_dim=16, hidden_size=32, num_layers=1, num_refiner_layers=1,
+                   ffn_dim=64, in_channels=4, audio_in_channels=8, patch_size=(1, 2, 2), text_dim=16, freq_dim=32,
+                   time_embed_hidden_dim=32, time_embed_dim=16, rope_freq_dim=2),
+              _minimax_h3_in, "sdpa=2; self-attn-only; text, video and audio rows in one packed sequence; the "
+                              "output is the video rows (the audio rows are the second output)"),
     TinyModel("mochi", "MochiTransformer3DModel", "video",
               dict(patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=1, pooled_projection_dim=16,
                    in_channels=4, out_channels=None, qk_norm="rms_norm", text_embed_dim=16, time_embed_dim=4,
@@ -201,6 +243,9 @@ VIDEO = [
     TinyModel("skyreels-v2", "SkyReelsV2Transformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32),
               video_bcfhw_in(4, 16), "sdpa=2; cross-attn; Wan-style"),
+    TinyModel("transformer-temporal", "TransformerTemporalModel", "video",
+              dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=1, norm_num_groups=2),
+              _temporal_in, "sdpa=2; self-attn-only; the UNet's temporal attention: batch = pixels, seq = frames"),
     TinyModel("wan-vace", "WanVACETransformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32, num_layers=2, vace_layers=[0], vace_in_channels=12),
               video_bcfhw_in(4, 16, control_hidden_states=lambda gen, f, s, n: randn(gen, 1, 12, f, s, s)),
