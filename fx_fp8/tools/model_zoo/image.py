@@ -20,6 +20,13 @@ def _bria_fibo_in(model, gen, v):
     return kw
 
 
+def _bria_fibo2_in(model, gen, v):
+    """encoder_hidden_states: (batch, 1 + injection blocks, text tokens, features): the Perceiver's bundle first."""
+    s, n = pick(SIDE_P2, v), pick(TXT, v)
+    return dict(hidden_states=randn(gen, 1, 4, s, s), timestep=torch.rand(1, generator=gen),
+                encoder_hidden_states=randn(gen, 1, 2, n, 16))
+
+
 def _flux2_in(model, gen, v):
     s, n = pick(SIDE_P1, v), pick(TXT, v)
     img_ids = torch.cartesian_prod(torch.arange(1), torch.arange(s), torch.arange(s), torch.arange(1))
@@ -231,6 +238,12 @@ IMAGE = [
               dict(_FLUX_LIKE, in_channels=16, text_encoder_dim=16, pooled_projection_dim=None,
                    axes_dims_rope=[0, 8, 8]),
               _bria_fibo_in, "sdpa=2; self-attn-only; Flux-style; text_encoder_layers gives one text state per block"),
+    TinyModel("bria-fibo2", "BriaFibo2Transformer2DModel", "image",
+              dict(in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, cap_feat_dim=16,
+                   injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4, max_num_gist_tokens=8,
+                   gist_step=4, gist_min_text_len=4, gist_max_text_len=16, axes_dims=(4, 6, 6), axes_lens=(32, 16, 16)),
+              _bria_fibo2_in, "sdpa=6; cross-attn; a Perceiver turns the text into gist tokens; one text bundle per "
+                              "injection block"),
     TinyModel("chroma", "ChromaTransformer2DModel", "image",
               dict(_FLUX_LIKE, in_channels=4, axes_dims_rope=[4, 4, 8], approximator_num_channels=8,
                    approximator_hidden_dim=16, approximator_layers=1),

@@ -9,16 +9,12 @@ _NOT_YET = "not built tiny yet: its inputs need a maker no one has written (no k
 #: diffusers class name -> why the zoo has no tiny model of it
 NOT_IN_ZOO = MappingProxyType({
     "AnyFlowFARTransformer3DModel": _NOT_YET,
-    "BriaFibo2Transformer2DModel": _NOT_YET,
     "Cosmos3OmniTransformer": _NOT_YET,
     "HunyuanDiT2DControlNetModel": _NOT_YET,
     "HunyuanDiT2DMultiControlNetModel": _NOT_YET,
-    "Kandinsky6SRTransformer3DModel": _NOT_YET,
-    "Kandinsky6Transformer3DModel": _NOT_YET,
     "SanaWMLTX2RefinerTransformer3DModel": _NOT_YET,
     "SanaWMTransformer3DModel": _NOT_YET,
     "WanAnimate2Transformer3DModel": _NOT_YET,
-    "WanAnimateTransformer3DModel": _NOT_YET,
     "RFD4ProteinaTransformer": "a protein-structure model (backbone coordinates and latents in, no image, video or "
                                "audio out): outside what fx_fp8 targets",
 })

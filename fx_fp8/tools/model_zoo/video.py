@@ -120,6 +120,28 @@ def _kandinsky5_in(model, gen, v):
                 text_rope_pos=torch.arange(n))
 
 
+def _kandinsky6_in(model, gen, v):
+    """Channels-last video (B, F, H, W, C) and audio latents of 2 frames per video frame."""
+    (f, s), n = pick(VID_P2, v), pick(TXT, v)
+    return dict(hidden_states=randn(gen, 1, f, s, s, 4), encoder_hidden_states=randn(gen, 1, n, 16),
+                pooled_projections=randn(gen, 1, 8), timestep=rand_t(gen), audio_hidden_states=randn(gen, 1, 2 * f, 4))
+
+
+def _kandinsky6_sr_in(model, gen, v):
+    """Channels-last (B, F, H, W, 2 * in_visual_dim + 1): the noisy latent, the low-resolution one, a mask."""
+    f, s = pick(((1, 8), (2, 8), (1, 16), (2, 16)), v)  # NABLA's token grid: sides multiples of 8
+    return dict(hidden_states=randn(gen, 1, f, s, s, 9), timestep=rand_t(gen))
+
+
+def _wan_animate_in(model, gen, v):
+    """Latents of f + 1 frames (the reference frame first), the pose latents of f frames, a 16 x 16 face video of
+    4f frames (the face encoder divides time by 4)."""
+    (f, s), n = pick(VID_P2, v), pick(TXT, v)
+    return dict(hidden_states=randn(gen, 1, 12, f + 1, s, s), timestep=rand_t(gen),
+                encoder_hidden_states=randn(gen, 1, n, 16), pose_hidden_states=randn(gen, 1, 4, f, s, s),
+                face_pixel_values=randn(gen, 1, 3, 4 * f, 16, 16))
+
+
 #: Wan-style models smaller than the wan family (hidden 24, one layer)
 _WAN_LIKE = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
                  text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
@@ -195,6 +217,18 @@ VIDEO = [
                    model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6),
                    visual_cond=False, attention_type="regular"),
               _kandinsky5_in, "sdpa=3; cross-attn; hidden_states channels-last (B, F, H, W, C)"),
+    TinyModel("kandinsky6", "Kandinsky6Transformer3DModel", "video",
+              dict(in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=8, time_dim=16,
+                   patch_size=(1, 2, 2),
+                   model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1, axes_dims=(4, 6, 6),
+                   visual_cond=False, in_audio_dim=4, out_audio_dim=4),
+              _kandinsky6_in, "sdpa=8; cross-attn; audio+video: a text branch for each, self, text cross and "
+                            "audio<->video cross attention"),
+    TinyModel("kandinsky6-sr", "Kandinsky6SRTransformer3DModel", "video",
+              dict(in_visual_dim=4, out_visual_dim=4, time_dim=16, patch_size=(1, 1, 1), model_dim=32, ff_dim=64,
+                   num_visual_blocks=1, axes_dims=(4, 6, 6), nabla_window=(3, 3, 3), tile_sizes=((64, 64),)),
+              _kandinsky6_sr_in, "sdpa=0; self-attn-only; the attention is flex attention over a NABLA block-sparse mask, "
+                               "no SDPA: it stays native, only the linears go FP8"),
     TinyModel("latte", "LatteTransformer3DModel", "video",
               dict(sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8, num_attention_heads=2,
                    caption_channels=8, in_channels=4, cross_attention_dim=16, out_channels=8, attention_bias=True,
@@ -246,6 +280,14 @@ VIDEO = [
     TinyModel("transformer-temporal", "TransformerTemporalModel", "video",
               dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=1, norm_num_groups=2),
               _temporal_in, "sdpa=2; self-attn-only; the UNet's temporal attention: batch = pixels, seq = frames"),
+    TinyModel("wan-animate", "WanAnimateTransformer3DModel", "video",
+              dict({k: v for k, v in _WAN_LIKE.items() if k not in ("in_channels",)}, latent_channels=4,
+                   in_channels=12, image_dim=None, rope_max_seq_len=32, motion_encoder_size=16,
+                   motion_encoder_channel_sizes={"16": 8, "8": 8, "4": 8}, motion_style_dim=16, motion_dim=4,
+                   motion_encoder_dim=16, face_encoder_hidden_dim=16, face_encoder_num_heads=2,
+                   inject_face_latents_blocks=1, motion_encoder_batch_size=8),
+              _wan_animate_in, "sdpa=3; cross-attn; Wan-style, with a face adapter: per-frame cross-attention to "
+                             "motion features of a face video (16x16 here)"),
     TinyModel("wan-vace", "WanVACETransformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32, num_layers=2, vace_layers=[0], vace_in_channels=12),
               video_bcfhw_in(4, 16, control_hidden_states=lambda gen, f, s, n: randn(gen, 1, 12, f, s, s)),
