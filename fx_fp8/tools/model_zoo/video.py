@@ -227,8 +227,8 @@ VIDEO = [
     TinyModel("kandinsky6-sr", "Kandinsky6SRTransformer3DModel", "video",
               dict(in_visual_dim=4, out_visual_dim=4, time_dim=16, patch_size=(1, 1, 1), model_dim=32, ff_dim=64,
                    num_visual_blocks=1, axes_dims=(4, 6, 6), nabla_window=(3, 3, 3), tile_sizes=((64, 64),)),
-              _kandinsky6_sr_in, "sdpa=0; self-attn-only; the attention is flex attention over a NABLA block-sparse mask, "
-                               "no SDPA: it stays native, only the linears go FP8"),
+              _kandinsky6_sr_in, "sdpa=0; self-attn-only; the attention is flex attention over a NABLA block-sparse "
+                               "mask, no SDPA: it stays native, only the linears go FP8"),
     TinyModel("latte", "LatteTransformer3DModel", "video",
               dict(sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8, num_attention_heads=2,
                    caption_channels=8, in_channels=4, cross_attention_dim=16, out_channels=8, attention_bias=True,
