@@ -120,6 +120,13 @@ def _prior_in(model, gen, v):
                 return_dict=False)  # its output class has no `sample`: the tuple's first item is the embedding
 
 
+def _hunyuan_dit_controlnet_in(model, gen, v):
+    """HunyuanDiT's inputs plus the control image's latents; the output is one residual per controlnet block."""
+    kw = _hunyuan_dit_in(model, gen, v)
+    kw.update(controlnet_cond=randn(gen, *kw["hidden_states"].shape), return_dict=False)
+    return kw
+
+
 def _lumina2_in(model, gen, v):
     s, n = pick(SIDE_P2, v), pick(TXT, v)
     return dict(hidden_states=randn(gen, 1, 4, s, s), timestep=torch.rand(1, generator=gen),
@@ -297,6 +304,12 @@ IMAGE = [
                    hidden_size=16, text_len=4, text_len_t5=4, activation_fn="gelu-approximate"),
               _hunyuan_dit_in, "sdpa=2; cross-attn; text lengths fixed by the config (text_len=4, text_len_t5=4), "
                                "only the image size varies; the text pooling attention is not SDPA"),
+    TinyModel("hunyuan-dit-controlnet", "HunyuanDiT2DControlNetModel", "image",
+              dict(sample_size=8, patch_size=2, in_channels=4, transformer_num_layers=4, attention_head_dim=8,
+                   num_attention_heads=2, cross_attention_dim=8, cross_attention_dim_t5=8, pooled_projection_dim=4,
+                   hidden_size=16, text_len=4, text_len_t5=4),
+              _hunyuan_dit_controlnet_in, "sdpa=2; cross-attn; a ControlNet: the output stacks its blocks' residuals; "
+                                           "text lengths fixed by the config as in hunyuan-dit"),
     TinyModel("hunyuan-image", "HunyuanImageTransformer2DModel", "image",
               # a text_embed_2_dim adds a 2048-wide ByT5 projection
               dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,

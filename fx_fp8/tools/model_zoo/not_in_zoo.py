@@ -10,10 +10,8 @@ _NOT_YET = "not built tiny yet: its inputs need a maker no one has written (no k
 NOT_IN_ZOO = MappingProxyType({
     "AnyFlowFARTransformer3DModel": _NOT_YET,
     "Cosmos3OmniTransformer": _NOT_YET,
-    "HunyuanDiT2DControlNetModel": _NOT_YET,
-    "HunyuanDiT2DMultiControlNetModel": _NOT_YET,
-    "SanaWMLTX2RefinerTransformer3DModel": _NOT_YET,
-    "SanaWMTransformer3DModel": _NOT_YET,
+    "HunyuanDiT2DMultiControlNetModel": "a list of HunyuanDiT2DControlNetModel built from models, not from a "
+                                        "config; it calls each net's forward (the zoo's hunyuan-dit-controlnet)",
     "WanAnimate2Transformer3DModel": _NOT_YET,
     "RFD4ProteinaTransformer": "a protein-structure model (backbone coordinates and latents in, no image, video or "
                                "audio out): outside what fx_fp8 targets",

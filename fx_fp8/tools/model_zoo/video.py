@@ -142,6 +142,23 @@ def _wan_animate_in(model, gen, v):
                 face_pixel_values=randn(gen, 1, 3, 4 * f, 16, 16))
 
 
+def _sana_wm_in(model, gen, v):
+    """Per-frame timesteps (B, 1, F), text as (B, 1, L, D), one 20-number camera condition per frame."""
+    (f, s), n = pick(VID_P2, v), pick(TXT, v)
+    return dict(hidden_states=randn(gen, 1, 4, f, s, s), timestep=torch.full((1, 1, f), 500.0),
+                encoder_hidden_states=randn(gen, 1, 1, n, 16), encoder_attention_mask=torch.ones(1, n),
+                camera_conditions=randn(gen, 1, f, 20))
+
+
+def _sana_wm_refiner_in(model, gen, v):
+    """Patchified tokens, a timestep per token, the rotary table the refiner pipeline builds for its window."""
+    (f, s), n = pick(VID_P1, v), pick(TXT, v)
+    rope = model.build_rotary_emb_for_absolute_positions(1, list(range(f)), s, s, torch.device("cpu"), fps=24.0)
+    return dict(hidden_states=randn(gen, 1, f * s * s, 4), encoder_hidden_states=randn(gen, 1, n, 16),
+                timestep=torch.full((1, f * s * s), 0.5), video_rotary_emb=rope,
+                encoder_attention_mask=torch.ones(1, n))
+
+
 #: Wan-style models smaller than the wan family (hidden 24, one layer)
 _WAN_LIKE = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
                  text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
@@ -274,6 +291,20 @@ VIDEO = [
                    patch_size=(1, 2, 2), norm_elementwise_affine=False, norm_eps=1e-6,
                    qk_norm="rms_norm_across_heads", rope_max_seq_len=32),
               video_bcfhw_in(4, 16), "sdpa=1; cross-attn; the self-attention is linear attention (no SDPA)"),
+    TinyModel("sana-wm", "SanaWMTransformer3DModel", "video",
+              dict(in_channels=4, num_layers=2, hidden_size=32, num_attention_heads=2, linear_head_dim=16,
+                   softmax_every_n=2, caption_channels=16, use_chunk_plucker_post_attn=False,
+                   chunk_plucker_post_attn_blocks=0, chunk_plucker_channels=8, image_size=64, mixed_precision="fp32",
+                   fp32_attention=False),
+              _sana_wm_in, "sdpa=4; cross-attn; mask; one block of two softmax attention (softmax_every_n=2), the "
+                          "other linear attention (no SDPA); a camera condition per frame"),
+    TinyModel("sana-wm-refiner", "SanaWMLTX2RefinerTransformer3DModel", "video",
+              dict(in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2,
+                   attention_head_dim=8, cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
+                   audio_num_attention_heads=2, audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=1,
+                   caption_channels=16, rope_double_precision=False),
+              _sana_wm_refiner_in, "sdpa=2; cross-attn; mask; LTX-2-style video blocks (the audio branch unused); the "
+                                  "rotary table is an input"),
     TinyModel("skyreels-v2", "SkyReelsV2Transformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32),
               video_bcfhw_in(4, 16), "sdpa=2; cross-attn; Wan-style"),
