@@ -8,7 +8,6 @@ _NOT_YET = "not built tiny yet: its inputs need a maker no one has written (no k
 
 #: diffusers class name -> why the zoo has no tiny model of it
 NOT_IN_ZOO = MappingProxyType({
-    "AnyFlowFARTransformer3DModel": _NOT_YET,
     "Cosmos3OmniTransformer": _NOT_YET,
     "HunyuanDiT2DMultiControlNetModel": "a list of HunyuanDiT2DControlNetModel built from models, not from a "
                                         "config; it calls each net's forward (the zoo's hunyuan-dit-controlnet)",

@@ -16,6 +16,13 @@ def _anyflow_in(model, gen, v):
                 encoder_hidden_states=randn(gen, 1, n, 16))
 
 
+def _anyflow_far_in(model, gen, v):
+    """The causal rollout (no KV cache): per-frame timesteps, one frame per chunk."""
+    kw = _anyflow_in(model, gen, v)
+    kw["chunk_partition"] = [1] * kw["timestep"].shape[1]
+    return kw
+
+
 def _cogvideox_in(model, gen, v):
     f, s = pick(VID_P2, v)
     # the text length is fixed to max_text_seq_length by the positional embedding
@@ -179,6 +186,11 @@ VIDEO = [
     TinyModel("anyflow", "AnyFlowTransformer3DModel", "video",
               dict({k: v for k, v in _WAN_LIKE.items() if k != "qk_norm"}, rope_max_seq_len=32),
               _anyflow_in, "sdpa=2; cross-attn; Wan-style, per-frame timesteps"),
+    TinyModel("anyflow-far", "AnyFlowFARTransformer3DModel", "video",
+              dict({k: v for k, v in _WAN_LIKE.items() if k != "qk_norm"}, rope_max_seq_len=32,
+                   compressed_patch_size=(1, 4, 4), chunk_partition=(1, 1)),
+              _anyflow_far_in, "sdpa=1; cross-attn; the self-attention is flex attention over a block-causal mask "
+                               "(no SDPA): it stays native; the causal rollout path (no KV cache)"),
     TinyModel("chronoedit", "ChronoEditTransformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32, eps=1e-6, rope_temporal_skip_len=8),
               video_bcfhw_in(4, 16), "sdpa=2; cross-attn; Wan-style"),
