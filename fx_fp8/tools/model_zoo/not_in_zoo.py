@@ -11,7 +11,6 @@ NOT_IN_ZOO = MappingProxyType({
     "Cosmos3OmniTransformer": _NOT_YET,
     "HunyuanDiT2DMultiControlNetModel": "a list of HunyuanDiT2DControlNetModel built from models, not from a "
                                         "config; it calls each net's forward (the zoo's hunyuan-dit-controlnet)",
-    "WanAnimate2Transformer3DModel": _NOT_YET,
     "RFD4ProteinaTransformer": "a protein-structure model (backbone coordinates and latents in, no image, video or "
                                "audio out): outside what fx_fp8 targets",
 })

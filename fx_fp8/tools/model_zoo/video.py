@@ -166,6 +166,18 @@ def _sana_wm_refiner_in(model, gen, v):
                 encoder_attention_mask=torch.ones(1, n))
 
 
+def _wan_animate2_in(model, gen, v):
+    """The reference pass ("extract"): lists of per-sample (C, F, H, W) latents and condition latents, a fresh KV
+    cache that the pass fills (the denoising pass reads it through flex attention)."""
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2KVCache
+
+    (f, s), n = pick(VID_P2, v), pick(TXT, v)
+    return dict(hidden_states=[randn(gen, 4, f, s, s)], timestep=rand_t(gen), encoder_hidden_states=[randn(gen, n, 16)],
+                condition_latents=[randn(gen, 4, f, s, s)], kv_cache=WanAnimate2KVCache(model.config.num_layers),
+                kv_cache_mode="extract", seq_len=f * (s // 2) ** 2,
+                offset_grid_sizes=torch.tensor([[f, s // 2, s // 2]]))
+
+
 #: Wan-style models smaller than the wan family (hidden 24, one layer)
 _WAN_LIKE = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
                  text_dim=16, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
@@ -331,6 +343,12 @@ VIDEO = [
                    inject_face_latents_blocks=1, motion_encoder_batch_size=8),
               _wan_animate_in, "sdpa=3; cross-attn; Wan-style, with a face adapter: per-frame cross-attention to "
                              "motion features of a face video (16x16 here)"),
+    TinyModel("wan-animate2", "WanAnimate2Transformer3DModel", "video",
+              dict(patch_size=(1, 2, 2), text_len=24, in_dim=8, dim=32, ffn_dim=64, freq_dim=32, text_dim=16, out_dim=4,
+                   num_heads=2, num_layers=1, use_img_emb=False),
+              _wan_animate2_in, "sdpa=2; cross-attn; graphs=10; breaks: grid_sizes.tolist() in each rope_apply "
+                              "(per-sample rotary loop); the reference pass (kv_cache_mode=extract): the denoising "
+                              "pass attends through flex attention"),
     TinyModel("wan-vace", "WanVACETransformer3DModel", "video",
               dict(_WAN_LIKE, rope_max_seq_len=32, num_layers=2, vace_layers=[0], vace_in_channels=12),
               video_bcfhw_in(4, 16, control_hidden_states=lambda gen, f, s, n: randn(gen, 1, 12, f, s, s)),
