@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-_NOT_YET = "not built tiny yet: its inputs need a maker no one has written (no known blocker)"
-
 #: diffusers class name -> why the zoo has no tiny model of it
 NOT_IN_ZOO = MappingProxyType({
-    "Cosmos3OmniTransformer": _NOT_YET,
     "HunyuanDiT2DMultiControlNetModel": "a list of HunyuanDiT2DControlNetModel built from models, not from a "
                                         "config; it calls each net's forward (the zoo's hunyuan-dit-controlnet)",
     "RFD4ProteinaTransformer": "a protein-structure model (backbone coordinates and latents in, no image, video or "

@@ -36,6 +36,23 @@ def _consisid_in(model, gen, v):
     return kw
 
 
+def _cosmos3_in(model, gen, v):
+    """One packed sequence: the text prefix (causal, und_len tokens), then one video's (2, 2) patches; mRoPE
+    positions (t, h, w) per token; every frame noisy."""
+    (f, s), n = pick(VID_P2, v), pick(TXT, v)
+    g = s // 2
+    seq = n + f * g * g
+    t, h, w = torch.meshgrid(torch.arange(f), torch.arange(g), torch.arange(g), indexing="ij")
+    pos = torch.zeros(3, seq, dtype=torch.long)
+    pos[:, :n] = torch.arange(n)
+    pos[:, n:] = torch.stack([t.reshape(-1), h.reshape(-1), w.reshape(-1)]) + n
+    return dict(input_ids=torch.randint(0, 100, (n,), generator=gen), text_indexes=torch.arange(n), position_ids=pos,
+                und_len=n, sequence_length=seq, vision_tokens=[randn(gen, 1, 4, f, s, s)],
+                vision_token_shapes=[(f, g, g)], vision_sequence_indexes=torch.arange(n, seq),
+                vision_mse_loss_indexes=torch.arange(n, seq), vision_timesteps=torch.full((seq - n,), 0.5),
+                vision_noisy_frame_indexes=[torch.arange(f)])
+
+
 def _cosmos_in(model, gen, v):
     (f, s), n = pick(VID_P2, v), pick(TXT, v)
     return dict(hidden_states=randn(gen, 1, 4, f, s, s), timestep=rand_t(gen),
@@ -225,6 +242,12 @@ VIDEO = [
                    concat_padding_mask=False,  # True resizes the padding mask with torchvision
                    extra_pos_embed_type="learnable"),
               _cosmos_in, "sdpa=2; cross-attn; mask; concat_padding_mask=False (True needs torchvision)"),
+    TinyModel("cosmos3", "Cosmos3OmniTransformer", "video",
+              dict(head_dim=16, hidden_size=32, intermediate_size=64, latent_channel=4, latent_patch_size=2,
+                   num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=1, patch_latent_dim=16,
+                   vocab_size=100, rope_axes_dim=(4, 2, 2)),
+              _cosmos3_in, "sdpa=2; cross-attn; gqa; Cosmos3 omni: the text prefix attends to itself, the video tokens "
+                         "to text+video (one SDPA each)"),
     TinyModel("easyanimate", "EasyAnimateTransformer3DModel", "video",
               dict(attention_head_dim=16, num_attention_heads=2, in_channels=4, mmdit_layers=1, num_layers=1,
                    out_channels=4, patch_size=2, sample_height=60, sample_width=90, text_embed_dim=16,
