@@ -55,6 +55,16 @@ def test_every_diffusers_transformer_class_is_in_the_zoo_or_listed_with_its_reas
     assert all(reason.strip() for reason in model_zoo.NOT_IN_ZOO.values())
 
 
+def test_the_supported_models_page_has_every_zoo_class_and_each_reason_for_the_others():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "supported_models.md").read_text(encoding="utf-8")
+    rows = {line.split(" | ")[0].strip("| `") for line in page.splitlines() if line.startswith("| `")}
+    assert rows == {e.class_name for e in model_zoo.MODELS.values()}, "regenerate: benchmarks/supported_models.py"
+    for cls, reason in model_zoo.NOT_IN_ZOO.items():
+        assert f"- `{cls}`: {reason}" in page
+
+
 def test_a_second_declaration_is_refused():
     entry = model_zoo.MODELS["dit"]
     twin = TinyModel("dit-again", entry.class_name, entry.kind, entry.config, entry.inputs)
