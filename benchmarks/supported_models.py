@@ -11,9 +11,13 @@ many attention and linear nodes run FP8 and why the others stay native.
     python benchmarks/supported_models.py --out docs/supported_models.md    # write the docs page
     python benchmarks/supported_models.py --out docs/supported_models.md --readme README.md
     python benchmarks/supported_models.py --models flux wan --inputs 1
+    python benchmarks/supported_models.py --merge --models flux3 --out docs/supported_models.md --readme README.md
 
 --readme rewrites only the block between `<!-- supported-models -->` and
 `<!-- /supported-models -->` in the given file. Nothing is written without --out / --readme.
+--merge measures only --models and merges their rows into the existing --out page (the other rows
+stay as they were measured; counts, largest error and the lists under the table are recomputed) and
+the counts of the --readme sentence: for new zoo classes when the whole run (10+ minutes) is too long.
 The weights are random: the errors show that FP8 applies and stays bounded, not the quality of a
 trained checkpoint.
 """
