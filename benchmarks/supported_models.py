@@ -393,6 +393,8 @@ def main(argv=None) -> int:
                    help="measure only --models and merge their rows into the --out page (which must exist) and the "
                         "--readme counts; the other rows stay as they were measured")
     args = p.parse_args(argv)
+    if args.merge and (not args.out or not os.path.isfile(args.out)):
+        raise SystemExit(f"--merge needs --out naming an existing page, got {args.out!r}")  # before measuring
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     import logging
@@ -416,8 +418,6 @@ def main(argv=None) -> int:
             f"seed(s) per model; {time.time() - start:.0f} s in all.")
     command = "python benchmarks/supported_models.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
-        if not args.out or not os.path.isfile(args.out):
-            raise SystemExit(f"--merge needs --out naming an existing page, got {args.out!r}")
         with open(args.out) as f:
             text = merge(f.read(), rows, f"Rows of {', '.join(args.models)} measured "
                          f"{datetime.date.today().isoformat()} the same way ({args.inputs} input seed(s), "
