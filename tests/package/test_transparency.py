@@ -1,6 +1,6 @@
 """The backend computes what the model computes, except the nodes it reports as rewritten.
 
-Across the diffusers zoo (fx_fp8.tools.model_zoo: 52 image, video and audio transformers): with both
+Across the diffusers zoo (fx_fp8.tools.model_zoo: every image, video and audio transformer): with both
 features off the output is bit-identical to Dynamo's own eager backend; with FP8 on it stays
 within 5 % wherever something was rewritten. Plus the graph shapes that broke this once:
 in-place side effects whose results are unused, vmap level markers, and the manager's own check.

@@ -38,10 +38,31 @@ def _quiet(fn, *args, **kwargs):
 
 def test_each_class_and_config_declared_once():
     classes = [e.class_name for e in model_zoo.MODELS.values()]
-    assert len(classes) == len(set(classes)) == len(model_zoo.MODELS) >= 52
+    assert len(classes) == len(set(classes)) == len(model_zoo.MODELS) >= 63
     configs = [(e.class_name, repr(sorted(e.config.items()))) for e in model_zoo.MODELS.values()]
     assert len(configs) == len(set(configs))
     # the thin modules show the registry's objects, not copies
+
+
+def test_every_diffusers_transformer_class_is_in_the_zoo_or_listed_with_its_reason():
+    in_zoo = {e.class_name for e in model_zoo.MODELS.values()}
+    exported = model_zoo.diffusers_transformer_classes()
+    assert len(exported) >= 75 and "LongCatAudioDiTVae" not in exported
+    assert {"MiniMaxH3Transformer3DModel", "Flux3Transformer2DModel", "QwenImage21Transformer2DModel"} <= in_zoo
+    assert [c for c in exported if c not in in_zoo and c not in model_zoo.NOT_IN_ZOO] == []
+    assert not in_zoo & set(model_zoo.NOT_IN_ZOO), "listed both in the zoo and as not in it"
+    assert set(model_zoo.NOT_IN_ZOO) <= set(exported), "a listed class diffusers no longer exports"
+    assert all(reason.strip() for reason in model_zoo.NOT_IN_ZOO.values())
+
+
+def test_the_supported_models_page_has_every_zoo_class_and_each_reason_for_the_others():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "supported_models.md").read_text(encoding="utf-8")
+    rows = {line.split(" | ")[0].strip("| `") for line in page.splitlines() if line.startswith("| `")}
+    assert rows == {e.class_name for e in model_zoo.MODELS.values()}, "regenerate: benchmarks/supported_models.py"
+    for cls, reason in model_zoo.NOT_IN_ZOO.items():
+        assert f"- `{cls}`: {reason}" in page
 
 
 def test_a_second_declaration_is_refused():

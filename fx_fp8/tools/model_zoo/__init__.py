@@ -13,6 +13,7 @@ checkpoints loaded from folders too), and the pipelines they build. Declared in:
     image.py, video.py, audio.py   the other zoo classes (hidden sizes 16-64, 1-2 layers)
     pipelines.py the tiny pipelines (real diffusers pipelines around the families' transformers)
     registry.py  the table (MODELS), lookup by name or alias, building models, inputs, pipelines
+    not_in_zoo.py the diffusers transformer classes the zoo does not build, each with its reason
 
 Two ways to build, one config: ``build(name)`` (the zoo: any entry, zero-initialised output
 layers re-initialised at random so that every layer affects the output, global RNG untouched)

@@ -40,6 +40,8 @@ class TinyModel:
     inputs: Callable[[torch.nn.Module, torch.Generator, int], dict]  # forward kwargs at variant 0..3
     notes: str = ""  # measured facts, see fx_fp8.tools.model_zoo
     family: Optional[Family] = None
+    #: parameters the class leaves as torch.empty (from_pretrained fills them): build() draws them from its seed
+    uninitialised: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -13,6 +13,7 @@ from fx_fp8.tools.model_zoo.families import FAMILY_ENTRIES
 from fx_fp8.tools.model_zoo.image import IMAGE
 from fx_fp8.tools.model_zoo.inputs import VARIANTS, pick
 from fx_fp8.tools.model_zoo.instantiate import config_with_layers, instantiate
+from fx_fp8.tools.model_zoo.not_in_zoo import NOT_IN_ZOO, diffusers_transformer_classes  # noqa: F401  (re-exported)
 from fx_fp8.tools.model_zoo.video import VIDEO
 
 
@@ -119,6 +120,8 @@ def build(name: str, *, seed: int = 0, dtype=torch.float32) -> torch.nn.Module:
                 torch.manual_seed(seed)
                 model = instantiate(entry, dict(entry.config))
                 reinit_zero_layers(model)
+                for pname in entry.uninitialised:
+                    torch.nn.init.normal_(model.get_parameter(pname), std=0.02)
             if dtype != torch.float32:
                 model = _to_dtype(model, dtype)
     finally:
