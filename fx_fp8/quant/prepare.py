@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from fx_fp8 import progress
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.config.patterns import warn_unmatched_patterns
+from fx_fp8.config.patterns import first_match, warn_unmatched_patterns
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.formats import WEIGHT_ONLY
@@ -23,6 +23,7 @@ from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.quant.activation_scales import load_activation_scales
 from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, check_scales_match,
                                         method_scale, smoothed_static_scale, step_scale_table)
+from fx_fp8.quant.keep_fp32 import keep_in_fp32_names, keep_in_fp32_reason
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import WeightRecipe, group_smoothing
@@ -97,9 +98,13 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
         channel = channel_stats(qcfg.activation_scales)
         check_scales_match(channel, [n for n, _ in linears], what="channel_amax entries", one="channel_amax entry")
     plan, hooked = [], []
+    keep_fp32 = keep_in_fp32_names(model)  # transformers' list (T5's `wo` casts its input to its weight's dtype)
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         kind, reason = linear_plan(name, module.in_features, module.out_features, module.weight.dtype, qcfg,
                                    sensitive.get(name))
+        why_fp32 = keep_in_fp32_reason(keep_fp32, name, type(model).__name__)
+        if why_fp32 is not None and first_match(qcfg.ignored_layers, name) is None:
+            kind, reason = "native", why_fp32
         if kind == "quantized":
             if scales is not None and name not in scales:
                 kind, reason = "native", "no static activation scale for this layer (recalibrate)"

@@ -1,0 +1,48 @@
+"""Tiny random `transformers` text encoders built from configs (offline): what diffusers
+pipelines load as text_encoder / text_encoder_2 (CLIP, T5), for component-scoped configs.
+
+Sizes are multiples of 16 and at least min_features (32), so every block linear is eligible.
+"""
+from __future__ import annotations
+
+import torch
+
+VOCAB = 128
+#: prompt length of the example inputs
+TOKENS = 16
+
+
+def tiny_t5(seed: int = 0, *, d_model: int = 64):
+    """T5EncoderModel (Flux's / SD3's text_encoder_2 / _3): `wo` in _keep_in_fp32_modules."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.T5Config(vocab_size=VOCAB, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=2,
+                      num_heads=4, feed_forward_proj="gated-gelu")
+    return tf.T5EncoderModel(cfg).eval()
+
+
+def tiny_clip(seed: int = 0, *, hidden: int = 64):
+    """CLIPTextModelWithProjection (SD3's text_encoder / _2): a final `text_projection`."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tf.CLIPTextConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                            num_attention_heads=4, projection_dim=hidden, max_position_embeddings=32,
+                            bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    return tf.CLIPTextModelWithProjection(cfg).eval()
+
+
+TEXT_ENCODERS = {"t5": tiny_t5, "clip": tiny_clip}
+
+
+def token_ids(seed: int = 1, batch: int = 1) -> torch.Tensor:
+    return torch.randint(2, VOCAB, (batch, TOKENS), generator=torch.Generator().manual_seed(seed))
+
+
+def prompt_embeddings(encoder, ids: torch.Tensor) -> dict:
+    """What a pipeline takes from the encoder: {"last_hidden_state"} (T5, CLIP's per-token
+    embeddings) and, for CLIP, {"text_embeds"} (the pooled embedding through text_projection)."""
+    out = encoder(ids)
+    found = {k: out[k] for k in ("last_hidden_state", "text_embeds") if k in out}
+    return {k: v.detach() for k, v in found.items()}
