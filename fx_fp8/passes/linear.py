@@ -54,6 +54,7 @@ from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass, NotReusable
 from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
                                         smoothed_static_scale, step_scale_table)
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, group_smoothing
+from fx_fp8.quant.keep_fp32 import model_keep_reason
 from fx_fp8.quant.rules import linear_native_reason, linear_plan, sensitive_reason
 from fx_fp8.quant.weight_feeds import Feed
 from fx_fp8.report import dims_of
@@ -212,7 +213,8 @@ class FP8LinearPass(FXPass):
                 if w is not None and w.dim() == 2 else None)
         real = real_tensor(args["weight"], fc.gm, fc.example_inputs, fc.placeholders) is not None
         scaled = fc.static_scales is None or module in fc.static_scales
-        return ("linear", first_match(qcfg.ignored_layers, module), plan, real, scaled)
+        keep = model_keep_reason(fc.resolver.model() if fc.resolver is not None else None, module)
+        return ("linear", first_match(qcfg.ignored_layers, module), plan, real, scaled, keep)
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         weights = self.ctx.report.weights
@@ -313,6 +315,9 @@ class FP8LinearPass(FXPass):
         if w.dim() != 2:
             return f"weight of rank {w.dim()}"
         reason = linear_native_reason(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, self.sensitive.get(node))
+        if reason is not None:
+            return reason
+        reason = model_keep_reason(self.ctx.resolver.model(), module)  # as prepare_model keeps it (T5's wo)
         if reason is not None:
             return reason
         if x.dtype not in FLOAT_DTYPES:

@@ -50,3 +50,15 @@ def test_clip_text_projection_weight_only_and_backend_runs_prepared():
         assert _rel(out[key], ref[key]) < MAX_REL_ERROR, key
     rows = [r for rep in fx_fp8.get_reports(compiled) for r in rep.entries if r.op == "linear"]
     assert rows and all(r.action != "native" for r in rows)
+
+
+def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
+    model, ids = tiny_t5(), token_ids()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(model, backend="fp8", options={"config": {"quantization": "fp8"}})
+        prompt_embeddings(compiled, ids)
+    rows = {r.module: r for rep in fx_fp8.get_reports(compiled) for r in rep.entries if r.op == "linear"}
+    wo = [m for m in rows if m.endswith("DenseReluDense.wo")]
+    assert len(wo) == 2 and all(rows[m].action == "native" and "_keep_in_fp32_modules" in rows[m].reason for m in wo)
+    assert rows["encoder.block.0.layer.1.DenseReluDense.wi_0"].action != "native"
