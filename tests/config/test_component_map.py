@@ -51,3 +51,10 @@ def test_bad_specs_name_the_value(spec, message):
 def test_map_in_config_and_quantization_override_refused():
     with pytest.raises(ValueError, match="both set quantization"):
         ComponentConfigs.split({"quantization": {"text_encoder": "fp8"}}, {"quantization": "fp8"})
+
+
+def test_a_model_config_given_a_component_map_points_to_compile_pipeline():
+    from fx_fp8.config.fp8_config import FP8Config
+
+    with pytest.raises(ValueError, match=r"maps pipeline components .* fx_fp8.compile_pipeline reads it"):
+        FP8Config.load({"quantization": {"text_encoder": "fp8"}})

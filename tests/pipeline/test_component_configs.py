@@ -53,3 +53,17 @@ def test_unknown_or_non_module_component_is_refused_unchanged(name, message):
         fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", name: "fp8"})
     assert dict(pipe.components) == before and not any(
         isinstance(m, QuantizedLinear) for m in pipe.text_encoder_2.modules())
+
+
+def test_keep_weights_puts_the_text_encoder_linears_back():
+    pipe, _ = _flux_with_encoders()
+    clip = pipe.text_encoder
+    q = clip.text_model.encoder.layers[0].self_attn.q_proj
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx_fp8.compile_pipeline(pipe, quantization={"text_encoder": "fp8"}, keep_weights=True)
+    assert isinstance(clip.text_model.encoder.layers[0].self_attn.q_proj, QuantizedLinear)
+    assert "transformer" in fx_fp8.pipeline_state(pipe).compiled   # its attention, native linears (not named)
+    fx_fp8.restore_pipeline(pipe)
+    assert pipe.text_encoder is clip and type(clip.text_model.encoder.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert torch.equal(clip.text_model.encoder.layers[0].self_attn.q_proj.weight, q.weight)

@@ -12,23 +12,23 @@ VOCAB = 128
 TOKENS = 16
 
 
-def tiny_t5(seed: int = 0, *, d_model: int = 64):
+def tiny_t5(seed: int = 0, *, d_model: int = 64, layers: int = 2):
     """T5EncoderModel (Flux's / SD3's text_encoder_2 / _3): `wo` in _keep_in_fp32_modules."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = tf.T5Config(vocab_size=VOCAB, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=2,
+    cfg = tf.T5Config(vocab_size=VOCAB, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=layers,
                       num_heads=4, feed_forward_proj="gated-gelu")
     return tf.T5EncoderModel(cfg).eval()
 
 
-def tiny_clip(seed: int = 0, *, hidden: int = 64):
+def tiny_clip(seed: int = 0, *, hidden: int = 64, layers: int = 2, positions: int = 32):
     """CLIPTextModelWithProjection (SD3's text_encoder / _2): a final `text_projection`."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = tf.CLIPTextConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                            num_attention_heads=4, projection_dim=hidden, max_position_embeddings=32,
+    cfg = tf.CLIPTextConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, projection_dim=hidden, max_position_embeddings=positions,
                             bos_token_id=0, eos_token_id=1, pad_token_id=1)
     return tf.CLIPTextModelWithProjection(cfg).eval()
 
@@ -36,8 +36,8 @@ def tiny_clip(seed: int = 0, *, hidden: int = 64):
 TEXT_ENCODERS = {"t5": tiny_t5, "clip": tiny_clip}
 
 
-def token_ids(seed: int = 1, batch: int = 1) -> torch.Tensor:
-    return torch.randint(2, VOCAB, (batch, TOKENS), generator=torch.Generator().manual_seed(seed))
+def token_ids(seed: int = 1, batch: int = 1, tokens: int = TOKENS, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randint(2, vocab, (batch, tokens), generator=torch.Generator().manual_seed(seed))
 
 
 def prompt_embeddings(encoder, ids: torch.Tensor) -> dict:
