@@ -1,8 +1,9 @@
 """Text encoders with FP8 / INT8 linears: weight bytes before / after prepare_model and the
 prompt-embedding error against the native encoder (CPU reference lowering).
 
-Builds random T5 (T5EncoderModel: Flux's / SD3's / Wan's text encoder) and CLIP
-(CLIPTextModelWithProjection) encoders from configs (fx_fp8.tools.model_zoo.text_encoders), in
+Builds random T5 (T5EncoderModel: Flux's / SD3's / Wan's text encoder), CLIP
+(CLIPTextModelWithProjection) and Qwen2.5-VL (Qwen-Image's; its one-block vision tower and lm_head
+are quantized too, neither runs for a prompt) encoders from configs (fx_fp8.tools.model_zoo.text_encoders), in
 --dtype, runs native, then prepare_model with the default rules (CLIP's text_projection weight-only,
 T5's `wo` native: transformers' _keep_in_fp32_modules) and runs again. "weights" is every tensor
 reachable from the model (fx_fp8.reachable_tensor_bytes); "linears" the quantized ones only.
@@ -23,7 +24,7 @@ import warnings
 import torch
 
 import fx_fp8
-from fx_fp8.tools.model_zoo.text_encoders import prompt_embeddings, tiny_clip, tiny_t5, token_ids
+from fx_fp8.tools.model_zoo.text_encoders import prompt_embeddings, tiny_clip, tiny_qwen25_vl, tiny_t5, token_ids
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 HEADERS = ("encoder", "method", "linears quantized (weight-only)", "native: why", "linears MiB before -> after",
@@ -68,7 +69,9 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     encoders = {"T5EncoderModel": (lambda: tiny_t5(d_model=args.width, layers=args.layers), 128),
                 "CLIPTextModelWithProjection": (lambda: tiny_clip(hidden=args.width, layers=args.layers,
-                                                                  positions=77), 77)}
+                                                                  positions=77), 77),
+                "Qwen2_5_VLForConditionalGeneration": (lambda: tiny_qwen25_vl(hidden=args.width, layers=args.layers),
+                                                       128)}
     rows = []
     for name, (build, tokens) in encoders.items():
         for method in ("fp8", "int8"):
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
     table = tabulate(rows, headers=HEADERS, tablefmt="github")
     import transformers
 
-    head = (f"width {args.width}, {args.layers} layers, {args.dtype}, random weights, vocabulary 128; T5 128 tokens, "
+    head = (f"width {args.width}, {args.layers} layers, {args.dtype}, random weights, vocabulary 128; T5 and Qwen2.5-VL 128 tokens, "
             f"CLIP 77; default rules (sensitive: weight_only). Machine: {platform.machine()} ({os.cpu_count()} CPUs), "
             f"{platform.system()}; torch {torch.__version__}, transformers {transformers.__version__}, "
             f"Python {platform.python_version()}")

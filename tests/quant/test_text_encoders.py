@@ -1,4 +1,4 @@
-"""FP8 / INT8 linears for text encoders (tiny T5 and CLIP `transformers` models built from configs)
+"""FP8 / INT8 linears for text encoders (tiny T5, CLIP and Qwen2.5-VL `transformers` models built from configs)
 through prepare_model and the backend: the model's `_keep_in_fp32_modules` layers (T5's `wo`, whose
 input is cast to its weight's dtype) stay native with a reason naming it, CLIP's final
 `text_projection` is kept as the DiT rules keep a final projection (weight-only), and the prompt
@@ -12,7 +12,7 @@ import torch
 
 import fx_fp8
 from fx_fp8.quant.quantized_linear import QuantizedLinear
-from fx_fp8.tools.model_zoo.text_encoders import prompt_embeddings, tiny_clip, tiny_t5, token_ids
+from fx_fp8.tools.model_zoo.text_encoders import prompt_embeddings, tiny_clip, tiny_qwen25_vl, tiny_t5, token_ids
 
 #: measured 3-6% (FP8) on these random tiny encoders (benchmarks/text_encoders.py); a wrong layer gives > 50%
 MAX_REL_ERROR = 0.12
@@ -62,3 +62,15 @@ def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
     wo = [m for m in rows if m.endswith("DenseReluDense.wo")]
     assert len(wo) == 2 and all(rows[m].action == "native" and "_keep_in_fp32_modules" in rows[m].reason for m in wo)
     assert rows["encoder.block.0.layer.1.DenseReluDense.wi_0"].action != "native"
+
+
+def test_qwen25_vl_text_encoder_prepared_and_compiled():
+    model, ids = tiny_qwen25_vl(), token_ids()
+    ref = prompt_embeddings(model, ids)["hidden_states[-1]"]
+    result = fx_fp8.prepare_model(model, quantization="fp8")
+    assert "model.language_model.layers.0.mlp.down_proj" in result["quantized"] and not result["native"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(model, backend="fp8", options={"config": {"quantization": "fp8"}})
+        out = prompt_embeddings(compiled, ids)["hidden_states[-1]"]
+    assert _rel(out, ref) < MAX_REL_ERROR
