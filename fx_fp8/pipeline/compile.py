@@ -9,7 +9,8 @@ optionally prepared (`prepare_model`: FP8 weights, the originals freed) and repl
 `torch.compile(t, backend="fp8", options={"config": cfg})`; the pipeline publishes its denoising
 step (step_publishing.py) so `diffusion_kv_cache_skip_steps` works. A pipeline with no scheduler
 `step` to hook is refused at compile time. Inside `callback_on_step_end(pipe, i, t, kwargs)`,
-`fx_fp8.current_step()` is already i + 1 (the step about to run).
+`fx_fp8.current_step()` is already i + 1 (the step about to run). A `quantization` map of
+components (fx_fp8/config/components.py) also prepares and compiles the text encoders it names.
 """
 from __future__ import annotations
 
@@ -220,7 +221,8 @@ def _other_components(pipe, scoped: ComponentConfigs) -> dict:
     for name in scoped.named:
         if name in TRANSFORMER_ATTRS and getattr(pipe, name, None) is not None:
             continue
-        if name not in known and not (not known and hasattr(pipe, name)):
+        listed = name in known if known else hasattr(pipe, name)  # `components` (diffusers), else attributes
+        if not listed:
             raise ValueError(f"quantization names component {name!r}, which {type(pipe).__name__} does not have; its "
                              f"components: {', '.join(known) or '(none listed)'}")
         module = getattr(pipe, name, None)
