@@ -156,6 +156,11 @@ class FP8Config:
                                  "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
             if key not in TOP_KEYS:
                 raise ValueError(f"unknown config key {short_repr(key)}{did_you_mean(key, TOP_KEYS + tuple(LEGACY_KEYS))}")
+        quantization = data.get("quantization")
+        if isinstance(quantization, Mapping) and not {"method", "quant_method"} & set(quantization):
+            raise ValueError(f"quantization {short_repr(dict(quantization))} maps pipeline components (vLLM-Omni's "
+                             "component map): fx_fp8.compile_pipeline reads it; one model takes a method ('fp8', "
+                             "'int8') or None")
         shortcuts = pop_step_shortcuts(data)
         if "ignored_layers" in data and not clean_patterns(data["ignored_layers"]):
             del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in

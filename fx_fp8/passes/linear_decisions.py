@@ -20,6 +20,7 @@ from fx_fp8.graph.shapes import shape_str
 from fx_fp8.ops import tune_table
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.passes.base import WEIGHT_ORIGIN, NotReusable
+from fx_fp8.quant.keep_fp32 import model_keep_reason
 from fx_fp8.quant.linear_plan import QUANTIZATION_OFF, LinearPlan, native, plan_linear
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe, recipe
 from fx_fp8.quant.rules import sensitive_reason
@@ -153,7 +154,8 @@ class LinearDecisions:
         plan = (plan_linear(module, w.shape[1], w.shape[0], w.dtype, qcfg, sensitive=fc.sensitive.get(node.name),
                             enabled=on, calibration=fc.calibration)
                 if w is not None and w.dim() == 2 else None)
-        return ("linear", first_match(qcfg.ignored_layers, module), plan and (plan.kind, plan.reason), real)
+        keep = model_keep_reason(fc.resolver.model() if fc.resolver is not None else None, module)
+        return ("linear", first_match(qcfg.ignored_layers, module), plan and (plan.kind, plan.reason), real, keep)
 
     def decide(self, gm, node) -> Optional[Linear]:
         args = call_args(node, ["input", "weight", "bias"], {"bias": None})
@@ -192,8 +194,13 @@ class LinearDecisions:
             return native("input/weight shapes unknown at compile time")
         if w.dim() != 2:
             return native(f"weight of rank {w.dim()}")
+        # a transformers model's _keep_in_fp32_modules (T5's wo casts its input to its weight's dtype): native,
+        # as prepare_model keeps it (a compile-time FP8 copy would disagree with the prepared model)
+        keep = model_keep_reason(self.inputs.resolver.model() if self.inputs.resolver is not None else None, module)
         graph_reason = None
-        if x.dtype not in FLOAT_DTYPES:
+        if keep is not None:
+            graph_reason = keep
+        elif x.dtype not in FLOAT_DTYPES:
             graph_reason = f"input dtype {x.dtype} not supported"
         elif real_w is None:
             graph_reason = "weight is computed inside the graph (not a parameter), cannot pre-quantize"

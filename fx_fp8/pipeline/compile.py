@@ -9,7 +9,8 @@ optionally prepared (`prepare_model`: FP8 weights, the originals freed) and repl
 `torch.compile(t, backend="fp8", options={"config": cfg})`; the pipeline publishes its denoising
 step (step_publishing.py) so `diffusion_kv_cache_skip_steps` works. A pipeline with no scheduler
 `step` to hook is refused at compile time. Inside `callback_on_step_end(pipe, i, t, kwargs)`,
-`fx_fp8.current_step()` is already i + 1 (the step about to run).
+`fx_fp8.current_step()` is already i + 1 (the step about to run). A `quantization` map of
+components (fx_fp8/config/components.py) also prepares and compiles the text encoders it names.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch.nn as nn
 
 from fx_fp8.compile.backend import MODES
 from fx_fp8.compile.downstream import check_downstream_takes, check_inductor_options
+from fx_fp8.config.components import ComponentConfigs
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import short_repr
 from fx_fp8.graph.dynamo_internals import is_compiled_module
@@ -47,7 +49,12 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
 
     config: an FP8Config, a mapping, a YAML path (flat or vLLM-Omni stage config) or None
-      (both FP8 attention and FP8 linears); `overrides` are config keys applied on top.
+      (both FP8 attention and FP8 linears); `overrides` are config keys applied on top. It
+      applies to the denoising transformers; a `quantization` mapping of components
+      ({"transformer": "fp8", "text_encoder": {"method": "int8"}, "text_encoder_2": None},
+      vLLM-Omni's component map, fx_fp8/config/components.py) scopes the linears by component:
+      the other components named (text encoders, ...) get their linears quantized (prepared and
+      compiled with the same backend, attention native).
     backend: "fp8" (lowering from the tensors' device) or "fp8_npu".
     prepare: fx_fp8.prepare_model each transformer on its first call, with that call's inputs
       (so the sensitive layers are found by the graph's structure, as the backend finds them;
@@ -83,16 +90,19 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     if getattr(pipe, STATE_ATTR, None) is not None:
         raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
                          "call fx_fp8.restore_pipeline(pipe) first")
-    cfg = FP8Config.load(config, **overrides)
+    scoped = ComponentConfigs.split(config, overrides)
+    transformers = _find_transformers(pipe)
+    configs = {attr: scoped.transformer_config(attr) for attr in transformers}
+    others = _other_components(pipe, scoped)   # {name: (module, config)}: text encoders, ...
+    cfg = next(iter(configs.values()))
     # pipeline options (context parallelism, cache hooks) read from the same config (options.py)
     popts = PipelineOptions.load(config, parallel_config=parallel_config, cache_backend=cache_backend,
                                  cache_config=cache_config)
-    transformers = _find_transformers(pipe)
     # a transformer quantized at load compiles as it was loaded: its stored config, never prepared again
-    loaded = _loaded_configs(transformers, config, overrides)
-    if prepare and cfg.linear_enabled:
-        for attr, module in transformers.items():
-            if attr in loaded:
+    loaded = _loaded_configs(transformers, scoped, configs)
+    if prepare:
+        for attr, module in {**transformers, **{n: m for n, (m, _) in others.items()}}.items():
+            if attr in loaded or not {**configs, **{n: c for n, (_, c) in others.items()}}[attr].linear_enabled:
                 continue
             try:
                 check_not_prepared(module, "compile_pipeline(prepare=True) cannot prepare it again",
@@ -122,15 +132,17 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     state = PipelineFP8State(config=cfg, backend=backend, originals=dict(transformers), compiled={}, prepared={},
                              kept_linears={}, base_class=type(pipe))
     shared_options = options
+    _compile_others(state, others, backend, shared_options, compile_kwargs, prepare, keep_weights)
     for attr, module in transformers.items():
-        options = {**shared_options, "config": loaded[attr]} if attr in loaded else shared_options
+        cfg = configs[attr]
+        options = {**shared_options, "config": loaded[attr] if attr in loaded else cfg}
         if regional:
             module.compile_repeated_blocks(backend=backend, options=options, **compile_kwargs)
             compiled = module
         else:
             compiled = torch.compile(module, backend=backend, options=options, **compile_kwargs)
 
-        def setup(example_inputs, attr=attr, module=module, options=options):
+        def setup(example_inputs, attr=attr, module=module, options=options, cfg=cfg):
             """prepare, then cache hooks, then context parallelism, then regions (apply_options.py):
             preparing after the parallel hooks would drop diffusers' gather hook on proj_out."""
             if attr in state.extras:
@@ -165,16 +177,20 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     return pipe
 
 
-def _loaded_configs(transformers: dict, config, overrides: dict) -> dict:
+def _loaded_configs(transformers: dict, scoped: ComponentConfigs, configs: dict) -> dict:
     """{attr: the config to compile it with} for the transformers quantized at load (their stored
-    config; an option contradicting it raises StoredConfigConflict naming the transformer and both values)."""
+    config; an option contradicting it raises StoredConfigConflict naming the transformer and both values).
+    A component map's spec for the transformer (or its default) counts as an option."""
     out = {}
     for attr, module in transformers.items():
         stored = stored_config(module)
         if stored is None:
             continue
         try:
-            out[attr] = settle(stored, config, **overrides)
+            if scoped.specs is not None and (attr in scoped.specs or scoped.default is not None):
+                out[attr] = settle(stored, configs[attr])
+            else:
+                out[attr] = settle(stored, scoped.base, **scoped.overrides)
         except StoredConfigConflict as e:
             raise StoredConfigConflict(f"pipe.{attr}: {e}") from None
     return out
@@ -193,6 +209,47 @@ def _find_transformers(pipe) -> dict:
         if not isinstance(m, nn.Module):
             raise ValueError(f"pipe.{a} is a {type(m).__name__}, not a torch.nn.Module")
     return found
+
+
+def _other_components(pipe, scoped: ComponentConfigs) -> dict:
+    """{name: (module, config)} of the components a component map names that are not denoising
+    transformers; a ValueError naming an unknown component (and the pipeline's), or one that is
+    not a torch module, before anything changes."""
+    out = {}
+    components = getattr(pipe, "components", None)
+    known = list(components) if isinstance(components, dict) else []
+    for name in scoped.named:
+        if name in TRANSFORMER_ATTRS and getattr(pipe, name, None) is not None:
+            continue
+        listed = name in known if known else hasattr(pipe, name)  # `components` (diffusers), else attributes
+        if not listed:
+            raise ValueError(f"quantization names component {name!r}, which {type(pipe).__name__} does not have; its "
+                             f"components: {', '.join(known) or '(none listed)'}")
+        module = getattr(pipe, name, None)
+        if not isinstance(module, nn.Module):
+            raise ValueError(f"quantization names component {name!r}, but pipe.{name} is "
+                             f"{'None (not loaded)' if module is None else 'a ' + type(module).__name__}, not a "
+                             "torch.nn.Module: only model components have linears to quantize")
+        if is_compiled_module(module):
+            raise ValueError(f"pipe.{name} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
+        if scoped.specs[name] is not None:
+            out[name] = (module, scoped.component_config(name))
+    return out
+
+
+def _compile_others(state: PipelineFP8State, others: dict, backend: str, options: dict, compile_kwargs: dict,
+                    prepare: bool, keep_weights: bool) -> None:
+    """Text encoders and the other components a component map names: prepared by name (they run
+    once per prompt, outside the denoising loop), then compiled with the pipeline's backend."""
+    for name, (module, cfg) in others.items():
+        state.originals[name] = module
+        if prepare and cfg.linear_enabled:
+            linears = dict(module.named_modules()) if keep_weights else {}
+            state.prepared[name] = prepare_model(module, cfg)
+            if keep_weights:
+                state.kept_linears[name] = {n: linears[n].to("cpu") for n in state.prepared[name]["quantized"]}
+        state.compiled[name] = torch.compile(module, backend=backend, options={**options, "config": cfg},
+                                             **compile_kwargs)
 
 
 def _check_regional(transformers: dict, popts) -> None:

@@ -48,7 +48,7 @@ class PipelineFP8State:
 
     config: FP8Config
     backend: str
-    originals: dict                     # attr -> the transformer before compilation
+    originals: dict                     # attr -> the transformer (or a component map's text encoder, ...) before compilation
     compiled: dict                      # attr -> the torch.compile'd module put on the pipeline
     prepared: dict                      # attr -> prepare_model's result (or None)
     kept_linears: dict                  # attr -> {linear name: original nn.Linear} (keep_weights=True)

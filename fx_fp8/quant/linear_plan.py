@@ -147,8 +147,9 @@ def plan_linear(name: str, in_features: int, out_features: int, dtype, qcfg, *, 
     """The plan of the linear `name` ([out_features, in_features] weight of `dtype`) under `qcfg`.
 
     `sensitive`: the structural reason the graph found (else the name patterns decide);
-    `graph_reason`: why the graph cannot give this linear what a quantized one needs (its input
-    dtype, a weight that is no graph input), None when it can; `calibration`: checked to hold
+    `graph_reason`: why the graph or the model cannot give this linear what a quantized one needs
+    (its input dtype, a weight that is no graph input, a transformers model's _keep_in_fp32_modules:
+    fx_fp8/quant/keep_fp32.py), None when they can; `calibration`: checked to hold
     this layer (static scales, channel maxima), and the source of its static scale; `lowering`:
     the lowering that runs it (weight-only storage follows it); `values` ((x, w) fake values):
     the lowering is asked whether it runs them (about `lowering_config`, default `qcfg`), and

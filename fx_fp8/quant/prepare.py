@@ -19,6 +19,7 @@ from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.graph.sensitive import sensitive_linear_names
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
+from fx_fp8.quant.keep_fp32 import keep_in_fp32_names, keep_in_fp32_reason
 from fx_fp8.quant.linear_plan import Calibration, plan_linear
 from fx_fp8.quant.linear_scales import check_scales_match, smoothed_static_scale
 from fx_fp8.quant.module_swap import replace_module
@@ -90,7 +91,7 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     # quantized outside inference_mode: a model prepared inside it holds normal tensors, whose writes
     # (load_state_dict) the version counter sees, as one prepared outside it
     with torch.inference_mode(False):
-        plan, hooked = _plan_layers(cfg, linears, sensitive, calibration, result)
+        plan, hooked = _plan_layers(model, cfg, linears, sensitive, calibration, result)
         for name, _, new in plan:  # its bytes' fingerprint and digest: what can still fail on the tensors
             new.accept_weight(name)
     _install(model, plan, hooked, result)  # every check passed and every weight is quantized and accepted
@@ -98,16 +99,18 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     return result
 
 
-def _plan_layers(cfg: FP8Config, linears: list, sensitive: dict, calibration: Calibration,
+def _plan_layers(model: nn.Module, cfg: FP8Config, linears: list, sensitive: dict, calibration: Calibration,
                  result: dict) -> tuple[list, list]:
     """[(name, linear, its QuantizedLinear)] and the hooked linears left as they are; fills
     result["native"] / ["hooked"]. Reads the model, changes nothing in it."""
     qcfg = cfg.quantization_config
     plan, hooked = [], []
+    keep_fp32 = keep_in_fp32_names(model)  # transformers' list (T5's `wo` casts its input to its weight's dtype)
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         w = module.weight
         layer = plan_linear(name, module.in_features, module.out_features, w.dtype, qcfg,
                             sensitive=sensitive.get(name), calibration=calibration,
+                            graph_reason=keep_in_fp32_reason(keep_fp32, name, type(model).__name__),
                             lowering=get_lowering(resolve_lowering_name(cfg.lowering, w.device)))
         if layer.native:
             result["native"][name] = layer.reason

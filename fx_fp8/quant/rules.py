@@ -41,6 +41,8 @@ SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
     "re:(.*\\.)?norm[^.]*\\.linear", "img_mod", "txt_mod", "adaLN_modulation",
     # final projection / final layer
     "re:proj_out", "re:norm_out(\\..*)?", "all_final_layer", "re:head\\.head",
+    # text encoders' final projection (transformers' CLIPTextModelWithProjection)
+    "re:text_projection",
 )
 
 

@@ -114,6 +114,10 @@ class Resolver:
         self._model = weakref.ref(model) if isinstance(model, torch.nn.Module) else None  # compiled graphs outlive models
         self.orphans: dict[int, WeightState] = {}
 
+    def model(self):
+        """The instance's model, or None (gone, or none given)."""
+        return self._model() if self._model is not None else None
+
     def owner(self, weight):
         if not isinstance(weight, torch.Tensor):
             return None

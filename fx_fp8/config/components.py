@@ -1,0 +1,120 @@
+"""Component-scoped configuration, as vLLM-Omni's `ComponentQuantizationConfig`.
+
+A `quantization` value that is a mapping of pipeline components (no `method` key) scopes the
+linears' quantization by component, with vLLM-Omni's spelling (vllm_omni/quantization/factory.py):
+
+    quantization:
+      transformer: fp8                 # a method name,
+      text_encoder: {method: int8}     # a quantization_config mapping (`quant_method` accepted),
+      text_encoder_2: null             # or null: left as it is
+      default: fp8                     # the denoising transformers not named (vLLM-Omni: unmatched prefixes)
+
+A plain config (a method, or no `quantization` key) means the denoising transformers, as
+before. In a component map a denoising transformer that is neither named nor covered by
+`default` keeps native linears (vLLM-Omni's default is none); its attention follows the
+config's other keys. The other components (text encoders, ...) get their linears only: FP8
+attention is a denoising transformer's. compile_pipeline reads the map (fx_fp8/pipeline/compile.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from fx_fp8.config.files import config_keys, read_config_file
+from fx_fp8.config.fp8_config import FP8Config
+from fx_fp8.config.values import short_repr
+
+#: the component-map key vLLM-Omni reads for the unnamed components
+DEFAULT_COMPONENT = "default"
+#: vLLM-Omni's two spellings of a spec's method
+METHOD_KEYS = ("method", "quant_method")
+
+
+def is_component_map(value) -> bool:
+    """A `quantization` value that maps components to specs (vLLM-Omni: a mapping without a method key)."""
+    return isinstance(value, Mapping) and not any(k in value for k in METHOD_KEYS)
+
+
+@dataclass(frozen=True)
+class ComponentConfigs:
+    """A config split into its component map (None: a plain config) and the rest."""
+
+    base: Any                       # the config without the map (what FP8Config.load takes)
+    overrides: dict
+    specs: Optional[dict] = None    # {component: None | {"quantization": m, "quantization_config": {...}}}
+    default: Optional[dict] = field(default=None)
+
+    @classmethod
+    def split(cls, config, overrides: Mapping) -> "ComponentConfigs":
+        overrides = dict(overrides)
+        if is_component_map(overrides.get("quantization")):
+            return cls(config, overrides, *_specs(overrides.pop("quantization"), "quantization="))
+        data = config
+        if isinstance(config, (str, os.PathLike)):
+            data = config_keys(read_config_file(config), os.fspath(config), warn=False)
+        elif isinstance(config, Mapping):
+            data = config_keys(config, "config", warn=False)
+        if isinstance(data, Mapping) and is_component_map(data.get("quantization")):
+            if "quantization" in overrides:
+                raise ValueError(f"quantization={short_repr(overrides['quantization'])} and the config's component map "
+                                 f"{short_repr(dict(data['quantization']))} both set quantization: give one")
+            rest = {k: v for k, v in data.items() if k != "quantization"}
+            return cls(rest, overrides, *_specs(data["quantization"], "quantization"))
+        return cls(config, overrides)
+
+    @property
+    def named(self) -> list:
+        """The components the map names ("default" aside)."""
+        return [c for c in (self.specs or {}) if c != DEFAULT_COMPONENT]
+
+    def transformer_config(self, attr: str) -> FP8Config:
+        """The config of the denoising transformer `attr`: the plain config, or with a map its spec
+        (else `default`, else native linears) over the config's other keys."""
+        base = FP8Config.load(self.base, **self.overrides)
+        if self.specs is None:
+            return base
+        spec = self.specs[attr] if attr in self.specs else self.default
+        return base.replace(**(spec or {"quantization": None}))
+
+    def component_config(self, name: str) -> FP8Config:
+        """The config of a component that is not a denoising transformer: its spec's linears, no
+        FP8 attention, the base's lowering and downstream."""
+        base = FP8Config.load(self.base, **self.overrides)
+        spec = self.specs[name] or {"quantization": None}
+        return FP8Config.from_kwargs(diffusion_kv_cache_dtype=None, lowering=base.lowering,
+                                     downstream=base.downstream, **spec)
+
+
+def _specs(mapping: Mapping, where: str) -> tuple[dict, Optional[dict]]:
+    specs = {}
+    for component, value in mapping.items():
+        if not isinstance(component, str) or not component:
+            raise ValueError(f"invalid component {short_repr(component)} in {where}: expected a pipeline component "
+                             "name such as 'transformer' or 'text_encoder'")
+        specs[component] = _spec(value, f"{where}.{component}")
+    if not [c for c in specs if c != DEFAULT_COMPONENT]:
+        raise ValueError(f"{where} {short_repr(dict(mapping))} names no component: map components such as "
+                         "'transformer' or 'text_encoder' to a method")
+    return specs, specs.pop(DEFAULT_COMPONENT, None)
+
+
+def _spec(value, where: str) -> Optional[dict]:
+    """One component's value as FP8 keys: None (left as it is), a method, or a quantization_config mapping."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return {"quantization": value}
+    if isinstance(value, Mapping):
+        qc = dict(value)
+        method, quant_method = qc.pop("method", None), qc.pop("quant_method", None)
+        if method is not None and quant_method is not None and method != quant_method:
+            raise ValueError(f"{where}: method {short_repr(method)} and quant_method {short_repr(quant_method)} disagree "
+                             "(they are one key): give one")
+        method = method if method is not None else quant_method
+        if method is None:
+            raise ValueError(f"{where} {short_repr(dict(value))} has no method: give method: fp8 or int8 (or null to "
+                             "leave the component as it is)")
+        return {"quantization": method, "quantization_config": {**qc, "method": method}}
+    raise ValueError(f"invalid {where} {short_repr(value)}: expected a method ('fp8', 'int8'), a quantization_config "
+                     "mapping with a method, or null")

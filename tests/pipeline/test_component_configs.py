@@ -1,0 +1,69 @@
+"""compile_pipeline with a component map (vLLM-Omni's `quantization: {transformer: ..., text_encoder: ...}`):
+the text encoders it names are prepared and compiled, the others left alone; an unknown component or
+one that is not a torch module is refused by name before anything changes; restore_pipeline puts them back."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fx_fp8
+from fx_fp8.quant.quantized_linear import QuantizedLinear
+from fx_fp8.tools.model_zoo.pipelines import tiny_flux
+from fx_fp8.tools.model_zoo.text_encoders import prompt_embeddings, tiny_clip, tiny_t5, token_ids
+
+
+def _flux_with_encoders():
+    pipe, kwargs = tiny_flux()
+    pipe.register_modules(text_encoder=tiny_clip(), text_encoder_2=tiny_t5())
+    return pipe, kwargs
+
+
+def test_map_prepares_and_compiles_the_named_text_encoders():
+    pipe, _ = _flux_with_encoders()
+    clip, t5, ids = pipe.text_encoder, pipe.text_encoder_2, token_ids()
+    ref = prompt_embeddings(t5, ids)["last_hidden_state"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx_fp8.compile_pipeline(pipe, {"quantization": {"transformer": "fp8", "text_encoder": None,
+                                                        "text_encoder_2": {"method": "int8"}}})
+        out = prompt_embeddings(pipe.text_encoder_2, ids)["last_hidden_state"]
+    state = fx_fp8.pipeline_state(pipe)
+    assert pipe.text_encoder is clip and "text_encoder" not in state.compiled   # null: left as it is
+    assert pipe.text_encoder_2 is state.compiled["text_encoder_2"] and pipe.text_encoder_2 is not t5
+    prepared = state.prepared["text_encoder_2"]
+    assert prepared["method"] == "int8" and len(prepared["quantized"]) == 12
+    assert isinstance(t5.encoder.block[0].layer[0].SelfAttention.q, QuantizedLinear)
+    assert ((out - ref).norm() / ref.norm()).item() < 0.12
+    fx_fp8.restore_pipeline(pipe, linears="quantized")
+    assert pipe.text_encoder_2 is t5
+
+
+@pytest.mark.parametrize("name, message", [
+    ("text_encoder_3", r"'text_encoder_3', which FluxPipeline does not have; its components: vae, text_encoder, "
+                       r"text_encoder_2, tokenizer"),
+    ("scheduler", r"pipe.scheduler is a FlowMatchEulerDiscreteScheduler, not a torch.nn.Module"),
+    ("tokenizer", r"pipe.tokenizer is None \(not loaded\), not a torch.nn.Module"),
+])
+def test_unknown_or_non_module_component_is_refused_unchanged(name, message):
+    pipe, _ = _flux_with_encoders()
+    before = dict(pipe.components)
+    with pytest.raises(ValueError, match=message):
+        fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", name: "fp8"})
+    assert dict(pipe.components) == before and not any(
+        isinstance(m, QuantizedLinear) for m in pipe.text_encoder_2.modules())
+
+
+def test_keep_weights_puts_the_text_encoder_linears_back():
+    pipe, _ = _flux_with_encoders()
+    clip = pipe.text_encoder
+    q = clip.text_model.encoder.layers[0].self_attn.q_proj
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx_fp8.compile_pipeline(pipe, quantization={"text_encoder": "fp8"}, keep_weights=True)
+    assert isinstance(clip.text_model.encoder.layers[0].self_attn.q_proj, QuantizedLinear)
+    assert "transformer" in fx_fp8.pipeline_state(pipe).compiled   # its attention, native linears (not named)
+    fx_fp8.restore_pipeline(pipe)
+    assert pipe.text_encoder is clip and type(clip.text_model.encoder.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert torch.equal(clip.text_model.encoder.layers[0].self_attn.q_proj.weight, q.weight)
