@@ -21,10 +21,11 @@ what was found, and fx_fp8.DiffusersConfig(...) raises DiffusersLayoutError with
 """
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import warnings
 from typing import Optional
+
+from fx_fp8.after_import import call_after_import
 
 #: the quant_method name fx_fp8 registers
 METHOD = "fx_fp8"
@@ -146,47 +147,6 @@ def ensure_registered() -> None:
         raise DiffusersLayoutError(_STATE["result"])
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when AUTO_MODULE is about to be imported, wraps the loader the other
-    finders return so that fx_fp8 registers as soon as the module has run."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != AUTO_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        _remove_finder()
-        spec.loader = _RegisteringLoader(spec.loader)
-        return spec
-
-
-class _RegisteringLoader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _register_or_warn(module)
-
-    def __getattr__(self, name):  # resources, source, ... as the real loader has them
-        return getattr(self._loader, name)
-
-
-def _remove_finder() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _RegisterAfterImport)]
-
-
 def install() -> Optional[bool]:
     """Called by `import fx_fp8`: register now when diffusers' quantizers are imported, else when
     they are (never importing diffusers). Returns True when registered now, None when waiting."""
@@ -194,6 +154,5 @@ def install() -> Optional[bool]:
         if _STATE["result"] is None:
             _register_or_warn(sys.modules[AUTO_MODULE])
         return _STATE["result"] is True
-    if not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport())
+    call_after_import([AUTO_MODULE], _register_or_warn)
     return None

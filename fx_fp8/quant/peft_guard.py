@@ -12,8 +12,8 @@ raises PreparedModelAdapterError and is left as it was.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import sys
+
+from fx_fp8.after_import import call_after_import
 
 #: the PEFT module defining BaseTuner.inject_adapter
 TUNER_MODULE = "peft.tuners.tuners_utils"
@@ -66,45 +66,6 @@ def guard(tuners_utils) -> None:
     base.inject_adapter = _guard(inject)
 
 
-class _GuardAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of TUNER_MODULE so the guard goes in as it has run."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TUNER_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _GuardAfterImport)]
-        spec.loader = _GuardingLoader(spec.loader)
-        return spec
-
-
-class _GuardingLoader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        guard(module)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
 def install() -> None:
     """Called by `import fx_fp8`: guard PEFT now if it is imported, else as soon as it is."""
-    if TUNER_MODULE in sys.modules:
-        guard(sys.modules[TUNER_MODULE])
-    elif not any(isinstance(f, _GuardAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _GuardAfterImport())
+    call_after_import([TUNER_MODULE], guard)

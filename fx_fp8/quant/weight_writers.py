@@ -18,9 +18,9 @@ those imported later. They call the original method and count; nothing else chan
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import sys
 import threading
+
+from fx_fp8.after_import import call_after_import
 
 #: module -> (class name, method names) of the writers followed
 WRITERS = {
@@ -74,45 +74,6 @@ def _wrap(module) -> None:
 
 def follow_writers() -> None:
     """Wrap the writers whose modules are imported, and those imported from now on (idempotent)."""
-    for name in WRITERS:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__spec__", None) is not None:
-            _wrap(module)
-    if not any(isinstance(f, _WrapAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _WrapAfterImport())
+    call_after_import(WRITERS, _wrap, once=False)
 
 
-class _WrapAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when a writer's module is about to be imported, wraps the loader the
-    other finders return so that its writers are wrapped as soon as the module has run."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in WRITERS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        spec.loader = _WrappingLoader(spec.loader)
-        return spec
-
-
-class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _wrap(module)
-
-    def __getattr__(self, name):  # resources, source, ... as the real loader has them
-        return getattr(self._loader, name)

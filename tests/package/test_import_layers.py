@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fx_fp8"
 #: the layers, lowest first: module names; an entry below the package covers its submodules (the
 #: longest matching entry decides); "fx_fp8" is the package's own __init__ only
 LAYERS = [
-    ("utilities", ["fx_fp8.install_hint", "fx_fp8.progress"]),
+    ("utilities", ["fx_fp8.install_hint", "fx_fp8.progress", "fx_fp8.after_import"]),
     ("config", ["fx_fp8.config", "fx_fp8.steps"]),          # settings, and the published step they select by
     ("graph", ["fx_fp8.graph", "fx_fp8.report"]),           # reading graphs (never rewriting), reports of decisions
     ("ops", ["fx_fp8.ops"]),                                # numerics, custom ops, lowerings and their kernels

@@ -90,7 +90,9 @@ import fx_fp8
 assert "diffusers" not in sys.modules, "import fx_fp8 imported diffusers"
 from diffusers import FluxTransformer2DModel   # loads diffusers' quantizers: fx_fp8 registers right after
 from diffusers.quantizers import auto
-assert not [f for f in sys.meta_path if type(f).__name__ == "_RegisterAfterImport"], "the finder stayed"
+from fx_fp8.after_import import AfterImport
+assert not [f for f in sys.meta_path if isinstance(f, AfterImport) and "diffusers.quantizers.auto" in f.names], \
+    "the finder stayed"
 print(auto.AUTO_QUANTIZER_MAPPING["fx_fp8"].__name__, auto.AUTO_QUANTIZATION_CONFIG_MAPPING["fx_fp8"].__name__)
 """,
     "diffusers-first": """
