@@ -31,6 +31,7 @@ def test_merge_adds_and_replaces_rows_and_recounts():
     assert "| `DiTTransformer2DModel` | dit | image | 1/1 | 2/4 | 0.50 % |" in merged  # a measured row replaced
     assert "3 classes (1 image, 2 video, 0 audio)" in merged and "Largest: 3.00 % (minimax-h3)" in merged
     assert "Measured once. Rows merged." in merged
+    assert zoo.NOT_IN_ZOO  # the classes left out, each named on the page
     assert sm.NOT_IN_ZOO_TITLE in lines and all(f"`{c}`" in merged for c in zoo.NOT_IN_ZOO)
     assert sm.merge(merged, [], "").count(sm.NOT_IN_ZOO_TITLE) == 1  # merging again does not repeat the list
 

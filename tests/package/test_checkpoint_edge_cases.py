@@ -339,6 +339,7 @@ def test_dtype_moves_of_a_loaded_model_are_refused_and_torch_dtype_sets_it(tmp_p
                                              r"is not supported for quantized model"):
             move()
     after = model.state_dict()
+    assert before.keys() == after.keys() and before  # the same state, and some of it
     assert all(after[k].dtype == v.dtype and torch.equal(after[k].view(torch.uint8), v.view(torch.uint8))
                for k, v in before.items())
     assert model.to("cpu") is model  # device moves work

@@ -49,7 +49,8 @@ def test_clip_text_projection_weight_only_and_backend_runs_prepared():
     for key in ("last_hidden_state", "text_embeds"):
         assert _rel(out[key], ref[key]) < MAX_REL_ERROR, key
     rows = [r for rep in fx_fp8.get_reports(compiled) for r in rep.entries if r.op == "linear"]
-    assert rows and all(r.action != "native" for r in rows)
+    assert rows
+    assert all(r.action != "native" for r in rows)
 
 
 def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
@@ -60,7 +61,8 @@ def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
         prompt_embeddings(compiled, ids)
     rows = {r.module: r for rep in fx_fp8.get_reports(compiled) for r in rep.entries if r.op == "linear"}
     wo = [m for m in rows if m.endswith("DenseReluDense.wo")]
-    assert len(wo) == 2 and all(rows[m].action == "native" and "_keep_in_fp32_modules" in rows[m].reason for m in wo)
+    assert len(wo) == 2
+    assert all(rows[m].action == "native" and "_keep_in_fp32_modules" in rows[m].reason for m in wo)
     assert rows["encoder.block.0.layer.1.DenseReluDense.wi_0"].action != "native"
 
 
