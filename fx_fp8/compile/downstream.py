@@ -62,8 +62,11 @@ def _of_type(value, expected) -> bool:
 
 
 def _type_name(expected) -> str:
-    if typing.get_origin(expected) is typing.Literal:
+    origin = typing.get_origin(expected)
+    if origin is typing.Literal:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(expected))
+    if origin is typing.Union or origin is types.UnionType:  # Optional[int] (older torch) and int | None alike
+        return " | ".join("None" if t is type(None) else _type_name(t) for t in typing.get_args(expected))
     return getattr(expected, "__name__", None) or str(expected)
 
 
