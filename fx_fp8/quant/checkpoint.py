@@ -418,6 +418,19 @@ def some_names(names, n: int = 10) -> str:
     return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
+def _layer_mismatch(name: str, old, rec: dict, fits, purpose: str, kind: str) -> list:
+    """[why the model's module `old` cannot take the recorded layer `rec`], or []."""
+    if not fits(old):
+        return [f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
+                f"expected an nn.Linear {purpose}"]
+    if (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
+                                                                     rec["bias"]):
+        return [f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
+                f"{old.bias is not None}), the checkpoint's {kind}{rec['in_features']}->{rec['out_features']} "
+                f"(bias {rec['bias']})"]
+    return []
+
+
 def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     """Check the model's structure and the saved tensors against the record, then build the
     QuantizedLinear replacements: [(name, old linear, new)]. Touches nothing."""
@@ -426,27 +439,12 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     problems, expected = [], {}
     linears = dict(model.named_modules())
     for name, rec in layers.items():
-        old = linears.get(name)
-        if not is_plain_linear(old):
-            problems.append(f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
-                            "expected an nn.Linear to quantize")
-        elif (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
-                                                                           rec["bias"]):
-            problems.append(f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
-                            f"{old.bias is not None}), the checkpoint's {rec['in_features']}->{rec['out_features']} "
-                            f"(bias {rec['bias']})")
+        problems += _layer_mismatch(name, linears.get(name), rec, is_plain_linear, "to quantize", "")
         expected.update(_quantized_keys(name, rec))
     bfl = record.get("bfl_fp8r_native", {})
     for name, rec in bfl.items():
-        old = linears.get(name)
-        if not isinstance(old, nn.Linear):
-            problems.append(f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
-                            "expected an nn.Linear to hold the checkpoint's BFL fp8r layer")
-        elif (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
-                                                                           rec["bias"]):
-            problems.append(f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
-                            f"{old.bias is not None}), the checkpoint's BFL fp8r layer {rec['in_features']}->"
-                            f"{rec['out_features']} (bias {rec['bias']})")
+        problems += _layer_mismatch(name, linears.get(name), rec, lambda m: isinstance(m, nn.Linear),
+                                    "to hold the checkpoint's BFL fp8r layer", "BFL fp8r layer ")
         expected.update(_bfl_keys(name, rec))
     skip = {f"{n}.{p}" for n in (*layers, *bfl) for p in ("weight", "bias")}
     for key, t in model.state_dict(keep_vars=True).items():
