@@ -37,22 +37,19 @@ from diffusers.quantizers.quantization_config import QuantizationConfigMixin
 from fx_fp8.config.checkpoint_step_policy import read_step_policy
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.patterns import warn_unmatched_patterns
-from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
 from fx_fp8.quant.checkpoint import some_names
 from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_plan,
                                          quantized_linear)
+from fx_fp8.quant.layer_record import QUANTIZED_TENSORS, Fields, check_grouped, grouped_plans, grouped_records
+from fx_fp8.quant.linear_plan import LinearPlan
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
-from fx_fp8.quant.recipe import recipe
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.quant.state_guard import guard
 
 #: version of the quantized_layers record in config.json
 FORMAT_VERSION = 1
-#: a QuantizedLinear's tensors a quantized checkpoint holds (bias aside, which loads like any parameter)
-QUANTIZED_TENSORS = ("weight", "weight_scale", "input_scale", "input_smoothing", "input_step_scales")
-ACT_GRANULARITIES = ("token", "tensor", "group", WEIGHT_ONLY)
 
 
 class FxFp8Method(str, enum.Enum):
@@ -89,7 +86,7 @@ class DiffusersConfig(QuantizationConfigMixin):
         policy = read_step_policy({"runtime": runtime}) if runtime is not None else None
         self.fp8_config = FP8Config.load(config, **{**(policy or {}), **options})
         check_load_time_config(self.fp8_config)
-        self.quantized_layers = check_record(quantized_layers)
+        self.quantized_layers = check_grouped(_RECORD_FIELDS, quantized_layers)
 
     def with_layers(self, quantized_layers: list) -> "DiffusersConfig":
         """A copy that records `quantized_layers`."""
@@ -115,56 +112,16 @@ class DiffusersConfig(QuantizationConfigMixin):
     __hash__ = None
 
 
-# -- the record of quantized layers ----------------------------------------------------------
+# -- the record of quantized layers (its schema: fx_fp8/quant/layer_record.py) --------------------
+#: where a damaged record comes from, and what to do about it
+_RECORD_FIELDS = Fields("the fx_fp8 quantization_config (config.json)",
+                        "the file was edited or is not what save_pretrained of a model loaded with "
+                        "fx_fp8.DiffusersConfig wrote: load the full-precision checkpoint with it and save again")
+
+
 def record_of(model: nn.Module) -> list[dict]:
-    """[{method, weight_granularity, weight_block, act_granularity, layers: [names]}] of the model's
-    QuantizedLinear modules, one entry per recipe."""
-    groups: dict[tuple, list] = {}
-    for name, m in model.named_modules():
-        if isinstance(m, QuantizedLinear):
-            extra = [k for k in ("input_scale", "input_smoothing", "input_step_scales") if getattr(m, k) is not None]
-            if extra:
-                raise ValueError(f"{name} holds {extra}: a config.json record of quantized layers covers dynamic "
-                                 "activation scales only; save such a model with fx_fp8.save_quantized")
-            groups.setdefault((m.method, m.weight_granularity, tuple(m.weight_block), m.act_granularity), []).append(name)
-    return [{"method": method, "weight_granularity": gran, "weight_block": list(block) or None, "act_granularity": act,
-             "layers": names} for (method, gran, block, act), names in groups.items()]
-
-
-def check_record(record) -> Optional[list]:
-    """A quantized_layers record, validated (ValueError naming the bad entry); None stays None."""
-    if record is None:
-        return None
-    if not isinstance(record, list):
-        raise ValueError(f"invalid quantized_layers {record!r}: expected a list of recipe entries")
-    seen = set()
-    for entry in record:
-        keys = {"method", "weight_granularity", "weight_block", "act_granularity", "layers"}
-        if not isinstance(entry, dict) or set(entry) != keys:
-            raise ValueError(f"invalid quantized_layers entry {entry!r}: expected the keys {sorted(keys)}")
-        recipe(entry["method"], entry["weight_granularity"],
-               tuple(entry["weight_block"]) if entry["weight_block"] is not None else None)  # validates them
-        if entry["act_granularity"] not in ACT_GRANULARITIES:
-            raise ValueError(f"invalid act_granularity {entry['act_granularity']!r} in quantized_layers: expected "
-                             f"one of {list(ACT_GRANULARITIES)}")
-        names = entry["layers"]
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise ValueError(f"invalid layers {names!r} in quantized_layers: expected a list of module names")
-        twice = seen.intersection(names)
-        if twice:
-            raise ValueError(f"quantized_layers names {sorted(twice)} more than once")
-        seen.update(names)
-    return copy.deepcopy(record)
-
-
-def _record_recipes(record: list) -> dict:
-    """{layer name: (WeightRecipe, act_granularity)} of a record."""
-    out = {}
-    for entry in record:
-        block = tuple(entry["weight_block"]) if entry["weight_block"] is not None else None
-        r = recipe(entry["method"], entry["weight_granularity"], block)
-        out.update({n: (r, entry["act_granularity"]) for n in entry["layers"]})
-    return out
+    """The grouped record of the model's QuantizedLinear modules: one entry per recipe."""
+    return grouped_records({n: m for n, m in model.named_modules() if isinstance(m, QuantizedLinear)})
 
 
 class FxFp8Quantizer(DiffusersQuantizer):
@@ -195,7 +152,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
         self.fp8 = quantization_config.fp8_config
         self.plan: dict[str, str] = {}        # name -> "quantized" / "weight_only" (checkpoint in full precision)
         self.native: dict[str, str] = {}      # name -> why it stays an nn.Linear
-        self.recorded: dict[str, tuple] = {}  # name -> (recipe, act): the layers of a quantized checkpoint
+        self.recorded: dict[str, LinearPlan] = {}  # name -> stored plan: the layers of a quantized checkpoint
         self.loaded: dict[str, set] = {}      # name -> the quantized tensors set from a quantized checkpoint
         self.keep_in_fp32: list[str] = []
         self.loaded_keys: set = set()
@@ -253,7 +210,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
     def _build_recorded_layers(self, model, linears: dict) -> None:
         """Validate the record against the model and the checkpoint's keys, then put empty
         QuantizedLinear modules where it says (nothing changes unless everything matches)."""
-        self.recorded = _record_recipes(self.quantization_config.quantized_layers)
+        self.recorded = grouped_plans(self.quantization_config.quantized_layers)
         problems = []
         for name in self.recorded:
             if name not in linears:
@@ -270,10 +227,11 @@ class FxFp8Quantizer(DiffusersQuantizer):
         if problems:
             raise ValueError("the fx_fp8 quantized checkpoint does not match its config.json record "
                              "(quantization_config.quantized_layers):\n  " + "\n  ".join(problems))
-        for name, (weight_recipe, act) in self.recorded.items():
+        for name, plan in self.recorded.items():
             old = linears[name]
             replace_module(model, name, empty_quantized_linear(old.in_features, old.out_features, old.bias is not None,
-                                                           self._layer_dtype(name, old.weight.dtype), weight_recipe, act))
+                                                           self._layer_dtype(name, old.weight.dtype), plan.recipe,
+                                                           plan.act))
             self.loaded[name] = set()
         for name, m in linears.items():
             if name not in self.recorded:
@@ -339,7 +297,7 @@ class FxFp8Quantizer(DiffusersQuantizer):
     def get_state_dict_and_metadata(self, state_dict: dict, safe_serialization: bool = False):
         """The state dict as it is; the record written into config.json must name exactly the
         layers whose quantized weights are in it."""
-        recorded = set(_record_recipes(self.quantization_config.quantized_layers or []))
+        recorded = set(grouped_plans(self.quantization_config.quantized_layers or []))
         stored = {k[: -len(".weight_scale")] for k in state_dict if k.endswith(".weight_scale")}
         if recorded != stored:
             raise ValueError("the model's quantized layers changed since it was loaded (config.json's record: "

@@ -38,13 +38,11 @@ import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import is_compiled_module, unwrap_compiled
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
-from fx_fp8.quant.layer_quantize import scale_shape
 from fx_fp8.quant.checkpoint_record import check_index, check_record
-from fx_fp8.quant.linear_plan import LinearPlan
+from fx_fp8.quant.layer_record import dtype_name, flat_record, flat_tensor_shapes, stored_plan
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.prequantized import _is_bfl_fp8r as is_bfl_fp8r
 from fx_fp8.quant.quantized_linear import QuantizedLinear
-from fx_fp8.quant.recipe import WeightRecipe
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.quant.state_guard import guard, native_reasons, quantized_layers
 
@@ -79,25 +77,11 @@ def _targets(obj) -> dict:
     return found
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _dtype(name: str, where: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"invalid dtype {name!r} in {where}")
     return dtype
-
-
-def _layer_record(layer: QuantizedLinear) -> dict:
-    return {"in_features": layer.in_features, "out_features": layer.out_features, "bias": layer.bias is not None,
-            "method": layer.method, "weight_dtype": _dtype_name(layer.weight.dtype),
-            "weight_granularity": layer.weight_granularity, "weight_block": list(layer.weight_block),
-            "act_granularity": layer.act_granularity, "orig_dtype": _dtype_name(layer.orig_dtype),
-            "input_scale": layer.input_scale is not None, "input_smoothing": layer.input_smoothing is not None,
-            "weight_only": layer.weight_only,
-            "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None}
 
 
 def _bfl_record(name: str, layer: nn.Module, reason: Optional[str], where: str) -> dict:
@@ -113,7 +97,7 @@ def _bfl_record(name: str, layer: nn.Module, reason: Optional[str], where: str) 
                          f"torch.float32 [{n}]): it cannot be saved")
     compute = getattr(layer, "compute_dtype", None)
     return {"class": type(layer).__name__, "in_features": k, "out_features": n, "bias": layer.bias is not None,
-            "compute_dtype": _dtype_name(compute) if isinstance(compute, torch.dtype) else None, "reason": reason}
+            "compute_dtype": dtype_name(compute) if isinstance(compute, torch.dtype) else None, "reason": reason}
 
 
 def _ties(state: dict, where: str) -> dict:
@@ -140,7 +124,7 @@ def _ties(state: dict, where: str) -> dict:
 
 def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     """(quantization record, tensors) of one prepared model, checked before anything is written."""
-    layers = {n: _layer_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
+    layers = {n: flat_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
     if not layers:
         raise ValueError(f"nothing quantized to save in {where} ({type(module).__name__} has no QuantizedLinear): "
                          "call fx_fp8.prepare_model(model, config) first (compile_pipeline prepares on the first "
@@ -157,7 +141,7 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     bfl = {n: _bfl_record(n, m, reasons.get(n), where) for n, m in module.named_modules() if is_bfl_fp8r(m)}
     persistent = set(tensors)
     # buffers a model makes in __init__ and does not save (rotary tables): their dtype is restored on load
-    extra = {n: _dtype_name(b.dtype) for n, b in module.named_buffers()
+    extra = {n: dtype_name(b.dtype) for n, b in module.named_buffers()
              if n not in persistent and b.is_floating_point()}
     record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
               "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
@@ -396,22 +380,6 @@ def _build(cls, folder: str):
     return model, empty
 
 
-def _quantized_keys(name: str, rec: dict) -> dict:
-    """{key: expected shape} of one quantized layer's entries."""
-    recipe = WeightRecipe(granularity=rec["weight_granularity"], block=rec["weight_block"])
-    keys = {f"{name}.weight": (rec["out_features"], rec["in_features"]),
-            f"{name}.weight_scale": scale_shape(recipe, rec["out_features"], rec["in_features"])}
-    if rec["bias"]:
-        keys[f"{name}.bias"] = (rec["out_features"],)
-    if rec["input_scale"]:
-        keys[f"{name}.input_scale"] = ()
-    if rec["input_smoothing"]:
-        keys[f"{name}.input_smoothing"] = (rec["in_features"],)
-    if rec.get("input_step_groups"):  # per-step static scales: one per step group
-        keys[f"{name}.input_step_scales"] = (len(rec["input_step_groups"]) // 2,)
-    return keys
-
-
 def some_names(names, n: int = 10) -> str:
     """The first n names, comma-separated, and how many more there are: for one-line errors."""
     names = list(names)
@@ -440,7 +408,7 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     linears = dict(model.named_modules())
     for name, rec in layers.items():
         problems += _layer_mismatch(name, linears.get(name), rec, is_plain_linear, "to quantize", "")
-        expected.update(_quantized_keys(name, rec))
+        expected.update(flat_tensor_shapes(name, rec))
     bfl = record.get("bfl_fp8r_native", {})
     for name, rec in bfl.items():
         problems += _layer_mismatch(name, linears.get(name), rec, lambda m: isinstance(m, nn.Linear),
@@ -462,14 +430,14 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
                             f"{list(expected[key])}")
     for name, rec in layers.items():
         w = tensors.get(f"{name}.weight")
-        if w is not None and _dtype_name(w.dtype) != rec["weight_dtype"]:
-            problems.append(f"{name + '.weight'!r} {where} is {_dtype_name(w.dtype)}, recorded as "
+        if w is not None and dtype_name(w.dtype) != rec["weight_dtype"]:
+            problems.append(f"{name + '.weight'!r} {where} is {dtype_name(w.dtype)}, recorded as "
                             f"{rec['weight_dtype']}")
     for name in bfl:
         for key, want in ((f"{name}.weight", torch.float8_e4m3fn), (f"{name}.weight_scale", torch.float32)):
             if key in tensors and tensors[key].dtype != want:
-                problems.append(f"{key!r} {where} is {_dtype_name(tensors[key].dtype)}, a BFL fp8r layer holds "
-                                f"{_dtype_name(want)}")
+                problems.append(f"{key!r} {where} is {dtype_name(tensors[key].dtype)}, a BFL fp8r layer holds "
+                                f"{dtype_name(want)}")
     if problems:
         raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
                          + "\n  ".join(problems))
@@ -483,11 +451,8 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
     plan = []
     for name, rec in layers.items():
         t = lambda k: tensors.get(f"{name}.{k}")  # noqa: E731
-        stored = LinearPlan.stored(WeightRecipe(rec["method"], rec["weight_granularity"],
-                                                tuple(rec["weight_block"] or ()) or None),
-                                   rec["act_granularity"], rec.get("input_step_groups"))
         plan.append((name, linears[name], QuantizedLinear.from_plan(
-            stored, t("weight"), t("weight_scale"), t("bias"), orig_dtype=_dtype(rec["orig_dtype"], folder),
+            stored_plan(rec), t("weight"), t("weight_scale"), t("bias"), orig_dtype=_dtype(rec["orig_dtype"], folder),
             input_scale=t("input_scale"), input_smoothing=t("input_smoothing"),
             input_step_scales=t("input_step_scales"))))
     for name, rec in bfl.items():
@@ -540,8 +505,8 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         frozen |= {f"{n}.{k}" for n in record.get("bfl_fp8r_native", {}) for k in ("weight", "weight_scale")}
         tensors = {k: t.to(dtype) if t.is_floating_point() and k not in frozen else t for k, t in tensors.items()}
         buffer_dtypes = {n: dtype for n in buffer_dtypes}
-        record = {**record, "layers": {n: {**r, "orig_dtype": _dtype_name(dtype)} for n, r in record["layers"].items()},
-                  "bfl_fp8r_native": {n: {**r, "compute_dtype": _dtype_name(dtype)}
+        record = {**record, "layers": {n: {**r, "orig_dtype": dtype_name(dtype)} for n, r in record["layers"].items()},
+                  "bfl_fp8r_native": {n: {**r, "compute_dtype": dtype_name(dtype)}
                                       for n, r in record.get("bfl_fp8r_native", {}).items()}}
     tied = record.get("tied", {})
     for alias, source in tied.items():
