@@ -39,6 +39,7 @@ raises.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Iterable
 
@@ -48,7 +49,7 @@ import torch.fx
 from fx_fp8.graph.dynamo_internals import forward_on_private_code, isolated_compile_kwargs
 from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_TARGETS, is_attention
 from fx_fp8.graph.names import INSTANCE_KEY, is_resolved, module_name, resolve_graph
-from fx_fp8.graph.shapes import concrete, known_equal, known_one
+from fx_fp8.graph.shapes import concrete, known_equal, known_one, token_count
 
 TIMESTEP = "timestep conditioning"
 MODULATION = "adaLN modulation"
@@ -407,9 +408,24 @@ def find_sensitive_linears(gm: torch.fx.GraphModule, *, model_output: bool = Tru
         return {}
 
 
+@dataclasses.dataclass
+class LinearTrace:
+    """What one trace of a model on example inputs says about its linears: the sensitive ones
+    ({module name: reason}) and the inputs each was called with ({module name: {(M, activation
+    dtype)}}; M None where symbolic), the token counts the tune table is looked up at."""
+
+    sensitive: dict[str, str]
+    inputs: dict[str, set]
+
+
 def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict[str, str]:
-    """{linear module name: reason} for `model`, traced once on example inputs: Dynamo with a
-    capturing backend (each graph runs as traced, nothing is compiled), the same names and
+    """{linear module name: reason} for `model`, traced once on example inputs (trace_linears)."""
+    return trace_linears(model, args, kwargs).sensitive
+
+
+def trace_linears(model: torch.nn.Module, args=(), kwargs=None) -> LinearTrace:
+    """The sensitive linears of `model` and each linear's inputs, traced once on example inputs: Dynamo
+    with a capturing backend (each graph runs as traced, nothing is compiled), the same names and
     analysis the fp8 backends use. For prepare_model, which has no graph of its own.
 
     The trace leaves Dynamo's caches as they were for every other compile (the model's forward
@@ -418,6 +434,7 @@ def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict
     A trace that captures no graph (Dynamo ran the model eagerly) raises: the analysis would
     otherwise find nothing sensitive and quantize the sensitive layers."""
     found: dict[str, str] = {}
+    inputs: dict[str, set] = {}
     graphs = [0]  # graphs captured
     model_ref = weakref.ref(model)  # Dynamo may keep the backend (graph-broken frames): not the model
 
@@ -427,6 +444,12 @@ def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict
         for node, why in find_sensitive_linears(gm, model_output=holds_model_output(gm)).items():
             if is_resolved(node):
                 found.setdefault(module_name(node), why)
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in LINEAR_TARGETS and is_resolved(node):
+                x = _val(node.args[0] if node.args else node.kwargs.get("input"))
+                if isinstance(x, torch.Tensor) and x.dim() >= 1:
+                    inputs.setdefault(module_name(node), set()).add((token_count(x),
+                                                                     str(x.dtype).replace("torch.", "")))
         return gm.forward
 
     with torch.no_grad(), forward_on_private_code(model):
@@ -437,4 +460,4 @@ def sensitive_linear_names(model: torch.nn.Module, args=(), kwargs=None) -> dict
             "forward eagerly: torch.compiler.disable, a recompile limit hit, or a forward Dynamo skips), so "
             "the analysis cannot tell which layers are sensitive; pass sensitive={name: reason} (or "
             "example_inputs=None: name patterns only) to prepare_model, or compile_pipeline(prepare=False)")
-    return found
+    return LinearTrace(found, inputs)

@@ -27,6 +27,18 @@ def concrete(x) -> Optional[int]:
     return None
 
 
+def token_count(x) -> Optional[int]:
+    """A linear input's rows (the product of every dimension but the last: the M of its matmul),
+    or None when one of them is symbolic (never guards)."""
+    m = 1
+    for s in x.shape[:-1]:
+        s = concrete(s)
+        if s is None:
+            return None
+        m *= s
+    return m
+
+
 def known_equal(a: Size, b: Size) -> bool:
     """True only when a == b holds for every value of the symbols (no guard)."""
     if isinstance(a, int) and isinstance(b, int):

@@ -19,7 +19,9 @@ field differs.
 The linear pick (`linear_pick`): among the candidates this config can emit for the node's role,
 the fastest whose error is at most LINEAR_ERR_MAX; native unless that candidate is more than
 MIN_GAIN faster than native. M between two measured M's is interpolated linearly between them,
-outside the measured ones it takes the nearest; the report says which.
+outside the measured ones it takes the nearest; the report says which. `shape_decision` turns the
+pick into a linear's kind; fx_fp8.quant.tuned_plan applies it to a plan, the one step the linear pass
+and prepare_model (at the M of its trace on example inputs) both take.
 """
 from __future__ import annotations
 
@@ -282,35 +284,42 @@ def linear_pick(table: dict, m: Optional[int], k: int, n: int, dtype: str, bias:
     return "native", times, how
 
 
+def follows_table(qcfg, lowering: str) -> bool:
+    """Whether quantization_config.kernel "auto" consults a tune table under `lowering` (the
+    lowering's name): on CUDA, or anywhere with an explicit tune_table."""
+    return qcfg.kernel == "auto" and (lowering == "cuda" or qcfg.tune_table is not None)
+
+
 def linear_decision(kind: str, why: Optional[str], x, w, has_bias: bool, qcfg, lowering: str,
                     sensitive: bool = False) -> tuple[str, Optional[str], dict]:
-    """The linear pass's hook: (kind, why, timing) for a linear the rules planned as `kind`
-    ("quantized", "weight_only" or "native"). quantization_config.kernel "auto" follows the
-    measured table of this device (on CUDA, or anywhere with an explicit tune_table); "rules" and
-    an explicit `sensitive: fp8` keep the rules' plan. timing: {"pick": ms, "native": ms} when measured."""
-    if kind == "native" or qcfg.kernel != "auto" or (sensitive and qcfg.sensitive == "fp8"):
-        return kind, why, {}
-    if lowering != "cuda" and qcfg.tune_table is None:
-        return kind, why, {}
-    from fx_fp8.graph.shapes import concrete
+    """The linear pass's hook: shape_decision for a linear node's input `x` and weight `w` (fake
+    values; the dtype looked up is the activations': a prepared layer's weight holds codes)."""
+    from fx_fp8.graph.shapes import token_count
 
-    found = table_for(x.device, qcfg.tune_table)
+    return shape_decision(kind, why, token_count(x), int(w.shape[1]), int(w.shape[0]),
+                          str(x.dtype).replace("torch.", ""), x.device, has_bias, qcfg, lowering, sensitive)
+
+
+def shape_decision(kind: str, why: Optional[str], m: Optional[int], k: int, n: int, dtype: str, device,
+                   has_bias: bool, qcfg, lowering: str, sensitive: bool = False) -> tuple[str, Optional[str], dict]:
+    """(kind, why, timing) for a linear the rules planned as `kind` ("quantized", "weight_only" or
+    "native"), of M `m` (None: unknown or symbolic) x K `k` -> N `n` on activations of `dtype` on
+    `device`. quantization_config.kernel "auto" follows the measured table of this device (on CUDA,
+    or anywhere with an explicit tune_table); "rules" and an explicit `sensitive: fp8` keep the
+    rules' plan. timing: {"pick": ms, "native": ms} when measured."""
+    if kind == "native" or not follows_table(qcfg, lowering) or (sensitive and qcfg.sensitive == "fp8"):
+        return kind, why, {}
+    found = table_for(device, qcfg.tune_table)
     if found is None:
         return kind, _join(why, UNMEASURED), {}
     where, table = found
     role = "weight_only" if kind == "weight_only" else "w8a8"
-    m = 1
-    for s in x.shape[:-1]:
-        s = concrete(s)
-        m = None if m is None or s is None else m * s
-    dtype = str(x.dtype).replace("torch.", "")  # the activations': a prepared layer's weight holds codes
-    picked = linear_pick(table, m, int(w.shape[1]), int(w.shape[0]), dtype, has_bias, role,
-                         emitted_candidates(qcfg, role))
+    picked = linear_pick(table, m, k, n, dtype, has_bias, role, emitted_candidates(qcfg, role))
     if picked is None:
         if not table.get("linears"):
             return kind, _join(why, f"{UNMEASURED}: {where} has attention rows only"), {}
         return kind, _join(why, f"not measured at this shape (fx-fp8 tune): {where} has no {role} row for K "
-                                f"{w.shape[1]} N {w.shape[0]} {dtype}{'' if m else ' (M symbolic)'}"), {}
+                                f"{k} N {n} {dtype}{'' if m else ' (M symbolic)'}"), {}
     pick, times, how = picked
     listed = ", ".join(f"{c} {ms:.3f} ms" for c, ms in sorted(times.items(), key=lambda t: t[1]))
     if pick == "native":

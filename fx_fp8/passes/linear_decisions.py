@@ -16,14 +16,15 @@ from fx_fp8.config.step_variants import linear_skip_mode
 from fx_fp8.graph.forms import LINEAR_TARGETS, PREPARED_PARAMS, PREPARED_TARGETS
 from fx_fp8.graph.fx_utils import call_args, meta_val, real_tensor
 from fx_fp8.graph.names import module_name
-from fx_fp8.graph.shapes import shape_str
+from fx_fp8.graph.shapes import shape_str, token_count
 from fx_fp8.ops import tune_table
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.passes.base import WEIGHT_ORIGIN, NotReusable
 from fx_fp8.quant.keep_fp32 import model_keep_reason
 from fx_fp8.quant.linear_plan import QUANTIZATION_OFF, LinearPlan, native, plan_linear
-from fx_fp8.quant.recipe import Smoothing, WeightRecipe, recipe
+from fx_fp8.quant.recipe import Smoothing, recipe
 from fx_fp8.quant.rules import sensitive_reason
+from fx_fp8.quant.tuned_plan import tuned_plan
 from fx_fp8.quant.weight_actions import SmoothingAction, WeightAction
 from fx_fp8.report import dims_of
 
@@ -214,20 +215,11 @@ class LinearDecisions:
 
     def tuned(self, plan: LinearPlan, node, module, x, w, has_bias: bool) -> LinearPlan:
         """quantization_config.kernel auto: the tune table measured on this device may keep the
-        linear native or weight-only (fx_fp8.ops.tune_table.linear_decision; kernel rules, an explicit
-        sensitive: fp8 and native plans are left as they are). The report says what was measured."""
-        ran = "native" if plan.native else "weight_only" if plan.weight_only else "quantized"
-        sensitive = sensitive_reason(module, self.sensitive_of(node)) is not None
-        kind, why, timing = tune_table.linear_decision(ran, plan.reason, x, w, has_bias, self.qcfg,
-                                                       self.inputs.lowering.name, sensitive)
-        if kind == ran:
-            return plan if why == plan.reason else dataclasses.replace(plan, reason=why, measurement=why,
-                                                                       timing=timing or None)
-        if kind == "native":
-            return dataclasses.replace(native(why), measurement=why, timing=timing)
-        # the table picked weight-only where the rules planned W8A8: the storage the device's W8A16 takes
-        return LinearPlan("weight_only", why, WeightRecipe.weight_only(self.qcfg, self.inputs.lowering), WEIGHT_ONLY,
-                          measurement=why, timing=timing)
+        linear native or weight-only, at the graph's M (fx_fp8.quant.tuned_plan, the step
+        prepare_model takes too). The report says what was measured."""
+        return tuned_plan(plan, self.qcfg, self.inputs.lowering, m=token_count(x), k=int(w.shape[1]),
+                          n=int(w.shape[0]), dtype=str(x.dtype).replace("torch.", ""), device=x.device,
+                          has_bias=has_bias, sensitive=sensitive_reason(module, self.sensitive_of(node)) is not None)
 
     def prepared(self, node) -> Linear:
         """A QuantizedLinear made by prepare_model: it reports and runs as it was prepared."""
@@ -240,10 +232,15 @@ class LinearDecisions:
         smoothed = args["input_smoothing"] is not None
         prepared_wo = act == WEIGHT_ONLY
         why = self.sensitive_of(node)  # prepare_model without example inputs decides by name; the graph knows better
+        has_bias, lowering = args["bias"] is not None, self.inputs.lowering.name
+        tuned_wo = None  # a weight-only layer that is not sensitive: the tune table's pick prepare_model followed
+        if prepared_wo and self.on and WEIGHT_ORIGIN not in node.meta and sensitive_reason(module, why) is None:
+            kind, told, _ = tune_table.linear_decision("quantized", None, x, w, has_bias, q, lowering)
+            tuned_wo = told if kind == "weight_only" else None
         if WEIGHT_ORIGIN in node.meta:
             pass  # a pre-quantized checkpoint's own layout: it runs as stored, nothing to disagree with
         elif prepared_wo:
-            if not self.on or q.sensitive != "weight_only":
+            if not self.on or (q.sensitive != "weight_only" and tuned_wo is None):
                 self.disagreeing.append(module)
         elif ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity,
                                               self.alpha is not None) or not self.on):
@@ -256,7 +253,9 @@ class LinearDecisions:
             self.sensitive_prepared.append(f"{module} ({why})")
         stored = LinearPlan.stored(recipe(method, wg, tuple(wb) or None), args["act_granularity"])
         item_why = ""
-        if prepared_wo:
+        if tuned_wo is not None:
+            item_why = tuned_wo
+        elif prepared_wo:
             item_why = "prepared weight-only (sensitive: weight_only)"
         elif self.skip_mode == "native":  # its original weight is gone: the nearest to native it can run
             item_why = "skipped step variant (quantization_config.skip_steps, native): prepared, so weight-only"
@@ -265,10 +264,11 @@ class LinearDecisions:
             item_why = f"skipped step variant (quantization_config.skip_steps, {self.skip_mode})"
         if not prepared_wo and (self.skip_mode or self.device_weight_only(w, method)):
             stored = dataclasses.replace(stored, kind="weight_only", act=WEIGHT_ONLY)
-        # the tune table is read, not followed, here: the original weight is gone (the row says what it measured)
+        # the tune table is read, not followed, here: the original weight is gone (the row says what it measured;
+        # prepare_model given example inputs followed the table already, at the same M)
         ran = "weight_only" if prepared_wo else "quantized"
-        kind, told, _ = tune_table.linear_decision(ran, None, x, w, args["bias"] is not None, q, self.inputs.lowering.name)
-        if kind != ran:
+        kind, told, _ = tune_table.linear_decision(ran, None, x, w, has_bias, q, lowering)
+        if kind != ran and tuned_wo is None:
             item_why = (f"{item_why}; " if item_why else "") + (
                 f"{told}; its weights were quantized before compiling (prepare_model or a checkpoint), so it runs as "
                 "they are")

@@ -6,7 +6,9 @@ decides and builds one layer:
 * which linears are quantized, and how: fx_fp8.quant.linear_plan.plan_linear, the plan prepare_model
   and the linear pass use (ignored_layers, the sensitive-layer name patterns, dtype, shape,
   min_features; weight-only storage as the device's lowering takes it), so load time and
-  prepare time choose the same layers and recipes;
+  prepare time choose the same layers and recipes; a per-GPU tune table (quantization_config.kernel
+  auto) is not followed, since it is looked up at the token count M no checkpoint holds: each such
+  plan's reason and an INFO line say so (prepare_model on example inputs follows it);
 * the quantized weight: WeightRecipe.quantize applied to slices of rows, moved to the target
   device one slice at a time, so the device never holds the full-precision layer and the
   float32 workspace of quantizing stays a fraction of one layer (ROW_SLICES, SLICE_ELEMENTS). Per-channel and block
@@ -27,6 +29,8 @@ from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.linear_plan import LinearPlan, plan_linear
 from fx_fp8.quant.recipe import WeightRecipe
+from fx_fp8.quant.rules import sensitive_reason
+from fx_fp8.quant.tuned_plan import rules_plan
 
 #: layer_kind's kinds of a quantized layer
 W8A8, WEIGHT_ONLY_KIND = "quantized", "weight_only"
@@ -35,6 +39,9 @@ W8A8, WEIGHT_ONLY_KIND = "quantized", "weight_only"
 #: layer's bf16 bytes; 0.11 of Flux's largest layer, 3072 -> 18432)
 ROW_SLICES = 16
 SLICE_ELEMENTS = 2**20
+#: why load-time quantization never follows a tune table
+TABLE_NOT_APPLIED = ("M unknown at load time; planned by the rules (load without quantization_config, then "
+                     "fx_fp8.prepare_model(model, config, example_inputs=...) to follow it)")
 
 
 def check_load_time_config(cfg: FP8Config) -> None:
@@ -54,9 +61,16 @@ def check_load_time_config(cfg: FP8Config) -> None:
 def layer_plan(name: str, in_features: int, out_features: int, dtype: torch.dtype, cfg: FP8Config,
                device="cpu") -> LinearPlan:
     """The plan of the linear `name` whose weight lives on `device`: prepare_model's, without
-    example inputs (the sensitive layers found by name)."""
-    lowering = get_lowering(resolve_lowering_name(cfg.lowering, torch.device(device)))
-    return plan_linear(name, in_features, out_features, dtype, cfg.quantization_config, lowering=lowering)
+    example inputs (the sensitive layers found by name; a tune table that applies to `device` is not
+    followed, M being unknown: the plan's reason says so)."""
+    device = torch.device(device)
+    lowering = get_lowering(resolve_lowering_name(cfg.lowering, device))
+    qcfg = cfg.quantization_config
+    plan = plan_linear(name, in_features, out_features, dtype, qcfg, lowering=lowering)
+    # a tune table is looked up at the linear's token count M, which no checkpoint says: the rules' plan,
+    # its reason saying the table was not applied (a guessed M would be a decision nobody measured)
+    return rules_plan(plan, qcfg, lowering, device, sensitive_reason(name) is not None, "load-time quantization",
+                      TABLE_NOT_APPLIED)
 
 
 def layer_kind(name: str, in_features: int, out_features: int, dtype: torch.dtype,

@@ -2,10 +2,12 @@
 
 The same plan as the linear pass decides (fx_fp8.quant.linear_plan.plan_linear), including the sensitive
 layers found by the graph's structure (fx_fp8/graph/sensitive.py) when example inputs
-are given: the model is traced once on them.
+are given: the model is traced once on them. That trace also gives each linear's token count M,
+at which the per-GPU tune table decides it as it does in the compiled graph (fx_fp8.quant.tuned_plan).
 """
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from typing import Optional
@@ -17,7 +19,7 @@ from fx_fp8 import progress
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
-from fx_fp8.graph.sensitive import sensitive_linear_names
+from fx_fp8.graph.sensitive import trace_linears
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
 from fx_fp8.quant.keep_fp32 import keep_in_fp32_names, keep_in_fp32_reason
 from fx_fp8.quant.linear_plan import Calibration, plan_linear
@@ -25,12 +27,20 @@ from fx_fp8.quant.linear_scales import check_scales_match, smoothed_static_scale
 from fx_fp8.quant.module_swap import replace_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import group_smoothing
-from fx_fp8.quant.rules import check_not_prepared, is_plain_linear
+from fx_fp8.quant.rules import check_not_prepared, is_plain_linear, sensitive_reason
+from fx_fp8.quant.tuned_plan import table_unapplied, tuned_plan
 from fx_fp8.quant.weight_state import state_on
 
 #: diffusers hooks that do not keep a linear from being replaced: group offloading's, whose groups
 #: compile_pipeline rebuilds over the new modules after preparing (fx_fp8/pipeline/offload.py)
 REBUILT_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
+#: why the tune table was not applied to a linear, by what prepare_model knows of its token count M
+NO_EXAMPLE_INPUTS = ("M unknown: prepare_model was given no example_inputs (give them, as compile_pipeline does, to "
+                     "follow the table); planned by the rules, and the compiled graph runs it as prepared")
+NOT_TRACED = "M unknown: not called by the forward traced on example_inputs; planned by the rules"
+SYMBOLIC = "M symbolic in the trace on example_inputs; planned by the rules"
+
+log = logging.getLogger("fx_fp8")
 
 
 def hooks_lost_by_replacing(module: nn.Module) -> list[str]:
@@ -60,13 +70,22 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     the layer's `input_smoothing` buffer (bytes_after counts it).
     With per-step static scales (fx_fp8.calibrate(..., per_step=True)) each layer keeps its scale
     per step group (`input_step_scales`), looked up from the published step per call.
+    Under quantization_config.kernel "auto", where a tune table applies to the weights' device
+    (fx_fp8.ops.tune_table.table_for; on CUDA, or anywhere with quantization_config.tune_table),
+    each linear follows it as the compiled graph does (fx_fp8.quant.tuned_plan): a layer the table
+    says loses to native stays an nn.Linear (its reason "tuned: native ..."), or becomes weight-only.
+    The table is looked up at the token count M of the linear's input, known from the trace on
+    `example_inputs` only: without them (or for a linear the trace did not call, or called at
+    several M the table decides differently) the rules decide, and `tune_table` says so.
     Sensitive layers with quantization_config.sensitive "weight_only" become weight-only
     (W8A16) QuantizedLinear modules (`weight_only` is true; scales as weight_only_group_size says).
     A linear carrying diffusers hooks (other than group offloading's) is not replaced, since the
     hooks would be lost: it stays an nn.Linear with its hooks and original weight, the backend
     quantizes it at compile time, and `hooked` ({name: reason}) and a warning say so.
     Returns {"quantized": [names], "weight_only": [names among them], "native": {name: reason},
-    "hooked": {name: reason}, "bytes_before", "bytes_after", "method"}.
+    "hooked": {name: reason}, "bytes_before", "bytes_after", "method", "tune_table"}; "tune_table"
+    is None where no table applies (the compiled graph follows none either), else {"source": the
+    table, "applied": [names it was looked up for, at their traced M], "not_applied": {name: why}}.
     Call it once before torch.compile(model, backend="fp8"/"fp8_npu").
     """
     if not isinstance(model, nn.Module):
@@ -76,42 +95,56 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
     result = {"quantized": [], "weight_only": [], "native": {}, "hooked": {}, "bytes_before": 0, "bytes_after": 0,
-              "method": qcfg.method}
+              "method": qcfg.method, "tune_table": None}
     if not cfg.linear_enabled:
         return result
     check_not_prepared(model, "it cannot be prepared again", "prepare the original model once; compile a prepared "
                        "model as it is (torch.compile(model, backend='fp8'), or compile_pipeline(pipe, prepare=False))")
     linears = [(n, m) for n, m in model.named_modules() if is_plain_linear(m)]
     warn_unmatched_patterns(qcfg.ignored_layers, [n for n, _ in linears], "prepare_model")  # before weights are freed
-    if example_inputs is not None and sensitive is None:
+    traced = None  # {linear name: {(M, activation dtype)}} where a trace ran: the tune table's M
+    if example_inputs is not None:
         args, kwargs = _split_inputs(example_inputs)
-        sensitive = sensitive_linear_names(model, args, kwargs)
+        if sensitive is None or _follows_a_table(cfg, linears):  # a trace only for what it tells
+            trace = trace_linears(model, args, kwargs)
+            sensitive, traced = trace.sensitive if sensitive is None else sensitive, trace.inputs
     sensitive = sensitive or {}
     calibration = _calibration(cfg, [n for n, _ in linears])
     # quantized outside inference_mode: a model prepared inside it holds normal tensors, whose writes
     # (load_state_dict) the version counter sees, as one prepared outside it
     with torch.inference_mode(False):
-        plan, hooked = _plan_layers(model, cfg, linears, sensitive, calibration, result)
+        plan, hooked = _plan_layers(model, cfg, linears, sensitive, calibration, result, traced)
         for name, _, new in plan:  # its bytes' fingerprint and digest: what can still fail on the tensors
             new.accept_weight(name)
     _install(model, plan, hooked, result)  # every check passed and every weight is quantized and accepted
     progress.log_prepared(result, time.perf_counter() - started)  # progress log: INFO summary
+    told = result["tune_table"]
+    if told and told["not_applied"]:  # not silent: the compiled graph may have followed the table
+        name, why = next(iter(told["not_applied"].items()))
+        log.info("fx_fp8: prepare_model did not apply the tune table %s to %d linear(s) (%s: %s)", told["source"],
+                 len(told["not_applied"]), name, why)
     return result
 
 
 def _plan_layers(model: nn.Module, cfg: FP8Config, linears: list, sensitive: dict, calibration: Calibration,
-                 result: dict) -> tuple[list, list]:
+                 result: dict, traced: Optional[dict]) -> tuple[list, list]:
     """[(name, linear, its QuantizedLinear)] and the hooked linears left as they are; fills
-    result["native"] / ["hooked"]. Reads the model, changes nothing in it."""
+    result["native"] / ["hooked"] / ["tune_table"]. Reads the model, changes nothing in it."""
     qcfg = cfg.quantization_config
     plan, hooked = [], []
     keep_fp32 = keep_in_fp32_names(model)  # transformers' list (T5's `wo` casts its input to its weight's dtype)
+    tables: dict = {}  # {device: the tune table that applies there, or None}: looked up once per device
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         w = module.weight
+        lowering = get_lowering(resolve_lowering_name(cfg.lowering, w.device))
         layer = plan_linear(name, module.in_features, module.out_features, w.dtype, qcfg,
                             sensitive=sensitive.get(name), calibration=calibration,
                             graph_reason=keep_in_fp32_reason(keep_fp32, name, type(model).__name__),
-                            lowering=get_lowering(resolve_lowering_name(cfg.lowering, w.device)))
+                            lowering=lowering)
+        device = w.device
+        if device not in tables:
+            tables[device] = table_unapplied(qcfg, lowering, device)
+        layer = _tuned(name, module, layer, qcfg, lowering, tables[device], sensitive.get(name), traced, result)
         if layer.native:
             result["native"][name] = layer.reason
             continue
@@ -125,6 +158,38 @@ def _plan_layers(model: nn.Module, cfg: FP8Config, linears: list, sensitive: dic
             continue
         plan.append((name, module, _quantized_layer(name, module, layer)))
     return plan, hooked
+
+
+def _follows_a_table(cfg: FP8Config, linears: list) -> bool:
+    """Whether a tune table applies to the device of some linear's weight (M then matters)."""
+    devices = {m.weight.device for _, m in linears}
+    qcfg = cfg.quantization_config
+    return any(table_unapplied(qcfg, get_lowering(resolve_lowering_name(cfg.lowering, d)), d) for d in devices)
+
+
+def _tuned(name: str, module: nn.Module, layer, qcfg, lowering, source: Optional[str], structural: Optional[str],
+           traced: Optional[dict], result: dict):
+    """`layer` as the tune table (`source`: the one that applies to its device, None: none) has it at
+    the M the trace on example_inputs saw (tuned_plan, the linear pass's step); the rules' plan where
+    no table applies or M is unknown (result["tune_table"] says which and why)."""
+    sensitive = sensitive_reason(name, structural) is not None
+    if source is None or layer.native or (sensitive and qcfg.sensitive == "fp8"):  # no say (as in the linear pass)
+        return layer
+    told = result["tune_table"] = result["tune_table"] or {"source": source, "applied": [], "not_applied": {}}
+    seen = sorted(traced.get(name, ()), key=str) if traced is not None else []
+    why = (NO_EXAMPLE_INPUTS if traced is None else NOT_TRACED if not seen
+           else SYMBOLIC if any(m is None for m, _ in seen) else None)
+    if why is None:
+        tuned = [tuned_plan(layer, qcfg, lowering, m=m, k=module.in_features, n=module.out_features, dtype=dtype,
+                            device=module.weight.device, has_bias=module.bias is not None, sensitive=sensitive)
+                 for m, dtype in seen]
+        if len({t.kind for t in tuned}) == 1:
+            told["applied"].append(name)
+            return tuned[0]
+        why = (f"called at M {', '.join(str(m) for m, _ in seen)}, where the table picks "
+               f"{' / '.join(t.kind for t in tuned)}: one prepared layer cannot run each; planned by the rules")
+    told["not_applied"][name] = why
+    return layer
 
 
 def _calibration(cfg: FP8Config, names: list) -> Calibration:

@@ -73,8 +73,8 @@ MUTATIONS = [
              ("tests/ops/test_cuda_graph_linears_run.py::test_every_form_keeps_torch_contract",)),
     Mutation("the diffusers quantizer quantizes the layers the rules pick",
              "quant/layer_quantize.py",
-             "    return plan_linear(name, in_features, out_features, dtype, cfg.quantization_config, lowering=lowering)",
-             "    return LinearPlan(\"native\", \"mutated\")",
+             "    plan = plan_linear(name, in_features, out_features, dtype, qcfg, lowering=lowering)",
+             "    plan = LinearPlan(\"native\", \"mutated\")",
              ("tests/pipeline/test_diffusers_quantizer.py::test_loading_quantizes_the_linears_the_rules_pick",)),
 ]
 
