@@ -1,21 +1,13 @@
-"""Reading a config's data: YAML files, vLLM-Omni stage configs, and the key spellings users
-bring from vLLM-Omni (legacy kv_cache_* keys). What the keys mean is fx_fp8.config.fp8_config."""
+"""Reading a config's data: YAML files and vLLM-Omni stage configs. The keys' spellings are
+fx_fp8.config.keys, what they mean fx_fp8.config.fp8_config."""
 from __future__ import annotations
 
 import os
 import warnings
 from typing import Mapping
 
-from fx_fp8.config.keys import TOP_KEYS
+from fx_fp8.config.keys import LEGACY_KEYS, PIPELINE_KEYS, TOP_KEYS
 from fx_fp8.config.values import short_repr
-
-LEGACY_KEYS = {
-    "kv_cache_dtype": "diffusion_kv_cache_dtype",
-    "kv_cache_skip_steps": "diffusion_kv_cache_skip_steps",
-    "kv_cache_skip_layers": "diffusion_kv_cache_skip_layers",
-}
-#: keys of a config that belong to fx_fp8.pipeline.options.PipelineOptions, not to FP8Config
-PIPELINE_KEYS = ("parallel_config", "cache_backend", "cache_config")
 
 
 def config_keys(data, where: str, *, warn: bool = True) -> dict:
@@ -109,19 +101,6 @@ def _expanded_size(root, path: str) -> int:
         stack.append((node, True))
         stack.extend((c, False) for c in children(node) if id(c) not in sizes)
     return sizes[id(root)]
-
-
-def fold_legacy_keys(data: dict) -> dict:
-    """kv_cache_* -> diffusion_kv_cache_*. The new key wins when both have a value (with a
-    warning if they differ); a new key whose value is None counts as not given."""
-    for old, new in LEGACY_KEYS.items():
-        if old in data:
-            old_value = data.pop(old)
-            if data.get(new) is not None and old_value is not None and data[new] != old_value:
-                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={short_repr(data[new])}", stacklevel=3)
-            elif data.get(new) is None and (old_value is not None or new not in data):
-                data[new] = old_value
-    return data
 
 
 def _diffusion_engine_args(data: Mapping, where: str, warn: bool) -> dict:

@@ -5,8 +5,9 @@ Keys follow vLLM-Omni's diffusion options (`diffusion_kv_cache_dtype`,
 `quantization`, `quantization_config`) plus two nested mappings of our own
 (`attention`, and extra keys of `quantization_config`) and the backend keys
 `lowering` / `downstream`. The nested settings are fx_fp8.config.attention and
-fx_fp8.config.quantization, the flat keys' merge rules fx_fp8.config.keys, the
-value checks fx_fp8.config.values, reading files fx_fp8.config.files.
+fx_fp8.config.quantization, the keys' spellings and merge rules (one normaliser that
+from_kwargs and replace share) fx_fp8.config.keys, the value checks fx_fp8.config.values,
+reading files fx_fp8.config.files.
 """
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from fx_fp8.config.attention import AttentionQuantConfig
-from fx_fp8.config.files import LEGACY_KEYS, PIPELINE_KEYS, config_keys, fold_legacy_keys, read_config_file
-from fx_fp8.config.keys import (TOP_KEYS, apply_step_shortcuts, check_method_agrees, merge_ignored_layers_shortcut,
-                                pop_step_shortcuts)
-from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns
+from fx_fp8.config.files import config_keys, read_config_file
+from fx_fp8.config.keys import PIPELINE_KEYS, fold_quantize_sensitive, normalise_keys
+from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig
 from fx_fp8.config.selectors import Selector, parse_selector
 from fx_fp8.config.step_variants import variant_name
-from fx_fp8.config.values import check_choice, dataclass_from_mapping, did_you_mean, is_off, short_repr
+from fx_fp8.config.values import check_choice, dataclass_from_mapping, is_off, short_repr
 
 KV_CACHE_DTYPES = (None, "auto", "fp8")
 LOWERINGS = ("auto", "reference", "cuda", "npu")
@@ -57,7 +57,10 @@ class FP8Config:
         set_("quantization", check_choice("quantization", self.quantization, QUANTIZATION_METHODS))
         set_("diffusion_kv_cache_skip_steps", parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps", relative=True))
         set_("diffusion_kv_cache_skip_layers", parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"))
-        set_("quantization_config", dataclass_from_mapping(QuantizationConfig, self.quantization_config, "quantization_config"))
+        qc = self.quantization_config
+        qc = fold_quantize_sensitive(qc) if isinstance(qc, Mapping) else qc  # FP8Config(...) built directly
+        set_("quantization_config", dataclass_from_mapping(QuantizationConfig, qc, "quantization_config",
+                                                           synonyms=("quantize_sensitive",)))
         set_("attention", dataclass_from_mapping(AttentionQuantConfig, self.attention, "attention"))
         set_("lowering", check_choice("lowering", self.lowering, LOWERINGS))
         set_("downstream", check_choice("downstream", self.downstream, DOWNSTREAMS))
@@ -149,30 +152,11 @@ class FP8Config:
         A key whose value is None next to a legacy key with a value counts as
         not given (argparse-built dicts carry None for every flag).
         """
-        data = fold_legacy_keys(dict(kwargs))
-        for key in data:
-            if key in PIPELINE_KEYS:  # a pipeline option, read by fx_fp8.pipeline.options.PipelineOptions
-                raise ValueError(f"{short_repr(key)} is a pipeline option, not an FP8 option: pass it to "
-                                 "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
-            if key not in TOP_KEYS:
-                raise ValueError(f"unknown config key {short_repr(key)}{did_you_mean(key, TOP_KEYS + tuple(LEGACY_KEYS))}")
-        quantization = data.get("quantization")
-        if isinstance(quantization, Mapping) and not {"method", "quant_method"} & set(quantization):
-            raise ValueError(f"quantization {short_repr(dict(quantization))} maps pipeline components (vLLM-Omni's "
-                             "component map): fx_fp8.compile_pipeline reads it; one model takes a method ('fp8', "
-                             "'int8') or None")
-        shortcuts = pop_step_shortcuts(data)
-        if "ignored_layers" in data and not clean_patterns(data["ignored_layers"]):
-            del data["ignored_layers"]  # [] / "" (an empty --ignored-layers) mean "no patterns", not a linear opt-in
-        qc_given = data.get("quantization_config") is not None or data.get("ignored_layers") is not None
-        if isinstance(data.get("quantization_config"), str):  # vLLM-Omni's tests pass quantization_config="fp8"
-            data["quantization_config"] = {"method": data["quantization_config"]}
-        check_method_agrees(data)
-        if "ignored_layers" in data:
-            merge_ignored_layers_shortcut(data)
-        if "quantization" not in data and qc_given:
-            qc = data.get("quantization_config")
-            method = qc.method if isinstance(qc, QuantizationConfig) else dict(qc or {}).get("method", "fp8")
+        keys = normalise_keys(kwargs)
+        data = keys.data
+        if "quantization" not in data and keys.linear_opt_in:
+            qc = data["quantization_config"]
+            method = qc.method if isinstance(qc, QuantizationConfig) else qc.get("method", "fp8")
             data["quantization"] = check_choice("quantization_config.method", method, QUANTIZATION_METHODS[1:])
         mentions_attention = "diffusion_kv_cache_dtype" in data
         mentions_linear = "quantization" in data
@@ -186,7 +170,6 @@ class FP8Config:
         if mentions_attention != mentions_linear and not is_off(given):
             data.setdefault("diffusion_kv_cache_dtype", None)
             data.setdefault("quantization", None)
-        apply_step_shortcuts(data, shortcuts)
         return cls(**data)
 
     @classmethod
@@ -220,37 +203,21 @@ class FP8Config:
         return base.replace(**overrides) if overrides else base
 
     def replace(self, **overrides) -> "FP8Config":
-        """A copy with some keys changed (same key rules as from_kwargs, without the opt-in rule)."""
+        """A copy with some keys changed: from_kwargs' key rules (normalise_keys), then the keys given
+        merged onto this config instead of the opt-in rule."""
+        new = normalise_keys(overrides, quantization=self.quantization).data
         data = self.to_dict()
         data["quantization_config"]["activation_scales"] = self.quantization_config.activation_scales
-        overrides = fold_legacy_keys(dict(overrides))
-        shortcuts = pop_step_shortcuts(overrides)
-        if overrides.get("quantization") is not None and "quantization_config" not in overrides:
-            data["quantization_config"]["method"] = overrides["quantization"]
-        if "ignored_layers" in overrides:
-            data["quantization_config"]["ignored_layers"] = clean_patterns(overrides.pop("ignored_layers"))
-        if isinstance(overrides.get("quantization_config"), str):
-            overrides["quantization_config"] = {"method": overrides["quantization_config"]}
-        check_method_agrees({"quantization": overrides.get("quantization", data["quantization"]),
-                              "quantization_config": overrides.get("quantization_config")})
-        for key, value in overrides.items():
-            if key not in TOP_KEYS:
-                raise ValueError(f"unknown config key {short_repr(key)}{did_you_mean(key, TOP_KEYS)}")
-            if key == "quantization_config" and isinstance(value, Mapping):
-                value = dict(value)
-                # quantize_sensitive and sensitive are one setting: the one given here replaces the base's
-                if value.get("quantize_sensitive") and "sensitive" not in value:
-                    value["sensitive"] = "fp8"
-                elif "sensitive" in value and "quantize_sensitive" not in value:
-                    value["quantize_sensitive"] = False
+        if "quantization_config" in overrides and overrides["quantization_config"] is None:
+            data["quantization_config"] = {}  # None: the defaults, then what the shortcuts say
+        qc = new.get("quantization_config", {})
+        if not is_off(new.get("quantization")) and isinstance(qc, Mapping) and "method" not in qc:
+            new["quantization_config"] = {**qc, "method": new["quantization"]}  # not the base's method
+        for key, value in new.items():
             if key in ("quantization_config", "attention") and isinstance(value, Mapping):
                 data[key] = {**data[key], **value}
             else:
                 data[key] = value
-        if shortcuts:
-            given = overrides.get("quantization_config")
-            apply_step_shortcuts({"quantization_config": dict(given) if isinstance(given, Mapping) else {}}, shortcuts)
-            data["quantization_config"].update(shortcuts)
         return FP8Config(**data)
 
     def to_dict(self) -> dict:

@@ -33,15 +33,17 @@ class QuantizationConfig:
     method: "fp8" (float8 e4m3 W8A8) or "int8" (symmetric int8 W8A8).
     ignored_layers: module-name patterns of linears kept native, on top of the
       known-sensitive layers (embedders, adaLN modulation, final projection),
-      which stay native unless quantize_sensitive is true. None and [] both
-      mean "no extra patterns". The token "@defaults" (older configs) is accepted
-      and changes nothing: the sensitive layers are always kept.
-    quantize_sensitive: also quantize the sensitive layers (everything eligible
-      then runs quantized except `ignored_layers`); a synonym of sensitive="fp8".
+      which run as `sensitive` says. None and [] both mean "no extra patterns".
+      The token "@defaults" (older configs) is accepted and changes nothing:
+      the sensitive layers are always kept.
     sensitive: how the sensitive layers run: "weight_only" (default: quantized
       weights stored as weight_only_method / weight_only_group_size say,
       activations in the model's precision: W8A16), "native" or "fp8"
-      (quantized like every other linear, W8A8 with `method`).
+      (quantized like every other linear, W8A8 with `method`: everything eligible
+      then runs quantized except `ignored_layers`). A config's
+      `quantize_sensitive: true` (vLLM-Omni's key) is read as sensitive "fp8"
+      (fx_fp8.config.keys.fold_quantize_sensitive); the property
+      `quantize_sensitive` says whether sensitive is "fp8".
     weight_only_method: storage of weight-only (W8A16) layers, "int8" (default)
       or "fp8" (None: `method`); a device whose weight-only matmul takes one
       storage only (NPU: int8) uses that one.
@@ -80,7 +82,6 @@ class QuantizationConfig:
 
     method: str = "fp8"
     ignored_layers: tuple[str, ...] = ()
-    quantize_sensitive: bool = False
     activation_scheme: str = "dynamic"
     activation_granularity: str = "token"
     weight_granularity: str = "channel"
@@ -101,19 +102,9 @@ class QuantizationConfig:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass normalisation
         set_("method", check_choice("quantization_config.method", self.method, QUANTIZATION_METHODS[1:]))
         set_("ignored_layers", clean_patterns(self.ignored_layers))
-        check_bool("quantization_config.quantize_sensitive", self.quantize_sensitive)
-        sensitive = self.sensitive
-        if sensitive is not None:
-            sensitive = check_choice("quantization_config.sensitive", sensitive, SENSITIVE_MODES)
-            if sensitive is None:
-                raise ValueError(f"invalid quantization_config.sensitive {short_repr(self.sensitive)}: expected one of "
-                                 + ", ".join(repr(c) for c in SENSITIVE_MODES))
-        if self.quantize_sensitive and sensitive not in (None, "fp8"):
-            raise ValueError(f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
-                             f"with quantization_config.sensitive {short_repr(sensitive)}: give one of them")
-        sensitive = "fp8" if self.quantize_sensitive else (sensitive or DEFAULT_SENSITIVE)
-        set_("sensitive", sensitive)
-        set_("quantize_sensitive", sensitive == "fp8")
+        if self.sensitive is None:
+            set_("sensitive", DEFAULT_SENSITIVE)
+        set_("sensitive", check_choice("quantization_config.sensitive", self.sensitive, SENSITIVE_MODES))
         set_("skip_steps", parse_selector(self.skip_steps, what="quantization_config.skip_steps", relative=True))
         mode = check_choice("quantization_config.skip_steps_mode", self.skip_steps_mode, SKIP_STEPS_MODES)
         set_("skip_steps_mode", mode)
@@ -161,6 +152,11 @@ class QuantizationConfig:
                 raise ValueError("quantization_config.smoothing_alpha needs quantization_config.activation_scales: "
                                  "a calibration with per-channel statistics written by fx_fp8.calibrate "
                                  "(fx_fp8.save_activation_scales), or the object it returns")
+
+    @property
+    def quantize_sensitive(self) -> bool:
+        """The sensitive layers run W8A8 (sensitive "fp8"; vLLM-Omni's quantize_sensitive: true)."""
+        return self.sensitive == "fp8"
 
     @property
     def act_granularity(self) -> str:

@@ -88,15 +88,16 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
-def dataclass_from_mapping(cls, data: Mapping[str, Any] | None, where: str):
-    """Build a dataclass from a mapping, refusing unknown keys with a hint."""
+def dataclass_from_mapping(cls, data: Mapping[str, Any] | None, where: str, synonyms=()):
+    """Build a dataclass from a mapping, refusing unknown keys with a hint. synonyms: keys the
+    caller folds into fields before (named among the known keys, never passed on)."""
     if data is None:
         return cls()
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
         raise ValueError(f"invalid {where} {short_repr(data)}: expected a mapping")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls)} | set(synonyms)
     for key in data:
         if key not in names:
             raise ValueError(f"unknown key {short_repr(key)} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}")

@@ -204,7 +204,7 @@ def test_quantization_options_keep_attention_and_the_given_options():
 
     default = FP8Config.load(None).to_dict()
     sens_fp8 = FP8Config.load(None, **cb.with_quantization(None, {"sensitive": "fp8"})).to_dict()
-    default["quantization_config"].update(sensitive="fp8", quantize_sensitive=True)
+    default["quantization_config"].update(sensitive="fp8")
     assert sens_fp8 == default
 
 

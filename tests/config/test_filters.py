@@ -80,7 +80,7 @@ def test_user_list_adds_to_the_sensitive_layers():
         plan = plan_linear(sensitive, 64, 64, torch.float32, QuantizationConfig(**kw))
         kind, why = plan.kind, plan.reason
         assert kind == "weight_only" and why.startswith("known sensitive layer (pattern 'time_text_embed')"), why
-    opt_in = QuantizationConfig(ignored_layers=["img_mlp"], quantize_sensitive=True)
+    opt_in = QuantizationConfig(ignored_layers=["img_mlp"], sensitive="fp8")
     assert native_reason(sensitive, 64, 64, torch.float32, opt_in) is None
     assert native_reason("a.img_mlp.fc", 64, 64, torch.float32, opt_in) == "ignored_layers pattern 'img_mlp' (remove it from quantization_config.ignored_layers to quantize this layer)"
     # a structural reason found in the graph is reported instead of the name pattern

@@ -90,11 +90,14 @@ def test_sensitive_choice_and_its_synonym():
     from fx_fp8.config.quantization import QuantizationConfig
 
     assert QuantizationConfig().sensitive == fx_fp8.config.quantization.DEFAULT_SENSITIVE
-    assert QuantizationConfig(quantize_sensitive=True).sensitive == "fp8"
+    # quantize_sensitive is read as sensitive where a config comes in; the dataclass holds sensitive alone
+    assert FP8Config.from_kwargs(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
+    assert FP8Config(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
     assert QuantizationConfig(sensitive="FP8").quantize_sensitive is True
     assert QuantizationConfig(sensitive="native").quantize_sensitive is False
-    with pytest.raises(ValueError, match="quantize_sensitive: true .* disagrees with quantization_config.sensitive"):
-        QuantizationConfig(quantize_sensitive=True, sensitive="native")
+    for build in (FP8Config.from_kwargs, FP8Config().replace, FP8Config):
+        with pytest.raises(ValueError, match="quantize_sensitive: true .* disagrees with quantization_config.sensitive 'native'"):
+            build(quantization_config={"quantize_sensitive": True, "sensitive": "native"})
     with pytest.raises(ValueError, match=r"quantization_config\.sensitive 'bf16'"):
         QuantizationConfig(sensitive="bf16")
     # an override replaces the base's setting, in either spelling
