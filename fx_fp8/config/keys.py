@@ -10,7 +10,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
-from fx_fp8.config.quantization import QUANTIZATION_METHODS, SENSITIVE_MODES, QuantizationConfig, clean_patterns
+from fx_fp8.config.quantization import (QUANTIZATION_METHODS, SENSITIVE_MODES, QuantizationConfig, clean_patterns,
+                                        fold_quantize_sensitive)
 from fx_fp8.config.selectors import parse_selector
 from fx_fp8.config.values import check_bool, check_choice, did_you_mean, is_off, short_repr
 
@@ -94,21 +95,6 @@ def fold_legacy_keys(data: dict) -> dict:
             elif data.get(new) is None and (old_value is not None or new not in data):
                 data[new] = old_value
     return data
-
-
-def fold_quantize_sensitive(qc: Mapping) -> dict:
-    """quantization_config's `quantize_sensitive` (vLLM-Omni's key) as `sensitive`: true is
-    sensitive "fp8", false says nothing; true next to another `sensitive` is an error naming both."""
-    qc = dict(qc)
-    if "quantize_sensitive" not in qc:
-        return qc
-    if check_bool("quantization_config.quantize_sensitive", qc.pop("quantize_sensitive")):
-        sensitive = qc.get("sensitive")
-        if sensitive is not None and check_choice("quantization_config.sensitive", sensitive, SENSITIVE_MODES) != "fp8":
-            raise ValueError(f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
-                             f"with quantization_config.sensitive {short_repr(sensitive)}: give one of them")
-        qc["sensitive"] = "fp8"
-    return qc
 
 
 def check_method_agrees(quantization, qc) -> None:

@@ -180,3 +180,32 @@ def clean_patterns(layers) -> tuple[str, ...]:
     for p in cleaned:
         validate_pattern(p)
     return cleaned
+
+
+def fold_quantize_sensitive(qc: Mapping) -> dict:
+    """quantization_config's `quantize_sensitive` (vLLM-Omni's key) as `sensitive`: true is
+    sensitive "fp8", false says nothing; true next to another `sensitive` is an error naming both."""
+    qc = dict(qc)
+    if "quantize_sensitive" not in qc:
+        return qc
+    if check_bool("quantization_config.quantize_sensitive", qc.pop("quantize_sensitive")):
+        sensitive = qc.get("sensitive")
+        if sensitive is not None and check_choice("quantization_config.sensitive", sensitive, SENSITIVE_MODES) != "fp8":
+            raise ValueError(f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
+                             f"with quantization_config.sensitive {short_repr(sensitive)}: give one of them")
+        qc["sensitive"] = "fp8"
+    return qc
+
+
+def _taking_quantize_sensitive(init):
+    """QuantizationConfig(..., quantize_sensitive=True) keeps working (the keyword was a field
+    until the synonym was folded into `sensitive` at the door): folded as the keys are."""
+    def __init__(self, *args, quantize_sensitive=None, **kwargs):
+        if quantize_sensitive is not None:
+            kwargs = fold_quantize_sensitive({**kwargs, "quantize_sensitive": quantize_sensitive})
+        init(self, *args, **kwargs)
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    return __init__
+
+
+QuantizationConfig.__init__ = _taking_quantize_sensitive(QuantizationConfig.__init__)

@@ -95,3 +95,13 @@ def test_replace_keeps_a_flat_ignored_layers_next_to_a_reset_quantization_config
     cfg = base.replace(quantization_config=None, ignored_layers=["img_mlp"])
     assert cfg.quantization_config.ignored_layers == ("img_mlp",) and cfg.quantization_config.min_features == 32
     assert base.replace(quantization_config=None).quantization_config.min_features == 32
+
+
+def test_quantization_config_built_directly_still_takes_quantize_sensitive():
+    """The public dataclass kept its vLLM-Omni keyword when the field was folded into `sensitive`."""
+    from fx_fp8 import QuantizationConfig
+
+    assert QuantizationConfig(quantize_sensitive=True).sensitive == "fp8"
+    assert QuantizationConfig(quantize_sensitive=False).sensitive == QuantizationConfig().sensitive
+    with pytest.raises(ValueError, match="disagrees with quantization_config.sensitive 'weight_only'"):
+        QuantizationConfig(quantize_sensitive=True, sensitive="weight_only")
