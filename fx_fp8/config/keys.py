@@ -10,10 +10,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
-from fx_fp8.config.quantization import (QUANTIZATION_METHODS, SENSITIVE_MODES, QuantizationConfig, clean_patterns,
+from fx_fp8.config.quantization import (QUANTIZATION_METHODS, QuantizationConfig, clean_patterns,
                                         fold_quantize_sensitive)
 from fx_fp8.config.selectors import parse_selector
-from fx_fp8.config.values import check_bool, check_choice, did_you_mean, is_off, short_repr
+from fx_fp8.config.values import check_choice, did_you_mean, is_off, short_repr
 
 #: the keys of a flat FP8 config (legacy kv_cache_* spellings aside: normalise_keys folds them)
 TOP_KEYS = (
