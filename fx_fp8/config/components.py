@@ -17,11 +17,10 @@ attention is a denoising transformer's. compile_pipeline reads the map (fx_fp8/p
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from fx_fp8.config.files import config_keys, read_config_file
+from fx_fp8.config.files import read_config
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import short_repr
 
@@ -47,21 +46,18 @@ class ComponentConfigs:
 
     @classmethod
     def split(cls, config, overrides: Mapping) -> "ComponentConfigs":
+        """config: what compile_pipeline was given (read here, unless read_config has read it)."""
         overrides = dict(overrides)
+        data = read_config(config)
         if is_component_map(overrides.get("quantization")):
-            return cls(config, overrides, *_specs(overrides.pop("quantization"), "quantization="))
-        data = config
-        if isinstance(config, (str, os.PathLike)):
-            data = config_keys(read_config_file(config), os.fspath(config), warn=False)
-        elif isinstance(config, Mapping):
-            data = config_keys(config, "config", warn=False)
+            return cls(data, overrides, *_specs(overrides.pop("quantization"), "quantization="))
         if isinstance(data, Mapping) and is_component_map(data.get("quantization")):
             if "quantization" in overrides:
                 raise ValueError(f"quantization={short_repr(overrides['quantization'])} and the config's component map "
                                  f"{short_repr(dict(data['quantization']))} both set quantization: give one")
             rest = {k: v for k, v in data.items() if k != "quantization"}
             return cls(rest, overrides, *_specs(data["quantization"], "quantization"))
-        return cls(config, overrides)
+        return cls(data, overrides)
 
     @property
     def named(self) -> list:
