@@ -17,7 +17,7 @@ import torch.nn as nn
 from fx_fp8.compile.backend import MODES
 from fx_fp8.compile.downstream import check_downstream_takes, check_inductor_options
 from fx_fp8.compile.stored_config import StoredConfigConflict, settle, stored_config
-from fx_fp8.config.components import ComponentConfigs
+from fx_fp8.config.components import ComponentConfigs, is_wildcard
 from fx_fp8.config.files import read_config
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import short_repr
@@ -125,7 +125,7 @@ def _loaded_configs(transformers: dict, scoped: ComponentConfigs, configs: dict)
         if stored is None:
             continue
         try:
-            if scoped.specs is not None and (attr in scoped.specs or scoped.default is not None):
+            if scoped.specs is not None and (scoped.key_for(attr) is not None or scoped.default is not None):
                 out[attr] = settle(stored, configs[attr])
             else:
                 out[attr] = settle(stored, scoped.base, **scoped.overrides)
@@ -150,29 +150,56 @@ def _find_transformers(pipe) -> dict:
 
 
 def _other_components(pipe, scoped: ComponentConfigs) -> dict:
-    """{name: (module, config)} of the components a component map names that are not denoising
-    transformers; a ValueError naming an unknown component (and the pipeline's), or one that is
-    not a torch module, before anything changes."""
-    out = {}
+    """{name: (module, config)} of the components a component map covers that are not denoising
+    transformers (a key covers the names it begins, vLLM-Omni's rule: components.py); a ValueError
+    naming a key that matches no component (and the pipeline's components), a component named
+    exactly that is not a torch module, or one already compiled, before anything changes."""
     components = getattr(pipe, "components", None)
     known = list(components) if isinstance(components, dict) else []
-    for name in scoped.named:
-        if name in TRANSFORMER_ATTRS and getattr(pipe, name, None) is not None:
+    transformers = [a for a in TRANSFORMER_ATTRS if getattr(pipe, a, None) is not None]
+    # the names a key may begin: `components` (diffusers), else the pipeline's attributes
+    names = known or [n for n in vars(pipe) if not n.startswith("_")]
+    exact = []
+    for key in scoped.named:
+        if key in transformers:
             continue
-        listed = name in known if known else hasattr(pipe, name)  # `components` (diffusers), else attributes
-        if not listed:
-            raise ValueError(f"quantization names component {name!r}, which {type(pipe).__name__} does not have; its "
-                             f"components: {', '.join(known) or '(none listed)'}")
+        listed = key in known if known else hasattr(pipe, key)
+        if listed:
+            exact.append(key)
+            _check_component(pipe, key, getattr(pipe, key, None), named=True)
+            continue
+        covered = [n for n in dict.fromkeys([*transformers, *names]) if n.startswith(key)]
+        if not covered:
+            hint = (f"; component keys are name prefixes, as vLLM-Omni's (its ComponentQuantizationConfig has no "
+                    f"wildcards): {key.rstrip('*?[')!r} covers every component whose name begins with it"
+                    if is_wildcard(key) else "")
+            raise ValueError(f"quantization names component {key!r}, which {type(pipe).__name__} does not have; its "
+                             f"components: {', '.join(known) or '(none listed)'}{hint}")
+        if not any(n in transformers or isinstance(getattr(pipe, n, None), nn.Module) for n in covered):
+            raise ValueError(f"quantization key {key!r} covers {', '.join(covered)} of {type(pipe).__name__}, none "
+                             "of them a torch.nn.Module: only model components have linears to quantize")
+    out = {}
+    for name in dict.fromkeys([*exact, *names]):
+        key = scoped.key_for(name)
+        if name in transformers or key is None:
+            continue
         module = getattr(pipe, name, None)
-        if not isinstance(module, nn.Module):
-            raise ValueError(f"quantization names component {name!r}, but pipe.{name} is "
-                             f"{'None (not loaded)' if module is None else 'a ' + type(module).__name__}, not a "
-                             "torch.nn.Module: only model components have linears to quantize")
-        if is_compiled_module(module):
-            raise ValueError(f"pipe.{name} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
-        if scoped.specs[name] is not None:
+        if name not in exact:
+            if not isinstance(module, nn.Module):
+                continue   # covered by a shorter key, nothing to quantize (a tokenizer, a component not loaded)
+            _check_component(pipe, name, module, named=False)
+        if scoped.specs[key] is not None:
             out[name] = (module, scoped.component_config(name))
     return out
+
+
+def _check_component(pipe, name: str, module, *, named: bool) -> None:
+    if named and not isinstance(module, nn.Module):
+        raise ValueError(f"quantization names component {name!r}, but pipe.{name} is "
+                         f"{'None (not loaded)' if module is None else 'a ' + type(module).__name__}, not a "
+                         "torch.nn.Module: only model components have linears to quantize")
+    if is_compiled_module(module):
+        raise ValueError(f"pipe.{name} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
 
 
 def _check_regional(transformers: dict, popts) -> None:
