@@ -7,21 +7,26 @@ linears' quantization by component, with vLLM-Omni's spelling (vllm_omni/quantiz
       transformer: fp8                 # a method name,
       text_encoder: {method: int8}     # a quantization_config mapping (`quant_method` accepted),
       text_encoder_2: null             # or null: left as it is
-      default: fp8                     # the denoising transformers not named (vLLM-Omni: unmatched prefixes)
+      default: fp8                     # the denoising transformers no key covers (vLLM-Omni: unmatched prefixes)
+
+A key names components as vLLM-Omni's `ComponentQuantizationConfig.resolve` matches them: a key
+applies to every component whose name begins with it (`text_encoder` covers `text_encoder_2`
+too), and where several keys begin a name the longest wins (`text_encoder_2: null` next to
+`text_encoder: fp8` leaves text_encoder_2 as it is). Keys are prefixes, not wildcards: `*`, `?`
+and `[` are plain characters there, so such a key matches no component and is refused by name.
 
 A plain config (a method, or no `quantization` key) means the denoising transformers, as
-before. In a component map a denoising transformer that is neither named nor covered by
-`default` keeps native linears (vLLM-Omni's default is none); its attention follows the
+before. In a component map a denoising transformer that no key covers and `default` does not
+cover keeps native linears (vLLM-Omni's default is none); its attention follows the
 config's other keys. The other components (text encoders, ...) get their linears only: FP8
-attention is a denoising transformer's. compile_pipeline reads the map (fx_fp8/pipeline/compile.py).
+attention is a denoising transformer's. compile_pipeline reads the map (fx_fp8/pipeline/plan.py).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from fx_fp8.config.files import config_keys, read_config_file
+from fx_fp8.config.files import read_config
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import short_repr
 
@@ -47,43 +52,64 @@ class ComponentConfigs:
 
     @classmethod
     def split(cls, config, overrides: Mapping) -> "ComponentConfigs":
+        """config: what compile_pipeline was given (read here, unless read_config has read it)."""
         overrides = dict(overrides)
+        data = read_config(config)
         if is_component_map(overrides.get("quantization")):
-            return cls(config, overrides, *_specs(overrides.pop("quantization"), "quantization="))
-        data = config
-        if isinstance(config, (str, os.PathLike)):
-            data = config_keys(read_config_file(config), os.fspath(config), warn=False)
-        elif isinstance(config, Mapping):
-            data = config_keys(config, "config", warn=False)
+            return cls(data, overrides, *_specs(overrides.pop("quantization"), "quantization="))
         if isinstance(data, Mapping) and is_component_map(data.get("quantization")):
             if "quantization" in overrides:
                 raise ValueError(f"quantization={short_repr(overrides['quantization'])} and the config's component map "
                                  f"{short_repr(dict(data['quantization']))} both set quantization: give one")
             rest = {k: v for k, v in data.items() if k != "quantization"}
             return cls(rest, overrides, *_specs(data["quantization"], "quantization"))
-        return cls(config, overrides)
+        return cls(data, overrides)
 
     @property
     def named(self) -> list:
-        """The components the map names ("default" aside)."""
+        """The map's keys ("default" aside): component names, each covering the names it begins."""
         return [c for c in (self.specs or {}) if c != DEFAULT_COMPONENT]
 
+    def key_for(self, name: str) -> Optional[str]:
+        """The key that applies to component `name` (None: no key begins it)."""
+        return matching_key(name, self.named)
+
     def transformer_config(self, attr: str) -> FP8Config:
-        """The config of the denoising transformer `attr`: the plain config, or with a map its spec
-        (else `default`, else native linears) over the config's other keys."""
+        """The config of the denoising transformer `attr`: the plain config, or with a map the spec
+        of the key that applies to it (else `default`, else native linears) over the config's other keys."""
         base = FP8Config.load(self.base, **self.overrides)
         if self.specs is None:
             return base
-        spec = self.specs[attr] if attr in self.specs else self.default
+        key = self.key_for(attr)
+        spec = self.specs[key] if key is not None else self.default
         return base.replace(**(spec or {"quantization": None}))
 
     def component_config(self, name: str) -> FP8Config:
-        """The config of a component that is not a denoising transformer: its spec's linears, no
-        FP8 attention, the base's lowering and downstream."""
+        """The config of a component that is not a denoising transformer: the spec of the key that
+        applies to it, linears only (no FP8 attention), the base's lowering and downstream."""
         base = FP8Config.load(self.base, **self.overrides)
-        spec = self.specs[name] or {"quantization": None}
+        key = self.key_for(name)
+        spec = (self.specs[key] if key is not None else None) or {"quantization": None}
         return FP8Config.from_kwargs(diffusion_kv_cache_dtype=None, lowering=base.lowering,
                                      downstream=base.downstream, **spec)
+
+
+def matching_key(name: str, keys) -> Optional[str]:
+    """The key of `keys` that applies to component `name`, or None.
+
+    vLLM-Omni's rule, ComponentQuantizationConfig.resolve in vllm-project/vllm-omni
+    vllm_omni/quantization/component_config.py (read at commit 442b6b32): keys sorted longest
+    first, the first that `name` starts with wins, no match falls to the default. Plain
+    str.startswith: no wildcards, and no dot boundary ('transformer' covers 'transformer_2')."""
+    for key in sorted(keys, key=len, reverse=True):
+        if name.startswith(key):
+            return key
+    return None
+
+
+def is_wildcard(key: str) -> bool:
+    """A key written as a shell pattern: vLLM-Omni matches keys as plain prefixes, so it matches nothing."""
+    return any(c in key for c in "*?[")
 
 
 def _specs(mapping: Mapping, where: str) -> tuple[dict, Optional[dict]]:

@@ -24,6 +24,19 @@ def config_keys(data, where: str, *, warn: bool = True) -> dict:
     return dict(data)
 
 
+def read_config(config):
+    """What a user hands as a config, read once: a YAML path (flat or a vLLM-Omni stage config) or a
+    mapping becomes its keys (a stage config's diffusion engine_args, warned about here as
+    FP8Config.load warns); None, an FP8Config or anything else comes back as it is (FP8Config.load
+    judges it). Reading what this returned again is a no-op: compile_pipeline reads its config
+    here once and hands the keys to every reader (components, FP8 config, pipeline options)."""
+    if isinstance(config, (str, os.PathLike)):
+        return config_keys(read_config_file(config), os.fspath(config))
+    if isinstance(config, Mapping):
+        return config_keys(config, "config")
+    return config
+
+
 def read_config_file(path):
     """A YAML config file's data; a ValueError naming the file when it is missing, a folder, not
     UTF-8 or not YAML."""

@@ -1,7 +1,8 @@
 """The diffusers glue: FP8 for a whole pipeline, next to context parallelism and cache acceleration.
 
 One concern a file:
-  compile.py            compile_pipeline: prepare, compile and hook each denoising transformer
+  compile.py            compile_pipeline: prepare, compile and hook each denoising transformer (install a plan)
+  plan.py               PipelinePlan: what compile_pipeline will do, every check run before any change
   restore.py            restore_pipeline: undo compile_pipeline
   state.py              PipelineFP8State (what compile_pipeline changed) and the record of the last run
   step_publishing.py    the denoising step published during a run (pipeline __call__ + scheduler.step)

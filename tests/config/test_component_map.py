@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fx_fp8.config.components import ComponentConfigs, is_component_map
+from fx_fp8.config.components import ComponentConfigs, is_component_map, matching_key
 
 
 def test_plain_config_means_the_transformers():
@@ -25,8 +25,11 @@ def test_map_scopes_linears_and_keeps_attention_for_transformers(tmp_path):
     assert not te.attention_enabled and te.quantization == "int8"
     assert te.quantization_config.ignored_layers == ("fc2",)
     assert not scoped.component_config("text_encoder_2").linear_enabled
-    # a denoising transformer the map does not name keeps native linears (vLLM-Omni: default none)
-    assert not scoped.transformer_config("transformer_2").linear_enabled
+    # a key covers the names it begins (vLLM-Omni's prefix rule): 'transformer' covers transformer_2
+    assert scoped.transformer_config("transformer_2").quantization == "fp8"
+    # a denoising transformer no key begins keeps native linears (vLLM-Omni: default none)
+    only_encoders = ComponentConfigs.split(None, {"quantization": {"text_encoder": "fp8"}})
+    assert not only_encoders.transformer_config("transformer").linear_enabled
 
 
 def test_default_covers_unnamed_transformers_and_override_map():
@@ -58,3 +61,22 @@ def test_a_model_config_given_a_component_map_points_to_compile_pipeline():
 
     with pytest.raises(ValueError, match=r"maps pipeline components .* fx_fp8.compile_pipeline reads it"):
         FP8Config.load({"quantization": {"text_encoder": "fp8"}})
+
+
+def test_keys_match_as_vllm_omni_prefixes_longest_first():
+    """vLLM-Omni's ComponentQuantizationConfig.resolve: str.startswith, the longest key that
+    begins the name wins, no dot boundary, no wildcards."""
+    keys = ["text_encoder", "text_encoder_2", "transformer", "t"]
+    assert matching_key("text_encoder", keys) == "text_encoder"
+    assert matching_key("text_encoder_2", keys) == "text_encoder_2"      # longest wins, whatever the order
+    assert matching_key("text_encoder_3", keys) == "text_encoder"
+    assert matching_key("transformer_2", keys) == "transformer"
+    assert matching_key("tokenizer", keys) == "t"
+    assert matching_key("vae", keys) is None
+    assert matching_key("text_encoder_2", ["text_encoder*"]) is None     # a shell pattern is a plain prefix
+    scoped = ComponentConfigs.split(None, {"quantization": {"text_encoder": "fp8", "text_encoder_2": None,
+                                                            "transformer_2": "int8", "default": "fp8"}})
+    assert scoped.component_config("text_encoder_3").quantization == "fp8"
+    assert not scoped.component_config("text_encoder_2").linear_enabled
+    assert scoped.transformer_config("transformer_2").quantization == "int8"
+    assert scoped.transformer_config("transformer").quantization == "fp8"   # default: no key begins it

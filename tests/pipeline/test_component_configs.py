@@ -67,3 +67,35 @@ def test_keep_weights_puts_the_text_encoder_linears_back():
     fx_fp8.restore_pipeline(pipe)
     assert pipe.text_encoder is clip and type(clip.text_model.encoder.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert torch.equal(clip.text_model.encoder.layers[0].self_attn.q_proj.weight, q.weight)
+
+
+@pytest.mark.parametrize("quantization, covered", [
+    ({"text_encoder": "fp8"}, {"text_encoder", "text_encoder_2"}),       # a key covers the names it begins
+    ({"text_encoder": "fp8", "text_encoder_2": None}, {"text_encoder"}),  # the longest key wins
+    ({"text_encoder_2": "int8"}, {"text_encoder_2"}),
+    ({"t": "fp8"}, {"text_encoder", "text_encoder_2"}),                   # tokenizer (None) has nothing to quantize
+])
+def test_keys_cover_components_as_vllm_omni_prefixes(quantization, covered):
+    """vLLM-Omni's ComponentQuantizationConfig.resolve: a key applies to every component whose name
+    begins with it, the longest such key wins (fx_fp8/config/components.py cites the source)."""
+    pipe, _ = _flux_with_encoders()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx_fp8.compile_pipeline(pipe, quantization=quantization, prepare=False)
+    compiled = fx_fp8.pipeline_state(pipe).compiled
+    assert covered and set(compiled) - {"transformer"} == covered
+    assert all(pipe.components[name] is compiled[name] for name in covered)
+
+
+@pytest.mark.parametrize("key, message", [
+    ("text_encoder*", r"quantization names component 'text_encoder\*', which FluxPipeline does not have; its "
+                      r"components: .*component keys are name prefixes, as vLLM-Omni's .* 'text_encoder' covers"),
+    ("clip", r"quantization names component 'clip', which FluxPipeline does not have"),
+    ("tok", r"quantization key 'tok' covers tokenizer, tokenizer_2 of FluxPipeline, none of them a torch.nn.Module"),
+])
+def test_a_key_covering_no_model_component_is_refused_by_name(key, message):
+    pipe, _ = _flux_with_encoders()
+    before = dict(pipe.components)
+    with pytest.raises(ValueError, match=message):
+        fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", key: "fp8"})
+    assert dict(pipe.components) == before
