@@ -12,8 +12,10 @@ linears' quantization by component, with vLLM-Omni's spelling (vllm_omni/quantiz
 A key names components as vLLM-Omni's `ComponentQuantizationConfig.resolve` matches them: a key
 applies to every component whose name begins with it (`text_encoder` covers `text_encoder_2`
 too), and where several keys begin a name the longest wins (`text_encoder_2: null` next to
-`text_encoder: fp8` leaves text_encoder_2 as it is). Keys are prefixes, not wildcards: `*`, `?`
-and `[` are plain characters there, so such a key matches no component and is refused by name.
+`text_encoder: fp8` leaves text_encoder_2 as it is). A key with `*`, `?` or `[` is a shell
+pattern matched against the whole name (`text_encoder_*` covers text_encoder_2 and _3, not
+text_encoder), tried before the prefixes, the longest pattern winning (vLLM-Omni's layer-role
+patterns). A key that covers no component is refused by name.
 
 A plain config (a method, or no `quantization` key) means the denoising transformers, as
 before. In a component map a denoising transformer that no key covers and `default` does not
@@ -23,6 +25,7 @@ attention is a denoising transformer's. compile_pipeline reads the map (fx_fp8/p
 """
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -97,18 +100,29 @@ class ComponentConfigs:
 def matching_key(name: str, keys) -> Optional[str]:
     """The key of `keys` that applies to component `name`, or None.
 
-    vLLM-Omni's rule, ComponentQuantizationConfig.resolve in vllm-project/vllm-omni
-    vllm_omni/quantization/component_config.py (read at commit 442b6b32): keys sorted longest
-    first, the first that `name` starts with wins, no match falls to the default. Plain
-    str.startswith: no wildcards, and no dot boundary ('transformer' covers 'transformer_2')."""
-    for key in sorted(keys, key=len, reverse=True):
+    vLLM-Omni's rule, ComponentQuantizationConfig in vllm-project/vllm-omni
+    vllm_omni/quantization/component_config.py: keys with a shell wildcard (`*`, `?`, `[`) are
+    fnmatch patterns, tried first, the longest pattern that matches the whole name winning (the
+    version with layer-role patterns); then plain keys, sorted longest first, the first that
+    `name` starts with winning (`resolve` at commit 442b6b32): no dot boundary, so
+    'transformer' covers 'transformer_2'. No match falls to the default."""
+    keys = list(keys)
+    for key in sorted((k for k in keys if is_wildcard(k)), key=len, reverse=True):
+        if fnmatch.fnmatchcase(name, key):
+            return key
+    for key in sorted((k for k in keys if not is_wildcard(k)), key=len, reverse=True):
         if name.startswith(key):
             return key
     return None
 
 
+def covers(key: str, name: str) -> bool:
+    """Whether `key` (a pattern or a prefix, as matching_key reads it) applies to `name` on its own."""
+    return fnmatch.fnmatchcase(name, key) if is_wildcard(key) else name.startswith(key)
+
+
 def is_wildcard(key: str) -> bool:
-    """A key written as a shell pattern: vLLM-Omni matches keys as plain prefixes, so it matches nothing."""
+    """A key written as a shell pattern (fnmatch), matched against the whole component name."""
     return any(c in key for c in "*?[")
 
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 from fx_fp8.compile.backend import MODES
 from fx_fp8.compile.downstream import check_downstream_takes, check_inductor_options
 from fx_fp8.compile.stored_config import StoredConfigConflict, settle, stored_config
-from fx_fp8.config.components import ComponentConfigs, is_wildcard
+from fx_fp8.config.components import ComponentConfigs, covers, is_wildcard
 from fx_fp8.config.files import read_config
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.values import short_repr
@@ -168,11 +168,10 @@ def _other_components(pipe, scoped: ComponentConfigs) -> dict:
             exact.append(key)
             _check_component(pipe, key, getattr(pipe, key, None), named=True)
             continue
-        covered = [n for n in dict.fromkeys([*transformers, *names]) if n.startswith(key)]
+        covered = [n for n in dict.fromkeys([*transformers, *names]) if covers(key, n)]
         if not covered:
-            hint = (f"; component keys are name prefixes, as vLLM-Omni's (its ComponentQuantizationConfig has no "
-                    f"wildcards): {key.rstrip('*?[')!r} covers every component whose name begins with it"
-                    if is_wildcard(key) else "")
+            hint = ("; a key with * ? [ is a shell pattern matched against the whole component name, a plain key "
+                    "a name prefix (as vLLM-Omni's ComponentQuantizationConfig)" if is_wildcard(key) else "")
             raise ValueError(f"quantization names component {key!r}, which {type(pipe).__name__} does not have; its "
                              f"components: {', '.join(known) or '(none listed)'}{hint}")
         if not any(n in transformers or isinstance(getattr(pipe, n, None), nn.Module) for n in covered):

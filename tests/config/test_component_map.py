@@ -65,7 +65,7 @@ def test_a_model_config_given_a_component_map_points_to_compile_pipeline():
 
 def test_keys_match_as_vllm_omni_prefixes_longest_first():
     """vLLM-Omni's ComponentQuantizationConfig.resolve: str.startswith, the longest key that
-    begins the name wins, no dot boundary, no wildcards."""
+    begins the name wins, no dot boundary; wildcard keys are fnmatch patterns tried first."""
     keys = ["text_encoder", "text_encoder_2", "transformer", "t"]
     assert matching_key("text_encoder", keys) == "text_encoder"
     assert matching_key("text_encoder_2", keys) == "text_encoder_2"      # longest wins, whatever the order
@@ -73,7 +73,12 @@ def test_keys_match_as_vllm_omni_prefixes_longest_first():
     assert matching_key("transformer_2", keys) == "transformer"
     assert matching_key("tokenizer", keys) == "t"
     assert matching_key("vae", keys) is None
-    assert matching_key("text_encoder_2", ["text_encoder*"]) is None     # a shell pattern is a plain prefix
+    # a key with a shell wildcard is an fnmatch pattern over the whole name, tried before the prefixes
+    assert matching_key("text_encoder_2", ["text_encoder*"]) == "text_encoder*"
+    assert matching_key("text_encoder", ["text_encoder_*", "t"]) == "t"
+    assert matching_key("text_encoder_2", ["text_encoder_2", "text_encoder_?"]) == "text_encoder_?"
+    assert matching_key("text_encoder_2", ["text_*", "text_encoder_*"]) == "text_encoder_*"  # longest pattern
+    assert matching_key("vae", ["text_*"]) is None
     scoped = ComponentConfigs.split(None, {"quantization": {"text_encoder": "fp8", "text_encoder_2": None,
                                                             "transformer_2": "int8", "default": "fp8"}})
     assert scoped.component_config("text_encoder_3").quantization == "fp8"

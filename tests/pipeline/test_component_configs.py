@@ -74,6 +74,8 @@ def test_keep_weights_puts_the_text_encoder_linears_back():
     ({"text_encoder": "fp8", "text_encoder_2": None}, {"text_encoder"}),  # the longest key wins
     ({"text_encoder_2": "int8"}, {"text_encoder_2"}),
     ({"t": "fp8"}, {"text_encoder", "text_encoder_2"}),                   # tokenizer (None) has nothing to quantize
+    ({"text_encoder_*": "fp8"}, {"text_encoder_2"}),                      # a pattern matches the whole name
+    ({"text_encoder": "fp8", "text_encoder_?": None}, {"text_encoder"}),  # patterns are tried before prefixes
 ])
 def test_keys_cover_components_as_vllm_omni_prefixes(quantization, covered):
     """vLLM-Omni's ComponentQuantizationConfig.resolve: a key applies to every component whose name
@@ -88,8 +90,8 @@ def test_keys_cover_components_as_vllm_omni_prefixes(quantization, covered):
 
 
 @pytest.mark.parametrize("key, message", [
-    ("text_encoder*", r"quantization names component 'text_encoder\*', which FluxPipeline does not have; its "
-                      r"components: .*component keys are name prefixes, as vLLM-Omni's .* 'text_encoder' covers"),
+    ("clip_*", r"quantization names component 'clip_\*', which FluxPipeline does not have; its "
+               r"components: .*a key with \* \? \[ is a shell pattern matched against the whole component name"),
     ("clip", r"quantization names component 'clip', which FluxPipeline does not have"),
     ("tok", r"quantization key 'tok' covers tokenizer, tokenizer_2 of FluxPipeline, none of them a torch.nn.Module"),
 ])
