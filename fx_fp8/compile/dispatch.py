@@ -14,8 +14,8 @@ import torch
 
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.dynamo_internals import find_compiled_model, runtime_instance
-from fx_fp8.graph.names import OWNERS, instance_holding, module_names_of
-from fx_fp8.quant.weight_state import OWNERS as OWNERS_BY_TENSOR
+from fx_fp8.graph.names import instance_holding, module_names_of
+from fx_fp8.graph.owners import OWNERS
 from fx_fp8.report import ModelRecord
 from fx_fp8.steps import variant_for_step
 
@@ -105,7 +105,7 @@ class InstanceDispatch:
         owns the first of them weakly and checks it still holds it: no reference of any kind on
         the user's parameters (torch's swap-based conversion refuses to swap a weakly referenced one)."""
         param = args[self.slots[0]]
-        owner = OWNERS_BY_TENSOR.owner(model, param)
+        owner = OWNERS.holding(model, param)
         key = self.key(args)
         self.by_params[key] = ((weakref.ref(owner[0]), owner[1]) if owner is not None else None, fn)
         if instance is not None:  # an instance's parameters replaced since: its older key goes
@@ -217,7 +217,7 @@ def find_anchors(example_inputs, model: torch.nn.Module, instance: str) -> list[
     `instance` in `model` the graph is called with; [] when it reads none."""
     anchors = []
     for i, t in enumerate(example_inputs):
-        holder = OWNERS.holder(model, t) if isinstance(t, torch.nn.Parameter) else None
+        holder = OWNERS.name(model, t) if isinstance(t, torch.nn.Parameter) else None
         if holder is None:
             continue
         if not instance:

@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import find_compiled_model, split_source, traced_frame_variables
 from fx_fp8.graph.forms import is_attention
+from fx_fp8.graph.owners import OWNERS, owner_in
 
 _BLOCK = re.compile(r"^(.*?\b[A-Za-z_][\w]*)\.(\d+)(?:\.|$)")
 
@@ -102,16 +103,9 @@ class ModelNames:
         self.model = model
         self.frame_vars = frame_vars
         self.caller = caller
-        self.param_owner: dict[int, str] = {}
-        self.module_name_of: dict[int, str] = {}
-        if model is not None:
-            for name, mod in model.named_modules(remove_duplicate=False):
-                self.module_name_of.setdefault(id(mod), name)
-                for pname, p in mod.named_parameters(recurse=False):
-                    self.param_owner.setdefault(id(p), name)
-                for bname, b in mod.named_buffers(recurse=False):
-                    if b is not None:
-                        self.param_owner.setdefault(id(b), name)
+        self.module_name_of: dict[int, str] = module_names_of(model) if model is not None else {}
+        # the model's tensors as they are now (a graph's activations are not looked up again on a miss)
+        self.holders: dict[int, tuple] = OWNERS.fresh(model) if model is not None else {}
 
     def instance(self) -> Optional[str]:
         """The model's name of the module instance the traced frame belongs to: the frame's
@@ -124,7 +118,10 @@ class ModelNames:
 
     def of_tensor(self, t) -> Optional[str]:
         """Name of the module owning parameter/buffer `t`, or None."""
-        return self.param_owner.get(id(t)) if isinstance(t, torch.Tensor) else None
+        if not isinstance(t, torch.Tensor):
+            return None
+        owner = owner_in(self.holders, t)
+        return owner[2] if owner is not None else None
 
     def of_stack(self, node: torch.fx.Node) -> tuple[str, bool]:
         """(name, resolved) of the innermost module in a node's nn_module_stack."""
@@ -253,45 +250,18 @@ def module_names_of(model: nn.Module) -> dict[int, str]:
     return {id(m): n for n, m in reversed(list(model.named_modules(remove_duplicate=False)))}
 
 
-def parameter_owners(model: nn.Module) -> dict[int, str]:
-    """{id(parameter or buffer): name of the module holding it} for `model`."""
-    return ModelNames(model, {}).param_owner
-
-
-class ParameterOwners:
-    """parameter_owners per model, kept until a lookup misses (a parameter replaced since)."""
-
-    def __init__(self):
-        self.maps: dict[int, tuple] = {}  # id(model) -> (weakref(model), {id(param): name})
-
-    def holder(self, model: nn.Module, param: torch.Tensor) -> Optional[str]:
-        entry = self.maps.get(id(model))
-        if entry is None or entry[0]() is not model or id(param) not in entry[1]:
-            for key in [k for k, (ref, _) in self.maps.items() if ref() is None]:
-                del self.maps[key]
-            entry = self.maps[id(model)] = (weakref.ref(model), parameter_owners(model))
-        return entry[1].get(id(param))
-
-
-#: one map per model for the whole process: every graph of a model (each block class under
-#: regional compilation) looks its parameters up in the same one
-OWNERS = ParameterOwners()
-
-
-def instance_holding(param: torch.Tensor, anchor: str, models: list,
-                     owners: Optional[ParameterOwners] = None) -> Optional[tuple]:
+def instance_holding(param: torch.Tensor, anchor: str, models: list) -> Optional[tuple]:
     """(model, owner, instance name) for a parameter the compiled graph is called with: the
     module holding it is `<instance>.<anchor>` in one of `models` ((model, owner) pairs already
     known), else in the model found on the Python stack (a model of the same class seen for
     the first time). None when no model holds it. Runs once per new instance, not per call."""
-    owners = owners or OWNERS
     for model, owner in models:
-        found = _instance_of(owners.holder(model, param), anchor)
+        found = _instance_of(OWNERS.name(model, param), anchor)
         if found is not None:
             return model, owner, found
     model, owner, _ = find_compiled_model({id(param)})
     if model is not None and all(model is not m for m, _ in models):
-        found = _instance_of(owners.holder(model, param), anchor)
+        found = _instance_of(OWNERS.name(model, param), anchor)
         if found is not None:
             return model, owner, found
     return None

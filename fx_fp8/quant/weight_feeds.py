@@ -21,8 +21,9 @@ from typing import Callable, Optional
 import torch
 import torch.fx
 
+from fx_fp8.graph.owners import OWNERS
 from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.quant.weight_state import OWNERS, WeightState, copy_key, digests, state_on
+from fx_fp8.quant.weight_state import WeightState, copy_key, digests, state_on
 from fx_fp8.quant.weight_writers import WRITES, follow_writers
 
 #: what a Feed supplies
@@ -122,7 +123,7 @@ class Resolver:
         if not isinstance(weight, torch.Tensor):
             return None
         model = self._model() if self._model is not None else None
-        return OWNERS.owner(model, weight) if model is not None else None
+        return OWNERS.holding(model, weight) if model is not None else None
 
     def state(self, slot: int, weight: torch.Tensor, name: str = "") -> WeightState:
         owner = self.owner(weight)

@@ -24,7 +24,6 @@ copy_to / restore, PEFT's merge / unmerge: fx_fp8/quant/weight_writers.py), and
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -32,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
+from fx_fp8.graph.owners import OWNERS, held
 from fx_fp8.quant.recipe import Smoothing, WeightRecipe
 
 #: the attribute of a module's __dict__ holding {weight attribute name: WeightState}
@@ -207,47 +207,6 @@ def state_on(module: nn.Module, attr: str, name: str = "") -> WeightState:
     return st
 
 
-class Owners:
-    """Which module holds a tensor, by identity, per model (rebuilt when a lookup misses: a
-    parameter replaced since). Holds the model weakly."""
-
-    def __init__(self):
-        self._maps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-    def owner(self, model: Optional[nn.Module], tensor: torch.Tensor) -> Optional[tuple[nn.Module, str]]:
-        """(module, attribute name) holding `tensor` as a parameter or buffer of `model`, or None."""
-        if model is None or not isinstance(model, nn.Module):
-            return None
-        table = self._maps.get(model)
-        if table is None or id(tensor) not in table or table[id(tensor)][0]() is None:
-            table = self._maps[model] = _index(model)
-        entry = table.get(id(tensor))
-        if entry is None:
-            return None
-        module, attr = entry[0](), entry[1]
-        if module is None or _get(module, attr) is not tensor:
-            self._maps.pop(model, None)
-            return None
-        return module, attr
-
-
-def _get(module: nn.Module, attr: str):
-    t = module._parameters.get(attr)
-    return t if t is not None else module._buffers.get(attr)
-
-
-def _index(model: nn.Module) -> dict:
-    table = {}
-    for module in model.modules():
-        for attr, t in list(module._parameters.items()) + list(module._buffers.items()):
-            if t is not None and id(t) not in table:
-                table[id(t)] = (weakref.ref(module), attr)
-    return table
-
-
-OWNERS = Owners()
-
-
 def states_in(model: nn.Module) -> Iterator[tuple[nn.Module, str, WeightState]]:
     """Every WeightState kept on `model`'s modules: (module, weight attribute, state)."""
     model = unwrap_compiled(model)
@@ -262,7 +221,7 @@ def refresh_copies(model: nn.Module) -> list[str]:
     was made (a write through `.data`, which no per-call check sees). Reads every source weight
     that has copies once (a byte digest; one device-to-host copy per device). Returns the names of
     the weights re-quantized."""
-    todo = [(attr, st, _get(module, attr)) for module, attr, st in states_in(model) if st.copies]
+    todo = [(attr, st, held(module, attr)) for module, attr, st in states_in(model) if st.copies]
     todo = [(attr, st, w) for attr, st, w in todo if w is not None]
     changed = []
     for (attr, st, weight), now in zip(todo, digests([w for _, _, w in todo])):
@@ -303,5 +262,5 @@ def compile_quantizations(module: nn.Module) -> int:
 
 def state_of(model: nn.Module, weight: torch.Tensor) -> Optional[WeightState]:
     """The WeightState the backend keeps for `weight` of `model` (None: it derived nothing from it)."""
-    owner = OWNERS.owner(unwrap_compiled(model), weight)
+    owner = OWNERS.holding(unwrap_compiled(model), weight)
     return None if owner is None else owner[0].__dict__.get(STATE_ATTR, {}).get(owner[1])
