@@ -27,7 +27,7 @@ import torch
 
 from fx_fp8.config.files import config_keys, read_config_file
 from fx_fp8.config.values import check_known_key, did_you_mean, short_repr
-from fx_fp8.pipeline import cache_dit as _cache_dit
+from fx_fp8.pipeline.cache_dit_config import CACHE_DIT_KEYS, cache_dit_config
 
 # -- cache backends -------------------------------------------------------------------------------
 #: canonical name -> the diffusers config class (in diffusers.hooks)
@@ -77,7 +77,7 @@ CACHE_KEYS = {
         "mag_retention_ratio": "retention_ratio", "num_inference_steps": "num_inference_steps",
         "mag_ratios": "mag_ratios", "calibrate": "calibrate", "mag_calibrate": "calibrate",
     },
-    "cache_dit": {k: k for k in _cache_dit.CACHE_DIT_KEYS},
+    "cache_dit": {k: k for k in CACHE_DIT_KEYS},
 }
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -245,7 +245,7 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
                              f"{', '.join(CACHE_BACKENDS)}")
         return None
     if backend == "cache_dit":
-        return _cache_dit.cache_dit_config(mapping)
+        return cache_dit_config(mapping)
     known = CACHE_KEYS[backend]
     kwargs: dict = {}
     for key, value in mapping.items():

@@ -50,6 +50,6 @@ def test_nothing_installed_and_no_checkout_still_says_what_to_install(monkeypatc
 
 
 def test_no_message_asks_for_a_published_package():
-    from fx_fp8.pipeline.cache_dit import MISSING
+    from fx_fp8.pipeline.cache_dit_config import MISSING
 
     assert hint.install_hint("cache-dit") in MISSING and "fx-fp8[" not in MISSING
