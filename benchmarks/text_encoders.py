@@ -2,10 +2,10 @@
 prompt-embedding error against the native encoder (CPU reference lowering).
 
 Builds random T5 (T5EncoderModel: Flux's / SD3's / Wan's text encoder), CLIP
-(CLIPTextModelWithProjection) and Qwen2.5-VL (Qwen-Image's; its one-block vision tower and lm_head
-are quantized too, neither runs for a prompt) encoders from configs (fx_fp8.tools.model_zoo.text_encoders), in
---dtype, runs native, then prepare_model with the default rules (CLIP's text_projection weight-only,
-T5's `wo` native: transformers' _keep_in_fp32_modules) and runs again. "weights" is every tensor
+(CLIPTextModelWithProjection) and Qwen2.5-VL (Qwen-Image's, with a one-block vision tower) encoders from
+configs (fx_fp8.tools.model_zoo.text_encoders), in --dtype, runs native, then prepare_model with the
+default rules (CLIP's text_projection weight-only, T5's `wo` native: transformers' _keep_in_fp32_modules,
+Qwen2.5-VL's lm_head and vision tower native: the text-encoder rules) and runs again. "weights" is every tensor
 reachable from the model (fx_fp8.reachable_tensor_bytes); "linears" the quantized ones only.
 Random weights: the error says the quantization runs as it should, not how a trained T5-XXL
 degrades. Prints the table; --append adds it to benchmarks/RESULTS.md.
@@ -35,6 +35,12 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f}"
 
 
+def _short(reason: str) -> str:
+    """A native reason's subject: "T5EncoderModel._keep_in_fp32_modules", "output head lm_head", ..."""
+    subject = reason.split(":")[0].split(" names")[0].split(" (")[0]
+    return subject.split("'s ", 1)[1] if "'s " in subject else subject
+
+
 def measure(name: str, build, method: str, dtype: torch.dtype, tokens: int) -> list:
     model = build().to(dtype)
     ids = token_ids(tokens=tokens)
@@ -45,7 +51,7 @@ def measure(name: str, build, method: str, dtype: torch.dtype, tokens: int) -> l
         result = fx_fp8.prepare_model(model, quantization=method)
     after = fx_fp8.reachable_tensor_bytes(model)
     out = prompt_embeddings(model, ids)
-    reasons = sorted({r.split(":")[0].split(" names")[0] for r in result["native"].values()})
+    reasons = sorted({_short(r) for r in result["native"].values()})
     rows = []
     for key in ref:
         a, b = out[key].float(), ref[key].float()

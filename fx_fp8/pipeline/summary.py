@@ -8,6 +8,10 @@ compilation) and its modules (QuantizedLinear from prepare_model or a quantized 
 no one compiled yet shows its prepared linears only. Weight bytes "before" count each quantized
 linear at its original dtype; "after" is every tensor the component now holds, the compile-time FP8
 copies of the plain path included (which is why that path's "after" exceeds its "before").
+
+A text encoder (any component compile_pipeline's component map compiles besides the denoising
+transformers) is compiled with its linears only, by design: its attention rows say so, rather than
+the attention pass's "set diffusion_kv_cache_dtype", which does not reach a text encoder.
 """
 from __future__ import annotations
 
@@ -17,12 +21,16 @@ from dataclasses import asdict, dataclass, field
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
+from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS
 from fx_fp8.quant.quantized_linear import QuantizedLinear, reachable_tensor_bytes
 from fx_fp8.quant.rules import is_plain_linear
 from fx_fp8.report import ModelRecord
 
 #: native reasons shown per component
 TOP_REASONS = 3
+#: the attention reason of a component compiled for its linears only (compile_pipeline's text encoders)
+LINEARS_ONLY_ATTENTION = ("attention native (text encoders: linears only): compile_pipeline quantizes a text "
+                          "encoder's linears, never its attention; nothing to set")
 
 
 @dataclass
@@ -100,7 +108,10 @@ def _weight_bytes(module: nn.Module) -> tuple[int, int]:
     return before, reachable_tensor_bytes(module)
 
 
-def summarize_component(name: str, component) -> ComponentSummary:
+def summarize_component(name: str, component, *, linears_only: bool = False) -> ComponentSummary:
+    """The row of one component; `linears_only`: compiled with its linears only (a text encoder of
+    compile_pipeline's component map), so its native attention says that rather than what the
+    attention pass would ask of a transformer."""
     module = unwrap_compiled(component)
     s = ComponentSummary(component=name, cls=type(module).__name__)
     reports = _reports(component)
@@ -116,7 +127,7 @@ def summarize_component(name: str, component) -> ComponentSummary:
                 s.linear_w8a8 += e.action in ("fp8", "int8")
                 s.linear_weight_only += e.action == "weight-only"
             if e.action == "native":
-                reasons[e.reason] += 1
+                reasons[LINEARS_ONLY_ATTENTION if linears_only and e.op == "attention" else e.reason] += 1
         kernel = f"{r.lowering}/{r.downstream}"
         if kernel not in kernels:
             kernels.append(kernel)
@@ -141,4 +152,13 @@ def summary(pipe_or_model) -> Summary:
             raise TypeError(f"fx_fp8.summary expects a diffusers pipeline or an nn.Module, got "
                             f"{type(pipe_or_model).__name__}")
         return Summary([summarize_component("model", pipe_or_model)])
-    return Summary(summarize_component(name, c) for name, c in components.items() if isinstance(c, nn.Module))
+    linears_only = _linears_only(pipe_or_model)
+    return Summary(summarize_component(name, c, linears_only=name in linears_only)
+                   for name, c in components.items() if isinstance(c, nn.Module))
+
+
+def _linears_only(pipe) -> set:
+    """The components compile_pipeline compiled with their linears only: every one it compiled but
+    the denoising transformers (fx_fp8/config/components.py: attention is a denoising transformer's)."""
+    state = getattr(pipe, STATE_ATTR, None)
+    return {n for n in getattr(state, "compiled", None) or {} if n not in TRANSFORMER_ATTRS}

@@ -6,6 +6,10 @@ it cast the activations to FP8, and the matmul fail). prepare_model leaves them 
 backend runs them native (a compile-time FP8 copy would disagree with the prepared model), with
 a reason that names the attribute. Names are matched as transformers matches them: whole dotted
 components of the module path (fx_fp8.config.patterns' plain names).
+
+The same two functions carry a text encoder's default-native parts (its lm_head and vision tower:
+fx_fp8.quant.rules.TEXT_ENCODER_NATIVE_PATTERNS), which only a transformers model has: their
+reason is a SensitiveNative, which quantization_config.sensitive: fp8 lifts (plan_linear).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Optional
 import torch.nn as nn
 
 from fx_fp8.config.patterns import first_match
+from fx_fp8.quant.rules import TEXT_ENCODER_NATIVE_PATTERNS, text_encoder_native_reason
 
 #: the transformers attributes read (the strict one upcasts bf16 too; both mean "keep this precision")
 KEEP_ATTRS = ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict")
@@ -25,25 +30,28 @@ def is_transformers_model(model) -> bool:
 
 
 def keep_in_fp32_names(model: nn.Module) -> tuple[str, ...]:
-    """The module names a transformers model keeps in float32. Only transformers models: diffusers'
-    attribute of the same name only says which weights to load in float32 under float16 (Wan's
-    time_embedder), and the DiT rules already decide those layers (sensitive: weight-only)."""
+    """The module names a transformers model keeps in float32, then the text-encoder patterns
+    (TEXT_ENCODER_NATIVE_PATTERNS). Only transformers models: diffusers' attribute of the same name
+    only says which weights to load in float32 under float16 (Wan's time_embedder), and the DiT
+    rules already decide those layers (sensitive: weight-only)."""
     if not is_transformers_model(model):
         return ()
     names: list[str] = []
     for attr in KEEP_ATTRS:
         value = getattr(model, attr, None) or ()
         names += [n for n in (sorted(value) if isinstance(value, set) else value) if isinstance(n, str) and n]
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys([*names, *TEXT_ENCODER_NATIVE_PATTERNS]))
 
 
 def keep_in_fp32_reason(keep: tuple[str, ...], name: str, model_cls: str) -> Optional[str]:
-    """Why the linear `name` stays native under the model's keep-in-float32 list `keep`, or None."""
+    """Why the linear `name` stays native under keep_in_fp32_names' list `keep`, or None."""
     hit = first_match(keep, name) if keep else None
     if hit is None:
         return None
+    if hit in TEXT_ENCODER_NATIVE_PATTERNS and first_match(keep[:keep.index(hit)], name) is None:
+        return text_encoder_native_reason(name, model_cls)
     return (f"{model_cls}._keep_in_fp32_modules names {hit!r}: the model's code relies on this layer's weight dtype "
-            "(transformers keeps it in float32), kept native")
+            "(transformers keeps it in float32), kept native (no setting changes it)")
 
 
 def model_keep_reason(model, name: str) -> Optional[str]:

@@ -45,6 +45,32 @@ SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
     "re:text_projection",
 )
 
+#: Name patterns of a `transformers` text encoder's parts kept native by default: a causal LM's output
+#: head (`lm_head`, its final projection: a pipeline reads the hidden states before it) and
+#: Qwen2.5-VL's vision tower (`visual.*`, transformers 5's `model.visual.*`: it runs on images only,
+#: an edit pipeline's reference image, with its own patch embedder and merger projection). As the DiT
+#: rules keep embedders and final projections out of W8A8, these stay native unless
+#: quantization_config.sensitive is fp8 (quantize_sensitive: true). Applied to transformers models
+#: only (fx_fp8/quant/keep_fp32.py): a diffusers transformer's own `lm_head` (Cosmos3's) is the DiT
+#: rules' to decide.
+TEXT_ENCODER_NATIVE_PATTERNS: tuple[str, ...] = ("re:lm_head", "re:(model\\.)?visual\\..*")
+
+
+class SensitiveNative(str):
+    """A native reason quantization_config.sensitive: fp8 lifts (plan_linear then quantizes the layer):
+    a text encoder's part of TEXT_ENCODER_NATIVE_PATTERNS."""
+
+
+def text_encoder_native_reason(name: str, model_cls: str) -> Optional[SensitiveNative]:
+    """Why the linear `name` of the transformers model `model_cls` stays native by default, or None."""
+    hit = first_match(TEXT_ENCODER_NATIVE_PATTERNS, name)
+    if hit is None:
+        return None
+    what = ("output head lm_head (the final projection; a prompt embedding is the hidden states before it)"
+            if hit == TEXT_ENCODER_NATIVE_PATTERNS[0] else "vision tower visual.* (it runs on image inputs only)")
+    return SensitiveNative(f"{model_cls}'s {what}: a text encoder's sensitive layer, kept native (quantization_config."
+                           "sensitive: fp8 / quantize_sensitive: true quantizes it)")
+
 
 # -- linears -------------------------------------------------------------------------
 def is_plain_linear(module) -> bool:

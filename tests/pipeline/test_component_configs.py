@@ -101,3 +101,35 @@ def test_a_key_covering_no_model_component_is_refused_by_name(key, message):
     with pytest.raises(ValueError, match=message):
         fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", key: "fp8"})
     assert dict(pipe.components) == before
+
+
+#: what a native reason ends with: the setting that changes it, or that none does
+SAYS_WHAT_TO_SET = ("nothing to set", "no setting changes it", "quantization_config.", "set ")
+
+
+def test_summary_rows_of_text_encoders_say_their_attention_is_never_quantized():
+    """A text encoder's attention is native by design (component maps compile its linears only): its
+    summary row says so, instead of the attention pass's "set diffusion_kv_cache_dtype", which would
+    not reach it; every other reason names what to set, or that nothing can be set."""
+    from fx_fp8.pipeline.summary import LINEARS_ONLY_ATTENTION
+    from fx_fp8.tools.model_zoo.text_encoders import tiny_qwen25_vl
+
+    pipe, _ = tiny_flux()
+    pipe.register_modules(text_encoder=tiny_qwen25_vl(), text_encoder_2=tiny_t5())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", "text_encoder": "fp8",
+                                                    "text_encoder_2": "int8"})
+        for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+            prompt_embeddings(encoder, token_ids())
+    rows = {r.component: r for r in fx_fp8.summary(pipe)}
+    qwen, t5 = rows["text_encoder"], rows["text_encoder_2"]
+    assert qwen.attention_total > 0 and t5.attention_total > 0 and qwen.attention_fp8 == t5.attention_fp8 == 0
+    for row in (qwen, t5):
+        assert dict(row.native_reasons)[LINEARS_ONLY_ATTENTION] == row.attention_total
+    reasons = {r for row in (qwen, t5) for r, _ in row.native_reasons}
+    assert not any("diffusion_kv_cache_dtype" in r for r in reasons)
+    assert any("lm_head" in r for r, _ in qwen.native_reasons) and any("'wo'" in r for r, _ in t5.native_reasons)
+    assert len(reasons) == 3  # not vacuous: the attention, lm_head and wo reasons
+    assert all(any(s in r for s in SAYS_WHAT_TO_SET) for r in reasons), reasons
+    assert "nothing to set" in str(fx_fp8.summary(pipe))

@@ -1,8 +1,9 @@
 """FP8 / INT8 linears for text encoders (tiny T5, CLIP and Qwen2.5-VL `transformers` models built from configs)
 through prepare_model and the backend: the model's `_keep_in_fp32_modules` layers (T5's `wo`, whose
 input is cast to its weight's dtype) stay native with a reason naming it, CLIP's final
-`text_projection` is kept as the DiT rules keep a final projection (weight-only), and the prompt
-embeddings stay close to the native ones."""
+`text_projection` is kept as the DiT rules keep a final projection (weight-only), Qwen2.5-VL's
+`lm_head` and vision tower stay native unless the sensitive layers run W8A8 (a diffusers model's
+`lm_head` is left to the DiT rules), and the prompt embeddings stay close to the native ones."""
 from __future__ import annotations
 
 import warnings
@@ -29,6 +30,7 @@ def test_t5_prepared_keeps_wo_native_and_runs(method):
     result = fx_fp8.prepare_model(model, quantization=method)
     wo = [n for n in result["native"] if n.endswith("DenseReluDense.wo")]
     assert len(wo) == 2 and all("_keep_in_fp32_modules" in result["native"][n] for n in wo)
+    assert set(result["native"]) == set(wo) and "no setting changes it" in result["native"][wo[0]]
     assert type(model.get_submodule(wo[0])) is torch.nn.Linear
     assert "encoder.block.0.layer.1.DenseReluDense.wi_0" in result["quantized"]
     assert result["bytes_after"] < result["bytes_before"] / 2
@@ -66,13 +68,46 @@ def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
     assert rows["encoder.block.0.layer.1.DenseReluDense.wi_0"].action != "native"
 
 
-def test_qwen25_vl_text_encoder_prepared_and_compiled():
+#: Qwen2.5-VL's layers the text-encoder rules keep native: its output head and its vision tower
+QWEN_KEPT = ["lm_head", "model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.attn.proj",
+             "model.visual.blocks.0.mlp.gate_proj", "model.visual.blocks.0.mlp.up_proj",
+             "model.visual.blocks.0.mlp.down_proj", "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"]
+
+
+def test_qwen25_vl_keeps_lm_head_and_the_vision_tower_native_prepared_and_compiled():
     model, ids = tiny_qwen25_vl(), token_ids()
     ref = prompt_embeddings(model, ids)["hidden_states[-1]"]
     result = fx_fp8.prepare_model(model, quantization="fp8")
-    assert "model.language_model.layers.0.mlp.down_proj" in result["quantized"] and not result["native"]
+    assert sorted(result["native"]) == sorted(QWEN_KEPT) and not result["weight_only"]
+    assert "model.language_model.layers.0.mlp.down_proj" in result["quantized"]
+    assert type(model.lm_head) is torch.nn.Linear
+    assert "output head lm_head" in result["native"]["lm_head"]
+    assert "vision tower visual.*" in result["native"]["model.visual.merger.mlp.0"]
+    assert {r.split(": a text encoder's")[1] for r in result["native"].values()} == {
+        " sensitive layer, kept native (quantization_config.sensitive: fp8 / quantize_sensitive: true quantizes it)"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = torch.compile(model, backend="fp8", options={"config": {"quantization": "fp8"}})
         out = prompt_embeddings(compiled, ids)["hidden_states[-1]"]
     assert _rel(out, ref) < MAX_REL_ERROR
+    rows = {r.module: r for rep in fx_fp8.get_reports(compiled) for r in rep.entries if r.op == "linear"}
+    assert (rows["lm_head"].action, rows["lm_head"].reason) == ("native", result["native"]["lm_head"])
+
+
+def test_sensitive_fp8_quantizes_the_qwen25_vl_head_and_vision_tower():
+    model = tiny_qwen25_vl()
+    result = fx_fp8.prepare_model(model, quantization="fp8", quantization_config={"sensitive": "fp8"})
+    assert not result["native"] and set(QWEN_KEPT) <= set(result["quantized"])
+    assert isinstance(model.lm_head, QuantizedLinear) and not model.lm_head.weight_only
+
+
+def test_a_diffusers_models_lm_head_is_left_to_the_dit_rules():
+    """The text-encoder rules are a transformers model's: a module of another library named lm_head
+    (diffusers' Cosmos3 has one) is quantized as before."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head, self.visual = torch.nn.Linear(64, 128), torch.nn.Sequential(torch.nn.Linear(64, 64))
+
+    result = fx_fp8.prepare_model(Model(), quantization="fp8")
+    assert sorted(result["quantized"]) == ["lm_head", "visual.0"] and not result["native"]
