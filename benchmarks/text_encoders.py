@@ -5,7 +5,7 @@ Builds random T5 (T5EncoderModel: Flux's / SD3's / Wan's text encoder), CLIP
 (CLIPTextModelWithProjection) and Qwen2.5-VL (Qwen-Image's, with a one-block vision tower) encoders from
 configs (fx_fp8.tools.model_zoo.text_encoders), in --dtype, runs native, then prepare_model with the
 default rules (CLIP's text_projection weight-only, T5's `wo` native: transformers' _keep_in_fp32_modules,
-Qwen2.5-VL's lm_head and vision tower native: the text-encoder rules) and runs again. "weights" is every tensor
+Qwen2.5-VL's lm_head and vision tower weight-only: the text-encoder rules) and runs again. "weights" is every tensor
 reachable from the model (fx_fp8.reachable_tensor_bytes); "linears" the quantized ones only.
 Random weights: the error says the quantization runs as it should, not how a trained T5-XXL
 degrades. Prints the table; --append adds it to benchmarks/RESULTS.md.

@@ -23,7 +23,7 @@ from fx_fp8.passes.base import WEIGHT_ORIGIN, NotReusable
 from fx_fp8.quant.keep_fp32 import model_keep_reason
 from fx_fp8.quant.linear_plan import QUANTIZATION_OFF, LinearPlan, native, plan_linear
 from fx_fp8.quant.recipe import Smoothing, recipe
-from fx_fp8.quant.rules import sensitive_reason
+from fx_fp8.quant.rules import TextEncoderSensitive, sensitive_reason
 from fx_fp8.quant.tuned_plan import tuned_plan
 from fx_fp8.quant.weight_actions import SmoothingAction, WeightAction
 from fx_fp8.report import dims_of
@@ -198,6 +198,9 @@ class LinearDecisions:
         # a transformers model's _keep_in_fp32_modules (T5's wo casts its input to its weight's dtype): native,
         # as prepare_model keeps it (a compile-time FP8 copy would disagree with the prepared model)
         keep = model_keep_reason(self.inputs.resolver.model() if self.inputs.resolver is not None else None, module)
+        sensitive = self.sensitive_of(node)
+        if isinstance(keep, TextEncoderSensitive):  # a text encoder's sensitive part: the sensitive setting decides
+            sensitive, keep = keep, None
         graph_reason = None
         if keep is not None:
             graph_reason = keep
@@ -208,18 +211,18 @@ class LinearDecisions:
         elif args["weight"].op != "placeholder":
             graph_reason = ("weight is a constant of the graph, not one of its inputs (its quantized copy is fed as "
                             "an input derived from the weight input)")
-        plan = plan_linear(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, sensitive=self.sensitive_of(node),
+        plan = plan_linear(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, sensitive=sensitive,
                            graph_reason=graph_reason, calibration=self.calibration, lowering=self.inputs.lowering,
                            values=(x, w), step_mode=self.skip_mode)
-        return self.tuned(plan, node, module, x, w, args["bias"] is not None)
+        return self.tuned(plan, module, x, w, args["bias"] is not None, sensitive)
 
-    def tuned(self, plan: LinearPlan, node, module, x, w, has_bias: bool) -> LinearPlan:
+    def tuned(self, plan: LinearPlan, module, x, w, has_bias: bool, sensitive: Optional[str]) -> LinearPlan:
         """quantization_config.kernel auto: the tune table measured on this device may keep the
         linear native or weight-only, at the graph's M (fx_fp8.quant.tuned_plan, the step
         prepare_model takes too). The report says what was measured."""
         return tuned_plan(plan, self.qcfg, self.inputs.lowering, m=token_count(x), k=int(w.shape[1]),
                           n=int(w.shape[0]), dtype=str(x.dtype).replace("torch.", ""), device=x.device,
-                          has_bias=has_bias, sensitive=sensitive_reason(module, self.sensitive_of(node)) is not None)
+                          has_bias=has_bias, sensitive=sensitive_reason(module, sensitive) is not None)
 
     def prepared(self, node) -> Linear:
         """A QuantizedLinear made by prepare_model: it reports and runs as it was prepared."""

@@ -7,9 +7,10 @@ backend runs them native (a compile-time FP8 copy would disagree with the prepar
 a reason that names the attribute. Names are matched as transformers matches them: whole dotted
 components of the module path (fx_fp8.config.patterns' plain names).
 
-The same two functions carry a text encoder's default-native parts (its lm_head and vision tower:
-fx_fp8.quant.rules.TEXT_ENCODER_NATIVE_PATTERNS), which only a transformers model has: their
-reason is a SensitiveNative, which quantization_config.sensitive: fp8 lifts (plan_linear).
+The same two functions carry a text encoder's sensitive parts (its lm_head and vision tower:
+fx_fp8.quant.rules.TEXT_ENCODER_SENSITIVE_PATTERNS), which only a transformers model has: their
+reason is a TextEncoderSensitive, which plan_linear reads as a sensitive layer's (so
+quantization_config.sensitive decides: weight-only by default).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Optional
 import torch.nn as nn
 
 from fx_fp8.config.patterns import first_match
-from fx_fp8.quant.rules import TEXT_ENCODER_NATIVE_PATTERNS, text_encoder_native_reason
+from fx_fp8.quant.rules import TEXT_ENCODER_SENSITIVE_PATTERNS, text_encoder_sensitive_reason
 
 #: the transformers attributes read (the strict one upcasts bf16 too; both mean "keep this precision")
 KEEP_ATTRS = ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict")
@@ -31,7 +32,7 @@ def is_transformers_model(model) -> bool:
 
 def keep_in_fp32_names(model: nn.Module) -> tuple[str, ...]:
     """The module names a transformers model keeps in float32, then the text-encoder patterns
-    (TEXT_ENCODER_NATIVE_PATTERNS). Only transformers models: diffusers' attribute of the same name
+    (TEXT_ENCODER_SENSITIVE_PATTERNS). Only transformers models: diffusers' attribute of the same name
     only says which weights to load in float32 under float16 (Wan's time_embedder), and the DiT
     rules already decide those layers (sensitive: weight-only)."""
     if not is_transformers_model(model):
@@ -40,7 +41,7 @@ def keep_in_fp32_names(model: nn.Module) -> tuple[str, ...]:
     for attr in KEEP_ATTRS:
         value = getattr(model, attr, None) or ()
         names += [n for n in (sorted(value) if isinstance(value, set) else value) if isinstance(n, str) and n]
-    return tuple(dict.fromkeys([*names, *TEXT_ENCODER_NATIVE_PATTERNS]))
+    return tuple(dict.fromkeys([*names, *TEXT_ENCODER_SENSITIVE_PATTERNS]))
 
 
 def keep_in_fp32_reason(keep: tuple[str, ...], name: str, model_cls: str) -> Optional[str]:
@@ -48,8 +49,8 @@ def keep_in_fp32_reason(keep: tuple[str, ...], name: str, model_cls: str) -> Opt
     hit = first_match(keep, name) if keep else None
     if hit is None:
         return None
-    if hit in TEXT_ENCODER_NATIVE_PATTERNS and first_match(keep[:keep.index(hit)], name) is None:
-        return text_encoder_native_reason(name, model_cls)
+    if hit in TEXT_ENCODER_SENSITIVE_PATTERNS and first_match(keep[:keep.index(hit)], name) is None:
+        return text_encoder_sensitive_reason(name, model_cls)
     return (f"{model_cls}._keep_in_fp32_modules names {hit!r}: the model's code relies on this layer's weight dtype "
             "(transformers keeps it in float32), kept native (no setting changes it)")
 

@@ -45,31 +45,30 @@ SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
     "re:text_projection",
 )
 
-#: Name patterns of a `transformers` text encoder's parts kept native by default: a causal LM's output
-#: head (`lm_head`, its final projection: a pipeline reads the hidden states before it) and
-#: Qwen2.5-VL's vision tower (`visual.*`, transformers 5's `model.visual.*`: it runs on images only,
-#: an edit pipeline's reference image, with its own patch embedder and merger projection). As the DiT
-#: rules keep embedders and final projections out of W8A8, these stay native unless
-#: quantization_config.sensitive is fp8 (quantize_sensitive: true). Applied to transformers models
-#: only (fx_fp8/quant/keep_fp32.py): a diffusers transformer's own `lm_head` (Cosmos3's) is the DiT
+#: Name patterns of a `transformers` text encoder's sensitive parts: a causal LM's output head
+#: (`lm_head`, its final projection: a pipeline reads the hidden states before it) and Qwen2.5-VL's
+#: vision tower (`visual.*`, transformers 5's `model.visual.*`: it runs on images only, an edit
+#: pipeline's reference image, with its own patch embedder and merger projection). As the DiT rules
+#: treat embedders and final projections, quantization_config.sensitive decides them: weight-only
+#: by default, native under "native", W8A8 under "fp8". Applied to transformers models only
+#: (fx_fp8/quant/keep_fp32.py): a diffusers transformer's own `lm_head` (Cosmos3's) is the DiT
 #: rules' to decide.
-TEXT_ENCODER_NATIVE_PATTERNS: tuple[str, ...] = ("re:lm_head", "re:(model\\.)?visual\\..*")
+TEXT_ENCODER_SENSITIVE_PATTERNS: tuple[str, ...] = ("re:lm_head", "re:(model\\.)?visual\\..*")
 
 
-class SensitiveNative(str):
-    """A native reason quantization_config.sensitive: fp8 lifts (plan_linear then quantizes the layer):
-    a text encoder's part of TEXT_ENCODER_NATIVE_PATTERNS."""
+class TextEncoderSensitive(str):
+    """Why a text encoder's linear is one of its sensitive parts (TEXT_ENCODER_SENSITIVE_PATTERNS):
+    plan_linear reads it as a structural sensitive reason, so quantization_config.sensitive decides."""
 
 
-def text_encoder_native_reason(name: str, model_cls: str) -> Optional[SensitiveNative]:
-    """Why the linear `name` of the transformers model `model_cls` stays native by default, or None."""
-    hit = first_match(TEXT_ENCODER_NATIVE_PATTERNS, name)
+def text_encoder_sensitive_reason(name: str, model_cls: str) -> Optional[TextEncoderSensitive]:
+    """Why the linear `name` of the transformers model `model_cls` is a sensitive part, or None."""
+    hit = first_match(TEXT_ENCODER_SENSITIVE_PATTERNS, name)
     if hit is None:
         return None
     what = ("output head lm_head (the final projection; a prompt embedding is the hidden states before it)"
-            if hit == TEXT_ENCODER_NATIVE_PATTERNS[0] else "vision tower visual.* (it runs on image inputs only)")
-    return SensitiveNative(f"{model_cls}'s {what}: a text encoder's sensitive layer, kept native (quantization_config."
-                           "sensitive: fp8 / quantize_sensitive: true quantizes it)")
+            if hit == TEXT_ENCODER_SENSITIVE_PATTERNS[0] else "vision tower visual.* (it runs on image inputs only)")
+    return TextEncoderSensitive(f"{model_cls}'s {what}: a text encoder's sensitive layer")
 
 
 # -- linears -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from fx_fp8.ops.reference import ReferenceLowering
 from fx_fp8.quant.linear_plan import QUANTIZATION_OFF, Calibration, LinearPlan, plan_linear
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.quant.recipe import recipe
-from fx_fp8.quant.rules import SensitiveNative, text_encoder_native_reason
+from fx_fp8.quant.rules import TextEncoderSensitive, text_encoder_sensitive_reason
 
 PACKAGE = Path(fx_fp8.__file__).resolve().parent
 #: the modules that may decide a linear, and how many calls each makes
@@ -116,19 +116,17 @@ def test_from_plan_builds_what_prepare_model_builds():
                                   orig_dtype=torch.float32)
 
 
-def test_a_text_encoders_sensitive_native_reason_is_lifted_by_sensitive_fp8_only():
-    """A text encoder's lm_head / vision tower (fx_fp8.quant.rules.TEXT_ENCODER_NATIVE_PATTERNS) stays native
-    under sensitive weight_only and native, saying what quantizes it; sensitive: fp8 makes it W8A8."""
-    why = text_encoder_native_reason("lm_head", "Qwen2_5_VLForConditionalGeneration")
-    assert isinstance(why, SensitiveNative) and text_encoder_native_reason("model.language_model.x", "M") is None
-    for mode in ("weight_only", "native"):
-        plan = plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(sensitive=mode), graph_reason=why)
-        assert plan.native and plan.reason == why and "sensitive: fp8" in plan.reason
+def test_a_text_encoders_head_and_vision_tower_are_sensitive_layers_the_setting_decides():
+    """A text encoder's lm_head / vision tower (fx_fp8.quant.rules.TEXT_ENCODER_SENSITIVE_PATTERNS) is a
+    sensitive layer, as a DiT's final projection: weight-only by default, native under sensitive: native,
+    W8A8 under sensitive: fp8; each reason names it."""
+    why = text_encoder_sensitive_reason("lm_head", "Qwen2_5_VLForConditionalGeneration")
+    assert isinstance(why, TextEncoderSensitive) and text_encoder_sensitive_reason("model.language_model.x", "M") is None
+    plan = plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(), graph_reason=why)
+    assert plan.weight_only and plan.reason.startswith(why) and "sensitive: weight_only" in plan.reason
+    plan = plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(sensitive="native"), graph_reason=why)
+    assert plan.native and plan.reason.startswith(why) and "fp8 / quantize_sensitive: true, quantizes it" in plan.reason
     assert plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(sensitive="fp8"), graph_reason=why).w8a8
-    # a layer the graph finds sensitive (the final projection) keeps this reason, not the DiT rule's
-    plan = plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(), sensitive="final projection",
-                       graph_reason=why)
-    assert plan.native and plan.reason == why
     # what the layer's shape rules out is said first, as for any linear
     assert "min_features" in plan_linear("lm_head", 16, 128, torch.float32, QuantizationConfig(sensitive="fp8"),
                                          graph_reason=why).reason

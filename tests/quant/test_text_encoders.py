@@ -2,7 +2,7 @@
 through prepare_model and the backend: the model's `_keep_in_fp32_modules` layers (T5's `wo`, whose
 input is cast to its weight's dtype) stay native with a reason naming it, CLIP's final
 `text_projection` is kept as the DiT rules keep a final projection (weight-only), Qwen2.5-VL's
-`lm_head` and vision tower stay native unless the sensitive layers run W8A8 (a diffusers model's
+`lm_head` and vision tower are its sensitive layers (weight-only by default; a diffusers model's
 `lm_head` is left to the DiT rules), and the prompt embeddings stay close to the native ones."""
 from __future__ import annotations
 
@@ -68,30 +68,33 @@ def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
     assert rows["encoder.block.0.layer.1.DenseReluDense.wi_0"].action != "native"
 
 
-#: Qwen2.5-VL's layers the text-encoder rules keep native: its output head and its vision tower
+#: Qwen2.5-VL's sensitive layers by the text-encoder rules: its output head and its vision tower
 QWEN_KEPT = ["lm_head", "model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.attn.proj",
              "model.visual.blocks.0.mlp.gate_proj", "model.visual.blocks.0.mlp.up_proj",
              "model.visual.blocks.0.mlp.down_proj", "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"]
 
 
-def test_qwen25_vl_keeps_lm_head_and_the_vision_tower_native_prepared_and_compiled():
+def test_qwen25_vl_keeps_lm_head_and_the_vision_tower_weight_only_prepared_and_compiled():
     model, ids = tiny_qwen25_vl(), token_ids()
     ref = prompt_embeddings(model, ids)["hidden_states[-1]"]
     result = fx_fp8.prepare_model(model, quantization="fp8")
-    assert sorted(result["native"]) == sorted(QWEN_KEPT) and not result["weight_only"]
+    assert sorted(result["weight_only"]) == sorted(QWEN_KEPT) and not result["native"]
     assert "model.language_model.layers.0.mlp.down_proj" in result["quantized"]
-    assert type(model.lm_head) is torch.nn.Linear
-    assert "output head lm_head" in result["native"]["lm_head"]
-    assert "vision tower visual.*" in result["native"]["model.visual.merger.mlp.0"]
-    assert {r.split(": a text encoder's")[1] for r in result["native"].values()} == {
-        " sensitive layer, kept native (quantization_config.sensitive: fp8 / quantize_sensitive: true quantizes it)"}
+    assert isinstance(model.lm_head, QuantizedLinear) and model.lm_head.weight_only
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = torch.compile(model, backend="fp8", options={"config": {"quantization": "fp8"}})
         out = prompt_embeddings(compiled, ids)["hidden_states[-1]"]
     assert _rel(out, ref) < MAX_REL_ERROR
     rows = {r.module: r for rep in fx_fp8.get_reports(compiled) for r in rep.entries if r.op == "linear"}
-    assert (rows["lm_head"].action, rows["lm_head"].reason) == ("native", result["native"]["lm_head"])
+    assert rows["lm_head"].action == "weight-only" and "sensitive: weight_only" in rows["lm_head"].reason
+
+
+def test_sensitive_native_keeps_the_qwen25_vl_head_and_vision_tower_native():
+    model = tiny_qwen25_vl()
+    result = fx_fp8.prepare_model(model, quantization="fp8", quantization_config={"sensitive": "native"})
+    assert sorted(result["native"]) == sorted(QWEN_KEPT) and type(model.lm_head) is torch.nn.Linear
+    assert "output head lm_head" in result["native"]["lm_head"] and "quantizes it" in result["native"]["lm_head"]
 
 
 def test_sensitive_fp8_quantizes_the_qwen25_vl_head_and_vision_tower():
