@@ -41,6 +41,7 @@ of a candidate's error to it (issue bar: <= 1.5x). The JSON under --out-dir keep
 On the GPU machine the wheels from /work/whl_cache go in with
 `pip install --no-deps --target /tmp/site <wheels>` and PYTHONPATH=/tmp/site; diffusers is not needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,14 +78,42 @@ OUTLIER_CHANNELS = (3, 17, 40, 60)
 ERR_HEADS, ERR_ROWS = 2, 256
 BAR = 1.5  # issue bar: a kernel's error at most 1.5x the reference lowering's
 #: the kernel-alone variants: (name, pv_keys, two_level, config)
-VARIANTS = [("triton_pv128", 128, True, (128, 128, 8, 3)), ("triton_pv64", 64, True, (128, 128, 8, 3)),
-            ("triton_pv32", 32, True, (128, 64, 8, 3)), ("triton_inplace", 128, False, (128, 128, 8, 3))]
-CANDIDATES = ["cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "triton", "triton_kernel", "triton_prepass",
-              "triton_prepass_one_launch", "triton_prepass_narrow", "triton_m64n128", "triton_qtma", "gluon"] + \
-             [v[0] for v in VARIANTS] + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
+VARIANTS = [
+    ("triton_pv128", 128, True, (128, 128, 8, 3)),
+    ("triton_pv64", 64, True, (128, 128, 8, 3)),
+    ("triton_pv32", 32, True, (128, 64, 8, 3)),
+    ("triton_inplace", 128, False, (128, 128, 8, 3)),
+]
+CANDIDATES = (
+    [
+        "cudnn_bf16",
+        "flash_bf16",
+        "efficient_bf16",
+        "fa3_bf16",
+        "triton",
+        "triton_kernel",
+        "triton_prepass",
+        "triton_prepass_one_launch",
+        "triton_prepass_narrow",
+        "triton_m64n128",
+        "triton_qtma",
+        "gluon",
+    ]
+    + [v[0] for v in VARIANTS]
+    + ["cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"]
+)
 #: candidates that need a GPU library (skipped in a dry run)
-GPU_ONLY = {"gluon", "cudnn_bf16", "flash_bf16", "efficient_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8",
-            "sage"}
+GPU_ONLY = {
+    "gluon",
+    "cudnn_bf16",
+    "flash_bf16",
+    "efficient_bf16",
+    "fa3_bf16",
+    "cudnn_fp8",
+    "cudnn_fp8_bf16o",
+    "fa3_fp8",
+    "sage",
+}
 NO_MASK = {"gluon", "flash_bf16", "fa3_bf16", "cudnn_fp8", "cudnn_fp8_bf16o", "fa3_fp8", "sage"}
 #: one fixed D / S per variant in quick mode (they answer "which PV_KEYS", not "how fast everywhere")
 QUICK_VARIANT_ROWS = {(128, 16384, False), (128, 32760, False)}
@@ -100,8 +129,12 @@ def parse(argv):
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: every row")
     ap.add_argument("--out-dir", default=None, help="write attention_kernels.json here")
     ap.add_argument("--only", default=None, help="comma-separated candidate names to run (default: all)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds: start no new row after this, still print the table and write the JSON")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds: start no new row after this, still print the table and write the JSON",
+    )
     ap.add_argument("--table-from", default=None, help="a results JSON: write its rows into fx_fp8/ops/tune_tables/")
     return ap.parse_args(argv)
 
@@ -119,7 +152,7 @@ def make_inputs(torch, d, s, device, *, outlier=False, heads=H, seed=0):
 
 def key_padding_mask(torch, s, device):
     keep = torch.ones(1, 1, 1, s, dtype=torch.bool, device=device)
-    keep[..., s - s // 10:] = False
+    keep[..., s - s // 10 :] = False
     return keep
 
 
@@ -136,9 +169,22 @@ def reference_subset(torch, q, k, v, mask, scale):
     """fx_fp8's reference lowering (block recipe) on the same heads / rows (whole q blocks: same scales)."""
     from fx_fp8.ops.reference import LOWERING as R
 
-    out = R.attention(q[:, :ERR_HEADS, :ERR_ROWS], k[:, :ERR_HEADS], v[:, :ERR_HEADS], attn_mask=mask,
-                      softmax_scale=scale, granularity="block", q_block=128, kv_block=256, hadamard=True,
-                      smooth_k=True, quantize_p=True, p_scale=448.0, kernel="auto", return_lse=False)
+    out = R.attention(
+        q[:, :ERR_HEADS, :ERR_ROWS],
+        k[:, :ERR_HEADS],
+        v[:, :ERR_HEADS],
+        attn_mask=mask,
+        softmax_scale=scale,
+        granularity="block",
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        kernel="auto",
+        return_lse=False,
+    )
     return out
 
 
@@ -150,15 +196,18 @@ def rel_err(out, exact) -> float:
 # -- timing -----------------------------------------------------------------------------------------
 def timer(dry):
     if dry:
+
         def bench(fn):  # the interpreter: one call shows the cell runs; its time means nothing
             t = time.perf_counter()
             fn()
             return 1e3 * (time.perf_counter() - t)
+
         return bench
     import triton.testing
 
     def bench(fn):
         return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
     return bench
 
 
@@ -173,12 +222,14 @@ def cand_sdpa(ctx, backend_name):
     def fn():
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
     return fn, ""
 
 
 def _fp8_kw(granularity="block"):
-    return dict(granularity=granularity, q_block=128, kv_block=256, hadamard=True, smooth_k=True, quantize_p=True,
-                p_scale=448.0)
+    return dict(
+        granularity=granularity, q_block=128, kv_block=256, hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0
+    )
 
 
 def cand_triton(ctx):
@@ -188,8 +239,10 @@ def cand_triton(ctx):
     q, k, v, mask, scale = ctx["q"], ctx["k"], ctx["v"], ctx["mask"], ctx["scale"]
 
     def fn():
-        return low.attention(q, k, v, attn_mask=mask, softmax_scale=scale, kernel="triton", return_lse=False,
-                             **_fp8_kw())
+        return low.attention(
+            q, k, v, attn_mask=mask, softmax_scale=scale, kernel="triton", return_lse=False, **_fp8_kw()
+        )
+
     return fn, ""
 
 
@@ -200,8 +253,9 @@ def _prepared(ctx):
 
         q, k, v = ctx["q"], ctx["k"], ctx["v"]
         kw = _fp8_kw()
-        pre = triton_quant.prepare_qkv(q, k, v, granularity=kw["granularity"], q_block=128, kv_block=256,
-                                       hadamard=True, smooth_k=True)
+        pre = triton_quant.prepare_qkv(
+            q, k, v, granularity=kw["granularity"], q_block=128, kv_block=256, hadamard=True, smooth_k=True
+        )
         ctx["prepared"] = (pre[:6], key_bias(ctx["mask"], q.shape[0], q.shape[1], k.shape[2]))
     return ctx["prepared"]
 
@@ -213,12 +267,24 @@ def cand_triton_kernel(ctx, pv_keys=None, two_level=True, config=None, tile=None
     q = ctx["q"]
     if ctx["dry"] and config is not None:
         config = (64, config[1], 4, 1)  # the interpreter: one small program shape, same key tile
-    kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
-              out_dtype=q.dtype, bias=bias, two_level=two_level, pv_keys=pv_keys, config=config, tile=tile,
-              q_tma=q_tma)
+    kw = dict(
+        s_q=q.shape[2],
+        s_k=ctx["k"].shape[2],
+        softmax_scale=ctx["scale"],
+        q_block=128,
+        kv_block=256,
+        out_dtype=q.dtype,
+        bias=bias,
+        two_level=two_level,
+        pv_keys=pv_keys,
+        config=config,
+        tile=tile,
+        q_tma=q_tma,
+    )
 
     def fn():
         return ta.fp8_flash_attention(*pre, **kw)
+
     note = ""
     if config is None and not ctx["dry"]:
         fn()  # autotune now, to name the config it picked
@@ -236,11 +302,13 @@ def cand_gluon(ctx):
 
     (pre, _) = _prepared(ctx)
     q = ctx["q"]
-    kw = dict(s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256,
-              out_dtype=q.dtype)
+    kw = dict(
+        s_q=q.shape[2], s_k=ctx["k"].shape[2], softmax_scale=ctx["scale"], q_block=128, kv_block=256, out_dtype=q.dtype
+    )
 
     def fn():
         return ga.fp8_flash_attention(*pre, **kw)
+
     return fn, f"{ga.BLOCK_M}x2 rows x {ga.BLOCK_N} keys, {ga.STAGES} stages, unverified"
 
 
@@ -250,10 +318,22 @@ def cand_triton_prepass(ctx, one_launch: bool = False, wide_steps=None):
     q, k, v = ctx["q"], ctx["k"], ctx["v"]
 
     def fn():
-        triton_quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True,
-                                 smooth_k=True, one_launch=one_launch, wide_steps=wide_steps)
-    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "") + \
-        (", 32-row steps" if wide_steps is False else "")
+        triton_quant.prepare_qkv(
+            q,
+            k,
+            v,
+            granularity="block",
+            q_block=128,
+            kv_block=256,
+            hadamard=True,
+            smooth_k=True,
+            one_launch=one_launch,
+            wide_steps=wide_steps,
+        )
+
+    return fn, "time only" + (", Q / K / V in one launch" if one_launch else "") + (
+        ", 32-row steps" if wide_steps is False else ""
+    )
 
 
 def cand_cudnn_fp8(ctx):
@@ -267,8 +347,10 @@ def cand_cudnn_fp8(ctx):
     q, k, v, scale = ctx["q"], ctx["k"], ctx["v"], ctx["scale"]
 
     def fn():
-        return low.attention(q, k, v, attn_mask=None, softmax_scale=scale, kernel="cudnn", return_lse=False,
-                             **_fp8_kw("tensor"))
+        return low.attention(
+            q, k, v, attn_mask=None, softmax_scale=scale, kernel="cudnn", return_lse=False, **_fp8_kw("tensor")
+        )
+
     cudnn = cudnn_attention.import_cudnn()
     try:
         backend = cudnn.backend_version()
@@ -288,25 +370,46 @@ def cand_cudnn_fp8_bf16o(ctx):
     cudnn = cudnn_attention.import_cudnn()
     q, k, v, scale = ctx["q"], ctx["k"], ctx["v"], ctx["scale"]
     handle = cudnn.create_handle()
-    qq, sq, kq, sk, vq, sv, _ = triton_quant.prepare_qkv(q, k, v, granularity="tensor", q_block=1, kv_block=1,
-                                                          hadamard=True, smooth_k=True, pad=False, transpose_v=False)
+    qq, sq, kq, sk, vq, sv, _ = triton_quant.prepare_qkv(
+        q, k, v, granularity="tensor", q_block=1, kv_block=1, hadamard=True, smooth_k=True, pad=False, transpose_v=False
+    )
     o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-    graph, t = cudnn_attention.build_graph(cudnn, shape_q=qq.shape, stride_q=qq.stride(), shape_k=kq.shape,
-                                           stride_k=kq.stride(), stride_v=vq.stride(), stride_o=o.stride(),
-                                           softmax_scale=scale, need_lse=False, handle=handle, fp8_output=False)
+    graph, t = cudnn_attention.build_graph(
+        cudnn,
+        shape_q=qq.shape,
+        stride_q=qq.stride(),
+        shape_k=kq.shape,
+        stride_k=kq.stride(),
+        stride_v=vq.stride(),
+        stride_o=o.stride(),
+        softmax_scale=scale,
+        need_lse=False,
+        handle=handle,
+        fp8_output=False,
+    )
     workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q.device)
     amax = [torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device) for _ in range(2)]
 
     def fn():
-        qq, sq, kq, sk, vq, sv, _ = triton_quant.prepare_qkv(q, k, v, granularity="tensor", q_block=1, kv_block=1,
-                                                              hadamard=True, smooth_k=True, pad=False,
-                                                              transpose_v=False)
+        qq, sq, kq, sk, vq, sv, _ = triton_quant.prepare_qkv(
+            q,
+            k,
+            v,
+            granularity="tensor",
+            q_block=1,
+            kv_block=1,
+            hadamard=True,
+            smooth_k=True,
+            pad=False,
+            transpose_v=False,
+        )
         scales = cudnn_attention.scale_tensors(sq, sk, sv, 448.0)
         scales["scale_o"] = torch.ones_like(scales["scale_o"])
         tensors = dict(q=qq, k=kq, v=vq, o=o, amax_s=amax[0], amax_o=amax[1], **scales)
         cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
         graph.execute(cudnn_attention.variant_pack(t, tensors), workspace, handle=handle)
         return o
+
     return fn, "cuDNN accepted a BF16 O"
 
 
@@ -325,6 +428,7 @@ def cand_fa3_bf16(ctx):
 
     def fn():
         return fa3.flash_attn_func(qt, kt, vt, softmax_scale=scale).transpose(1, 2)
+
     return fn, ""
 
 
@@ -337,12 +441,29 @@ def cand_fa3_fp8(ctx):
     b, h = q.shape[:2]
 
     def fn():
-        qq, sq, kq, sk, vq, sv, _ = triton_quant.prepare_qkv(q, k, v, granularity="head", q_block=1, kv_block=1,
-                                                              hadamard=True, smooth_k=True, pad=False,
-                                                              transpose_v=False)
-        out = fa3.flash_attn_func(qq.transpose(1, 2), kq.transpose(1, 2), vq.transpose(1, 2), softmax_scale=scale,
-                                  q_descale=sq.reshape(b, h), k_descale=sk.reshape(b, h), v_descale=sv.reshape(b, h))
+        qq, sq, kq, sk, vq, sv, _ = triton_quant.prepare_qkv(
+            q,
+            k,
+            v,
+            granularity="head",
+            q_block=1,
+            kv_block=1,
+            hadamard=True,
+            smooth_k=True,
+            pad=False,
+            transpose_v=False,
+        )
+        out = fa3.flash_attn_func(
+            qq.transpose(1, 2),
+            kq.transpose(1, 2),
+            vq.transpose(1, 2),
+            softmax_scale=scale,
+            q_descale=sq.reshape(b, h),
+            k_descale=sk.reshape(b, h),
+            v_descale=sv.reshape(b, h),
+        )
         return out.transpose(1, 2)
+
     return fn, "per-head scales, fx_fp8 pre-pass"
 
 
@@ -356,6 +477,7 @@ def cand_sage(ctx):
 
     def fn():
         return sageattn(q, k_own, v, tensor_layout="HND", is_causal=False, sm_scale=scale)
+
     return fn, "INT8 QK, fp16 PV"
 
 
@@ -416,11 +538,17 @@ def run_row(torch, F, bench, *, d, s, mask_on, outlier, device, dry, quick, only
     q, k, v = make_inputs(torch, d, s, device, outlier=outlier, heads=2 if dry else H)
     mask = key_padding_mask(torch, s, device) if mask_on else None
     scale = 1.0 / math.sqrt(d)
-    ctx = dict(torch=torch, F=F, q=q, k=k, v=v, mask=mask, scale=scale, d=d, s=s, dry=dry, quick=quick,
-               outlier=outlier)
+    ctx = dict(torch=torch, F=F, q=q, k=k, v=v, mask=mask, scale=scale, d=d, s=s, dry=dry, quick=quick, outlier=outlier)
     exact = exact_subset(torch, q, k, v, mask, scale)
-    row = {"d": d, "s": s, "heads": q.shape[1], "mask": mask_on, "inputs": "outlier x5" if outlier else "gaussian",
-           "ref_err": None, "cells": {}}
+    row = {
+        "d": d,
+        "s": s,
+        "heads": q.shape[1],
+        "mask": mask_on,
+        "inputs": "outlier x5" if outlier else "gaussian",
+        "ref_err": None,
+        "cells": {},
+    }
     try:
         row["ref_err"] = rel_err(reference_subset(torch, q, k, v, mask, scale), exact)
     except Exception as e:  # the reference itself failing is worth a line, not the run
@@ -462,8 +590,10 @@ def format_table(rows) -> str:
     for r in rows:
         case = f"D{r['d']} S{r['s']} H{r['heads']}{' mask' if r['mask'] else ''}{' outl' if 'outlier' in r['inputs'] else ''}"
         ref = r.get("ref_err")
-        lines.append(f"{case:<28} {'(reference)':<16} {'':>8} {'':>8} {'':>8} "
-                     f"{(100 * ref if ref is not None else float('nan')):>7.3f} {'1.00':>6}  CPU-reference numerics")
+        lines.append(
+            f"{case:<28} {'(reference)':<16} {'':>8} {'':>8} {'':>8} "
+            f"{(100 * ref if ref is not None else float('nan')):>7.3f} {'1.00':>6}  CPU-reference numerics"
+        )
         base = r["cells"].get("cudnn_bf16", {}).get("ms") or r["cells"].get("efficient_bf16", {}).get("ms")
         for name, c in r["cells"].items():
             if "skipped" in c:
@@ -476,20 +606,29 @@ def format_table(rows) -> str:
             err = c.get("err")
             xref = f"{err / ref:.2f}" if err is not None and ref else ""
             flag = " !" if err is not None and ref and err > BAR * ref else ""
-            lines.append(f"{'':<28} {name:<16} {c['ms']:>8.3f} {speed:>8} {c['tflops']:>8.1f} "
-                         f"{(100 * err if err is not None else float('nan')):>7.3f} {xref:>6}{flag:<2} {c.get('note', '')}")
+            lines.append(
+                f"{'':<28} {name:<16} {c['ms']:>8.3f} {speed:>8} {c['tflops']:>8.1f} "
+                f"{(100 * err if err is not None else float('nan')):>7.3f} {xref:>6}{flag:<2} {c.get('note', '')}"
+            )
     lines.append("")
-    lines.append(f"x cuDNN: cuDNN BF16 time (efficient BF16 where cuDNN failed) / this time (>1 is faster). xref: error / the reference lowering's "
-                 f"error; '!' marks more than {BAR}x (the issue's bar).")
+    lines.append(
+        f"x cuDNN: cuDNN BF16 time (efficient BF16 where cuDNN failed) / this time (>1 is faster). xref: error / the reference lowering's "
+        f"error; '!' marks more than {BAR}x (the issue's bar)."
+    )
     return "\n".join(lines)
 
 
 def meta(torch, device, dry, args):
     import triton
 
-    m = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
-         "device": "CPU dry run (Triton interpreter; timings meaningless)" if dry else torch.cuda.get_device_name(),
-         "quick": bool(args.quick), "python": sys.version.split()[0]}
+    m = {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "device": "CPU dry run (Triton interpreter; timings meaningless)" if dry else torch.cuda.get_device_name(),
+        "quick": bool(args.quick),
+        "python": sys.version.split()[0],
+    }
     if device == "cuda":
         m["capability"] = list(torch.cuda.get_device_capability())
         m["cudnn_backend"] = torch.backends.cudnn.version()
@@ -539,29 +678,59 @@ def main(argv=None) -> int:
         grid, masks, outliers = QUICK_GRID, QUICK_MASK_ROWS, OUTLIER_ROWS
     else:
         grid, masks, outliers = FULL_GRID, MASK_ROWS, OUTLIER_ROWS
-    plan = [(d, s, False, False) for d, s in grid] + [(d, s, True, False) for d, s in masks] + \
-           [(d, s, False, True) for d, s in outliers]
+    plan = (
+        [(d, s, False, False) for d, s in grid]
+        + [(d, s, True, False) for d, s in masks]
+        + [(d, s, False, True) for d, s in outliers]
+    )
     t0 = time.time()
     info = meta(torch, device, args.dry_run, args)
     rows = []
     for d, s, mask_on, outlier in plan:
         if args.budget is not None and time.time() - t0 > args.budget:
-            rows.append({"d": d, "s": s, "heads": H, "mask": mask_on, "inputs": "outlier x5" if outlier else "gaussian",
-                         "ref_err": None, "cells": {n: {"skipped": "time budget"} for n in CANDIDATES}})
+            rows.append(
+                {
+                    "d": d,
+                    "s": s,
+                    "heads": H,
+                    "mask": mask_on,
+                    "inputs": "outlier x5" if outlier else "gaussian",
+                    "ref_err": None,
+                    "cells": {n: {"skipped": "time budget"} for n in CANDIDATES},
+                }
+            )
             continue
-        rows.append(run_row(torch, F, bench, d=d, s=s, mask_on=mask_on, outlier=outlier, device=device,
-                            dry=args.dry_run, quick=args.quick, only=only))
-        print(f"[{time.time() - t0:6.1f} s] D{d} S{s}{' mask' if mask_on else ''}{' outlier' if outlier else ''} done",
-              file=sys.stderr, flush=True)
+        rows.append(
+            run_row(
+                torch,
+                F,
+                bench,
+                d=d,
+                s=s,
+                mask_on=mask_on,
+                outlier=outlier,
+                device=device,
+                dry=args.dry_run,
+                quick=args.quick,
+                only=only,
+            )
+        )
+        print(
+            f"[{time.time() - t0:6.1f} s] D{d} S{s}{' mask' if mask_on else ''}{' outlier' if outlier else ''} done",
+            file=sys.stderr,
+            flush=True,
+        )
         results = {"meta": info, "rows": rows, "seconds": time.time() - t0}
         if args.out_dir:  # after every row: a run cut short still leaves what it measured
             os.makedirs(args.out_dir, exist_ok=True)
             with open(os.path.join(args.out_dir, "attention_kernels.json"), "w") as f:
                 json.dump(results, f, indent=1)
     results = {"meta": info, "rows": rows, "seconds": time.time() - t0}
-    print(f"\nattention kernels, B1 H{H} (error rows: {ERR_HEADS} heads x {ERR_ROWS} queries vs float64) — "
-          f"{results['meta']['device']}, torch {results['meta']['torch']}, Triton {results['meta']['triton']}, "
-          f"cudnn-frontend {results['meta']['cudnn_frontend']}, {results['seconds']:.0f} s")
+    print(
+        f"\nattention kernels, B1 H{H} (error rows: {ERR_HEADS} heads x {ERR_ROWS} queries vs float64) — "
+        f"{results['meta']['device']}, torch {results['meta']['torch']}, Triton {results['meta']['triton']}, "
+        f"cudnn-frontend {results['meta']['cudnn_frontend']}, {results['seconds']:.0f} s"
+    )
     print(format_table(rows))
     return 0
 

@@ -10,6 +10,7 @@ also what save_quantized adds. The digests (hashlib's blake2b) run on up to 8 th
 
     python benchmarks/checkpoint_digests.py [--double 1] [--single 1] [--repeat 3] [--no-results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,14 +60,24 @@ def main(argv=None):
                 loads[verify].append(t)
                 del m
         best_on, best_off, best_digest = min(loads[True]), min(loads[False]), min(digest_times)
-        rows = [("load_quantized, verify=False", f"{best_off:.2f}", "-"),
-                ("load_quantized, verify=True (default)", f"{best_on:.2f}",
-                 f"+{best_on - best_off:.2f} s (+{100 * (best_on / best_off - 1):.0f}%)"),
-                ("digests alone (what save_quantized adds)", f"{best_digest:.2f}",
-                 f"{size / 2**20 / best_digest:,.0f} MiB/s; save_quantized took {t_save:.2f} s in all")]
-        title = (f"Flux width 3072, {args.double} double + {args.single} single blocks prepared (default config): "
-                 f"{WEIGHTS_NAME} of {size / 2**20:,.1f} MiB, {n_tensors} tensors; best of {args.repeat}, "
-                 "page cache warm")
+        rows = [
+            ("load_quantized, verify=False", f"{best_off:.2f}", "-"),
+            (
+                "load_quantized, verify=True (default)",
+                f"{best_on:.2f}",
+                f"+{best_on - best_off:.2f} s (+{100 * (best_on / best_off - 1):.0f}%)",
+            ),
+            (
+                "digests alone (what save_quantized adds)",
+                f"{best_digest:.2f}",
+                f"{size / 2**20 / best_digest:,.0f} MiB/s; save_quantized took {t_save:.2f} s in all",
+            ),
+        ]
+        title = (
+            f"Flux width 3072, {args.double} double + {args.single} single blocks prepared (default config): "
+            f"{WEIGHTS_NAME} of {size / 2**20:,.1f} MiB, {n_tensors} tensors; best of {args.repeat}, "
+            "page cache warm"
+        )
         headers = ["", "seconds", "cost"]
         print(title)
         print(tabulate(rows, headers=headers))

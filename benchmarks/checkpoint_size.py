@@ -13,6 +13,7 @@ time is also given with every tensor read once, as load_quantized does). The rat
 
     python benchmarks/checkpoint_size.py [--double 1] [--single 1] [--repeat 2] [--no-results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,10 +81,11 @@ def main(argv=None):
         _, t_save_bf16 = timed(lambda: model.save_pretrained(bf16_dir))
         kw = inputs()
         variants = {}
-        for label, overrides in (("default config (sensitive layers weight-only INT8)", {}),
-                                 ("sensitive: native (sensitive layers bf16)",
-                                  {"quantization_config": {"sensitive": "native"}}),
-                                 ("quantize_sensitive=True", {"quantization_config": {"quantize_sensitive": True}})):
+        for label, overrides in (
+            ("default config (sensitive layers weight-only INT8)", {}),
+            ("sensitive: native (sensitive layers bf16)", {"quantization_config": {"sensitive": "native"}}),
+            ("quantize_sensitive=True", {"quantization_config": {"quantize_sensitive": True}}),
+        ):
             if model is None:
                 model = build()
             result = fx_fp8.prepare_model(model, **overrides)
@@ -115,21 +117,50 @@ def main(argv=None):
 
         bf16_bytes = folder_bytes(bf16_dir)
         bf16_full = extrapolate(tensor_bytes_by_part(os.path.join(bf16_dir, "diffusion_pytorch_model.safetensors")))
-        rows = [("bf16 save_pretrained", "-", f"{bf16_bytes / 2**20:,.1f}", "1.000", "1.000",
-                 f"{t_save_bf16:.2f}", f"{min(loads['bf16']):.2f} lazy, {min(loads['bf16 read']):.2f} read", "-")]
+        rows = [
+            (
+                "bf16 save_pretrained",
+                "-",
+                f"{bf16_bytes / 2**20:,.1f}",
+                "1.000",
+                "1.000",
+                f"{t_save_bf16:.2f}",
+                f"{min(loads['bf16']):.2f} lazy, {min(loads['bf16 read']):.2f} read",
+                "-",
+            )
+        ]
         for label, v in variants.items():
             q = folder_bytes(v["dir"])
             full = extrapolate(tensor_bytes_by_part(os.path.join(v["dir"], WEIGHTS_NAME)))
             n_q, n_native = len(v["result"]["quantized"]), len(v["result"]["native"])
-            rows.append((f"save_quantized, {label}", f"{n_q}/{n_q + n_native}", f"{q / 2**20:,.1f}",
-                         f"{q / bf16_bytes:.3f}", f"{full / bf16_full:.3f}", f"{v['t_save']:.2f}",
-                         f"{min(loads[label]):.2f}", "yes" if v["identical"] else "NO"))
-        headers = ["folder", "FP8 linears", "MiB on disk", "ratio", "ratio, 19+38 blocks (extrapolated)",
-                   "save s", f"load s (best of {args.repeat})", "bit-identical output"]
+            rows.append(
+                (
+                    f"save_quantized, {label}",
+                    f"{n_q}/{n_q + n_native}",
+                    f"{q / 2**20:,.1f}",
+                    f"{q / bf16_bytes:.3f}",
+                    f"{full / bf16_full:.3f}",
+                    f"{v['t_save']:.2f}",
+                    f"{min(loads[label]):.2f}",
+                    "yes" if v["identical"] else "NO",
+                )
+            )
+        headers = [
+            "folder",
+            "FP8 linears",
+            "MiB on disk",
+            "ratio",
+            "ratio, 19+38 blocks (extrapolated)",
+            "save s",
+            f"load s (best of {args.repeat})",
+            "bit-identical output",
+        ]
         from tabulate import tabulate
 
-        title = (f"Flux width 3072, {args.double} double + {args.single} single blocks, bf16, {params / 1e6:,.0f}M "
-                 f"parameters; load = FluxTransformer2DModel.from_pretrained(torch_dtype=bf16) vs fx_fp8.load_quantized")
+        title = (
+            f"Flux width 3072, {args.double} double + {args.single} single blocks, bf16, {params / 1e6:,.0f}M "
+            f"parameters; load = FluxTransformer2DModel.from_pretrained(torch_dtype=bf16) vs fx_fp8.load_quantized"
+        )
         print(title)
         print(tabulate(rows, headers=headers))
         if not args.no_results:

@@ -19,6 +19,7 @@ outcome and the peak RSS above the built model. The same script runs on a GPU un
     python benchmarks/compile_time.py --cache-dir DIR --starts cold ...   # once
     python benchmarks/compile_time.py --cache-dir DIR --starts warm --repeat 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,17 @@ def _build(model: str, device: str):
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
         if model == "flux":  # the tiny family's width, FLUX.1's depth
-            m = FluxTransformer2DModel(patch_size=1, in_channels=32, num_layers=19, num_single_layers=38,
-                                       attention_head_dim=32, num_attention_heads=2, joint_attention_dim=64,
-                                       pooled_projection_dim=64, axes_dims_rope=(8, 12, 12))
+            m = FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=32,
+                num_layers=19,
+                num_single_layers=38,
+                attention_head_dim=32,
+                num_attention_heads=2,
+                joint_attention_dim=64,
+                pooled_projection_dim=64,
+                axes_dims_rope=(8, 12, 12),
+            )
         else:
             m = build_tiny_transformer("wan", layers=40)
     m = m.eval().to(device)
@@ -107,26 +116,36 @@ def worker(model: str, backend: str, mode: str, device: str) -> dict:
     steady = _cpu_seconds() - steady0
     ind, aot = counters["inductor"], counters["aot_autograd"]
     return {
-        "cpu_s": cpu, "wall_s": wall, "call_cpu_s": call, "steady_cpu_s": steady,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "call_cpu_s": call,
+        "steady_cpu_s": steady,
         "inductor_compiles": ind["fxgraph_cache_miss"] + ind["fxgraph_cache_hit"] + ind["fxgraph_cache_bypass"],
-        "fx_hit": ind["fxgraph_cache_hit"], "fx_bypass": ind["fxgraph_cache_bypass"],
-        "aot_hit": aot["autograd_cache_hit"], "aot_miss": aot["autograd_cache_miss"],
-        "aot_bypass": aot["autograd_cache_bypass"], "dynamo_graphs": counters["stats"]["unique_graphs"],
+        "fx_hit": ind["fxgraph_cache_hit"],
+        "fx_bypass": ind["fxgraph_cache_bypass"],
+        "aot_hit": aot["autograd_cache_hit"],
+        "aot_miss": aot["autograd_cache_miss"],
+        "aot_bypass": aot["autograd_cache_bypass"],
+        "dynamo_graphs": counters["stats"]["unique_graphs"],
         "peak_rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024,
     }
 
 
 def _run_worker(model, backend, mode, device, cache_dir) -> dict:
     r = _run_worker_once(model, backend, mode, device, cache_dir)
-    print(f"    CPU {r['cpu_s']:.2f} s, first call {r['call_cpu_s']:.2f} s, second call {r['steady_cpu_s']:.2f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f"    CPU {r['cpu_s']:.2f} s, first call {r['call_cpu_s']:.2f} s, second call {r['steady_cpu_s']:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return r
 
 
 def _run_worker_once(model, backend, mode, device, cache_dir) -> dict:
     # compile in-process (no worker pool) so the CPU seconds include Inductor's own work
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_COMPILE_THREADS="1",
-               PYTHONWARNINGS="ignore")
+    env = dict(
+        os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONWARNINGS="ignore"
+    )
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", model, backend, mode, device]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -137,10 +156,24 @@ def _run_worker_once(model, backend, mode, device, cache_dir) -> dict:
 def _row(model, mode, backend, start, r, ref, runs) -> list:
     ratio = f"{r['cpu_s'] / ref['cpu_s']:.2f}x" if ref else "n/a"
     call_ratio = f"{r['call_cpu_s'] / ref['call_cpu_s']:.2f}x" if ref else "n/a"
-    return [model, mode, backend, start, f"{r['cpu_s']:.1f}", ratio, f"{r['call_cpu_s']:.1f}", call_ratio,
-            f"{r['steady_cpu_s']:.2f}", f"{r['wall_s']:.1f}", r["inductor_compiles"],
-            f"{r['fx_hit']}/{r['fx_bypass']}", f"{r['aot_hit']}/{r['aot_miss']}/{r['aot_bypass']}",
-            r["dynamo_graphs"], f"{r['peak_rss_mb']:.0f}", runs]
+    return [
+        model,
+        mode,
+        backend,
+        start,
+        f"{r['cpu_s']:.1f}",
+        ratio,
+        f"{r['call_cpu_s']:.1f}",
+        call_ratio,
+        f"{r['steady_cpu_s']:.2f}",
+        f"{r['wall_s']:.1f}",
+        r["inductor_compiles"],
+        f"{r['fx_hit']}/{r['fx_bypass']}",
+        f"{r['aot_hit']}/{r['aot_miss']}/{r['aot_bypass']}",
+        r["dynamo_graphs"],
+        f"{r['peak_rss_mb']:.0f}",
+        runs,
+    ]
 
 
 def _median_run(results: list) -> dict:
@@ -152,14 +185,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["flux", "wan"], choices=["flux", "wan"])
     ap.add_argument("--mode", nargs="+", default=["regional"], choices=["regional", "full"])
-    ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
-                    help="ratios are against the inductor row, so keep it in")
-    ap.add_argument("--starts", nargs="+", default=["cold", "warm"], choices=["cold", "warm"],
-                    help="warm alone needs --cache-dir holding an earlier cold run's caches")
-    ap.add_argument("--cache-dir", help="keep the compile caches in DIR/<model>-<mode>-<backend> (default: a "
-                    "temporary directory per model, mode and backend, removed at the end)")
-    ap.add_argument("--repeat", type=int, default=1, help="warm runs per row, backends interleaved; the row shows "
-                    "the run with the median CPU seconds (a cold run is cold once)")
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        default=list(BACKENDS),
+        choices=BACKENDS,
+        help="ratios are against the inductor row, so keep it in",
+    )
+    ap.add_argument(
+        "--starts",
+        nargs="+",
+        default=["cold", "warm"],
+        choices=["cold", "warm"],
+        help="warm alone needs --cache-dir holding an earlier cold run's caches",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        help="keep the compile caches in DIR/<model>-<mode>-<backend> (default: a "
+        "temporary directory per model, mode and backend, removed at the end)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="warm runs per row, backends interleaved; the row shows "
+        "the run with the median CPU seconds (a cold run is cold once)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-results", action="store_true", help="print only; do not append to benchmarks/RESULTS.md")
     ap.add_argument("--worker", nargs=4, metavar=("MODEL", "BACKEND", "MODE", "DEVICE"), help=argparse.SUPPRESS)
@@ -193,32 +244,62 @@ def main() -> None:
                             sys.exit(f"{caches[backend]} is empty: run the cold start first")
                     for i in range(args.repeat):  # interleaved: every backend sees the same machine load
                         for backend in args.backends:
-                            print(f"... {model} {mode} {backend} warm ({i + 1}/{args.repeat})", file=sys.stderr,
-                                  flush=True)
+                            print(
+                                f"... {model} {mode} {backend} warm ({i + 1}/{args.repeat})",
+                                file=sys.stderr,
+                                flush=True,
+                            )
                             results.setdefault((backend, "warm"), []).append(
-                                _run_worker(model, backend, mode, args.device, caches[backend]))
+                                _run_worker(model, backend, mode, args.device, caches[backend])
+                            )
                 for backend in args.backends:
                     for start in args.starts:
                         runs = results[backend, start]
                         ref = results.get(("inductor", start))
-                        rows.append(_row(model, mode, backend, start, _median_run(runs),
-                                         _median_run(ref) if ref else None, len(runs)))
-    headers = ["model", "mode", "backend", "start", "CPU s", "vs inductor", "first call CPU s", "vs inductor",
-               "second call CPU s", "wall s", "Inductor compiles",
-               "FX cache hit/bypass", "AOT cache hit/miss/bypass", "Dynamo graphs", "peak RSS MB", "runs"]
+                        rows.append(
+                            _row(
+                                model,
+                                mode,
+                                backend,
+                                start,
+                                _median_run(runs),
+                                _median_run(ref) if ref else None,
+                                len(runs),
+                            )
+                        )
+    headers = [
+        "model",
+        "mode",
+        "backend",
+        "start",
+        "CPU s",
+        "vs inductor",
+        "first call CPU s",
+        "vs inductor",
+        "second call CPU s",
+        "wall s",
+        "Inductor compiles",
+        "FX cache hit/bypass",
+        "AOT cache hit/miss/bypass",
+        "Dynamo graphs",
+        "peak RSS MB",
+        "runs",
+    ]
     table = tabulate(rows, headers=headers, tablefmt="github")
     print(table)
     if not args.no_results:
         import torch
 
         with open(RESULTS, "a") as f:
-            f.write(f"\n## Compile time: regional and whole-model, cold and warm ({datetime.date.today()})\n\n"
-                    f"`python benchmarks/compile_time.py --models {' '.join(args.models)} --mode {' '.join(args.mode)}`"
-                    f" on {platform.machine()} ({os.cpu_count()} CPUs), device {args.device}, torch "
-                    f"{torch.__version__}. One process per run; warm = a new process with the cold run's "
-                    "Inductor cache directory; with several runs the row is the median. CPU s = torch.compile "
-                    "(or compile_repeated_blocks) and the compiling first call; first call CPU s = the call "
-                    "alone; second call CPU s = a call that compiles nothing.\n\n" + table + "\n")
+            f.write(
+                f"\n## Compile time: regional and whole-model, cold and warm ({datetime.date.today()})\n\n"
+                f"`python benchmarks/compile_time.py --models {' '.join(args.models)} --mode {' '.join(args.mode)}`"
+                f" on {platform.machine()} ({os.cpu_count()} CPUs), device {args.device}, torch "
+                f"{torch.__version__}. One process per run; warm = a new process with the cold run's "
+                "Inductor cache directory; with several runs the row is the median. CPU s = torch.compile "
+                "(or compile_repeated_blocks) and the compiling first call; first call CPU s = the call "
+                "alone; second call CPU s = a call that compiles nothing.\n\n" + table + "\n"
+            )
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ fx_fp8, the eager backend in place of Inductor, CPU SDPA in place of cuDNN / fla
 Flux of width 64, torchao with its GPU check bypassed (it then runs its CPU fallback), the
 profiler's outermost aten ops in place of kernels. Any failing cell makes the exit status 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,12 +105,30 @@ from gpu_timing import Timer, Timing, append_section, environment, markdown_tabl
 #: down projections, the single block's output projection (attention + MLP concatenated)
 FLUX_LINEAR_SHAPES = [(3072, 3072), (3072, 9216), (3072, 12288), (12288, 3072), (15360, 3072)]
 TINY_LINEAR_SHAPES = [(128, 128), (128, 384), (128, 512), (512, 128), (640, 128)]
-FLUX_DEV_CONFIG = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-                       num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-                       guidance_embeds=True, axes_dims_rope=(16, 56, 56))
-TINY_FLUX_CONFIG = dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=32,
-                        num_attention_heads=2, joint_attention_dim=64, pooled_projection_dim=64,
-                        guidance_embeds=True, axes_dims_rope=(8, 12, 12))
+FLUX_DEV_CONFIG = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=19,
+    num_single_layers=38,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+TINY_FLUX_CONFIG = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=2,
+    num_single_layers=2,
+    attention_head_dim=32,
+    num_attention_heads=2,
+    joint_attention_dim=64,
+    pooled_projection_dim=64,
+    guidance_embeds=True,
+    axes_dims_rope=(8, 12, 12),
+)
 
 BF16_EAGER, BF16_INDUCTOR, TORCHAO = "BF16 F.linear (cuBLAS)", "BF16 Inductor", "torchao float8 row-wise"
 FX_FP8, FX_FP8_PREPARED = "fx_fp8", "fx_fp8 prepared"
@@ -133,14 +152,14 @@ class Terminated(BaseException):
 
 @dataclass
 class Row:
-    section: str                 # "linear" | "attention" | "flux"
+    section: str  # "linear" | "attention" | "flux"
     case: str
     contender: str
-    timing: object = None        # Timing, or a message (error / skipped / not installed)
+    timing: object = None  # Timing, or a message (error / skipped / not installed)
     first_s: Optional[float] = None
     err: Optional[float] = None
     flop: Optional[float] = None
-    note: str = ""               # fx_fp8's report summary, torchao's state
+    note: str = ""  # fx_fp8's report summary, torchao's state
     extra: dict = field(default_factory=dict)  # flux: peak / weights GiB, graphs compiled
 
     @property
@@ -192,8 +211,9 @@ class Bench:
         print(progress_line(self, row), flush=True)
         return row
 
-    def measured(self, section: str, case: str, contender: str, make: Callable, *, exact=None, flop=None,
-                 note: Callable = None) -> Row:
+    def measured(
+        self, section: str, case: str, contender: str, make: Callable, *, exact=None, flop=None, note: Callable = None
+    ) -> Row:
         """One row: make() -> a no-argument callable; its first call (the compile) is timed apart,
         its output compared with `exact`, then Timer.measure; note(fn) describes what ran."""
         row = Row(section, case, contender, flop=flop)
@@ -230,8 +250,10 @@ def progress_line(bench: Bench, row: Row) -> str:
         return f"{head} | {t}"
     first = f", first call {row.first_s:.1f} s" if row.first_s is not None else ""
     err = f", err {row.err:.2%}" if row.err is not None else ""
-    return (f"{head} | {t.ms:.3f} ms (wall {t.wall_ms:.3f}, launch {t.launch_ms:.3f}, kernels {t.kernel_ms:.3f})"
-            f"{first}{err} | {t.top_kernels()}" + (f" | {row.note}" if row.note else ""))
+    return (
+        f"{head} | {t.ms:.3f} ms (wall {t.wall_ms:.3f}, launch {t.launch_ms:.3f}, kernels {t.kernel_ms:.3f})"
+        f"{first}{err} | {t.top_kernels()}" + (f" | {row.note}" if row.note else "")
+    )
 
 
 def fx_fp8_summary(compiled, op: str, action: str = "fp8") -> str:
@@ -331,8 +353,9 @@ def bench_linears(bench: Bench) -> None:
     for k, n in shapes:
         case = f"{m}x{k}->{n}"
         if not bench.fits(longest):
-            for name in (BF16_EAGER, BF16_INDUCTOR, TORCHAO, FX_FP8, FX_FP8_PREPARED) + \
-                    ((FX_FP8_MULTI_KERNEL,) if k >= min_k_multi else ()):
+            for name in (BF16_EAGER, BF16_INDUCTOR, TORCHAO, FX_FP8, FX_FP8_PREPARED) + (
+                (FX_FP8_MULTI_KERNEL,) if k >= min_k_multi else ()
+            ):
                 bench.add(Row("linear", case, name, "skipped: time budget"))
             continue
         t0 = time.perf_counter()
@@ -359,15 +382,23 @@ def bench_linears(bench: Bench) -> None:
 
         report = lambda fn: fx_fp8_summary(fn.compiled, "linear")  # noqa: E731
         common = dict(exact=exact, flop=flop)
-        bench.measured("linear", case, BF16_EAGER, lambda: (lambda: F.linear(x, lin.weight, lin.bias)), **common)
+        bench.measured("linear", case, BF16_EAGER, lambda: lambda: F.linear(x, lin.weight, lin.bias), **common)
         bench.measured("linear", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend), **common)
-        measure_torchao(bench, "linear", case, torchao, ao_state,
-                        lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend), **common)
+        measure_torchao(
+            bench,
+            "linear",
+            case,
+            torchao,
+            ao_state,
+            lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend),
+            **common,
+        )
         bench.measured("linear", case, FX_FP8, lambda: fx_fp8(False), note=report, **common)
         bench.measured("linear", case, FX_FP8_PREPARED, lambda: fx_fp8(True), note=report, **common)
         if k >= min_k_multi:
-            bench.measured("linear", case, FX_FP8_MULTI_KERNEL,
-                           lambda: fx_fp8(True, MULTI_KERNEL_OPTIONS), note=report, **common)
+            bench.measured(
+                "linear", case, FX_FP8_MULTI_KERNEL, lambda: fx_fp8(True, MULTI_KERNEL_OPTIONS), note=report, **common
+            )
         longest = max(longest, time.perf_counter() - t0)
 
 
@@ -388,7 +419,7 @@ class Modulation(nn.Module):
         chunks = emb.chunk(emb.shape[-1] // x.shape[-1], dim=-1)
         out = x
         for i in range(0, len(chunks), 3):
-            shift, scale, gate = chunks[i:i + 3]
+            shift, scale, gate = chunks[i : i + 3]
             out = out + gate[:, None] * (x * (1 + scale[:, None]) + shift[:, None])
         return out, emb
 
@@ -479,19 +510,34 @@ def bench_conditioning(bench: Bench) -> None:
             def describe(fn):
                 kind = "weight-only" if fn.prepared["weight_only"] else "W8A8" if fn.prepared["quantized"] else "native"
                 summary = fx_fp8_summary(fn.compiled, "linear", expected)  # names the reasons itself when NOT
-                return (f"sensitive by structure: {', '.join(sorted(found.values())) or 'none'}; "
-                        f"prepare_model: {kind}, weights {fn.prepared['bytes_after'] / 1e6:.3g} MB; {summary}"
-                        + ("" if ": NOT " in summary else f": {fx_fp8_reasons(fn.compiled, 'linear')}"))
+                return (
+                    f"sensitive by structure: {', '.join(sorted(found.values())) or 'none'}; "
+                    f"prepare_model: {kind}, weights {fn.prepared['bytes_after'] / 1e6:.3g} MB; {summary}"
+                    + ("" if ": NOT " in summary else f": {fx_fp8_reasons(fn.compiled, 'linear')}")
+                )
+
             return describe
 
         common = dict(exact=exact, flop=flop)
-        bench.measured("conditioning", case, BF16_INDUCTOR, lambda: compiled(fresh(), bench.bf16_backend),
-                       note=lambda fn: f"weights {lin.weight.nbytes / 1e6:.3g} MB", **common)
-        measure_torchao(bench, "conditioning", case, torchao, ao_state,
-                        lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend), **common)
+        bench.measured(
+            "conditioning",
+            case,
+            BF16_INDUCTOR,
+            lambda: compiled(fresh(), bench.bf16_backend),
+            note=lambda fn: f"weights {lin.weight.nbytes / 1e6:.3g} MB",
+            **common,
+        )
+        measure_torchao(
+            bench,
+            "conditioning",
+            case,
+            torchao,
+            ao_state,
+            lambda: compiled(torchao_float8_rowwise(fresh(), bench.dry), bench.bf16_backend),
+            **common,
+        )
         for name, (quantization, expected) in FX_FP8_CONDITIONING.items():
-            bench.measured("conditioning", case, name, lambda q=quantization: fx_fp8(q), note=note(expected),
-                           **common)
+            bench.measured("conditioning", case, name, lambda q=quantization: fx_fp8(q), note=note(expected), **common)
         longest = max(longest, time.perf_counter() - t0)
 
 
@@ -520,6 +566,7 @@ def sdpa_with(backend_name: str, dry: bool, q, k, v):
     def run():
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
             return F.scaled_dot_product_attention(q, k, v)
+
     return run
 
 
@@ -529,8 +576,8 @@ def attention_fp64(q, k, v, chunk: int = 512) -> torch.Tensor:
     kd, vd = k.double(), v.double()
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
     for i in range(0, q.shape[-2], chunk):
-        s = (q[..., i:i + chunk, :].double() @ kd.transpose(-1, -2)) * scale
-        out[..., i:i + chunk, :] = torch.softmax(s, dim=-1) @ vd
+        s = (q[..., i : i + chunk, :].double() @ kd.transpose(-1, -2)) * scale
+        out[..., i : i + chunk, :] = torch.softmax(s, dim=-1) @ vd
     return out
 
 
@@ -558,12 +605,15 @@ def bench_attention(bench: Bench) -> None:
             run.compiled = c
             return run
 
-        bench.measured("attention", case, CUDNN_BF16, lambda: sdpa_with("CUDNN_ATTENTION", bench.dry, q, k, v),
-                       **common)
-        bench.measured("attention", case, FLASH_BF16, lambda: sdpa_with("FLASH_ATTENTION", bench.dry, q, k, v),
-                       **common)
-        bench.measured("attention", case, FX_FP8, fx_fp8, note=lambda fn: fx_fp8_summary(fn.compiled, "attention"),
-                       **common)
+        bench.measured(
+            "attention", case, CUDNN_BF16, lambda: sdpa_with("CUDNN_ATTENTION", bench.dry, q, k, v), **common
+        )
+        bench.measured(
+            "attention", case, FLASH_BF16, lambda: sdpa_with("FLASH_ATTENTION", bench.dry, q, k, v), **common
+        )
+        bench.measured(
+            "attention", case, FX_FP8, fx_fp8, note=lambda fn: fx_fp8_summary(fn.compiled, "attention"), **common
+        )
         del exact
         longest = max(longest, time.perf_counter() - t0)
 
@@ -585,38 +635,81 @@ def quick_table(rows: list[Row]) -> str:
             continue
         x_base = base[r.case] / t.ms if r.case in base else None
         x_peer = peer[r.case] / t.ms if r.case in peer and r.contender not in (BF16_EAGER, BF16_INDUCTOR) else None
-        out.append([r.case, r.contender, t.ms, x_base, x_peer, r.flop / t.ms / 1e9 if r.flop else None,
-                    t.wall_ms, t.launch_ms, t.kernel_ms, t.busy, t.kernels_per_call, r.first_s, r.err,
-                    t.top_kernels(), r.note])
-    header = ["case", "contender", "ms", "x BF16", "x torchao", "TFLOP/s", "wall ms/call", "launch ms/call",
-              "kernel ms/call", "GPU busy", "kernels/call", "first call s", "err", "kernels (share of kernel time)",
-              "what ran"]
+        out.append(
+            [
+                r.case,
+                r.contender,
+                t.ms,
+                x_base,
+                x_peer,
+                r.flop / t.ms / 1e9 if r.flop else None,
+                t.wall_ms,
+                t.launch_ms,
+                t.kernel_ms,
+                t.busy,
+                t.kernels_per_call,
+                r.first_s,
+                r.err,
+                t.top_kernels(),
+                r.note,
+            ]
+        )
+    header = [
+        "case",
+        "contender",
+        "ms",
+        "x BF16",
+        "x torchao",
+        "TFLOP/s",
+        "wall ms/call",
+        "launch ms/call",
+        "kernel ms/call",
+        "GPU busy",
+        "kernels/call",
+        "first call s",
+        "err",
+        "kernels (share of kernel time)",
+        "what ran",
+    ]
     return markdown_table(header, out)
 
 
 def host_table(rows: list[Row], n: int = 5) -> str:
     """Where each fx_fp8 row's CPU time per call goes: launch ms next to the Python functions (and
     builtins, e.g. a kernel launch) with the most own time, from Timing.host (cProfile)."""
-    out = [[r.case, r.contender, r.timing.launch_ms, r.timing.wall_ms, r.timing.top_host(n)]
-           for r in rows if isinstance(r.timing, Timing) and r.timing.host and is_fx_fp8(r.contender)]
+    out = [
+        [r.case, r.contender, r.timing.launch_ms, r.timing.wall_ms, r.timing.top_host(n)]
+        for r in rows
+        if isinstance(r.timing, Timing) and r.timing.host and is_fx_fp8(r.contender)
+    ]
     if not out:
         return "(no fx_fp8 row has a host profile)\n"
-    return markdown_table(["case", "contender", "launch ms/call", "wall ms/call",
-                           f"top {n} functions by own ms per call (cProfile: inflated ~1.5-2x)"], out)
+    return markdown_table(
+        [
+            "case",
+            "contender",
+            "launch ms/call",
+            "wall ms/call",
+            f"top {n} functions by own ms per call (cProfile: inflated ~1.5-2x)",
+        ],
+        out,
+    )
 
 
-QUICK_NOTES = ("ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linear) or cuDNN BF16 ms (attention) / "
-               "ms; x torchao: torchao ms / ms. wall: back-to-back calls, synchronised at the end; launch: the CPU's "
-               "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
-               "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
-               "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
-               "multi_kernel: inductor_options {'triton.multi_kernel': 1} (K > 1024: every shape); "
-               "torchao with "
-               "set_inductor_config=False (the same Inductor config for every row). Conditioning (adaLN): M = 1, the "
-               "linear on silu(temb [1, K]) modulating a 16-token x, timed with that modulation; err of the linear's "
-               "output; fx_fp8 prepared with the structural analysis' result, quantization_config as the contender "
-               "says (default: sensitive weight-only, INT8 weights, scales per channel and 32 columns); weights: "
-               "the bytes the linear reads (prepare_model's bytes_after), so MB / ms is its bandwidth in GB/s.")
+QUICK_NOTES = (
+    "ms: do_bench median, L2 flushed. x BF16: BF16 Inductor ms (linear) or cuDNN BF16 ms (attention) / "
+    "ms; x torchao: torchao ms / ms. wall: back-to-back calls, synchronised at the end; launch: the CPU's "
+    "time to issue them; kernel: GPU kernel time per call (torch.profiler); GPU busy = kernel / wall. "
+    "first call: compile included. err: relative L2 error against fp64 math (linear) or fp64 attention. "
+    "Linear: [1, 4608, K] activations, bias, per-row (per-token) activation and per-channel weight scales; "
+    "multi_kernel: inductor_options {'triton.multi_kernel': 1} (K > 1024: every shape); "
+    "torchao with "
+    "set_inductor_config=False (the same Inductor config for every row). Conditioning (adaLN): M = 1, the "
+    "linear on silu(temb [1, K]) modulating a 16-token x, timed with that modulation; err of the linear's "
+    "output; fx_fp8 prepared with the structural analysis' result, quantization_config as the contender "
+    "says (default: sensitive weight-only, INT8 weights, scales per channel and 32 columns); weights: "
+    "the bytes the linear reads (prepare_model's bytes_after), so MB / ms is its bandwidth in GB/s."
+)
 
 
 # -- Flux ---------------------------------------------------------------------------------------------
@@ -644,9 +737,13 @@ def materialise(model: nn.Module, device: str, seed: int = 0) -> nn.Module:
     buffers = [n for n, _ in model.named_buffers()]
     if buffers:
         raise ValueError(f"materialise cannot initialise buffers {buffers[:5]}: to_empty leaves them undefined")
-    unknown = [f"{name} ({type(m).__name__})" for name, m in model.named_modules()
-               if any(True for _ in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters")
-               and not (type(m).__name__.endswith("Norm") and _norm_params(m))]
+    unknown = [
+        f"{name} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if any(True for _ in m.parameters(recurse=False))
+        and not hasattr(m, "reset_parameters")
+        and not (type(m).__name__.endswith("Norm") and _norm_params(m))
+    ]
     if unknown:
         raise ValueError(f"materialise does not know how to initialise {unknown[:5]}")
     model = model.to_empty(device=device)
@@ -671,14 +768,19 @@ def flux_inputs(config: dict, img_side: int, txt: int, device: str, seed: int = 
     ids = torch.zeros(img_side, img_side, 3, device=device)
     ids[..., 1] = torch.arange(img_side, device=device)[:, None]
     ids[..., 2] = torch.arange(img_side, device=device)[None, :]
-    kw = dict(hidden_states=torch.randn(1, img_side * img_side, config["in_channels"], device=device, generator=g,
-                                        dtype=bf16),
-              encoder_hidden_states=torch.randn(1, txt, config["joint_attention_dim"], device=device, generator=g,
-                                                dtype=bf16),
-              pooled_projections=torch.randn(1, config["pooled_projection_dim"], device=device, generator=g,
-                                             dtype=bf16),
-              timestep=torch.full((1,), 0.5, device=device, dtype=bf16),
-              img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(txt, 3, device=device), return_dict=False)
+    kw = dict(
+        hidden_states=torch.randn(
+            1, img_side * img_side, config["in_channels"], device=device, generator=g, dtype=bf16
+        ),
+        encoder_hidden_states=torch.randn(
+            1, txt, config["joint_attention_dim"], device=device, generator=g, dtype=bf16
+        ),
+        pooled_projections=torch.randn(1, config["pooled_projection_dim"], device=device, generator=g, dtype=bf16),
+        timestep=torch.full((1,), 0.5, device=device, dtype=bf16),
+        img_ids=ids.reshape(-1, 3),
+        txt_ids=torch.zeros(txt, 3, device=device),
+        return_dict=False,
+    )
     if config.get("guidance_embeds"):
         kw["guidance"] = torch.full((1,), 3.5, device=device, dtype=bf16)
     return kw
@@ -686,9 +788,15 @@ def flux_inputs(config: dict, img_side: int, txt: int, device: str, seed: int = 
 
 #: --flux-variants keys -> the variants' names, in the order they run: the most wanted first, should
 #: the time budget run out
-FLUX_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": FX_FP8_PREPARED,
-                 "torchao": TORCHAO, "fx_fp8_sens_fp8": FX_FP8_SENSITIVE_FP8,
-                 "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead", "fx_fp8_mk": FX_FP8_MULTI_KERNEL}
+FLUX_VARIANTS = {
+    "eager": "BF16 eager",
+    "inductor": "BF16 Inductor",
+    "fx_fp8": FX_FP8_PREPARED,
+    "torchao": TORCHAO,
+    "fx_fp8_sens_fp8": FX_FP8_SENSITIVE_FP8,
+    "fx_fp8_ro": "fx_fp8 prepared, reduce-overhead",
+    "fx_fp8_mk": FX_FP8_MULTI_KERNEL,
+}
 
 
 def regional_compile(model: nn.Module, **compile_kwargs) -> None:
@@ -708,8 +816,11 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
     import fx_fp8
 
     fx = {"options": bench.fx_options} if bench.fx_options else {}
-    ro = ({"options": {**bench.fx_options, "mode": "reduce-overhead"}} if bench.fx_options
-          else {"mode": "reduce-overhead"})  # torch.compile takes mode or options, not both
+    ro = (
+        {"options": {**bench.fx_options, "mode": "reduce-overhead"}}
+        if bench.fx_options
+        else {"mode": "reduce-overhead"}
+    )  # torch.compile takes mode or options, not both
 
     def report(model):
         return fx_fp8_summary(model, "linear") + "; " + fx_fp8_summary(model, "attention")
@@ -720,8 +831,10 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
 
     def prepared(model, quantization=None):
         r = fx_fp8.prepare_model(model, **({"quantization_config": quantization} if quantization else {}))
-        return (f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
-                f"weight-only), {len(r['native'])} native")
+        return (
+            f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
+            f"weight-only), {len(r['native'])} native"
+        )
 
     def torchao_quantized(model):
         torchao_float8_rowwise(model, bench.dry)
@@ -732,8 +845,11 @@ def flux_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Call
         "inductor": (None, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
         "fx_fp8": (prepared, lambda m: regional_compile(m, backend="fp8", **fx), report),
         "torchao": (torchao_quantized, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
-        "fx_fp8_sens_fp8": (lambda m: prepared(m, fx_sens_fp8["options"]["quantization_config"]),
-                            lambda m: regional_compile(m, backend="fp8", **fx_sens_fp8), report),
+        "fx_fp8_sens_fp8": (
+            lambda m: prepared(m, fx_sens_fp8["options"]["quantization_config"]),
+            lambda m: regional_compile(m, backend="fp8", **fx_sens_fp8),
+            report,
+        ),
         "fx_fp8_ro": (prepared, lambda m: regional_compile(m, backend="fp8", **ro), report),
         "fx_fp8_mk": (prepared, lambda m: regional_compile(m, backend="fp8", **mk), report),
     }
@@ -750,8 +866,10 @@ def bench_flux(bench: Bench) -> None:
     if bench.args.flux_depth:
         config["num_layers"], config["num_single_layers"] = bench.args.flux_depth
     img_side, txt = (8, 16) if bench.dry else (64, 512)
-    case = (f"{config['num_layers']}+{config['num_single_layers']} blocks, width "
-            f"{config['num_attention_heads'] * config['attention_head_dim']}, {img_side * img_side}+{txt} tokens")
+    case = (
+        f"{config['num_layers']}+{config['num_single_layers']} blocks, width "
+        f"{config['num_attention_heads'] * config['attention_head_dim']}, {img_side * img_side}+{txt} tokens"
+    )
     kwargs = flux_inputs(config, img_side, txt, bench.device)
     torchao, ao_state = torchao_state()
     reference = None
@@ -794,14 +912,36 @@ def bench_flux(bench: Bench) -> None:
 # -- Wan ----------------------------------------------------------------------------------------------
 #: WanTransformer3DModel shapes: Wan2.1-1.3B (torchao's published case) and Wan2.1-14B (diffusers' defaults),
 #: in the order --wan runs them: should --budget run out, the 14B variants are the ones skipped
-WAN_COMMON = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
-                  freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
-WAN_SHAPES = {"1.3b": dict(WAN_COMMON, num_attention_heads=12, ffn_dim=8960, num_layers=30),  # first: cheaper
-              "14b": dict(WAN_COMMON, num_attention_heads=40, ffn_dim=13824, num_layers=40)}
+WAN_COMMON = dict(
+    patch_size=(1, 2, 2),
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+)
+WAN_SHAPES = {
+    "1.3b": dict(WAN_COMMON, num_attention_heads=12, ffn_dim=8960, num_layers=30),  # first: cheaper
+    "14b": dict(WAN_COMMON, num_attention_heads=40, ffn_dim=13824, num_layers=40),
+}
 #: the model zoo's tiny Wan (the dry run)
-TINY_WAN_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=4,
-                       out_channels=4, text_dim=64, freq_dim=64, ffn_dim=128, num_layers=2, cross_attn_norm=True,
-                       qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+TINY_WAN_CONFIG = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=32,
+    in_channels=4,
+    out_channels=4,
+    text_dim=64,
+    freq_dim=64,
+    ffn_dim=128,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
 #: (height, width, frames) of a video -> latent (frames, height, width): Wan's VAE compresses 4x in time, 8x in
 #: space; the (1, 2, 2) patches make 480x832 x 81 frames 21 x 30 x 52 = 32760 tokens, 720x1280 75600
 WAN_RESOLUTIONS = {"480p": (480, 832, 81), "720p": (720, 1280, 81)}
@@ -809,8 +949,14 @@ WAN_TEXT_TOKENS = 512
 FX_FP8_FORCED = "fx_fp8 prepared, FP8 attention forced"
 TORCHAO_ATTENTION = "torchao float8 row-wise + FP8 attention"
 #: --wan-variants keys -> the variants' names, in the order they run
-WAN_VARIANTS = {"eager": "BF16 eager", "inductor": "BF16 Inductor", "fx_fp8": FX_FP8_PREPARED,
-                "fx_fp8_fp8_attention": FX_FP8_FORCED, "torchao": TORCHAO, "torchao_attention": TORCHAO_ATTENTION}
+WAN_VARIANTS = {
+    "eager": "BF16 eager",
+    "inductor": "BF16 Inductor",
+    "fx_fp8": FX_FP8_PREPARED,
+    "fx_fp8_fp8_attention": FX_FP8_FORCED,
+    "torchao": TORCHAO,
+    "torchao_attention": TORCHAO_ATTENTION,
+}
 #: timed forwards a Wan variant (a 14B forward at 32760 tokens takes seconds)
 WAN_FORWARDS = 3
 
@@ -840,10 +986,19 @@ def build_wan(config: dict, device: str, seed: int = 0) -> nn.Module:
 def wan_inputs(config: dict, height: int, width: int, frames: int, device: str, seed: int = 0) -> dict:
     g = torch.Generator(device=device).manual_seed(seed)
     latent = (1, config["in_channels"], (frames - 1) // 4 + 1, height // 8, width // 8)
-    return dict(hidden_states=torch.randn(latent, device=device, generator=g, dtype=torch.bfloat16),
-                encoder_hidden_states=torch.randn(1, WAN_TEXT_TOKENS if device == "cuda" else 16, config["text_dim"],
-                                                  device=device, generator=g, dtype=torch.bfloat16),
-                timestep=torch.full((1,), 500, device=device, dtype=torch.long), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(latent, device=device, generator=g, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(
+            1,
+            WAN_TEXT_TOKENS if device == "cuda" else 16,
+            config["text_dim"],
+            device=device,
+            generator=g,
+            dtype=torch.bfloat16,
+        ),
+        timestep=torch.full((1,), 500, device=device, dtype=torch.long),
+        return_dict=False,
+    )
 
 
 def default_sdpa_backend(heads: int, tokens: int, head_dim: int, device: str) -> str:
@@ -864,8 +1019,10 @@ def wan_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Calla
     order. Each builds its own model (same seed, same weights); every block class compiled once."""
     import fx_fp8
 
-    forced = {**(bench.fx_options or {}), "attention": {**(bench.fx_options or {}).get("attention", {}),
-                                                        "kernel": "triton"}}
+    forced = {
+        **(bench.fx_options or {}),
+        "attention": {**(bench.fx_options or {}).get("attention", {}), "kernel": "triton"},
+    }
     fx = {"options": bench.fx_options} if bench.fx_options else {}
 
     def report(model):
@@ -873,8 +1030,10 @@ def wan_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Calla
 
     def prepared(model):
         r = fx_fp8.prepare_model(model)
-        return (f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
-                f"weight-only), {len(r['native'])} native")
+        return (
+            f"prepare_model: {len(r['quantized'])} linears quantized ({len(r['weight_only'])} of them "
+            f"weight-only), {len(r['native'])} native"
+        )
 
     def torchao_quantized(model, attention=False):
         torchao_float8_rowwise(model, bench.dry)
@@ -892,8 +1051,11 @@ def wan_variants(bench: Bench, ao_state: str) -> list[tuple[str, Callable, Calla
         "fx_fp8": (prepared, lambda m: regional_compile(m, backend="fp8", **fx), report),
         "fx_fp8_fp8_attention": (prepared, lambda m: regional_compile(m, backend="fp8", options=forced), report),
         "torchao": (torchao_quantized, lambda m: regional_compile(m, backend=bench.bf16_backend), None),
-        "torchao_attention": (lambda m: torchao_quantized(m, attention=True),
-                              lambda m: regional_compile(m, backend=bench.bf16_backend), None),
+        "torchao_attention": (
+            lambda m: torchao_quantized(m, attention=True),
+            lambda m: regional_compile(m, backend=bench.bf16_backend),
+            None,
+        ),
     }
     return [(WAN_VARIANTS[key], *every[key]) for key in WAN_VARIANTS if key in bench.args.wan_variants]
 
@@ -905,8 +1067,9 @@ def bench_wan(bench: Bench) -> None:
         bench.add(Row("wan", "model", "all", f"skipped: diffusers not importable ({type(e).__name__}: {e})"))
         return
     torchao, ao_state = torchao_state()
-    cases = [("tiny", "dry")] if bench.dry else \
-        [(m, r) for r in bench.args.wan_resolutions for m in bench.args.wan_models]
+    cases = (
+        [("tiny", "dry")] if bench.dry else [(m, r) for r in bench.args.wan_resolutions for m in bench.args.wan_models]
+    )
     for model_key, res in cases:
         config = dict(TINY_WAN_CONFIG if bench.dry else WAN_SHAPES[model_key])
         if bench.args.wan_depth:
@@ -914,8 +1077,10 @@ def bench_wan(bench: Bench) -> None:
         height, width, frames = (32, 32, 9) if bench.dry else WAN_RESOLUTIONS[res]
         tokens = wan_tokens(config, height, width, frames)
         heads = config["num_attention_heads"]
-        case = (f"Wan {model_key} ({config['num_layers']} blocks, width {heads * config['attention_head_dim']}, "
-                f"{heads} heads, FFN {config['ffn_dim']}), {height}x{width} x {frames} frames = {tokens} tokens")
+        case = (
+            f"Wan {model_key} ({config['num_layers']} blocks, width {heads * config['attention_head_dim']}, "
+            f"{heads} heads, FFN {config['ffn_dim']}), {height}x{width} x {frames} frames = {tokens} tokens"
+        )
         sdpa = default_sdpa_backend(heads, tokens, config["attention_head_dim"], bench.device)
         kwargs = wan_inputs(config, height, width, frames, bench.device)
         reference, longest = None, 0.0
@@ -938,8 +1103,9 @@ def bench_wan(bench: Bench) -> None:
                 row.extra["build s"] = time.perf_counter() - t0
                 if compile_ is not None:
                     compile_(model)
-                timing, out = measure_model(bench, row, lambda: model(**kwargs)[0], reference,
-                                            forwards=2 if bench.dry else WAN_FORWARDS)
+                timing, out = measure_model(
+                    bench, row, lambda: model(**kwargs)[0], reference, forwards=2 if bench.dry else WAN_FORWARDS
+                )
                 if name in ("BF16 eager", "BF16 Inductor"):
                     notes.append(f"SDPA default dispatch: {sdpa}")
                 row.note = "; ".join(notes + ([note(model)] if note else []))
@@ -965,12 +1131,16 @@ def compile_counts() -> tuple[int, int, int]:
     from torch._dynamo.utils import counters
 
     ind = counters["inductor"]
-    return counters["stats"]["unique_graphs"], ind["fxgraph_cache_miss"] + ind["fxgraph_cache_bypass"], \
-        ind["fxgraph_cache_hit"]
+    return (
+        counters["stats"]["unique_graphs"],
+        ind["fxgraph_cache_miss"] + ind["fxgraph_cache_bypass"],
+        ind["fxgraph_cache_hit"],
+    )
 
 
-def measure_model(bench: Bench, row: Row, forward: Callable, reference, forwards: Optional[int] = None
-                  ) -> tuple[Timing, torch.Tensor]:
+def measure_model(
+    bench: Bench, row: Row, forward: Callable, reference, forwards: Optional[int] = None
+) -> tuple[Timing, torch.Tensor]:
     """First call (compile), two more (CUDA graphs: warm-up, recording), the output of the fourth
     (a replay) against `reference`, then `forwards` back-to-back forwards (default 5, 2 in a dry run)
     and one profiled forward."""
@@ -1013,14 +1183,42 @@ def flux_table(rows: list[Row]) -> str:
             out.append([r.contender, t] + ["-"] * 12 + [r.note])
             continue
         e = r.extra
-        out.append([r.contender, t.ms, base / t.ms if base else None,
-                    peer / t.ms if peer and r.contender != "BF16 eager" else None,
-                    r.first_s, e.get("build s"), e.get("graphs"), e.get("peak GiB"), e.get("weights GiB"),
-                    t.launch_ms, t.kernel_ms if t.kernel_ms > 0 else None, t.busy if t.kernel_ms > 0 else None,
-                    r.err, t.top_kernels(), r.note])
-    header = ["variant", "ms / forward", "x BF16 Inductor", "x torchao", "first call s", "build s",
-              "graphs: Dynamo / Inductor", "peak GiB", "weights GiB", "launch ms", "kernel ms", "GPU busy",
-              "err vs BF16 eager", "kernels (share of kernel time)", "what ran"]
+        out.append(
+            [
+                r.contender,
+                t.ms,
+                base / t.ms if base else None,
+                peer / t.ms if peer and r.contender != "BF16 eager" else None,
+                r.first_s,
+                e.get("build s"),
+                e.get("graphs"),
+                e.get("peak GiB"),
+                e.get("weights GiB"),
+                t.launch_ms,
+                t.kernel_ms if t.kernel_ms > 0 else None,
+                t.busy if t.kernel_ms > 0 else None,
+                r.err,
+                t.top_kernels(),
+                r.note,
+            ]
+        )
+    header = [
+        "variant",
+        "ms / forward",
+        "x BF16 Inductor",
+        "x torchao",
+        "first call s",
+        "build s",
+        "graphs: Dynamo / Inductor",
+        "peak GiB",
+        "weights GiB",
+        "launch ms",
+        "kernel ms",
+        "GPU busy",
+        "err vs BF16 eager",
+        "kernels (share of kernel time)",
+        "what ran",
+    ]
     return markdown_table(header, out)
 
 
@@ -1056,65 +1254,125 @@ def kernel_attribution_table(rows: list[Row], top: int = 15) -> str:
     shown, rest = names[:top], names[top:]
     out = [[k] + [kernels.get(k, "") for _, kernels, _ in columns] + ([diff(k)] if diff else []) for k in shown]
     if rest:
-        out.append([f"all others ({len(rest)} kernels)"]
-                   + [sum(kernels.get(k, 0.0) for k in rest) for _, kernels, _ in columns]
-                   + ([sum(diff(k) for k in rest)] if diff else []))
-    out.append(["total"] + [total for _, _, total in columns]
-               + ([by[FX_FP8_PREPARED][1] - by[TORCHAO][1]] if diff else []))
-    header = ["kernel"] + [f"{name} ms" for name, _, _ in columns] + \
-        ([f"{FX_FP8_PREPARED} - {TORCHAO} ms"] if diff else [])
+        out.append(
+            [f"all others ({len(rest)} kernels)"]
+            + [sum(kernels.get(k, 0.0) for k in rest) for _, kernels, _ in columns]
+            + ([sum(diff(k) for k in rest)] if diff else [])
+        )
+    out.append(
+        ["total"] + [total for _, _, total in columns] + ([by[FX_FP8_PREPARED][1] - by[TORCHAO][1]] if diff else [])
+    )
+    header = (
+        ["kernel"] + [f"{name} ms" for name, _, _ in columns] + ([f"{FX_FP8_PREPARED} - {TORCHAO} ms"] if diff else [])
+    )
     return markdown_table(header, out)
 
 
-FLUX_NOTES = ("ms / forward: 5 back-to-back forwards after 4 (compile, warm-up, CUDA-graph recording, a replay: err), "
-              "synchronised at the end. first call: compile of every block class included (regional: "
-              "compile_repeated_blocks). build: meta-device model materialised with random weights, then "
-              "torchao's quantize_ or fx_fp8's prepare_model. graphs: new Dynamo graphs / Inductor FX-graph "
-              "compiles at the first call. peak: max allocated from the first call on; weights: allocated before it. "
-              "kernel ms: GPU kernel time per forward (torch.profiler; '-' when the profiler saw none, as it may "
-              "inside CUDA graphs). err: relative L2 error of the output against BF16 eager on the same weights.")
+FLUX_NOTES = (
+    "ms / forward: 5 back-to-back forwards after 4 (compile, warm-up, CUDA-graph recording, a replay: err), "
+    "synchronised at the end. first call: compile of every block class included (regional: "
+    "compile_repeated_blocks). build: meta-device model materialised with random weights, then "
+    "torchao's quantize_ or fx_fp8's prepare_model. graphs: new Dynamo graphs / Inductor FX-graph "
+    "compiles at the first call. peak: max allocated from the first call on; weights: allocated before it. "
+    "kernel ms: GPU kernel time per forward (torch.profiler; '-' when the profiler saw none, as it may "
+    "inside CUDA graphs). err: relative L2 error of the output against BF16 eager on the same weights."
+)
 
 
-WAN_NOTES = (f"As --flux, with {WAN_FORWARDS} timed forwards a variant. Random bf16 weights (each module's own "
-             "initialisation), latent noise, 512 text tokens of width 4096, timestep 500. BF16 rows name the backend "
-             "torch's default SDPA dispatch picks for the self-attention. FP8 attention forced: attention.kernel "
-             "triton (auto keeps attention native where the measured table says BF16 is faster). torchao + FP8 "
-             "attention: torchao.prototype.attention.apply_low_precision_attention on the float8 row-wise model.")
+WAN_NOTES = (
+    f"As --flux, with {WAN_FORWARDS} timed forwards a variant. Random bf16 weights (each module's own "
+    "initialisation), latent noise, 512 text tokens of width 4096, timestep 500. BF16 rows name the backend "
+    "torch's default SDPA dispatch picks for the self-attention. FP8 attention forced: attention.kernel "
+    "triton (auto keeps attention native where the measured table says BF16 is faster). torchao + FP8 "
+    "attention: torchao.prototype.attention.apply_low_precision_attention on the float8 row-wise model."
+)
 
 
-ATTRIBUTION_NOTES = ("ms per forward of each kernel (torch.profiler, one profiled forward; kernels are named without "
-                     "templates or parameters, so Inductor's fused kernels are told apart by their generated names). "
-                     "Largest |fx_fp8 prepared - torchao| first; all others: the remaining kernels summed; total: "
-                     "the variant's kernel ms. Blank: the variant ran no such kernel (0 in the difference). "
-                     "A variant whose forward the profiler saw no kernels of (CUDA graphs) has no column.")
+ATTRIBUTION_NOTES = (
+    "ms per forward of each kernel (torch.profiler, one profiled forward; kernels are named without "
+    "templates or parameters, so Inductor's fused kernels are told apart by their generated names). "
+    "Largest |fx_fp8 prepared - torchao| first; all others: the remaining kernels summed; total: "
+    "the variant's kernel ms. Blank: the variant ran no such kernel (0 in the difference). "
+    "A variant whose forward the profiler saw no kernels of (CUDA graphs) has no column."
+)
+
 
 # -- main -----------------------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="linears, conditioning (adaLN, M 1) linears and attention (the default with no mode)")
-    ap.add_argument("--flux", action="store_true",
-                    help="the full-depth Flux-dev model, and its GPU kernel time by kernel per variant")
-    ap.add_argument("--wan", action="store_true",
-                    help="Wan2.1-shaped video transformers (14B, 1.3B) at 480p x 81 frames, kernel time by kernel")
-    ap.add_argument("--wan-models", type=_choices(WAN_SHAPES), default=tuple(WAN_SHAPES), metavar="KEYS",
-                    help=f"comma list from {','.join(WAN_SHAPES)} (default: both)")
-    ap.add_argument("--wan-resolutions", type=_choices(WAN_RESOLUTIONS), default=("480p",), metavar="KEYS",
-                    help=f"comma list from {','.join(WAN_RESOLUTIONS)} (default 480p: 32760 tokens; 720p: 75600)")
-    ap.add_argument("--wan-depth", type=int, default=None, metavar="BLOCKS",
-                    help="blocks of every Wan model (default: the model's own, 40 / 30)")
-    ap.add_argument("--wan-variants", type=_choices(WAN_VARIANTS), default=tuple(WAN_VARIANTS), metavar="KEYS",
-                    help=f"comma list of Wan variants from {','.join(WAN_VARIANTS)} (default: all)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="linears, conditioning (adaLN, M 1) linears and attention (the default with no mode)",
+    )
+    ap.add_argument(
+        "--flux",
+        action="store_true",
+        help="the full-depth Flux-dev model, and its GPU kernel time by kernel per variant",
+    )
+    ap.add_argument(
+        "--wan",
+        action="store_true",
+        help="Wan2.1-shaped video transformers (14B, 1.3B) at 480p x 81 frames, kernel time by kernel",
+    )
+    ap.add_argument(
+        "--wan-models",
+        type=_choices(WAN_SHAPES),
+        default=tuple(WAN_SHAPES),
+        metavar="KEYS",
+        help=f"comma list from {','.join(WAN_SHAPES)} (default: both)",
+    )
+    ap.add_argument(
+        "--wan-resolutions",
+        type=_choices(WAN_RESOLUTIONS),
+        default=("480p",),
+        metavar="KEYS",
+        help=f"comma list from {','.join(WAN_RESOLUTIONS)} (default 480p: 32760 tokens; 720p: 75600)",
+    )
+    ap.add_argument(
+        "--wan-depth",
+        type=int,
+        default=None,
+        metavar="BLOCKS",
+        help="blocks of every Wan model (default: the model's own, 40 / 30)",
+    )
+    ap.add_argument(
+        "--wan-variants",
+        type=_choices(WAN_VARIANTS),
+        default=tuple(WAN_VARIANTS),
+        metavar="KEYS",
+        help=f"comma list of Wan variants from {','.join(WAN_VARIANTS)} (default: all)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: every row, to check the script")
     ap.add_argument("--out", help="append a dated markdown section with the tables to this file")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds per mode before remaining rows are skipped (default 280 on a GPU, none in a dry run)")
-    ap.add_argument("--flux-depth", type=_depth, default=None, metavar="DOUBLE,SINGLE",
-                    help="blocks of the Flux model (default Flux-dev's 19,38; the dry run's 2,2)")
-    ap.add_argument("--flux-variants", type=_variants, default=tuple(FLUX_VARIANTS), metavar="KEYS",
-                    help=f"comma list of Flux variants to run, from {','.join(FLUX_VARIANTS)} (default: all; "
-                         "the ratios need 'inductor' and 'torchao' in the same run)")
-    ap.add_argument("--fx-options", type=json.loads, default=None, metavar="JSON",
-                    help='fx_fp8 options for every fx_fp8 row, e.g. \'{"diffusion_kv_cache_dtype": null}\' (attention native)')
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds per mode before remaining rows are skipped (default 280 on a GPU, none in a dry run)",
+    )
+    ap.add_argument(
+        "--flux-depth",
+        type=_depth,
+        default=None,
+        metavar="DOUBLE,SINGLE",
+        help="blocks of the Flux model (default Flux-dev's 19,38; the dry run's 2,2)",
+    )
+    ap.add_argument(
+        "--flux-variants",
+        type=_variants,
+        default=tuple(FLUX_VARIANTS),
+        metavar="KEYS",
+        help=f"comma list of Flux variants to run, from {','.join(FLUX_VARIANTS)} (default: all; "
+        "the ratios need 'inductor' and 'torchao' in the same run)",
+    )
+    ap.add_argument(
+        "--fx-options",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='fx_fp8 options for every fx_fp8 row, e.g. \'{"diffusion_kv_cache_dtype": null}\' (attention native)',
+    )
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     ap.add_argument("--rep", type=int, default=100, help="do_bench measuring time, ms")
     args = ap.parse_args(argv)
@@ -1144,8 +1402,9 @@ def _variants(text: str) -> tuple[str, ...]:
     keys = tuple(k.strip() for k in text.split(",") if k.strip())
     unknown = [k for k in keys if k not in FLUX_VARIANTS]
     if unknown or not keys:
-        raise argparse.ArgumentTypeError(f"unknown Flux variants {unknown or text!r}: expected a comma list of "
-                                         f"{', '.join(FLUX_VARIANTS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown Flux variants {unknown or text!r}: expected a comma list of {', '.join(FLUX_VARIANTS)}"
+        )
     return keys
 
 
@@ -1154,9 +1413,11 @@ def _choices(table: dict) -> Callable:
         keys = tuple(k.strip() for k in text.split(",") if k.strip())
         unknown = [k for k in keys if k not in table]
         if unknown or not keys:
-            raise argparse.ArgumentTypeError(f"unknown {unknown or text!r}: expected a comma list of "
-                                             f"{', '.join(table)}")
+            raise argparse.ArgumentTypeError(
+                f"unknown {unknown or text!r}: expected a comma list of {', '.join(table)}"
+            )
         return keys
+
     return parse
 
 
@@ -1167,8 +1428,9 @@ def _on_sigterm(signum, frame):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
-        print("cuda_bench.py needs a CUDA GPU (sm89+ for FP8); use --dry-run to check the script on CPU",
-              file=sys.stderr)
+        print(
+            "cuda_bench.py needs a CUDA GPU (sm89+ for FP8); use --dry-run to check the script on CPU", file=sys.stderr
+        )
         return 2
     bench = Bench(args)
     env = environment(bench.device)
@@ -1208,30 +1470,56 @@ def main(argv=None) -> int:
             print(e, file=sys.stderr)
     if args.out:
         command = "python benchmarks/cuda_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        append_section(args.out, "cuda_bench.py " + " ".join(f"--{m}" for m in modes), env, command, total,
-                       "\n".join(parts))
+        append_section(
+            args.out, "cuda_bench.py " + " ".join(f"--{m}" for m in modes), env, command, total, "\n".join(parts)
+        )
         print(f"appended to {args.out}")
     return status
 
 
 def render(mode: str, rows: list[Row], seconds: float) -> str:
     if mode == "quick":
-        return (f"### cuda_bench --quick: linears, conditioning linears and attention, bf16 ({seconds:.0f} s)\n\n"
-                + quick_table(rows) + "\n" + QUICK_NOTES + "\n\n"
-                + "#### CPU time per call of the fx_fp8 rows, by Python function\n\n" + host_table(rows))
+        return (
+            f"### cuda_bench --quick: linears, conditioning linears and attention, bf16 ({seconds:.0f} s)\n\n"
+            + quick_table(rows)
+            + "\n"
+            + QUICK_NOTES
+            + "\n\n"
+            + "#### CPU time per call of the fx_fp8 rows, by Python function\n\n"
+            + host_table(rows)
+        )
     if mode == "wan":
         cases = list(dict.fromkeys(r.case for r in rows))
-        return "".join(
-            f"### cuda_bench --wan: {case}, regional compile ({seconds:.0f} s in all)\n\n"
-            + flux_table([r for r in rows if r.case == case]) + "\n" + WAN_NOTES + "\n\n"
-            + "#### GPU kernel time per forward, by kernel\n\n"
-            + kernel_attribution_table([r for r in rows if r.case == case]) + "\n" + ATTRIBUTION_NOTES + "\n\n"
-            for case in cases) or "### cuda_bench --wan: no rows\n"
-    return (f"### cuda_bench --flux: {rows[0].case if rows else 'Flux'}, regional compile ({seconds:.0f} s)\n\n"
-            + flux_table(rows) + "\n" + FLUX_NOTES + "\n\n"
-            + "#### GPU kernel time per forward, by kernel\n\n" + kernel_attribution_table(rows) + "\n"
-            + ATTRIBUTION_NOTES + "\n\n"
-            + "#### CPU time per forward of the fx_fp8 variants, by Python function\n\n" + host_table(rows, 10))
+        return (
+            "".join(
+                f"### cuda_bench --wan: {case}, regional compile ({seconds:.0f} s in all)\n\n"
+                + flux_table([r for r in rows if r.case == case])
+                + "\n"
+                + WAN_NOTES
+                + "\n\n"
+                + "#### GPU kernel time per forward, by kernel\n\n"
+                + kernel_attribution_table([r for r in rows if r.case == case])
+                + "\n"
+                + ATTRIBUTION_NOTES
+                + "\n\n"
+                for case in cases
+            )
+            or "### cuda_bench --wan: no rows\n"
+        )
+    return (
+        f"### cuda_bench --flux: {rows[0].case if rows else 'Flux'}, regional compile ({seconds:.0f} s)\n\n"
+        + flux_table(rows)
+        + "\n"
+        + FLUX_NOTES
+        + "\n\n"
+        + "#### GPU kernel time per forward, by kernel\n\n"
+        + kernel_attribution_table(rows)
+        + "\n"
+        + ATTRIBUTION_NOTES
+        + "\n\n"
+        + "#### CPU time per forward of the fx_fp8 variants, by Python function\n\n"
+        + host_table(rows, 10)
+    )
 
 
 @contextlib.contextmanager

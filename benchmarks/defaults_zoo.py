@@ -16,6 +16,7 @@ vs the native model, for
 Every model is built with seed 0 (zoo.build) and run on --inputs input seeds (zoo.make_inputs,
 size variant 1); the error is the mean over the inputs. One compile per model and column.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,37 +47,92 @@ def _emb(prefix: str) -> list[str]:
 #: the name patterns missed; the last are controls whose layers the name patterns already list (all
 #: three columns agree).
 HAND: dict[str, list[str]] = {
-    "prx": ["time_in.in_layer", "time_in.out_layer", "blocks.0.modulation.lin", "blocks.1.modulation.lin",
-            "final_layer.adaLN_modulation.1", "final_layer.linear"],
-    "auraflow": [*_emb("time_step_proj"), "joint_transformer_blocks.0.norm1.linear",
-                 "joint_transformer_blocks.0.norm1_context.linear", "single_transformer_blocks.0.norm1.linear",
-                 "norm_out.linear", "proj_out"],
-    "flux2": [*_emb("time_guidance_embed.timestep_embedder"), *_emb("time_guidance_embed.guidance_embedder"),
-              "double_stream_modulation_img.linear", "double_stream_modulation_txt.linear",
-              "single_stream_modulation.linear", "norm_out.linear", "proj_out"],
-    "ideogram4": ["t_embedding.mlp_in", "t_embedding.mlp_out", "adaln_proj", "layers.0.adaln_modulation",
-                  "final_layer.adaln_modulation", "final_layer.linear"],
+    "prx": [
+        "time_in.in_layer",
+        "time_in.out_layer",
+        "blocks.0.modulation.lin",
+        "blocks.1.modulation.lin",
+        "final_layer.adaLN_modulation.1",
+        "final_layer.linear",
+    ],
+    "auraflow": [
+        *_emb("time_step_proj"),
+        "joint_transformer_blocks.0.norm1.linear",
+        "joint_transformer_blocks.0.norm1_context.linear",
+        "single_transformer_blocks.0.norm1.linear",
+        "norm_out.linear",
+        "proj_out",
+    ],
+    "flux2": [
+        *_emb("time_guidance_embed.timestep_embedder"),
+        *_emb("time_guidance_embed.guidance_embedder"),
+        "double_stream_modulation_img.linear",
+        "double_stream_modulation_txt.linear",
+        "single_stream_modulation.linear",
+        "norm_out.linear",
+        "proj_out",
+    ],
+    "ideogram4": [
+        "t_embedding.mlp_in",
+        "t_embedding.mlp_out",
+        "adaln_proj",
+        "layers.0.adaln_modulation",
+        "final_layer.adaln_modulation",
+        "final_layer.linear",
+    ],
     "krea2": [*_emb("time_embed"), "time_mod_proj", "final_layer.linear"],
-    "longcat-audio": ["time_embed.time_mlp.0", "time_embed.time_mlp.2", "adaln_global_mlp.mlp.1", "norm_out.linear",
-                      "proj_out"],
-    "stable-audio3": ["to_timestep_embed.0", "to_timestep_embed.2", "to_global_embed.0", "to_global_embed.2",
-                      "global_cond_embedder.0", "global_cond_embedder.2", "proj_out"],
+    "longcat-audio": [
+        "time_embed.time_mlp.0",
+        "time_embed.time_mlp.2",
+        "adaln_global_mlp.mlp.1",
+        "norm_out.linear",
+        "proj_out",
+    ],
+    "stable-audio3": [
+        "to_timestep_embed.0",
+        "to_timestep_embed.2",
+        "to_global_embed.0",
+        "to_global_embed.2",
+        "global_cond_embedder.0",
+        "global_cond_embedder.2",
+        "proj_out",
+    ],
     "ace-step": [*_emb("time_embed"), "time_embed.time_proj", *_emb("time_embed_r"), "time_embed_r.time_proj"],
     "ltx-video": [*_emb("time_embed.emb.timestep_embedder"), "time_embed.linear", "proj_out"],
     "pixart": [*_emb("adaln_single.emb.timestep_embedder"), "adaln_single.linear", "proj_out"],
-    "chroma": ["distilled_guidance_layer.in_proj", *_emb("distilled_guidance_layer.layers.0"),
-               "distilled_guidance_layer.out_proj", "proj_out"],
-    "kandinsky5": ["time_embeddings.in_layer", "time_embeddings.out_layer", "pooled_text_embeddings.in_layer",
-                   "text_transformer_blocks.0.text_modulation.out_layer",
-                   "visual_transformer_blocks.0.visual_modulation.out_layer", "out_layer.modulation.out_layer",
-                   "out_layer.out_layer"],
+    "chroma": [
+        "distilled_guidance_layer.in_proj",
+        *_emb("distilled_guidance_layer.layers.0"),
+        "distilled_guidance_layer.out_proj",
+        "proj_out",
+    ],
+    "kandinsky5": [
+        "time_embeddings.in_layer",
+        "time_embeddings.out_layer",
+        "pooled_text_embeddings.in_layer",
+        "text_transformer_blocks.0.text_modulation.out_layer",
+        "visual_transformer_blocks.0.visual_modulation.out_layer",
+        "out_layer.modulation.out_layer",
+        "out_layer.out_layer",
+    ],
     # controls: known families (zoo sizes), whose layers the names already list
-    "sd3": [*_emb("time_text_embed.timestep_embedder"), *_emb("time_text_embed.text_embedder"),
-            "transformer_blocks.0.norm1.linear", "transformer_blocks.0.norm1_context.linear", "norm_out.linear",
-            "proj_out"],
-    "flux": [*_emb("time_text_embed.timestep_embedder"), *_emb("time_text_embed.text_embedder"),
-             "transformer_blocks.0.norm1.linear", "transformer_blocks.0.norm1_context.linear",
-             "single_transformer_blocks.0.norm.linear", "norm_out.linear", "proj_out"],
+    "sd3": [
+        *_emb("time_text_embed.timestep_embedder"),
+        *_emb("time_text_embed.text_embedder"),
+        "transformer_blocks.0.norm1.linear",
+        "transformer_blocks.0.norm1_context.linear",
+        "norm_out.linear",
+        "proj_out",
+    ],
+    "flux": [
+        *_emb("time_text_embed.timestep_embedder"),
+        *_emb("time_text_embed.text_embedder"),
+        "transformer_blocks.0.norm1.linear",
+        "transformer_blocks.0.norm1_context.linear",
+        "single_transformer_blocks.0.norm.linear",
+        "norm_out.linear",
+        "proj_out",
+    ],
     "wan": [*_emb("condition_embedder.time_embedder"), "condition_embedder.time_proj", "proj_out"],
 }
 #: by default, the models with linears eligible at min_features 32 (ltx-video, pixart and wan are
@@ -93,8 +149,9 @@ def rel_err(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def run_column(model, inputs: list[dict], natives: list, column: str, hand: list[str],
-               min_features=None) -> tuple[float, set]:
+def run_column(
+    model, inputs: list[dict], natives: list, column: str, hand: list[str], min_features=None
+) -> tuple[float, set]:
     """Mean relative error of FP8 linears vs native over `inputs`, and the native linears."""
     options: dict = {"quantization": "fp8"}
     if min_features is not None:
@@ -111,8 +168,9 @@ def run_column(model, inputs: list[dict], natives: list, column: str, hand: list
             errs = [rel_err(zoo.output_tensor(compiled(**kw)), ref) for kw, ref in zip(inputs, natives)]
     finally:
         backend.find_sensitive_linears = original
-    native = {e.module for r in fx_fp8.get_reports(compiled) for e in r.entries
-              if e.op == "linear" and e.action == "native"}
+    native = {
+        e.module for r in fx_fp8.get_reports(compiled) for e in r.entries if e.op == "linear" and e.action == "native"
+    }
     return sum(errs) / len(errs), native
 
 
@@ -134,8 +192,7 @@ def measure(name: str, n_inputs: int, min_features=None) -> dict:
     row["native (a/b/c)"] = "/".join(str(len(natives_by_col[c])) for c in COLUMNS) + f" of {linears}"
     extra = natives_by_col["defaults"] - natives_by_col["oracle"]
     lacking = natives_by_col["oracle"] - natives_by_col["defaults"]
-    row["b vs c"] = "same native set" if not extra and not lacking else \
-        f"+{sorted(extra)} -{sorted(lacking)}"
+    row["b vs c"] = "same native set" if not extra and not lacking else f"+{sorted(extra)} -{sorted(lacking)}"
     row["b/c"] = row["defaults"] / row["oracle"] if row["oracle"] else float("nan")
     return row
 
@@ -144,10 +201,32 @@ def table(rows: list[dict]) -> str:
     out = []
     for r in rows:
         issue = ISSUE.get(r["model"])
-        out.append([r["model"], f"{r['names']:.3g}", f"{r['defaults']:.3g}", f"{r['oracle']:.3g}", f"{r['b/c']:.2f}",
-                    f"{issue[0]:.3g} / {issue[1]:.3g}" if issue else "", r["native (a/b/c)"], r["b vs c"]])
-    return tabulate(out, headers=["model", "(a) names", "(b) defaults", "(c) oracle", "b/c",
-                                  "issue: today / +missed", "native linears a/b/c", "(b) vs (c)"], tablefmt="github")
+        out.append(
+            [
+                r["model"],
+                f"{r['names']:.3g}",
+                f"{r['defaults']:.3g}",
+                f"{r['oracle']:.3g}",
+                f"{r['b/c']:.2f}",
+                f"{issue[0]:.3g} / {issue[1]:.3g}" if issue else "",
+                r["native (a/b/c)"],
+                r["b vs c"],
+            ]
+        )
+    return tabulate(
+        out,
+        headers=[
+            "model",
+            "(a) names",
+            "(b) defaults",
+            "(c) oracle",
+            "b/c",
+            "issue: today / +missed",
+            "native linears a/b/c",
+            "(b) vs (c)",
+        ],
+        tablefmt="github",
+    )
 
 
 def main(argv=None) -> int:
@@ -155,9 +234,13 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(HAND))
     p.add_argument("--inputs", type=int, default=3, help="input seeds per model (the error is their mean)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--min-features", type=int, default=None,
-                   help="quantization_config.min_features (default: the config's, 32; 16 makes the 16-wide "
-                        "ltx-video / pixart linears eligible)")
+    p.add_argument(
+        "--min-features",
+        type=int,
+        default=None,
+        help="quantization_config.min_features (default: the config's, 32; 16 makes the 16-wide "
+        "ltx-video / pixart linears eligible)",
+    )
     p.add_argument("--out", action="store_true", help="append a dated section to benchmarks/RESULTS.md")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -172,8 +255,9 @@ def main(argv=None) -> int:
     text = table(rows)
     print(text)
     within = [r["model"] for r in rows if abs(r["b/c"] - 1) > 0.2]
-    print(f"\n(b) within 20% of (c): {'all' if not within else 'not ' + ', '.join(within)}; "
-          f"{time.time() - start:.0f} s")
+    print(
+        f"\n(b) within 20% of (c): {'all' if not within else 'not ' + ', '.join(within)}; {time.time() - start:.0f} s"
+    )
     if args.out:
         import diffusers
 
@@ -188,7 +272,8 @@ def main(argv=None) -> int:
             f"output vs native over {args.inputs} input seeds (size variant 1). (a) name patterns only (before the structural analysis), (b) the new "
             f"defaults (graph structure + names), (c) names + the timestep-conditioning / adaLN-modulation / final "
             f"linears identified by hand from the diffusers sources. The issue's column is its own measurement "
-            f"(other weights and inputs): compare the ratios, not the values.\n\n{text}\n")
+            f"(other weights and inputs): compare the ratios, not the values.\n\n{text}\n"
+        )
         with open(RESULTS, "a") as f:
             f.write(section)
         print(f"appended to {RESULTS}", file=sys.stderr)

@@ -12,6 +12,7 @@ Printed side by side in one run:
 
     python benchmarks/dispatch_overhead.py [--calls 100] [--rounds 5] [--device cpu]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,12 @@ from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inpu
 
 CONFIGS = {
     "inductor": {"backend": "inductor"},
-    "fp8 (features off)": {"backend": "fp8", "options": {"downstream": "inductor", "quantization": None,
-                                                         "diffusion_kv_cache_dtype": None}},
+    "fp8 (features off)": {
+        "backend": "fp8",
+        "options": {"downstream": "inductor", "quantization": None, "diffusion_kv_cache_dtype": None},
+    },
     "fp8 (attention + linears)": {"backend": "fp8", "options": {"downstream": "inductor"}},
-    "fp8 + step skips": {"backend": "fp8", "options": {"downstream": "inductor",
-                                                       "diffusion_kv_cache_skip_steps": "0"}},
+    "fp8 + step skips": {"backend": "fp8", "options": {"downstream": "inductor", "diffusion_kv_cache_skip_steps": "0"}},
 }
 
 
@@ -54,6 +56,7 @@ def compiled_blocks(config: dict, device: str):
     def capture(block):
         def hook(_m, args, kwargs):
             captured[block] = (args, kwargs)
+
         return hook
 
     with torch.no_grad(), fx_fp8.denoising_step(1):
@@ -74,8 +77,13 @@ def compiled_blocks(config: dict, device: str):
             return 1e6 * (time.perf_counter() - start) / (calls * len(blocks))
 
     returned = list(_RETURNED)
-    inner = [fn for d in returned if isinstance(d, InstanceDispatch)
-             for _, fn in d.by_params.values() if isinstance(fn, StepDispatch)]
+    inner = [
+        fn
+        for d in returned
+        if isinstance(d, InstanceDispatch)
+        for _, fn in d.by_params.values()
+        if isinstance(fn, StepDispatch)
+    ]
     steps = [d for d in returned if isinstance(d, StepDispatch)] + inner
     instances = [d for d in returned if isinstance(d, InstanceDispatch)]
     params = {id(p): p for p in model.parameters()}  # the dispatch alone is called with the block's own
@@ -95,6 +103,7 @@ def _spy(*args, **kwargs):
 def dispatch_alone_us(dispatcher, calls: int, params: dict) -> float:
     """The dispatcher's own cost: the same object, its compiled variants replaced by a no-op
     (`params`: {id: parameter} of the model, to call an InstanceDispatch with its anchors)."""
+
     def noop(*_):
         return None
 
@@ -131,8 +140,11 @@ def main() -> None:
             best[name] = min(best[name], time_calls(args.calls))
     base = best["inductor"]
     rows = [[name, f"{us:.1f}", f"{us - base:+.1f}"] for name, us in best.items()]
-    alone = [[name, type(d).__name__, f"{dispatch_alone_us(d, 20000, params):.2f}"]
-             for name, (_, dispatchers) in setups.items() for d, params in dispatchers]
+    alone = [
+        [name, type(d).__name__, f"{dispatch_alone_us(d, 20000, params):.2f}"]
+        for name, (_, dispatchers) in setups.items()
+        for d, params in dispatchers
+    ]
     print(tabulate(rows, headers=["backend", "µs per block call", "vs inductor"], tablefmt="github"))
     print()
     print(tabulate(alone, headers=["backend", "dispatcher", "µs per call, dispatch alone"], tablefmt="github"))

@@ -14,6 +14,7 @@ test on that GPU replaces the row, note included. `docs` renders the record and 
 tests no GPU has run (collected `-m cuda` ids minus the record's, compared by file name and test id,
 since test files moved between folders) between `<!-- gpu-record -->` markers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def node_id(classname: str, name: str, file: str | None = None) -> str:
     and name "test_y[param]" -> "tests/ops/test_x.py::test_y[param]" (".TestC" -> "::TestC")."""
     if file:
         path = file
-        inner = classname[len(file[:-3].replace("/", ".")):].lstrip(".")
+        inner = classname[len(file[:-3].replace("/", ".")) :].lstrip(".")
     else:
         parts = classname.split(".")
         cut = next((i for i in range(len(parts), 0, -1) if parts[i - 1].startswith("test_")), len(parts))
@@ -55,8 +56,15 @@ def junit_outcomes(xml_text: str) -> dict[str, str]:
     for case in root.iter("testcase"):
         tid = node_id(case.get("classname", ""), case.get("name", ""), case.get("file"))
         kinds = {child.tag for child in case}
-        out[tid] = ("failed" if "failure" in kinds else "error" if "error" in kinds
-                    else "skipped" if "skipped" in kinds else "passed")
+        out[tid] = (
+            "failed"
+            if "failure" in kinds
+            else "error"
+            if "error" in kinds
+            else "skipped"
+            if "skipped" in kinds
+            else "passed"
+        )
     if not out:
         raise ValueError("the junit report holds no testcase: nothing to record")
     return out
@@ -91,8 +99,9 @@ def merge(rows: list[dict], outcomes: dict[str, str], *, gpu: str, torch: str, d
         raise ValueError(f"gpu_record: --date {date!r} is not YYYY-MM-DD")
     ran = {t: o for t, o in outcomes.items() if o != "skipped"}
     kept = [r for r in rows if not (r["gpu"] == gpu and r["test"] in ran)]
-    return kept + [dict(test=t, gpu=gpu, torch=torch, date=date, outcome=o, source=source, note="")
-                   for t, o in sorted(ran.items())]
+    return kept + [
+        dict(test=t, gpu=gpu, torch=torch, date=date, outcome=o, source=source, note="") for t, o in sorted(ran.items())
+    ]
 
 
 # -- the docs' view ---------------------------------------------------------------------------------
@@ -105,15 +114,22 @@ def short_id(test_id: str) -> str:
 def collected_cuda_ids() -> list[str]:
     """`pytest --collect-only -m cuda` over the test files that mark anything `cuda` (collecting the
     whole suite imports every test module: minutes on a small CPU)."""
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                   if "mark.cuda" in p.read_text())
+    files = sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.cuda" in p.read_text()
+    )
     if not files:
         raise RuntimeError("no test file marks anything `cuda`")
-    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "-m", "cuda", *files], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "cuda", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     ids = [line.strip() for line in res.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if res.returncode not in (0, 5) or not ids:
-        raise RuntimeError(f"collecting the cuda tests failed ({res.returncode}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}")
+        raise RuntimeError(
+            f"collecting the cuda tests failed ({res.returncode}):\n{res.stdout[-2000:]}{res.stderr[-2000:]}"
+        )
     return ids
 
 
@@ -139,15 +155,25 @@ def render(record: list[dict], collected: list[str], *, list_never_ran: bool = T
     today = {short_id(t): t for t in collected}
     if marked:
         lines += ["", "Not passed, or to be confirmed by the next GPU run:", ""]
-        lines += [f"- `{today.get(short_id(r['test']), short_id(r['test']))}` ({r['gpu']}, {r['date']}): {r['outcome']}"
-                  + (f"; {r['note']}" if r["note"] else "") for r in sorted(marked, key=lambda r: r["test"])]
+        lines += [
+            f"- `{today.get(short_id(r['test']), short_id(r['test']))}` ({r['gpu']}, {r['date']}): {r['outcome']}"
+            + (f"; {r['note']}" if r["note"] else "")
+            for r in sorted(marked, key=lambda r: r["test"])
+        ]
     missing = never_ran(record, collected)
     if not list_never_ran:
-        lines += ["", f"`cuda` tests no GPU has run: {len(missing)} of {len(collected)}, listed in "
-                  "[docs/cuda.md](docs/cuda.md#the-gpu-record)."]
+        lines += [
+            "",
+            f"`cuda` tests no GPU has run: {len(missing)} of {len(collected)}, listed in "
+            "[docs/cuda.md](docs/cuda.md#the-gpu-record).",
+        ]
         return "\n".join(lines + ["", END])
-    lines += ["", f"`cuda` tests no GPU has run ({len(missing)} of {len(collected)}; the record matches tests by "
-              "file name and id, so a renamed or re-parametrized test counts as not run):", ""]
+    lines += [
+        "",
+        f"`cuda` tests no GPU has run ({len(missing)} of {len(collected)}; the record matches tests by "
+        "file name and id, so a renamed or re-parametrized test counts as not run):",
+        "",
+    ]
     lines += [f"- `{t}`" for t in missing] or ["- none"]
     lines += ["", END]
     return "\n".join(lines)
@@ -174,11 +200,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "add":
         outcomes = junit_outcomes(Path(args.junit).read_text())
-        rows = merge(read_record(Path(args.record)), outcomes, gpu=args.gpu, torch=args.torch, date=args.date,
-                     source=args.source or f"junit {Path(args.junit).name}")
+        rows = merge(
+            read_record(Path(args.record)),
+            outcomes,
+            gpu=args.gpu,
+            torch=args.torch,
+            date=args.date,
+            source=args.source or f"junit {Path(args.junit).name}",
+        )
         write_record(rows, Path(args.out or args.record))
-        print(f"gpu_record: {len(outcomes)} testcases, {sum(o != 'skipped' for o in outcomes.values())} ran; "
-              f"wrote {args.out or args.record}")
+        print(
+            f"gpu_record: {len(outcomes)} testcases, {sum(o != 'skipped' for o in outcomes.values())} ran; "
+            f"wrote {args.out or args.record}"
+        )
         return 0
     record, collected = read_record(), collected_cuda_ids()
     for doc in DOCS:

@@ -15,6 +15,7 @@ kernel_ms / wall_ms is how busy the GPU was: what is missing is CPU overhead and
 On CPU (a dry run) the same figures come from perf_counter, and the profiler's outermost aten ops
 stand in for kernels (their CPU time).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -38,8 +39,8 @@ class Timing:
     launch_ms: float
     kernel_ms: float
     kernels_per_call: float
-    kernels: list = field(default_factory=list)   # [(short name, ms per call, share)]
-    host: list = field(default_factory=list)      # [(function, own ms per call)], cProfile
+    kernels: list = field(default_factory=list)  # [(short name, ms per call, share)]
+    host: list = field(default_factory=list)  # [(function, own ms per call)], cProfile
 
     def top_host(self, n: int = 5) -> str:
         return "; ".join(f"{name} {ms:.3f}" for name, ms in self.host[:n])
@@ -64,14 +65,14 @@ def short_kernel_name(name: str, width: int = 48) -> str:
     for i, ch in enumerate(name):
         if ch in "<(":
             depth += 1
-        elif ch == ")" or (ch == ">" and name[i - 1:i] != "-"):  # "->" (Memcpy's direction) closes nothing
+        elif ch == ")" or (ch == ">" and name[i - 1 : i] != "-"):  # "->" (Memcpy's direction) closes nothing
             depth = max(depth - 1, 0)
         elif depth == 0:
             kept.append(ch)
     name = "".join(kept).strip()
     if not name.startswith("aten::"):
         name = [p for p in name.split("::") if p][-1] if "::" in name else name
-    return name if len(name) <= width else name[:width - 1] + "~"
+    return name if len(name) <= width else name[: width - 1] + "~"
 
 
 def attribute(durations: Iterable[tuple[str, float]], calls: int) -> tuple[float, float, list]:
@@ -86,8 +87,10 @@ def attribute(durations: Iterable[tuple[str, float]], calls: int) -> tuple[float
         per_name[short] = per_name.get(short, 0.0) + us
         count += 1
     total_us = sum(per_name.values())
-    kernels = sorted(((n, us / calls / 1e3, us / total_us if total_us > 0 else 0.0) for n, us in per_name.items()),
-                     key=lambda k: -k[1])
+    kernels = sorted(
+        ((n, us / calls / 1e3, us / total_us if total_us > 0 else 0.0) for n, us in per_name.items()),
+        key=lambda k: -k[1],
+    )
     return total_us / calls / 1e3, count / calls, kernels
 
 
@@ -217,11 +220,18 @@ def _version(module: str) -> str:
 
 def environment(device: str) -> list[str]:
     """Date, machine and versions: the head of every dated section."""
-    lines = [f"date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-             f"host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-             f"torch: {torch.__version__}"]
-    for module, label in (("triton", "Triton"), ("torchao", "torchao"), ("diffusers", "diffusers"),
-                          ("cudnn", "nvidia-cudnn-frontend"), ("fx_fp8", "fx_fp8")):
+    lines = [
+        f"date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"host: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        f"torch: {torch.__version__}",
+    ]
+    for module, label in (
+        ("triton", "Triton"),
+        ("torchao", "torchao"),
+        ("diffusers", "diffusers"),
+        ("cudnn", "nvidia-cudnn-frontend"),
+        ("fx_fp8", "fx_fp8"),
+    ):
         lines.append(f"{label}: {_version(module)}")
     try:
         import fx_fp8
@@ -230,23 +240,33 @@ def environment(device: str) -> list[str]:
     except Exception:
         pass
     try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         if rev:
             lines.append(f"repository commit: {rev}")
     except Exception:
         pass
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
-        lines += [f"GPU: {p.name} (sm{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)",
-                  f"CUDA: {torch.version.cuda}, cuDNN: {torch.backends.cudnn.version()}"]
+        lines += [
+            f"GPU: {p.name} (sm{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)",
+            f"CUDA: {torch.version.cuda}, cuDNN: {torch.backends.cudnn.version()}",
+        ]
     else:
         lines.append("device: CPU dry run (tiny shapes; timings meaningless)")
     return lines
 
 
-def append_section(path: str, title: str, env: list[str], command: str, wall_s: float, body: str,
-                   when: Optional[datetime.datetime] = None) -> None:
+def append_section(
+    path: str,
+    title: str,
+    env: list[str],
+    command: str,
+    wall_s: float,
+    body: str,
+    when: Optional[datetime.datetime] = None,
+) -> None:
     """Append a dated markdown section (RESULTS.md style) to `path`."""
     when = when or datetime.datetime.now()
     head = f"## {title} — {when:%Y-%m-%d %H:%M}\n\n"

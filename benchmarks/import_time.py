@@ -8,6 +8,7 @@ The target: ratio at most 1.3, --help under 3 s.
 
     OMP_NUM_THREADS=1 python benchmarks/import_time.py [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,17 @@ import subprocess
 import sys
 import time
 
-HEAVY = ("diffusers", "transformers", "triton", "matplotlib", "tabulate", "re2", "sympy", "torch._dynamo",
-         "torch._inductor")
+HEAVY = (
+    "diffusers",
+    "transformers",
+    "triton",
+    "matplotlib",
+    "tabulate",
+    "re2",
+    "sympy",
+    "torch._dynamo",
+    "torch._inductor",
+)
 
 PROBE = f"""
 import json, sys, time
@@ -54,12 +64,15 @@ def main(argv=None) -> int:
     rows = [one_import() for _ in range(args.rounds)]
     helps = [one_help() for _ in range(args.rounds)]
     ratios = [(r["torch"] + r["fx_fp8"]) / r["torch"] for r in rows]
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
     print(f"import torch   median {statistics.median(r['torch'] for r in rows):.3f} s")
     print(f"import fx_fp8  median {statistics.median(r['fx_fp8'] for r in rows):.3f} s (after torch)")
-    print(f"ratio (torch + fx_fp8) / torch: median {statistics.median(ratios):.3f}, max {max(ratios):.3f} "
-          "(target <= 1.3)")
+    print(
+        f"ratio (torch + fx_fp8) / torch: median {statistics.median(ratios):.3f}, max {max(ratios):.3f} (target <= 1.3)"
+    )
     print(f"fx-fp8 --help: median {statistics.median(helps):.2f} s, max {max(helps):.2f} s (target < 3 s)")
     heavy = sorted({m for r in rows for m in r["heavy"]})
     print(f"heavy modules imported by `import fx_fp8`: {', '.join(heavy) or 'none'}")

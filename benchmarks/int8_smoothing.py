@@ -15,6 +15,7 @@
     each layer smoothed on its own); "compile-time" is prepare=False (one smoothing vector per
     activation-quantization group: q/k/v share one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,7 @@ def layer(in_f: int, out_f: int) -> nn.Module:
     g = torch.Generator().manual_seed(in_f + out_f)
     lin = nn.Linear(in_f, out_f)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f ** 0.5)
+        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f**0.5)
     return nn.Sequential(lin).eval()
 
 
@@ -70,18 +71,27 @@ def layer_table() -> str:
                 errs = []
                 for alpha in ALPHAS:
                     torch._dynamo.reset()
-                    opts = {"quantization": method, "lowering": "reference", "downstream": "eager",
-                            "quantization_config": {"activation_scales": calibration, "smoothing_alpha": alpha,
-                                                    "min_features": 0}}
+                    opts = {
+                        "quantization": method,
+                        "lowering": "reference",
+                        "downstream": "eager",
+                        "quantization_config": {
+                            "activation_scales": calibration,
+                            "smoothing_alpha": alpha,
+                            "min_features": 0,
+                        },
+                    }
                     with torch.no_grad():
                         y = torch.compile(m, backend="fp8", options=opts)(x)
-                    errs.append(float(((y - ref) ** 2).mean() / (ref ** 2).mean()))
+                    errs.append(float(((y - ref) ** 2).mean() / (ref**2).mean()))
                 best = min(errs[1:])
-                rows.append([f"{in_f}->{out_f}", kind, method.upper()] + [f"{e:.2e}" for e in errs]
-                            + [f"{errs[0] / best:.1f}x"])
+                rows.append(
+                    [f"{in_f}->{out_f}", kind, method.upper()] + [f"{e:.2e}" for e in errs] + [f"{errs[0] / best:.1f}x"]
+                )
         print(f"layer {in_f}->{out_f} done", flush=True)
-    headers = ["layer", "activations", "method"] + [("off" if a is None else f"alpha {a:g}") for a in ALPHAS] + \
-        ["off / best"]
+    headers = (
+        ["layer", "activations", "method"] + [("off" if a is None else f"alpha {a:g}") for a in ALPHAS] + ["off / best"]
+    )
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -98,31 +108,75 @@ def tiny_table(num_prompts: int, steps: int, calib_prompts: int) -> str:
     print(f"calibrated on {calib_prompts} prompts in {time.perf_counter() - t0:.1f} s", flush=True)
 
     rows = []
-    setups = [("INT8 linears, attention native", dict(quantization="int8", diffusion_kv_cache_dtype=None), ALPHAS),
-              ("INT8 linears + FP8 attention", dict(quantization="int8", diffusion_kv_cache_dtype="fp8"), ALPHAS),
-              ("FP8 linears, attention native", dict(quantization="fp8", diffusion_kv_cache_dtype=None), [None, 0.5])]
+    setups = [
+        ("INT8 linears, attention native", dict(quantization="int8", diffusion_kv_cache_dtype=None), ALPHAS),
+        ("INT8 linears + FP8 attention", dict(quantization="int8", diffusion_kv_cache_dtype="fp8"), ALPHAS),
+        ("FP8 linears, attention native", dict(quantization="fp8", diffusion_kv_cache_dtype=None), [None, 0.5]),
+    ]
     for label, base, alphas in setups:
         for prepare in (True, False):
             for alpha in alphas:
-                cfg = fx_fp8.FP8Config.from_kwargs(**base, quantization_config={
-                    "method": base["quantization"], "activation_scales": calibration, "smoothing_alpha": alpha})
+                cfg = fx_fp8.FP8Config.from_kwargs(
+                    **base,
+                    quantization_config={
+                        "method": base["quantization"],
+                        "activation_scales": calibration,
+                        "smoothing_alpha": alpha,
+                    },
+                )
                 r = tq.evaluate(cfg, cases, steps, native, "fp8", prepare=prepare)
-                rows.append([label, "prepared" if prepare else "compile-time", "off" if alpha is None else f"{alpha:g}",
-                             r["attn"], r["linear"], f"{r['psnr']:.2f}", f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}",
-                             f"{r['seconds']:.1f}"])
+                rows.append(
+                    [
+                        label,
+                        "prepared" if prepare else "compile-time",
+                        "off" if alpha is None else f"{alpha:g}",
+                        r["attn"],
+                        r["linear"],
+                        f"{r['psnr']:.2f}",
+                        f"{r['psnr_min']:.2f}",
+                        f"{r['ssim']:.4f}",
+                        f"{r['seconds']:.1f}",
+                    ]
+                )
                 print(" | ".join(rows[-1]), flush=True)
     # static activation scales (unprepared: compile-time smoothing groups are one layer each)
     for alpha in (None, 0.5):
-        cfg = fx_fp8.FP8Config.from_kwargs(quantization="int8", diffusion_kv_cache_dtype=None, quantization_config={
-            "method": "int8", "activation_scheme": "static", "activation_scales": calibration,
-            "smoothing_alpha": alpha})
+        cfg = fx_fp8.FP8Config.from_kwargs(
+            quantization="int8",
+            diffusion_kv_cache_dtype=None,
+            quantization_config={
+                "method": "int8",
+                "activation_scheme": "static",
+                "activation_scales": calibration,
+                "smoothing_alpha": alpha,
+            },
+        )
         r = tq.evaluate(cfg, cases, steps, native, "fp8", prepare=False)
-        rows.append(["INT8 linears, static scales, attention native", "compile-time",
-                     "off" if alpha is None else f"{alpha:g}", r["attn"], r["linear"], f"{r['psnr']:.2f}",
-                     f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}", f"{r['seconds']:.1f}"])
+        rows.append(
+            [
+                "INT8 linears, static scales, attention native",
+                "compile-time",
+                "off" if alpha is None else f"{alpha:g}",
+                r["attn"],
+                r["linear"],
+                f"{r['psnr']:.2f}",
+                f"{r['psnr_min']:.2f}",
+                f"{r['ssim']:.4f}",
+                f"{r['seconds']:.1f}",
+            ]
+        )
         print(" | ".join(rows[-1]), flush=True)
-    headers = ["config", "weights", "smoothing alpha", "fp8 attention", "quantized linears", "PSNR dB (mean)",
-               "PSNR min", "SSIM (mean)", "seconds (incl. compile)"]
+    headers = [
+        "config",
+        "weights",
+        "smoothing alpha",
+        "fp8 attention",
+        "quantized linears",
+        "PSNR dB (mean)",
+        "PSNR min",
+        "SSIM (mean)",
+        "seconds (incl. compile)",
+    ]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -139,25 +193,30 @@ def main(argv=None) -> int:
 
     layers = layer_table()
     print(layers, flush=True)
-    tiny = None if args.layers_only else tiny_table(args.num_prompts, args.num_inference_steps,
-                                                    args.calibration_prompts)
+    tiny = (
+        None if args.layers_only else tiny_table(args.num_prompts, args.num_inference_steps, args.calibration_prompts)
+    )
     if tiny:
         print(tiny)
     if args.no_append:
         return 0
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    section = (f"\n## int8_smoothing — {now}\n\n"
-               f"- machine: {tq.machine()}\n- versions: {tq.versions()}\n"
-               f"- command: `python benchmarks/int8_smoothing.py {' '.join(sys.argv[1:])}`\n"
-               "- reference lowering (CPU), float32; smoothing s_j = amax_x_j^alpha / max|W[:, j]|^(1 - alpha), "
-               "weights quantized as W * s, activations multiplied by 1/s before quantization\n\n"
-               "Per-layer relative MSE against the float32 linear (dynamic per-token activations, per-channel "
-               f"weights; 4 calibration batches of 308 tokens, a held-out batch; outliers: 4 input channels "
-               f"x{OUTLIER_GAIN:g}):\n\n{layers}\n")
+    section = (
+        f"\n## int8_smoothing — {now}\n\n"
+        f"- machine: {tq.machine()}\n- versions: {tq.versions()}\n"
+        f"- command: `python benchmarks/int8_smoothing.py {' '.join(sys.argv[1:])}`\n"
+        "- reference lowering (CPU), float32; smoothing s_j = amax_x_j^alpha / max|W[:, j]|^(1 - alpha), "
+        "weights quantized as W * s, activations multiplied by 1/s before quantization\n\n"
+        "Per-layer relative MSE against the float32 linear (dynamic per-token activations, per-channel "
+        f"weights; 4 calibration batches of 308 tokens, a held-out batch; outliers: 4 input channels "
+        f"x{OUTLIER_GAIN:g}):\n\n{layers}\n"
+    )
     if tiny:
-        section += (f"\nShipped tiny model, transformer sha256 {tq.weights_id()}, {args.num_prompts} prompts x seeds "
-                    f"(tiny_quality.py's), {args.num_inference_steps} steps, against native; calibrated on "
-                    f"{args.calibration_prompts} other prompts:\n\n{tiny}\n")
+        section += (
+            f"\nShipped tiny model, transformer sha256 {tq.weights_id()}, {args.num_prompts} prompts x seeds "
+            f"(tiny_quality.py's), {args.num_inference_steps} steps, against native; calibrated on "
+            f"{args.calibration_prompts} other prompts:\n\n{tiny}\n"
+        )
     with open(tq.RESULTS, "a") as f:  # append only
         f.write(section)
     print(f"appended to {tq.RESULTS}")

@@ -9,6 +9,7 @@ benchmarks/RESULTS.md.
 
     python benchmarks/linear_memory.py [--double 2] [--single 2] [--quantization int8] [--no-results]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,10 @@ def append_section(script: str, title: str, table: str) -> None:
         if new:
             f.write(HEADER)
         f.write(f"\n## {datetime.date.today().isoformat()} {script}\n\n")
-        f.write(f"Machine: {platform.machine()} ({os.cpu_count()} CPUs), {platform.system()}; torch "
-                f"{torch.__version__}; diffusers {diffusers.__version__}.\n\n{title}.\n\n")
+        f.write(
+            f"Machine: {platform.machine()} ({os.cpu_count()} CPUs), {platform.system()}; torch "
+            f"{torch.__version__}; diffusers {diffusers.__version__}.\n\n{title}.\n\n"
+        )
         f.write(table + "\n")
     print(f"appended to {RESULTS}")
 
@@ -74,9 +77,17 @@ def build_flux(double: int, single: int) -> nn.Module:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=double, num_single_layers=single,
-                                           attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-                                           pooled_projection_dim=768, axes_dims_rope=(16, 56, 56))
+            model = FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=64,
+                num_layers=double,
+                num_single_layers=single,
+                attention_head_dim=128,
+                num_attention_heads=24,
+                joint_attention_dim=4096,
+                pooled_projection_dim=768,
+                axes_dims_rope=(16, 56, 56),
+            )
     finally:
         torch.set_default_dtype(previous)
     return model.to(torch.bfloat16).eval()
@@ -84,13 +95,18 @@ def build_flux(double: int, single: int) -> nn.Module:
 
 def inputs(batch: int = 1, img: int = 64, txt: int = 16) -> dict:
     g = torch.Generator().manual_seed(0)
-    side = int(img ** 0.5)
-    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)), indexing="ij"), -1)
-    return dict(hidden_states=torch.randn(batch, img, 64, generator=g).bfloat16(),
-                encoder_hidden_states=torch.randn(batch, txt, 4096, generator=g).bfloat16(),
-                pooled_projections=torch.randn(batch, 768, generator=g).bfloat16(),
-                timestep=torch.full((batch,), 0.5, dtype=torch.bfloat16),
-                img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(txt, 3))
+    side = int(img**0.5)
+    ids = torch.stack(
+        torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)), indexing="ij"), -1
+    )
+    return dict(
+        hidden_states=torch.randn(batch, img, 64, generator=g).bfloat16(),
+        encoder_hidden_states=torch.randn(batch, txt, 4096, generator=g).bfloat16(),
+        pooled_projections=torch.randn(batch, 768, generator=g).bfloat16(),
+        timestep=torch.full((batch,), 0.5, dtype=torch.bfloat16),
+        img_ids=ids.reshape(-1, 3),
+        txt_ids=torch.zeros(txt, 3),
+    )
 
 
 def kind_of(name: str) -> str:
@@ -113,7 +129,10 @@ def kind_of(name: str) -> str:
 
 def linear_bytes(module: nn.Module) -> int:
     if isinstance(module, QuantizedLinear):
-        return module.weight.numel() * module.weight.element_size() + module.weight_scale.numel() * module.weight_scale.element_size()
+        return (
+            module.weight.numel() * module.weight.element_size()
+            + module.weight_scale.numel() * module.weight_scale.element_size()
+        )
     return module.weight.numel() * module.weight.element_size()
 
 
@@ -128,7 +147,7 @@ def per_kind(model: nn.Module) -> dict:
 
 
 def mib(n: int) -> str:
-    return f"{n / 2 ** 20:,.1f}"
+    return f"{n / 2**20:,.1f}"
 
 
 def report_sensitive(args) -> str:
@@ -141,8 +160,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flux_size_arguments(ap, blocks=2)
     ap.add_argument("--quantization", choices=["fp8", "int8"], default="fp8", help="W8A8 method (default fp8)")
-    ap.add_argument("--sensitive", choices=["native", "weight_only", "fp8"], default=None,
-                    help="quantization_config.sensitive (default: the config's default)")
+    ap.add_argument(
+        "--sensitive",
+        choices=["native", "weight_only", "fp8"],
+        default=None,
+        help="quantization_config.sensitive (default: the config's default)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
 
@@ -153,8 +176,9 @@ def main(argv=None):
     total_before = fx_fp8.reachable_tensor_bytes(model)
     method = args.quantization
     qc = {"sensitive": args.sensitive} if args.sensitive else {}
-    result = fx_fp8.prepare_model(model, {"quantization": method, "diffusion_kv_cache_dtype": "fp8",
-                                          "quantization_config": qc})
+    result = fx_fp8.prepare_model(
+        model, {"quantization": method, "diffusion_kv_cache_dtype": "fp8", "quantization_config": qc}
+    )
     t_prep = time.time()
     options = {"quantization": method, "diffusion_kv_cache_dtype": "fp8", "quantization_config": qc}
     compiled = torch.compile(model, backend="fp8", options=options)
@@ -174,16 +198,33 @@ def main(argv=None):
         n, b = before_kinds[kind]
         a = after_kinds[kind][1]
         rows.append((kind, f"{quantized_kinds[kind]}/{n}", mib(b), mib(a), f"{a / b:.3f}"))
-    rows.append(("quantized linears", f"{len(result['quantized'])}", mib(result["bytes_before"]), mib(result["bytes_after"]),
-                 f"{result['bytes_after'] / result['bytes_before']:.3f}"))
-    rows.append(("whole model (reachable tensors)", "", mib(total_before), mib(total_after), f"{total_after / total_before:.3f}"))
+    rows.append(
+        (
+            "quantized linears",
+            f"{len(result['quantized'])}",
+            mib(result["bytes_before"]),
+            mib(result["bytes_after"]),
+            f"{result['bytes_after'] / result['bytes_before']:.3f}",
+        )
+    )
+    rows.append(
+        (
+            "whole model (reachable tensors)",
+            "",
+            mib(total_before),
+            mib(total_after),
+            f"{total_after / total_before:.3f}",
+        )
+    )
     headers = ["layer kind", f"{method.upper()} / linears", "MiB before", "MiB after", "ratio"]
 
     from tabulate import tabulate
 
     params = sum(p.numel() for p in model.parameters())
-    title = (f"Flux width 3072, {args.double} double + {args.single} single blocks, bf16, {params / 1e6:,.0f}M parameters "
-             f"after prepare_model; prepare {t_prep - t0:.1f} s (incl. build), compile + 1 call {t_run - t_prep:.1f} s")
+    title = (
+        f"Flux width 3072, {args.double} double + {args.single} single blocks, bf16, {params / 1e6:,.0f}M parameters "
+        f"after prepare_model; prepare {t_prep - t0:.1f} s (incl. build), compile + 1 call {t_run - t_prep:.1f} s"
+    )
     if method != "fp8":
         title = f"{method.upper()} W8A8 (quantization: {method}): " + title
     title = f"sensitive: {report_sensitive(args)}; " + title
@@ -196,14 +237,19 @@ def main(argv=None):
         with open(RESULTS, "a") as f:
             if new:
                 f.write(HEADER)
-            f.write(f"\n## {datetime.date.today().isoformat()} linear_memory.py"
-                    + (f" --quantization {method}" if method != "fp8" else "") + "\n\n")
+            f.write(
+                f"\n## {datetime.date.today().isoformat()} linear_memory.py"
+                + (f" --quantization {method}" if method != "fp8" else "")
+                + "\n\n"
+            )
             cpu = " ".join(x for x in (platform.machine(), platform.processor()) if x)
             import diffusers
 
-            f.write(f"Machine: {cpu} ({os.cpu_count()} CPUs), "
-                    f"{platform.system()}; torch {torch.__version__}; diffusers {diffusers.__version__}; "
-                    f"lowering {report.lowering}.\n\n")
+            f.write(
+                f"Machine: {cpu} ({os.cpu_count()} CPUs), "
+                f"{platform.system()}; torch {torch.__version__}; diffusers {diffusers.__version__}; "
+                f"lowering {report.lowering}.\n\n"
+            )
             f.write(title + ".\n\n")
             f.write(tabulate(rows, headers=headers, tablefmt="github") + "\n")
         print(f"appended to {RESULTS}")

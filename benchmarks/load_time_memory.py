@@ -21,6 +21,7 @@ bf16: then every tensor the loader keeps is a counted copy.
     python benchmarks/load_time_memory.py --device cuda         # a GPU: bf16 files, loaded straight onto it
     python benchmarks/load_time_memory.py --device cuda --double 2 --single 4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,18 @@ def build_flux(double: int, single: int, dtype: torch.dtype) -> nn.Module:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=double, num_single_layers=single,
-                                           attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-                                           pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+            model = FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=64,
+                num_layers=double,
+                num_single_layers=single,
+                attention_head_dim=128,
+                num_attention_heads=24,
+                joint_attention_dim=4096,
+                pooled_projection_dim=768,
+                guidance_embeds=True,
+                axes_dims_rope=(16, 56, 56),
+            )
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
@@ -86,8 +96,10 @@ class Measure:
 def same_state(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(
-        sa[k].dtype == sb[k].dtype and torch.equal(sa[k].reshape(-1).view(torch.uint8), sb[k].reshape(-1).view(torch.uint8))
-        for k in sa)
+        sa[k].dtype == sb[k].dtype
+        and torch.equal(sa[k].reshape(-1).view(torch.uint8), sb[k].reshape(-1).view(torch.uint8))
+        for k in sa
+    )
 
 
 def main(argv=None) -> int:
@@ -95,8 +107,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]: where the model is loaded")
     ap.add_argument("--double", type=int, default=1, help="double-stream blocks")
     ap.add_argument("--single", type=int, default=2, help="single-stream blocks")
-    ap.add_argument("--checkpoint-dtype", choices=["bfloat16", "float32"], default=None,
-                    help="dtype of the saved files (default: float32 on the CPU, bfloat16 on a GPU); loaded as bf16")
+    ap.add_argument(
+        "--checkpoint-dtype",
+        choices=["bfloat16", "float32"],
+        default=None,
+        help="dtype of the saved files (default: float32 on the CPU, bfloat16 on a GPU); loaded as bf16",
+    )
     args = ap.parse_args(argv)
     from diffusers import FluxTransformer2DModel
     from tabulate import tabulate
@@ -113,22 +129,34 @@ def main(argv=None) -> int:
         largest = max(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear)) * 2  # bf16 bytes
         model.save_pretrained(os.path.join(root, "full"))
         del model
-        print(f"built and saved {params / 1e6:,.0f}M parameters ({file_dtype}) in {time.perf_counter() - t:.1f} s",
-              flush=True)
+        print(
+            f"built and saved {params / 1e6:,.0f}M parameters ({file_dtype}) in {time.perf_counter() - t:.1f} s",
+            flush=True,
+        )
         measure = Measure(str(device))
         full = os.path.join(root, "full")
 
         def load(folder, **kw):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return FluxTransformer2DModel.from_pretrained(folder, torch_dtype=torch.bfloat16, device_map=str(device),
-                                                              **kw)
+                return FluxTransformer2DModel.from_pretrained(
+                    folder, torch_dtype=torch.bfloat16, device_map=str(device), **kw
+                )
 
         rows = []
 
         def row(label, peak, final, seconds, note=""):
-            rows.append([label, f"{peak / GIB:.3f}", f"{final / GIB:.3f}", f"{(peak - final) / GIB:.3f}",
-                         f"{(peak - final) / largest:.2f}", f"{seconds:.1f}", note])
+            rows.append(
+                [
+                    label,
+                    f"{peak / GIB:.3f}",
+                    f"{final / GIB:.3f}",
+                    f"{(peak - final) / GIB:.3f}",
+                    f"{(peak - final) / largest:.2f}",
+                    f"{seconds:.1f}",
+                    note,
+                ]
+            )
 
         m, peak, final, s = measure(lambda: load(full))
         row("from_pretrained, bf16", peak, final, s)
@@ -147,23 +175,49 @@ def main(argv=None) -> int:
         bound = quantized + largest
         layers = sum(isinstance(m, QuantizedLinear) for m in q.modules())
         over = (peak - bound) / largest
-        row("from_pretrained(quantization_config=fx_fp8.DiffusersConfig())", peak, quantized, s,
+        row(
+            "from_pretrained(quantization_config=fx_fp8.DiffusersConfig())",
+            peak,
+            quantized,
+            s,
             f"{layers} layers quantized; quantized + one bf16 layer = {bound / GIB:.3f} GiB: "
-            + ("within" if over <= 0 else f"over by {over:.2f} bf16 layers"))
+            + ("within" if over <= 0 else f"over by {over:.2f} bf16 layers"),
+        )
         within = over <= 0
         q.save_pretrained(os.path.join(root, "quantized"))
         again, peak, final, s = measure(lambda: load(os.path.join(root, "quantized")))
-        row("from_pretrained of its save_pretrained folder", peak, final, s,
+        row(
+            "from_pretrained of its save_pretrained folder",
+            peak,
+            final,
+            s,
             ("same bytes as loaded" if same_state(again, q) else "BYTES DIFFER")
-            + ("; CPU: its tensors are views of the memory-mapped file (not counted)" if device.type == "cpu" else ""))
-        print(f"\nFlux width 3072, {args.double} double + {args.single} single blocks, {params / 1e6:,.0f}M parameters, "
-              f"files {str(file_dtype).replace('torch.', '')}, loaded as bf16 onto {device}; largest linear "
-              f"{largest / 2**20:.1f} MiB in bf16 (torch {torch.__version__})")
-        print(tabulate(rows, headers=["load", "peak GiB", "model after GiB", "peak - model GiB",
-                                      "peak - model, in largest bf16 layers", "s", ""]))
+            + ("; CPU: its tensors are views of the memory-mapped file (not counted)" if device.type == "cpu" else ""),
+        )
+        print(
+            f"\nFlux width 3072, {args.double} double + {args.single} single blocks, {params / 1e6:,.0f}M parameters, "
+            f"files {str(file_dtype).replace('torch.', '')}, loaded as bf16 onto {device}; largest linear "
+            f"{largest / 2**20:.1f} MiB in bf16 (torch {torch.__version__})"
+        )
+        print(
+            tabulate(
+                rows,
+                headers=[
+                    "load",
+                    "peak GiB",
+                    "model after GiB",
+                    "peak - model GiB",
+                    "peak - model, in largest bf16 layers",
+                    "s",
+                    "",
+                ],
+            )
+        )
         if device.type == "cpu" and file_dtype != torch.bfloat16:
-            print("CPU, float32 files: the loader converts each weight to bf16 before fx_fp8 sees it; that copy is "
-                  "the one bf16 layer, and quantizing it in slices adds the rest of 'peak - model'")
+            print(
+                "CPU, float32 files: the loader converts each weight to bf16 before fx_fp8 sees it; that copy is "
+                "the one bf16 layer, and quantizing it in slices adds the rest of 'peak - model'"
+            )
         return 0 if within or device.type == "cpu" else 1  # the bound is the device's
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -19,6 +19,7 @@ tests/helpers/cp_helpers.py (device count, a CPU kernel for aten._scaled_dot_pro
 The table's error column (FP8 vs native output of the same model and degree) is meaningful on
 every device; its latency columns only on accelerators.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,17 +69,34 @@ def build(size: str, dtype):
         model = build_tiny_transformer("flux", layers=2, seed=0).to(dtype)
         return model, dict(example_inputs("flux", model, dtype=dtype), return_dict=False)
     heads, head_dim, side, txt = 8, 128, 64, 512
-    model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4,
-                                   attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=1024,
-                                   pooled_projection_dim=768, axes_dims_rope=(16, 56, 56)).to(dtype).eval()
+    model = (
+        FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=64,
+            num_layers=2,
+            num_single_layers=4,
+            attention_head_dim=head_dim,
+            num_attention_heads=heads,
+            joint_attention_dim=1024,
+            pooled_projection_dim=768,
+            axes_dims_rope=(16, 56, 56),
+        )
+        .to(dtype)
+        .eval()
+    )
     g = torch.Generator().manual_seed(0)
-    img = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)),
-                                     indexing="ij"), -1).reshape(-1, 3)
-    kwargs = dict(hidden_states=torch.randn(1, side * side, 64, generator=g).to(dtype),
-                  encoder_hidden_states=torch.randn(1, txt, 1024, generator=g).to(dtype),
-                  pooled_projections=torch.randn(1, 768, generator=g).to(dtype),
-                  timestep=torch.full((1,), 0.5, dtype=dtype), img_ids=img, txt_ids=torch.zeros(txt, 3),
-                  return_dict=False)
+    img = torch.stack(
+        torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)), indexing="ij"), -1
+    ).reshape(-1, 3)
+    kwargs = dict(
+        hidden_states=torch.randn(1, side * side, 64, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(1, txt, 1024, generator=g).to(dtype),
+        pooled_projections=torch.randn(1, 768, generator=g).to(dtype),
+        timestep=torch.full((1,), 0.5, dtype=dtype),
+        img_ids=img,
+        txt_ids=torch.zeros(txt, 3),
+        return_dict=False,
+    )
     return model, kwargs
 
 
@@ -106,7 +124,7 @@ def _time(fn, device: str, warmup: int, iters: int) -> tuple[float, torch.Tensor
         times.append(time.perf_counter() - t0)
     times.sort()
     ms = 1000 * times[len(times) // 2]
-    if dist.is_initialized():   # the slowest rank sets the pace
+    if dist.is_initialized():  # the slowest rank sets the pace
         t = torch.tensor([ms], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         ms = float(t)
@@ -132,10 +150,16 @@ def measure(mode: str, args) -> dict:
     if ulysses * ring > 1:
         info = enable_context_parallel(model, ParallelOptions(ulysses_degree=ulysses, ring_degree=ring))
         backend = info["attention_backend"]
-    native_model = torch.compile(model) if (accel == "cuda" and args.native == "auto") or args.native == "inductor" \
-        else model
-    row = {"mode": mode, "degree": ulysses * ring, "device": device, "dtype": str(dtype).replace("torch.", ""),
-           "attention_backend": backend or "native"}
+    native_model = (
+        torch.compile(model) if (accel == "cuda" and args.native == "auto") or args.native == "inductor" else model
+    )
+    row = {
+        "mode": mode,
+        "degree": ulysses * ring,
+        "device": device,
+        "dtype": str(dtype).replace("torch.", ""),
+        "attention_backend": backend or "native",
+    }
     with torch.no_grad():
         row["native_ms"], native = _time(lambda: native_model(**kwargs)[0], device, args.warmup, args.iters)
         torch._dynamo.reset()
@@ -162,11 +186,31 @@ def _launch_two(modes: list[str], args, timeout: float) -> list[dict]:
     port = cp_helpers.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"rows{r}.json" for r in range(2)]
-        cmd = [sys.executable, os.path.abspath(__file__), "--modes", ",".join(modes), "--size", args.size,
-               "--iters", str(args.iters), "--warmup", str(args.warmup), "--native", args.native, "--no-append"]
-        procs = [subprocess.Popen(cmd + ["--rows-json", str(outs[r])], env=cp_helpers.worker_env(r, 2, port),
-                                  stdout=subprocess.DEVNULL if r else None, stderr=subprocess.STDOUT,
-                                  start_new_session=True) for r in range(2)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--modes",
+            ",".join(modes),
+            "--size",
+            args.size,
+            "--iters",
+            str(args.iters),
+            "--warmup",
+            str(args.warmup),
+            "--native",
+            args.native,
+            "--no-append",
+        ]
+        procs = [
+            subprocess.Popen(
+                cmd + ["--rows-json", str(outs[r])],
+                env=cp_helpers.worker_env(r, 2, port),
+                stdout=subprocess.DEVNULL if r else None,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for r in range(2)
+        ]
         try:
             deadline = time.monotonic() + timeout
             while any(p.poll() is None for p in procs):
@@ -186,23 +230,57 @@ def _launch_two(modes: list[str], args, timeout: float) -> list[dict]:
 def table(rows: list[dict]) -> str:
     from tabulate import tabulate
 
-    body = [(r["mode"], r["degree"], r["device"], r["dtype"], r["attention_backend"], f"{r['native_ms']:.2f}",
-             f"{r['fp8_ms']:.2f}", f"{r['native_ms'] / r['fp8_ms']:.2f}x", f"{r['rel_error']:.2e}",
-             f"{r['attention_fp8']}/{r['attention_total']}", r["linear_fp8"], f"{r['fp8_first_call_s']:.1f}")
-            for r in rows]
-    return tabulate(body, headers=["mode", "degree", "device", "dtype", "attention backend", "native ms", "FP8 ms",
-                                   "speed-up", "rel. error", "FP8 attention", "FP8 linears", "FP8 first call s"],
-                    tablefmt="github")
+    body = [
+        (
+            r["mode"],
+            r["degree"],
+            r["device"],
+            r["dtype"],
+            r["attention_backend"],
+            f"{r['native_ms']:.2f}",
+            f"{r['fp8_ms']:.2f}",
+            f"{r['native_ms'] / r['fp8_ms']:.2f}x",
+            f"{r['rel_error']:.2e}",
+            f"{r['attention_fp8']}/{r['attention_total']}",
+            r["linear_fp8"],
+            f"{r['fp8_first_call_s']:.1f}",
+        )
+        for r in rows
+    ]
+    return tabulate(
+        body,
+        headers=[
+            "mode",
+            "degree",
+            "device",
+            "dtype",
+            "attention backend",
+            "native ms",
+            "FP8 ms",
+            "speed-up",
+            "rel. error",
+            "FP8 attention",
+            "FP8 linears",
+            "FP8 first call s",
+        ],
+        tablefmt="github",
+    )
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", default="single,ulysses,ring", help="comma-separated: single, ulysses, ring")
-    p.add_argument("--size", choices=("tiny", "medium"), default=None, help="default: medium on accelerators, tiny on CPU")
+    p.add_argument(
+        "--size", choices=("tiny", "medium"), default=None, help="default: medium on accelerators, tiny on CPU"
+    )
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--native", choices=("auto", "eager", "inductor"), default="auto",
-                   help="how the native model runs (auto: Inductor on CUDA, eager elsewhere)")
+    p.add_argument(
+        "--native",
+        choices=("auto", "eager", "inductor"),
+        default="auto",
+        help="how the native model runs (auto: Inductor on CUDA, eager elsewhere)",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed for the degree-2 processes")
     p.add_argument("--out", default=str(RESULTS), help="results file to append a dated section to")
     p.add_argument("--no-append", action="store_true")
@@ -218,7 +296,7 @@ def main(argv=None) -> int:
     if accel is None:
         _install_cpu_shims()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:   # a rank of a degree-2 run (started by us or by torchrun)
+    if world > 1:  # a rank of a degree-2 run (started by us or by torchrun)
         rows = [measure(m, args) for m in modes if MODES[m][0] * MODES[m][1] == world]
         if int(os.environ.get("RANK", "0")) == 0:
             if args.rows_json:
@@ -240,10 +318,13 @@ def main(argv=None) -> int:
         else:
             rows += _launch_two(multi, args, args.timeout)
     if accel is None:
-        notes.insert(0, "NO ACCELERATOR: a correctness / overhead check, not a speed measurement. FP8 runs the CPU "
-                        "reference lowering (slower than native by design); both ranks share the CPU cores; diffusers' "
-                        "context parallelism is started with the test shims of tests/helpers/cp_helpers.py (device count 1, "
-                        "CPU kernel for aten._scaled_dot_product_flash_attention).")
+        notes.insert(
+            0,
+            "NO ACCELERATOR: a correctness / overhead check, not a speed measurement. FP8 runs the CPU "
+            "reference lowering (slower than native by design); both ranks share the CPU cores; diffusers' "
+            "context parallelism is started with the test shims of tests/helpers/cp_helpers.py (device count 1, "
+            "CPU kernel for aten._scaled_dot_product_flash_attention).",
+        )
     text = table(rows)
     print(text)
     for n in notes:
@@ -255,11 +336,13 @@ def main(argv=None) -> int:
         machine = f"{platform.machine()} ({os.cpu_count()} CPUs), {platform.system()}"
         if accel:
             machine += f"; {torch.accelerator.device_count()} x {accel}"
-        section = (f"\n## {stamp} parallel_bench.py\n\n"
-                   f"Machine: {machine}; torch {torch.__version__}, diffusers {diffusers.__version__}, python "
-                   f"{platform.python_version()}.\nCommand: `python benchmarks/parallel_bench.py "
-                   f"{' '.join(sys.argv[1:])}`; model size {args.size}, median of {args.iters} forwards after "
-                   f"{args.warmup} warm-up.\n\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes))
+        section = (
+            f"\n## {stamp} parallel_bench.py\n\n"
+            f"Machine: {machine}; torch {torch.__version__}, diffusers {diffusers.__version__}, python "
+            f"{platform.python_version()}.\nCommand: `python benchmarks/parallel_bench.py "
+            f"{' '.join(sys.argv[1:])}`; model size {args.size}, median of {args.iters} forwards after "
+            f"{args.warmup} warm-up.\n\n" + text + "\n\n" + "".join(f"- {n}\n" for n in notes)
+        )
         with open(args.out, "a") as f:
             f.write(section)
         print(f"appended to {args.out}")

@@ -8,6 +8,7 @@ with Python's re only where it finishes in a few seconds (the others are never r
 
     OMP_NUM_THREADS=1 python benchmarks/pattern_matching.py
 """
+
 from __future__ import annotations
 
 import re
@@ -15,21 +16,51 @@ import time
 
 from fx_fp8.config.patterns import _regex
 
-NAMES = ([f"transformer_blocks.{i}.{m}" for i in range(60) for m in (
-    "norm1.linear", "norm1_context.linear", "attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj",
-    "attn.add_k_proj", "attn.add_v_proj", "attn.to_out.0", "attn.to_add_out", "ff.net.0.proj", "ff.net.2",
-    "ff_context.net.0.proj", "ff_context.net.2")]
-         + [f"single_transformer_blocks.{i}.{m}" for i in range(60) for m in (
-             "norm.linear", "proj_mlp", "proj_out", "attn.to_q", "attn.to_k", "attn.to_v")]
-         + ["time_text_embed.timestep_embedder.linear_1", "context_embedder", "x_embedder", "norm_out.linear",
-            "proj_out"])
+NAMES = (
+    [
+        f"transformer_blocks.{i}.{m}"
+        for i in range(60)
+        for m in (
+            "norm1.linear",
+            "norm1_context.linear",
+            "attn.to_q",
+            "attn.to_k",
+            "attn.to_v",
+            "attn.add_q_proj",
+            "attn.add_k_proj",
+            "attn.add_v_proj",
+            "attn.to_out.0",
+            "attn.to_add_out",
+            "ff.net.0.proj",
+            "ff.net.2",
+            "ff_context.net.0.proj",
+            "ff_context.net.2",
+        )
+    ]
+    + [
+        f"single_transformer_blocks.{i}.{m}"
+        for i in range(60)
+        for m in ("norm.linear", "proj_mlp", "proj_out", "attn.to_q", "attn.to_k", "attn.to_v")
+    ]
+    + ["time_text_embed.timestep_embedder.linear_1", "context_embedder", "x_embedder", "norm_out.linear", "proj_out"]
+)
 
-LEGIT = [r"transformer_blocks\.\d+\.attn\..*", r".*(norm|proj_out).*", r"(.*\.)?norm[^.]*\.linear", r"proj_out",
-         r"(blocks\.\d+\.)*attn"]
+LEGIT = [
+    r"transformer_blocks\.\d+\.attn\..*",
+    r".*(norm|proj_out).*",
+    r"(.*\.)?norm[^.]*\.linear",
+    r"proj_out",
+    r"(blocks\.\d+\.)*attn",
+]
 #: shape, name, Python's re run on it? (False: it would take hours or more)
-CATASTROPHIC = [(r"(a|a)*z", "a" * 22, True), (r".*.*.*.*.*.*z", "single_transformer_blocks.37.attn.to_out", True),
-                (r"(.*.*)*z", "single_transformer_blocks.37.attn.to_out", False),
-                (r"(a+)+b", "a" * 40, False), (r"(a+)+b", "a" * 1000, False), (r"(a+)+b", "a" * 100_000, False)]
+CATASTROPHIC = [
+    (r"(a|a)*z", "a" * 22, True),
+    (r".*.*.*.*.*.*z", "single_transformer_blocks.37.attn.to_out", True),
+    (r"(.*.*)*z", "single_transformer_blocks.37.attn.to_out", False),
+    (r"(a+)+b", "a" * 40, False),
+    (r"(a+)+b", "a" * 1000, False),
+    (r"(a+)+b", "a" * 100_000, False),
+]
 
 
 def best(fn, repeat=3) -> float:

@@ -9,6 +9,7 @@ they are the same bits on every torch. The cases: ReferenceLowering.scaled_mm (q
 activations and weights, the GEMM, the rescale and the bias) per scale layout. With --compiled,
 also a torch.compile'd model, whose surrounding code Inductor generates (not fx_fp8's to fix).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def pattern(rows: int, cols: int, salt: int, device) -> torch.Tensor:
     j = torch.arange(cols, dtype=torch.int64).reshape(1, -1)
     h = (i * 7919 + j * 104729 + salt * 1299709) % 1000003
     value = (h % 2001 - 1000).float()
-    power = torch.tensor([2.0 ** e for e in range(-4, 5)])[h // 2001 % 9]  # 2**-4 .. 2**4
+    power = torch.tensor([2.0**e for e in range(-4, 5)])[h // 2001 % 9]  # 2**-4 .. 2**4
     return (value * power / 997.0).to(device)
 
 
@@ -56,8 +57,9 @@ def gemm_output(case, device) -> torch.Tensor:
     bias = pattern(1, N, 3, device).reshape(N)
     xq, xs = quant.quantize_activation(x, act, method, block[1] if block else None)
     wq, ws = quant.quantize_weight(w, wgran, block, method=method)
-    return get_lowering("reference").scaled_mm(xq, xs, wq, ws, bias, method=method, weight_granularity=wgran,
-                                               weight_block=block, out_dtype=out_dtype)
+    return get_lowering("reference").scaled_mm(
+        xq, xs, wq, ws, bias, method=method, weight_granularity=wgran, weight_block=block, out_dtype=out_dtype
+    )
 
 
 def compiled_output(device) -> torch.Tensor:

@@ -10,6 +10,7 @@ direct-child graphs, and every graph whose structural decisions differ.
 
     OMP_NUM_THREADS=1 python benchmarks/sensitive_across_pieces_zoo.py
 """
+
 import time
 import warnings
 
@@ -24,6 +25,7 @@ from fx_fp8.graph.sensitive import find_sensitive_linears, holds_model_output
 def check(label, model, kw):
     """[(instance, before, after)] for the graphs of `model` whose decisions differ."""
     diffs, pieces = [], []
+
     def capture(gm, ex):
         resolve_graph(gm, ex, model=model)
         inst = gm.meta.get(INSTANCE_KEY)
@@ -34,6 +36,7 @@ def check(label, model, kw):
         if old != new:
             diffs.append((inst, old, new))
         return gm.forward
+
     torch._dynamo.reset()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -58,8 +61,10 @@ def main() -> None:
             warnings.simplefilter("ignore")
             model = build_tiny_transformer(fam)
         changed += check("family " + fam, model, example_inputs(fam, model))
-    print(f"classes checked: {len(zoo.MODELS)} + {len(FAMILIES)} families; graphs with changed decisions: "
-          f"{len(changed)}; {time.perf_counter() - t0:.0f} s")
+    print(
+        f"classes checked: {len(zoo.MODELS)} + {len(FAMILIES)} families; graphs with changed decisions: "
+        f"{len(changed)}; {time.perf_counter() - t0:.0f} s"
+    )
 
 
 if __name__ == "__main__":

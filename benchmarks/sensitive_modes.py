@@ -28,6 +28,7 @@ measured three ways, and weight-only with several weight storages:
 
 Nothing is written to RESULTS.md: the tables are printed (copy them into a dated section).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,11 @@ def zoo_class(name: str, modes: list[str], n_inputs: int, min_features=None) -> 
         if min_features is not None:
             qc["min_features"] = min_features
         copy = deepcopy(model)
-        res = fx_fp8.prepare_model(copy, {"quantization": "fp8", "diffusion_kv_cache_dtype": None,
-                                          "quantization_config": qc}, sensitive=sensitive)
+        res = fx_fp8.prepare_model(
+            copy,
+            {"quantization": "fp8", "diffusion_kv_cache_dtype": None, "quantization_config": qc},
+            sensitive=sensitive,
+        )
         wo = set(res["weight_only"])
         actions = {n: "weight-only" if n in wo else "w8a8" if n in res["quantized"] else "native" for n in linears}
         try:
@@ -120,8 +124,13 @@ def zoo_tables(rows: list[dict], modes: list[str], worse: float) -> str:
             shown = "error" if e is None else f"{e:.3g}"
             cells.append(shown if m == ref else f"{shown} ({r['changed'][m]})")
         per_class.append(cells)
-    out = [tabulate(per_class, headers=["class", f"W8A8 linears ({ref})"]
-                    + [m if m == ref else f"{m} (layers changed)" for m in modes], tablefmt="github")]
+    out = [
+        tabulate(
+            per_class,
+            headers=["class", f"W8A8 linears ({ref})"] + [m if m == ref else f"{m} (layers changed)" for m in modes],
+            tablefmt="github",
+        )
+    ]
     failed = [f"{r['model']} {m}: {why}" for r in rows for m, why in r.get("errors", {}).items()]
     rows = [r for r in rows if None not in r["err"].values()]  # the statistics compare complete rows only
     summary = []
@@ -134,15 +143,40 @@ def zoo_tables(rows: list[dict], modes: list[str], worse: float) -> str:
         bad = [r["model"] for r in touched if r["err"][m] > (1 + worse) * r["err"][ref]]
         better = [r["model"] for r in touched if r["err"][m] < r["err"][ref] / (1 + worse)]
         changed = [r["err"][m] for r in rows if any(r["changed"].values())]
-        summary.append([m, f"{statistics.mean(errs):.4g}", f"{statistics.median(errs):.4g}",
-                        f"{statistics.median(changed):.4g}" if changed else "-", f"{max(errs):.4g}",
-                        len(touched), f"{statistics.median(ratios):.3f}" if ratios else "-",
-                        f"{max(ratios):.2f}" if ratios else "-", len(bad), len(better),
-                        ", ".join(bad[:6]) + (" ..." if len(bad) > 6 else "")])
-    out.append(tabulate(summary, headers=["mode", "mean err", "median err", "median err (classes any mode changes)",
-                                          "max err", "classes changed",
-                                          f"median err / {ref}'s", "max ratio", f"worse > {worse:.0%}",
-                                          f"better > {worse:.0%}", "worse (first 6)"], tablefmt="github"))
+        summary.append(
+            [
+                m,
+                f"{statistics.mean(errs):.4g}",
+                f"{statistics.median(errs):.4g}",
+                f"{statistics.median(changed):.4g}" if changed else "-",
+                f"{max(errs):.4g}",
+                len(touched),
+                f"{statistics.median(ratios):.3f}" if ratios else "-",
+                f"{max(ratios):.2f}" if ratios else "-",
+                len(bad),
+                len(better),
+                ", ".join(bad[:6]) + (" ..." if len(bad) > 6 else ""),
+            ]
+        )
+    out.append(
+        tabulate(
+            summary,
+            headers=[
+                "mode",
+                "mean err",
+                "median err",
+                "median err (classes any mode changes)",
+                "max err",
+                "classes changed",
+                f"median err / {ref}'s",
+                "max ratio",
+                f"worse > {worse:.0%}",
+                f"better > {worse:.0%}",
+                "worse (first 6)",
+            ],
+            tablefmt="github",
+        )
+    )
     if failed:
         out.append("failed (left out of the statistics):\n" + "\n".join(f"- {f}" for f in failed))
     return "\n\n".join(out)
@@ -217,16 +251,41 @@ def tiny_table(modes: list[str], num_prompts: int, steps: int | None, prompt_set
         w8a8 = sum(n for a, n in summary["linear"].items() if a not in ("native", "weight-only"))
         first = first or (mode, psnr, ssim)
         ok = "yes" if psnr.mean() >= tq.TARGET_PSNR and ssim.mean() >= tq.TARGET_SSIM else "no"
-        rows.append([mode, f"{w8a8}/{sum(summary['linear'].values())}", summary["linear"].get("weight-only", 0),
-                     f"{psnr.mean():.2f}", f"{psnr.min():.2f}", f"{ssim.mean():.4f}", f"{ssim.min():.4f}", ok,
-                     paired(psnr - first[1]) if mode != first[0] else "-",
-                     paired(ssim - first[2]) if mode != first[0] else "-"])
+        rows.append(
+            [
+                mode,
+                f"{w8a8}/{sum(summary['linear'].values())}",
+                summary["linear"].get("weight-only", 0),
+                f"{psnr.mean():.2f}",
+                f"{psnr.min():.2f}",
+                f"{ssim.mean():.4f}",
+                f"{ssim.min():.4f}",
+                ok,
+                paired(psnr - first[1]) if mode != first[0] else "-",
+                paired(ssim - first[2]) if mode != first[0] else "-",
+            ]
+        )
         print(f"tiny {mode}: {psnr.mean():.2f} dB, SSIM {ssim.mean():.4f}", file=sys.stderr, flush=True)
-    return (f"{num_prompts} {prompt_set} prompts x seeds, {steps} steps, default config (FP8 attention + FP8 linears) with each "
-            f"mode, against the native model; paired = per-image difference to {modes[0]}, mean +- 2 SE\n\n"
-            + tabulate(rows, headers=["mode", "W8A8 linears", "weight-only", "PSNR dB (mean)", "PSNR min",
-                                      "SSIM (mean)", "SSIM min", "meets 30 dB / 0.97", f"paired dPSNR vs {modes[0]}",
-                                      f"paired dSSIM vs {modes[0]}"], tablefmt="github"))
+    return (
+        f"{num_prompts} {prompt_set} prompts x seeds, {steps} steps, default config (FP8 attention + FP8 linears) with each "
+        f"mode, against the native model; paired = per-image difference to {modes[0]}, mean +- 2 SE\n\n"
+        + tabulate(
+            rows,
+            headers=[
+                "mode",
+                "W8A8 linears",
+                "weight-only",
+                "PSNR dB (mean)",
+                "PSNR min",
+                "SSIM (mean)",
+                "SSIM min",
+                "meets 30 dB / 0.97",
+                f"paired dPSNR vs {modes[0]}",
+                f"paired dSSIM vs {modes[0]}",
+            ],
+            tablefmt="github",
+        )
+    )
 
 
 # -- bytes -------------------------------------------------------------------------------------
@@ -237,17 +296,28 @@ def bytes_table(modes: list[str], double: int, single: int) -> str:
     for mode in modes:
         model = build_flux(double, single)
         before = fx_fp8.reachable_tensor_bytes(model)
-        res = fx_fp8.prepare_model(model, {"quantization": "fp8", "diffusion_kv_cache_dtype": "fp8",
-                                           "quantization_config": MODES[mode]})
+        res = fx_fp8.prepare_model(
+            model, {"quantization": "fp8", "diffusion_kv_cache_dtype": "fp8", "quantization_config": MODES[mode]}
+        )
         after = fx_fp8.reachable_tensor_bytes(model)
-        rows.append([mode, len(res["quantized"]) - len(res["weight_only"]), len(res["weight_only"]),
-                     f"{before / 2**20:.1f}", f"{after / 2**20:.1f}", f"{after / before:.3f}"])
+        rows.append(
+            [
+                mode,
+                len(res["quantized"]) - len(res["weight_only"]),
+                len(res["weight_only"]),
+                f"{before / 2**20:.1f}",
+                f"{after / 2**20:.1f}",
+                f"{after / before:.3f}",
+            ]
+        )
         print(f"bytes {mode}: {after / before:.3f}", file=sys.stderr, flush=True)
         del model
     params = "width 3072, %d double + %d single blocks, bf16" % (double, single)
-    return (f"live weight bytes after prepare_model (Flux-like, {params})\n\n"
-            + tabulate(rows, headers=["mode", "W8A8 linears", "weight-only", "MiB before", "MiB after",
-                                      "after / before"], tablefmt="github"))
+    return f"live weight bytes after prepare_model (Flux-like, {params})\n\n" + tabulate(
+        rows,
+        headers=["mode", "W8A8 linears", "weight-only", "MiB before", "MiB after", "after / before"],
+        tablefmt="github",
+    )
 
 
 def main(argv=None) -> int:
@@ -255,23 +325,41 @@ def main(argv=None) -> int:
     p.add_argument("--zoo", action="store_true", help="the zoo sweep (relative error)")
     p.add_argument("--tiny", action="store_true", help="the shipped tiny model (PSNR / SSIM)")
     p.add_argument("--bytes", action="store_true", help="live weight bytes on a bf16 Flux-like model")
-    p.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
-                   help="modes to measure (default: per part; with --zoo the first is the reference: 'native')")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        default=None,
+        help="modes to measure (default: per part; with --zoo the first is the reference: 'native')",
+    )
     p.add_argument("--models", nargs="+", default=None, help="zoo classes (default: all)")
     p.add_argument("--inputs", type=int, default=3, help="zoo input seeds per class (the error is their mean)")
-    p.add_argument("--min-features", type=int, default=None,
-                   help="zoo: quantization_config.min_features (default the config's, 32; 16 makes more linears eligible)")
+    p.add_argument(
+        "--min-features",
+        type=int,
+        default=None,
+        help="zoo: quantization_config.min_features (default the config's, 32; 16 makes more linears eligible)",
+    )
     p.add_argument("--worse", type=float, default=0.10, help="zoo: 'worse' means error > (1 + this) x native's")
     p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--prompt-set", choices=("tuning", "heldout", "confirm"), default="tuning",
-                   help="--tiny: the tuning set's first --num-prompts cases, or a whole held-out set")
+    p.add_argument(
+        "--prompt-set",
+        choices=("tuning", "heldout", "confirm"),
+        default="tuning",
+        help="--tiny: the tuning set's first --num-prompts cases, or a whole held-out set",
+    )
     p.add_argument("--num-inference-steps", type=int, default=None)
     p.add_argument("--double", type=int, default=2)
     p.add_argument("--single", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--merge", nargs="+", metavar="OUTPUT", default=None,
-                   help="print the zoo tables of several --zoo runs' saved outputs (e.g. halves of the classes "
-                        "run in parallel) as one; measures nothing")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="OUTPUT",
+        default=None,
+        help="print the zoo tables of several --zoo runs' saved outputs (e.g. halves of the classes "
+        "run in parallel) as one; measures nothing",
+    )
     args = p.parse_args(argv)
     if args.merge:
         modes, rows = None, []
@@ -298,15 +386,19 @@ def main(argv=None) -> int:
             rows.append(zoo_class(name, modes, args.inputs, args.min_features))
             errs = " ".join("-" if e is None else f"{e:.3g}" for e in rows[-1]["err"].values())
             print(f"zoo {name}: {errs} ({time.time() - t:.1f} s)", file=sys.stderr, flush=True)
-        print(f"## zoo: {len(rows)} classes, {args.inputs} input seeds, FP8 linears (prepare_model, eager; "
-              f"attention native), min_features "
-              f"{args.min_features or 32}, error vs native model (layers changed: linears that run differently "
-              f"from {(args.modes or ZOO_MODES)[0]})\n")
+        print(
+            f"## zoo: {len(rows)} classes, {args.inputs} input seeds, FP8 linears (prepare_model, eager; "
+            f"attention native), min_features "
+            f"{args.min_features or 32}, error vs native model (layers changed: linears that run differently "
+            f"from {(args.modes or ZOO_MODES)[0]})\n"
+        )
         print(zoo_tables(rows, modes, args.worse) + "\n")
     if args.tiny:
-        print("## tiny model: " + tiny_table(args.modes or TINY_MODES, args.num_prompts, args.num_inference_steps,
-                                             args.prompt_set)
-              + "\n")
+        print(
+            "## tiny model: "
+            + tiny_table(args.modes or TINY_MODES, args.num_prompts, args.num_inference_steps, args.prompt_set)
+            + "\n"
+        )
     if args.bytes:
         print("## bytes: " + bytes_table(args.modes or BYTES_MODES, args.double, args.single) + "\n")
     print(f"{time.time() - start:.0f} s", file=sys.stderr)

@@ -21,6 +21,7 @@ the counts of the --readme sentence: for new zoo classes when the whole run (10+
 The weights are random: the errors show that FP8 applies and stays bounded, not the quality of a
 trained checkpoint.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,24 +70,89 @@ def _label(reason: str) -> str:
 #: dim, feed-forward and text widths), with one block of each kind (Flux: one double- and one
 #: single-stream block; Z-Image: one noise / context refiner and one joint layer) instead of tens
 REAL_WIDTH = {
-    "flux": ("FLUX.1-dev", dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
-                                attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-                                pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))),
-    "qwen-image": ("Qwen-Image", dict(patch_size=2, in_channels=64, out_channels=16, num_layers=1,
-                                      attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584,
-                                      axes_dims_rope=(16, 56, 56))),
-    "sd3": ("SD3.5-large", dict(sample_size=128, patch_size=2, in_channels=16, num_layers=1, attention_head_dim=64,
-                                num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
-                                pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192,
-                                qk_norm="rms_norm")),
-    "z-image": ("Z-Image-Turbo", dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840,
-                                      n_layers=1, n_refiner_layers=1, n_heads=30, n_kv_heads=30, norm_eps=1e-5,
-                                      qk_norm=True, cap_feat_dim=2560, rope_theta=256.0, t_scale=1000.0,
-                                      axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512])),
-    "wan": ("Wan2.1-T2V-14B", dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
-                                   in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824,
-                                   num_layers=1, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
-                                   rope_max_seq_len=1024)),
+    "flux": (
+        "FLUX.1-dev",
+        dict(
+            patch_size=1,
+            in_channels=64,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            pooled_projection_dim=768,
+            guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56),
+        ),
+    ),
+    "qwen-image": (
+        "Qwen-Image",
+        dict(
+            patch_size=2,
+            in_channels=64,
+            out_channels=16,
+            num_layers=1,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=3584,
+            axes_dims_rope=(16, 56, 56),
+        ),
+    ),
+    "sd3": (
+        "SD3.5-large",
+        dict(
+            sample_size=128,
+            patch_size=2,
+            in_channels=16,
+            num_layers=1,
+            attention_head_dim=64,
+            num_attention_heads=38,
+            joint_attention_dim=4096,
+            caption_projection_dim=2432,
+            pooled_projection_dim=2048,
+            out_channels=16,
+            pos_embed_max_size=192,
+            qk_norm="rms_norm",
+        ),
+    ),
+    "z-image": (
+        "Z-Image-Turbo",
+        dict(
+            all_patch_size=(2,),
+            all_f_patch_size=(1,),
+            in_channels=16,
+            dim=3840,
+            n_layers=1,
+            n_refiner_layers=1,
+            n_heads=30,
+            n_kv_heads=30,
+            norm_eps=1e-5,
+            qk_norm=True,
+            cap_feat_dim=2560,
+            rope_theta=256.0,
+            t_scale=1000.0,
+            axes_dims=[32, 48, 48],
+            axes_lens=[1536, 512, 512],
+        ),
+    ),
+    "wan": (
+        "Wan2.1-T2V-14B",
+        dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=40,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=13824,
+            num_layers=1,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=1024,
+        ),
+    ),
 }
 #: real-width runs: bfloat16 (the checkpoints' dtype; half the memory), a few tokens
 REAL_DTYPE = torch.bfloat16
@@ -125,8 +191,9 @@ def measure_real_width(family: str, n_inputs: int) -> dict:
     t0 = time.time()
     model = build_real_width(family)
     row = run_and_count(model, [real_width_inputs(family, model, s) for s in range(n_inputs)])
-    row.update(checkpoint=REAL_WIDTH[family][0], seconds=time.time() - t0,
-               params=sum(p.numel() for p in model.parameters()))
+    row.update(
+        checkpoint=REAL_WIDTH[family][0], seconds=time.time() - t0, params=sum(p.numel() for p in model.parameters())
+    )
     return row
 
 
@@ -180,8 +247,9 @@ def _notes(name: str) -> str:
 
 
 def _native_text(native: collections.Counter) -> str:
-    parts = [f"{op}: {label} {n}" for (op, label), n in
-             sorted(native.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1]))]
+    parts = [
+        f"{op}: {label} {n}" for (op, label), n in sorted(native.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1]))
+    ]
     return "; ".join(parts) or "nothing"
 
 
@@ -190,33 +258,43 @@ def _real_cell(r: dict) -> str:
     real = r.get("real")
     if real is None:
         return "-"
-    return (f"{real['attention'][0]}/{real['attention'][1]} attn, {real['linear'][0]}/{real['linear'][1]} lin, "
-            f"{100 * real['error']:.2f} %")
+    return (
+        f"{real['attention'][0]}/{real['attention'][1]} attn, {real['linear'][0]}/{real['linear'][1]} lin, "
+        f"{100 * real['error']:.2f} %"
+    )
 
 
 def _row(r: dict) -> str:
     fam = " (family)" if r["model"] in FAMILIES else ""
-    return (f"| `{r['class']}` | {r['model']}{fam} | {r['kind']} | {r['attention'][0]}/{r['attention'][1]} | "
-            f"{r['linear'][0]}/{r['linear'][1]} | {100 * r['error']:.2f} % | {_real_cell(r)} | "
-            f"{_native_text(r['native'])} |")
+    return (
+        f"| `{r['class']}` | {r['model']}{fam} | {r['kind']} | {r['attention'][0]}/{r['attention'][1]} | "
+        f"{r['linear'][0]}/{r['linear'][1]} | {100 * r['error']:.2f} % | {_real_cell(r)} | "
+        f"{_native_text(r['native'])} |"
+    )
 
 
-HEADER = ("| diffusers class | zoo name | kind | FP8 attention (tiny) | FP8 linears (tiny) | "
-          "rel. error vs native (tiny) | real width: FP8 attention, FP8 linears, rel. error | not FP8 at tiny width (op, reason, count) |\n"
-          "|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| diffusers class | zoo name | kind | FP8 attention (tiny) | FP8 linears (tiny) | "
+    "rel. error vs native (tiny) | real width: FP8 attention, FP8 linears, rel. error | not FP8 at tiny width (op, reason, count) |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
 
 
 def _real_row(r: dict) -> str:
     real = r["real"]
     cfg = REAL_WIDTH[r["model"]][1]
     width = cfg.get("dim") or cfg["num_attention_heads"] * cfg["attention_head_dim"]
-    return (f"| {r['model']} | {real['checkpoint']} | {width} | {real['params'] / 1e6:.0f} M | "
-            f"{real['attention'][0]}/{real['attention'][1]} | {real['linear'][0]}/{real['linear'][1]} | "
-            f"{100 * real['error']:.2f} % | {_native_text(real['native'])} | {real['seconds']:.0f} s |")
+    return (
+        f"| {r['model']} | {real['checkpoint']} | {width} | {real['params'] / 1e6:.0f} M | "
+        f"{real['attention'][0]}/{real['attention'][1]} | {real['linear'][0]}/{real['linear'][1]} | "
+        f"{100 * real['error']:.2f} % | {_native_text(real['native'])} | {real['seconds']:.0f} s |"
+    )
 
 
-REAL_HEADER = ("| family | widths of | hidden size | parameters built | FP8 attention | FP8 linears | rel. error vs "
-               "native | not FP8 (op, reason, count) | seconds |\n|---|---|---|---|---|---|---|---|---|")
+REAL_HEADER = (
+    "| family | widths of | hidden size | parameters built | FP8 attention | FP8 linears | rel. error vs "
+    "native | not FP8 (op, reason, count) | seconds |\n|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def _only_sensitive(rows: list[dict]) -> bool:
@@ -236,7 +314,8 @@ def _intro(n: int, kinds: collections.Counter, worst: dict) -> str:
         "and under `torch.compile(model, backend=\"fp8\")` with no options (the defaults: FP8 attention, FP8 linears, "
         "sensitive linears weight-only) on CPU with the reference lowering, which computes the device kernels' numerics. "
         "\"rel. error\" is the relative L2 error of the output against native, the mean over "
-        f"the input seeds. Largest: {100 * worst['error']:.2f} % ({worst['model']}).")
+        f"the input seeds. Largest: {100 * worst['error']:.2f} % ({worst['model']})."
+    )
 
 
 NOT_IN_ZOO_TITLE = "Diffusers transformer classes not in the zoo, and why:"
@@ -246,8 +325,10 @@ def _not_in_zoo() -> list[str]:
     return [NOT_IN_ZOO_TITLE, "", *[f"- `{c}`: {why}" for c, why in sorted(zoo.NOT_IN_ZOO.items())], ""]
 
 
-NOTES_TITLE = ("Where a model's work is partly outside the graphs (from the zoo's notes; layers Dynamo runs "
-               "eagerly between graph pieces are neither quantized nor reported):")
+NOTES_TITLE = (
+    "Where a model's work is partly outside the graphs (from the zoo's notes; layers Dynamo runs "
+    "eagerly between graph pieces are neither quantized nor reported):"
+)
 
 
 def _notes_list(names: list[str]) -> list[str]:
@@ -276,17 +357,23 @@ def page(rows: list[dict], meta: str, command: str, real_inputs: int = 1) -> str
         "",
         "How each row was measured: every row at **tiny width** (columns 4-6 and the last): hidden size 16-64 (the "
         "five families 64-96), 1-2 layers, random weights, float32, the input size variant 1. "
-        + (f"The {len(real_rows)} families' rows also at **real width** (column 7; the table below): the released "
-           "checkpoint's hidden size, heads, head dim and feed-forward / text widths, with one block of each kind "
-           "instead of tens (Flux: one double- and one single-stream block; Z-Image: one noise-refiner, one "
-           "context-refiner and one joint layer), random weights, bfloat16, 64 image tokens and 12-16 text tokens "
-           f"(Wan: 2 latent frames of 8x8 tokens), {real_inputs} input seed(s). "
-           + ("At real width the only linears out of FP8 are the sensitive ones (weight-only W8A16): every other one "
-              "is wide enough (`min_features` 32, multiples of 16)" if only_sensitive else
-              "The table below says which linears stay out of FP8 at real width and why")
-           + f". The other {len(rows) - len(real_rows)} classes were measured "
-           "at tiny width only (\"-\")." if real_rows else
-           "No row was measured at real width in this run (`--no-real-width`): column 7 is \"-\" throughout."),
+        + (
+            f"The {len(real_rows)} families' rows also at **real width** (column 7; the table below): the released "
+            "checkpoint's hidden size, heads, head dim and feed-forward / text widths, with one block of each kind "
+            "instead of tens (Flux: one double- and one single-stream block; Z-Image: one noise-refiner, one "
+            "context-refiner and one joint layer), random weights, bfloat16, 64 image tokens and 12-16 text tokens "
+            f"(Wan: 2 latent frames of 8x8 tokens), {real_inputs} input seed(s). "
+            + (
+                "At real width the only linears out of FP8 are the sensitive ones (weight-only W8A16): every other one "
+                "is wide enough (`min_features` 32, multiples of 16)"
+                if only_sensitive
+                else "The table below says which linears stay out of FP8 at real width and why"
+            )
+            + f". The other {len(rows) - len(real_rows)} classes were measured "
+            "at tiny width only (\"-\")."
+            if real_rows
+            else "No row was measured at real width in this run (`--no-real-width`): column 7 is \"-\" throughout."
+        ),
         "",
         f"{meta}",
         "",
@@ -295,8 +382,11 @@ def page(rows: list[dict], meta: str, command: str, real_inputs: int = 1) -> str
         HEADER,
         *[_row(r) for r in rows],
         "",
-        *(["Real width (random weights; column 7 above):", "", REAL_HEADER, *[_real_row(r) for r in real_rows], ""]
-          if real_rows else []),
+        *(
+            ["Real width (random weights; column 7 above):", "", REAL_HEADER, *[_real_row(r) for r in real_rows], ""]
+            if real_rows
+            else []
+        ),
         "Most zoo models are 16-64 wide: their linears narrower than `min_features` (32) or with "
         "features that are not multiples of 16 stay native at tiny width and would be quantized at real sizes "
         "(the five families' real-width column shows it), so for them the error is attention's alone. A model "
@@ -312,24 +402,32 @@ def excerpt(rows: list[dict]) -> str:
     fam = [r for r in rows if r["model"] in FAMILIES]
     kinds = collections.Counter(r["kind"] for r in rows)
     worst = max(rows, key=lambda r: r["error"])
-    body = ["| diffusers class | FP8 attention | FP8 linears | rel. error vs native | real width: FP8 attention, "
-            "FP8 linears, rel. error |", "|---|---|---|---|---|"]
-    body += [f"| `{r['class']}` | {r['attention'][0]}/{r['attention'][1]} | {r['linear'][0]}/{r['linear'][1]} | "
-             f"{100 * r['error']:.2f} % | {_real_cell(r)} |" for r in fam]
-    return "\n".join([
-        START,
-        f"{len(rows)} diffusers transformer classes ({kinds['image']} image, {kinds['video']} video, "
-        f"{kinds['audio']} audio) compile and run under `backend=\"fp8\"` with default options; tiny "
-        f"random-weight versions stay within {100 * worst['error']:.1f} % of native. At widths of 16-64 many "
-        "linears are below `min_features` or not multiples of 16 and stay native; the last column measures the "
-        "five families at their released checkpoints' widths (one block of each kind, random weights, bfloat16)"
-        + (", where every linear but the sensitive ones runs FP8" if _only_sensitive(fam) else "")
-        + ". The full table, with what each keeps native and how each row was measured: "
-        "[docs/supported_models.md](docs/supported_models.md):",
-        "",
-        *body,
-        END,
-    ])
+    body = [
+        "| diffusers class | FP8 attention | FP8 linears | rel. error vs native | real width: FP8 attention, "
+        "FP8 linears, rel. error |",
+        "|---|---|---|---|---|",
+    ]
+    body += [
+        f"| `{r['class']}` | {r['attention'][0]}/{r['attention'][1]} | {r['linear'][0]}/{r['linear'][1]} | "
+        f"{100 * r['error']:.2f} % | {_real_cell(r)} |"
+        for r in fam
+    ]
+    return "\n".join(
+        [
+            START,
+            f"{len(rows)} diffusers transformer classes ({kinds['image']} image, {kinds['video']} video, "
+            f"{kinds['audio']} audio) compile and run under `backend=\"fp8\"` with default options; tiny "
+            f"random-weight versions stay within {100 * worst['error']:.1f} % of native. At widths of 16-64 many "
+            "linears are below `min_features` or not multiples of 16 and stay native; the last column measures the "
+            "five families at their released checkpoints' widths (one block of each kind, random weights, bfloat16)"
+            + (", where every linear but the sensitive ones runs FP8" if _only_sensitive(fam) else "")
+            + ". The full table, with what each keeps native and how each row was measured: "
+            "[docs/supported_models.md](docs/supported_models.md):",
+            "",
+            *body,
+            END,
+        ]
+    )
 
 
 def merge(text: str, rows: list[dict], note: str) -> str:
@@ -341,7 +439,7 @@ def merge(text: str, rows: list[dict], note: str) -> str:
     head = lines.index(HEADER.split("\n")[0])
     end = lines.index("", head)
     cells = {}  # model -> (line, cells)
-    for line in lines[head + 2:end] + [_row(r) for r in rows]:
+    for line in lines[head + 2 : end] + [_row(r) for r in rows]:
         c = [x.strip() for x in line.strip().strip("|").split("|")]
         cells[c[1].removesuffix(" (family)")] = (line, c)
     order = [n for n in zoo.MODELS if n in cells]
@@ -349,11 +447,16 @@ def merge(text: str, rows: list[dict], note: str) -> str:
     worst = max(order, key=errors.get)
     kinds = collections.Counter(cells[n][1][2] for n in order)
     tiny_only = sum(cells[n][1][6] == "-" for n in order)
-    out = lines[:head + 2] + [cells[n][0] for n in order] + lines[end:]
-    out = [_intro(len(order), kinds, {"error": errors[worst], "model": worst}) if x.startswith(INTRO_START) else
-           f"{x} {note}" if x.startswith("Measured ") else
-           re.sub(r"The other \d+ classes", f"The other {tiny_only} classes", x) for x in out]
-    out = out[:out.index(NOTES_TITLE)] + _notes_list(order) + _not_in_zoo()
+    out = lines[: head + 2] + [cells[n][0] for n in order] + lines[end:]
+    out = [
+        _intro(len(order), kinds, {"error": errors[worst], "model": worst})
+        if x.startswith(INTRO_START)
+        else f"{x} {note}"
+        if x.startswith("Measured ")
+        else re.sub(r"The other \d+ classes", f"The other {tiny_only} classes", x)
+        for x in out
+    ]
+    out = out[: out.index(NOTES_TITLE)] + _notes_list(order) + _not_in_zoo()
     return "\n".join(out)
 
 
@@ -363,10 +466,14 @@ def merge_readme_block(text: str, page_text: str) -> str:
     counts = re.search(r"(\d+) classes \((\d+ image, \d+ video, \d+ audio)\)", intro)
     worst = float(re.search(r"Largest: ([\d.]+) %", intro)[1])
     i, j = text.find(START), text.find(END)
-    block = re.sub(r"^\d+ diffusers transformer classes \([^)]*\)",
-                   f"{counts[1]} diffusers transformer classes ({counts[2]})", text[i + len(START) + 1:j], count=1)
+    block = re.sub(
+        r"^\d+ diffusers transformer classes \([^)]*\)",
+        f"{counts[1]} diffusers transformer classes ({counts[2]})",
+        text[i + len(START) + 1 : j],
+        count=1,
+    )
     block = re.sub(r"within [\d.]+ % of native", f"within {worst:.1f} % of native", block, count=1)
-    return text[:i + len(START) + 1] + block + text[j:]
+    return text[: i + len(START) + 1] + block + text[j:]
 
 
 def replace_block(path: str, block: str) -> None:
@@ -376,7 +483,7 @@ def replace_block(path: str, block: str) -> None:
     if i < 0 or j < i:
         raise SystemExit(f"{path}: no {START} ... {END} block")
     with open(path, "w") as f:
-        f.write(text[:i] + block + text[j + len(END):])
+        f.write(text[:i] + block + text[j + len(END) :])
 
 
 def main(argv=None) -> int:
@@ -386,12 +493,19 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on small shared machines)")
     p.add_argument("--out", help="write the markdown page here (e.g. docs/supported_models.md)")
     p.add_argument("--readme", help="rewrite the supported-models block of this file (e.g. README.md)")
-    p.add_argument("--no-real-width", dest="real_width", action="store_false",
-                   help="skip the five families at real width (about 1-3 min each on a 2-core CPU, 3-4 GB)")
+    p.add_argument(
+        "--no-real-width",
+        dest="real_width",
+        action="store_false",
+        help="skip the five families at real width (about 1-3 min each on a 2-core CPU, 3-4 GB)",
+    )
     p.add_argument("--real-width-inputs", type=int, default=1, help="input seeds per real-width family")
-    p.add_argument("--merge", action="store_true",
-                   help="measure only --models and merge their rows into the --out page (which must exist) and the "
-                        "--readme counts; the other rows stay as they were measured")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="measure only --models and merge their rows into the --out page (which must exist) and the "
+        "--readme counts; the other rows stay as they were measured",
+    )
     args = p.parse_args(argv)
     if args.merge and (not args.out or not os.path.isfile(args.out)):
         raise SystemExit(f"--merge needs --out naming an existing page, got {args.out!r}")  # before measuring
@@ -409,19 +523,27 @@ def main(argv=None) -> int:
         if args.real_width and name in REAL_WIDTH:
             rows[-1]["real"] = measure_real_width(name, args.real_width_inputs)
             real = rows[-1]["real"]
-            print(f"{name} at real width ({real['checkpoint']}): {100 * real['error']:.2f} % "
-                  f"({real['seconds']:.1f} s)", file=sys.stderr)
+            print(
+                f"{name} at real width ({real['checkpoint']}): {100 * real['error']:.2f} % ({real['seconds']:.1f} s)",
+                file=sys.stderr,
+            )
     import diffusers
 
-    meta = (f"Measured {datetime.date.today().isoformat()}: {platform.machine()} CPU, {args.threads} torch "
-            f"thread(s); torch {torch.__version__}, diffusers {diffusers.__version__}; {args.inputs} input "
-            f"seed(s) per model; {time.time() - start:.0f} s in all.")
+    meta = (
+        f"Measured {datetime.date.today().isoformat()}: {platform.machine()} CPU, {args.threads} torch "
+        f"thread(s); torch {torch.__version__}, diffusers {diffusers.__version__}; {args.inputs} input "
+        f"seed(s) per model; {time.time() - start:.0f} s in all."
+    )
     command = "python benchmarks/supported_models.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
         with open(args.out) as f:
-            text = merge(f.read(), rows, f"Rows of {', '.join(args.models)} measured "
-                         f"{datetime.date.today().isoformat()} the same way ({args.inputs} input seed(s), "
-                         f"{time.time() - start:.0f} s) and merged: `{command.strip()}`.")
+            text = merge(
+                f.read(),
+                rows,
+                f"Rows of {', '.join(args.models)} measured "
+                f"{datetime.date.today().isoformat()} the same way ({args.inputs} input seed(s), "
+                f"{time.time() - start:.0f} s) and merged: `{command.strip()}`.",
+            )
         with open(args.out, "w") as f:
             f.write(text)
         if args.readme:

@@ -12,6 +12,7 @@ degrades. Prints the table; --append adds it to benchmarks/RESULTS.md.
 
     OMP_NUM_THREADS=1 python benchmarks/text_encoders.py [--width 512] [--layers 4] [--dtype bfloat16] [--append]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,17 @@ import fx_fp8
 from fx_fp8.tools.model_zoo.text_encoders import prompt_embeddings, tiny_clip, tiny_qwen25_vl, tiny_t5, token_ids
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-HEADERS = ("encoder", "method", "linears quantized (weight-only)", "native: why", "linears MiB before -> after",
-           "weights MiB before -> after", "ratio", "embedding", "rel. error")
+HEADERS = (
+    "encoder",
+    "method",
+    "linears quantized (weight-only)",
+    "native: why",
+    "linears MiB before -> after",
+    "weights MiB before -> after",
+    "ratio",
+    "embedding",
+    "rel. error",
+)
 
 
 def _mib(n: int) -> str:
@@ -55,11 +65,19 @@ def measure(name: str, build, method: str, dtype: torch.dtype, tokens: int) -> l
     rows = []
     for key in ref:
         a, b = out[key].float(), ref[key].float()
-        rows.append((name, method, f"{len(result['quantized'])} ({len(result['weight_only'])})",
-                     f"{len(result['native'])}: {', '.join(reasons)}" if result["native"] else "0",
-                     f"{_mib(result['bytes_before'])} -> {_mib(result['bytes_after'])}",
-                     f"{_mib(before)} -> {_mib(after)}", f"{after / before:.3f}", key,
-                     f"{((a - b).norm() / b.norm()).item():.4f}"))
+        rows.append(
+            (
+                name,
+                method,
+                f"{len(result['quantized'])} ({len(result['weight_only'])})",
+                f"{len(result['native'])}: {', '.join(reasons)}" if result["native"] else "0",
+                f"{_mib(result['bytes_before'])} -> {_mib(result['bytes_after'])}",
+                f"{_mib(before)} -> {_mib(after)}",
+                f"{after / before:.3f}",
+                key,
+                f"{((a - b).norm() / b.norm()).item():.4f}",
+            )
+        )
     return rows
 
 
@@ -73,11 +91,11 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     dtype = getattr(torch, args.dtype)
-    encoders = {"T5EncoderModel": (lambda: tiny_t5(d_model=args.width, layers=args.layers), 128),
-                "CLIPTextModelWithProjection": (lambda: tiny_clip(hidden=args.width, layers=args.layers,
-                                                                  positions=77), 77),
-                "Qwen2_5_VLForConditionalGeneration": (lambda: tiny_qwen25_vl(hidden=args.width, layers=args.layers),
-                                                       128)}
+    encoders = {
+        "T5EncoderModel": (lambda: tiny_t5(d_model=args.width, layers=args.layers), 128),
+        "CLIPTextModelWithProjection": (lambda: tiny_clip(hidden=args.width, layers=args.layers, positions=77), 77),
+        "Qwen2_5_VLForConditionalGeneration": (lambda: tiny_qwen25_vl(hidden=args.width, layers=args.layers), 128),
+    }
     rows = []
     for name, (build, tokens) in encoders.items():
         for method in ("fp8", "int8"):
@@ -85,16 +103,20 @@ def main(argv=None) -> int:
     table = tabulate(rows, headers=HEADERS, tablefmt="github")
     import transformers
 
-    head = (f"width {args.width}, {args.layers} layers, {args.dtype}, random weights, vocabulary 128; T5 and Qwen2.5-VL 128 tokens, "
-            f"CLIP 77; default rules (sensitive: weight_only). Machine: {platform.machine()} ({os.cpu_count()} CPUs), "
-            f"{platform.system()}; torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"Python {platform.python_version()}")
+    head = (
+        f"width {args.width}, {args.layers} layers, {args.dtype}, random weights, vocabulary 128; T5 and Qwen2.5-VL 128 tokens, "
+        f"CLIP 77; default rules (sensitive: weight_only). Machine: {platform.machine()} ({os.cpu_count()} CPUs), "
+        f"{platform.system()}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}"
+    )
     print(head + "\n\n" + table)
     if args.append:
         command = "python benchmarks/text_encoders.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(RESULTS, "a") as f:
-            f.write(f"\n## Text encoders with FP8 / INT8 linears — {datetime.date.today().isoformat()}\n\n"
-                    f"`OMP_NUM_THREADS=1 {command.strip()}`: {head}.\n\n{table}\n")
+            f.write(
+                f"\n## Text encoders with FP8 / INT8 linears — {datetime.date.today().isoformat()}\n\n"
+                f"`OMP_NUM_THREADS=1 {command.strip()}`: {head}.\n\n{table}\n"
+            )
         print(f"appended to {RESULTS}")
     return 0
 

@@ -26,6 +26,7 @@ library default with attention native on steps first:2,last:2), unless --config 
 --library-default says otherwise; the FP8 flags apply on top of it. Row names show the steps the
 step selectors resolved to in this run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,12 @@ ABLATIONS = {
     "linears only": dict(diffusion_kv_cache_dtype=None),
     "attention, P not quantized": dict(quantization=None, attention={"quantize_p": False}),
     "attention, skip steps 0-1": dict(quantization=None, diffusion_kv_cache_skip_steps="0,1"),
-    "linears only, attention projections native": dict(diffusion_kv_cache_dtype=None,
-                                                      ignored_layers=["@defaults", r"re:.*attn\..*"]),
-    "both, attention projections native, skip steps 0-1": dict(diffusion_kv_cache_skip_steps="0,1",
-                                                              ignored_layers=["@defaults", r"re:.*attn\..*"]),
+    "linears only, attention projections native": dict(
+        diffusion_kv_cache_dtype=None, ignored_layers=["@defaults", r"re:.*attn\..*"]
+    ),
+    "both, attention projections native, skip steps 0-1": dict(
+        diffusion_kv_cache_skip_steps="0,1", ignored_layers=["@defaults", r"re:.*attn\..*"]
+    ),
 }
 
 
@@ -71,8 +74,9 @@ INT8_ROWS = {
 
 
 # --sensitive-rows: how the sensitive layers (conditioning, adaLN modulation, final projection) run
-SENSITIVE_ROWS = {f"sensitive: {mode}": dict(quantization_config={"sensitive": mode})
-                  for mode in ("native", "weight_only", "fp8")}
+SENSITIVE_ROWS = {
+    f"sensitive: {mode}": dict(quantization_config={"sensitive": mode}) for mode in ("native", "weight_only", "fp8")
+}
 
 
 def step_policy_rows(steps: int) -> dict:
@@ -91,9 +95,14 @@ def with_resolved_steps(name: str, config, steps: int) -> str:
     """The row name, with the steps its step selectors pick in a run of `steps` steps where they
     are written relative to the run ("first:2,last:2 = 0-1,8-9")."""
     shown = []
-    for label, sel, on in (("attention native", config.diffusion_kv_cache_skip_steps, config.attention_step_skips),
-                           (f"linears {config.quantization_config.skip_steps_mode}", config.quantization_config.skip_steps,
-                            config.linear_step_skips)):
+    for label, sel, on in (
+        ("attention native", config.diffusion_kv_cache_skip_steps, config.attention_step_skips),
+        (
+            f"linears {config.quantization_config.skip_steps_mode}",
+            config.quantization_config.skip_steps,
+            config.linear_step_skips,
+        ),
+    ):
         if on and str(sel) != str(sel.resolve(steps)):
             shown.append(f"{label} on {sel} = {sel.resolve(steps)}")
     return f"{name} ({'; '.join(shown)})" if shown else name
@@ -157,10 +166,16 @@ def _score(pipe, cases, steps, native) -> dict:
     linear = f"{sum(linear_q.values())}/{sum(summary['linear'].values())}"
     if set(linear_q) - {"fp8"}:
         linear += " " + "+".join(sorted(linear_q))
-    return {"psnr": float(np.mean(np.minimum(psnrs, 99.0))), "psnr_min": float(psnrs.min()),
-            "ssim": float(ssims.mean()), "ssim_min": float(ssims.min()), "seconds": seconds,
-            "attn": f"{summary['attention']['fp8']}/{sum(summary['attention'].values())}",
-            "linear": linear, "fp8_flops": flops}
+    return {
+        "psnr": float(np.mean(np.minimum(psnrs, 99.0))),
+        "psnr_min": float(psnrs.min()),
+        "ssim": float(ssims.mean()),
+        "ssim_min": float(ssims.min()),
+        "seconds": seconds,
+        "attn": f"{summary['attention']['fp8']}/{sum(summary['attention'].values())}",
+        "linear": linear,
+        "fp8_flops": flops,
+    }
 
 
 def machine() -> str:
@@ -195,13 +210,15 @@ def weights_id() -> str:
 
 def append_results(table: str, args, n_cases: str, steps: int, config) -> None:
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    section = (f"\n## tiny_quality — {now}\n\n"
-               f"- machine: {machine()}\n- versions: {versions()}\n"
-               f"- tiny model weights: transformer sha256 {weights_id()}\n"
-               f"- command: `python benchmarks/tiny_quality.py {' '.join(sys.argv[1:])}`\n"
-               f"- {n_cases} prompts x seeds, {steps} steps, 32x32, FP8 vs native (float32 CPU reference lowering "
-               f"unless stated); targets: mean PSNR >= {TARGET_PSNR:g} dB, mean SSIM >= {TARGET_SSIM:g}\n"
-               f"- config: `{config.to_dict()}`\n\n{table}\n")
+    section = (
+        f"\n## tiny_quality — {now}\n\n"
+        f"- machine: {machine()}\n- versions: {versions()}\n"
+        f"- tiny model weights: transformer sha256 {weights_id()}\n"
+        f"- command: `python benchmarks/tiny_quality.py {' '.join(sys.argv[1:])}`\n"
+        f"- {n_cases} prompts x seeds, {steps} steps, 32x32, FP8 vs native (float32 CPU reference lowering "
+        f"unless stated); targets: mean PSNR >= {TARGET_PSNR:g} dB, mean SSIM >= {TARGET_SSIM:g}\n"
+        f"- config: `{config.to_dict()}`\n\n{table}\n"
+    )
     new = not os.path.exists(RESULTS)
     with open(RESULTS, "a") as f:  # append only: never rewrite other sections
         if new:
@@ -212,25 +229,42 @@ def append_results(table: str, args, n_cases: str, steps: int, config) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompt-set", choices=[*PROMPT_SETS, "both", "all"], default="tuning",
-                        help="tuning: the 16 cases the shipped model was tuned on (default); heldout: 48 cases it "
-                             "never saw in tuning or evaluation; confirm: 48 more, apart from both; both: tuning "
-                             "and heldout; all: the three")
-    parser.add_argument("--num-prompts", type=int, default=None,
-                        help="the first N cases of each set (default: 16 tuning, 48 held-out, 48 confirm)")
+    parser.add_argument(
+        "--prompt-set",
+        choices=[*PROMPT_SETS, "both", "all"],
+        default="tuning",
+        help="tuning: the 16 cases the shipped model was tuned on (default); heldout: 48 cases it "
+        "never saw in tuning or evaluation; confirm: 48 more, apart from both; both: tuning "
+        "and heldout; all: the three",
+    )
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="the first N cases of each set (default: 16 tuning, 48 held-out, 48 confirm)",
+    )
     parser.add_argument("--num-inference-steps", type=int, default=DEFAULT_NUM_INFERENCE_STEPS)
     parser.add_argument("--ablation", action="store_true", help="also measure the parts of the recipe separately")
-    parser.add_argument("--int8", action="store_true",
-                        help="also INT8 W8A8 rows: FP8 vs INT8 linears alone, and FP8 attention + INT8 linears")
-    parser.add_argument("--sensitive-rows", action="store_true",
-                        help="rows for quantization_config.sensitive: native, weight_only, fp8")
-    parser.add_argument("--step-policies", action="store_true",
-                        help="rows for step policies: attention / linears / both in higher precision on the first and "
-                             "last 2 steps")
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="also INT8 W8A8 rows: FP8 vs INT8 linears alone, and FP8 attention + INT8 linears",
+    )
+    parser.add_argument(
+        "--sensitive-rows", action="store_true", help="rows for quantization_config.sensitive: native, weight_only, fp8"
+    )
+    parser.add_argument(
+        "--step-policies",
+        action="store_true",
+        help="rows for step policies: attention / linears / both in higher precision on the first and last 2 steps",
+    )
     parser.add_argument("--append", action="store_true", help=f"append a dated section to {RESULTS}")
     parser.add_argument("--no-append", action="store_true", help="do not append (the default; overrides --append)")
-    parser.add_argument("--library-default", action="store_true",
-                        help=f"start from the library's default config instead of the shipped model's ({TINY_MODEL_CONFIG})")
+    parser.add_argument(
+        "--library-default",
+        action="store_true",
+        help=f"start from the library's default config instead of the shipped model's ({TINY_MODEL_CONFIG})",
+    )
     add_fp8_flags(parser)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -252,8 +286,17 @@ def main(argv=None) -> int:
     native = {name: generate(pipe, cases, steps) for name, cases in sets.items()}
     native_s = time.perf_counter() - t0
 
-    given = "FP8 (" + ("shipped model's config" if args.config == str(TINY_MODEL_CONFIG) else
-                       "library default config" if args.library_default and args.config is None else "given config") + ")"
+    given = (
+        "FP8 ("
+        + (
+            "shipped model's config"
+            if args.config == str(TINY_MODEL_CONFIG)
+            else "library default config"
+            if args.library_default and args.config is None
+            else "given config"
+        )
+        + ")"
+    )
     if config.linear_enabled and config.quantization != "fp8":
         given = f"{config.quantization.upper()} linears" + given[3:]
     rows = [(given, config)]
@@ -273,12 +316,35 @@ def main(argv=None) -> int:
         results = evaluate(cfg, sets, steps, native, args.backend)
         for set_name, r in results.items():
             ok = "yes" if r["psnr"] >= TARGET_PSNR and r["ssim"] >= TARGET_SSIM else "no"
-            table_rows.append([name, f"{set_name} ({len(sets[set_name])})", r["attn"], r["linear"], f"{r['psnr']:.2f}",
-                               f"{r['psnr_min']:.2f}", f"{r['ssim']:.4f}", f"{r['ssim_min']:.4f}", ok,
-                               f"{r['fp8_flops']:.2f}", f"{r['seconds']:.1f}"])
+            table_rows.append(
+                [
+                    name,
+                    f"{set_name} ({len(sets[set_name])})",
+                    r["attn"],
+                    r["linear"],
+                    f"{r['psnr']:.2f}",
+                    f"{r['psnr_min']:.2f}",
+                    f"{r['ssim']:.4f}",
+                    f"{r['ssim_min']:.4f}",
+                    ok,
+                    f"{r['fp8_flops']:.2f}",
+                    f"{r['seconds']:.1f}",
+                ]
+            )
             print(f"{name} [{set_name}]: PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f}", flush=True)
-    headers = ["config", "prompts", "fp8 attention", "fp8 linears", "PSNR dB (mean)", "PSNR min", "SSIM (mean)",
-               "SSIM min", "meets target", "FP8 FLOP fraction", "seconds (incl. compile)"]
+    headers = [
+        "config",
+        "prompts",
+        "fp8 attention",
+        "fp8 linears",
+        "PSNR dB (mean)",
+        "PSNR min",
+        "SSIM (mean)",
+        "SSIM min",
+        "meets target",
+        "FP8 FLOP fraction",
+        "seconds (incl. compile)",
+    ]
     table = tabulate(table_rows, headers=headers, tablefmt="github")
     n_cases = sum(len(c) for c in sets.values())
     print(f"\nnative: {native_s:.1f} s for {n_cases} images\n")

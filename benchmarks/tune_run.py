@@ -15,6 +15,7 @@ shapes tuned are full-depth Flux-dev's (4096 image + 512 text tokens) and Wan-14
 40 heads, 720p x 81 frames: 75600 tokens, 512 text tokens). Each model's table goes to
 OUT_DIR/<model>.json, its summary to stdout, and a dated section to --results (RESULTS.md) when given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-WAN_14B_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
-                      out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
-                      cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
-TINY_WAN_CONFIG = dict(WAN_14B_CONFIG, num_attention_heads=2, attention_head_dim=32, text_dim=64, freq_dim=32,
-                       ffn_dim=128, num_layers=1)
+WAN_14B_CONFIG = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=40,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=13824,
+    num_layers=40,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+)
+TINY_WAN_CONFIG = dict(
+    WAN_14B_CONFIG, num_attention_heads=2, attention_head_dim=32, text_dim=64, freq_dim=32, ffn_dim=128, num_layers=1
+)
 
 
 def flux(args, device):
@@ -61,20 +74,24 @@ def wan(args, device):
             model = diffusers.WanTransformer3DModel(**config)
         model = model.to(torch.bfloat16).eval()
     g = torch.Generator(device=device).manual_seed(0)
-    kw = dict(hidden_states=torch.randn(1, config["in_channels"], frames, h, w, device=device, generator=g,
-                                        dtype=torch.bfloat16),
-              timestep=torch.full((1,), 500.0, device=device, dtype=torch.bfloat16),
-              encoder_hidden_states=torch.randn(1, txt, config["text_dim"], device=device, generator=g,
-                                                dtype=torch.bfloat16),
-              return_dict=False)
+    kw = dict(
+        hidden_states=torch.randn(
+            1, config["in_channels"], frames, h, w, device=device, generator=g, dtype=torch.bfloat16
+        ),
+        timestep=torch.full((1,), 500.0, device=device, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, txt, config["text_dim"], device=device, generator=g, dtype=torch.bfloat16),
+        return_dict=False,
+    )
     return model, kw
 
 
 MODELS = {"flux": flux, "wan": wan}
 #: --compare: the fixed configurations `auto` must match or beat (never slower by the measurement), and `auto` itself
-FIXED = {"native (BF16, fx_fp8 off)": {"quantization": None, "diffusion_kv_cache_dtype": None},
-         "all FP8 (sensitive: fp8)": {"quantization_config": {"kernel": "rules", "sensitive": "fp8"}},
-         "FP8, sensitive weight-only (the rules)": {"quantization_config": {"kernel": "rules"}}}
+FIXED = {
+    "native (BF16, fx_fp8 off)": {"quantization": None, "diffusion_kv_cache_dtype": None},
+    "all FP8 (sensitive: fp8)": {"quantization_config": {"kernel": "rules", "sensitive": "fp8"}},
+    "FP8, sensitive weight-only (the rules)": {"quantization_config": {"kernel": "rules"}},
+}
 
 
 def predicted_ms(reports, table: dict) -> tuple[float, float, int]:
@@ -87,7 +104,11 @@ def predicted_ms(reports, table: dict) -> tuple[float, float, int]:
     rows = {"bar": table["bar"], "rows": [dict(r, gpu="this") for r in table["attention"]]}
     for e in (e for r in reports for e in r.entries):
         if e.op == "linear" and e.timing.get("native") is not None:
-            pick, native, nodes = pick + (e.timing["pick"] or e.timing["native"]), native + e.timing["native"], nodes + 1
+            pick, native, nodes = (
+                pick + (e.timing["pick"] or e.timing["native"]),
+                native + e.timing["native"],
+                nodes + 1,
+            )
         elif e.op == "attention" and e.dims and None not in e.dims[0] and None not in e.dims[1]:
             row = attention_table.find_row(rows, "this", e.dims[0][3], e.dims[1][2], False)
             kernel = "native" if e.action == "native" else ("cudnn" if "cuDNN" in e.reason else "triton")
@@ -108,8 +129,10 @@ def compare(name, args, device, table_path: Path, table: dict) -> str:
     from fx_fp8.tuning.run import cpu_timer, cuda_timer
 
     timer = cpu_timer if args.dry_run else cuda_timer
-    variants = dict(FIXED, **{"auto (the table)": {"quantization_config": {"kernel": "auto",
-                                                                           "tune_table": str(table_path)}}})
+    variants = dict(
+        FIXED, **{"auto (the table)": {"quantization_config": {"kernel": "auto", "tune_table": str(table_path)}}}
+    )
+
     def timed(config) -> tuple[float, float]:
         """(ms per forward, first call s) of a freshly built model compiled with `config`."""
         model, kw = MODELS[name](args, device)
@@ -134,9 +157,15 @@ def compare(name, args, device, table_path: Path, table: dict) -> str:
     auto_ms = rows[-1][1]
     pick, native, nodes = predicted_ms(auto_reports, table)
     out = [f"{label:<42} {ms:9.3f} ms   first call {first:6.1f} s" for label, ms, first in rows]
-    out.append(f"auto / best fixed: {best_fixed / auto_ms:.2f}x ({'at least as fast' if auto_ms <= best_fixed else 'SLOWER'})")
-    out.append(f"auto predicted {pick:.3f} ms over {nodes} measured nodes (native {native:.3f} ms), measured "
-               f"{auto_ms:.3f} ms: predicted / measured {pick / auto_ms:.2f}" if auto_ms else "")
+    out.append(
+        f"auto / best fixed: {best_fixed / auto_ms:.2f}x ({'at least as fast' if auto_ms <= best_fixed else 'SLOWER'})"
+    )
+    out.append(
+        f"auto predicted {pick:.3f} ms over {nodes} measured nodes (native {native:.3f} ms), measured "
+        f"{auto_ms:.3f} ms: predicted / measured {pick / auto_ms:.2f}"
+        if auto_ms
+        else ""
+    )
     return "\n".join(out)
 
 
@@ -147,9 +176,12 @@ def main(argv=None) -> int:
     ap.add_argument("--full-depth", action="store_true", help="build every block (the same shapes, a longer trace)")
     ap.add_argument("--out-dir", default="tune_out", help="where each model's table goes (default tune_out/)")
     ap.add_argument("--results", default=None, help="append a dated section to this RESULTS.md")
-    ap.add_argument("--compare", action="store_true",
-                    help="then compile each model with the fixed configurations and with auto, time them, and set "
-                         "auto's predicted total against its measured time")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="then compile each model with the fixed configurations and with auto, time them, and set "
+        "auto's predicted total against its measured time",
+    )
     args = ap.parse_args(argv)
     import fx_fp8
     from fx_fp8.tuning import format_summary
@@ -163,8 +195,7 @@ def main(argv=None) -> int:
     for name in args.only or list(MODELS):
         model, kw = MODELS[name](args, device)
         t0 = time.perf_counter()
-        table = fx_fp8.tune(model, kw, out=out_dir / f"{name}.json", dry_run=args.dry_run,
-                            write_cache=not args.dry_run)
+        table = fx_fp8.tune(model, kw, out=out_dir / f"{name}.json", dry_run=args.dry_run, write_cache=not args.dry_run)
         seconds = time.perf_counter() - t0
         summary = format_summary(table)
         print(f"== {name}: tune took {seconds:.1f} s (trace, compiles and timings)\n{summary}\n", flush=True)
@@ -179,8 +210,9 @@ def main(argv=None) -> int:
     if args.results:
         key = json.dumps(fx_fp8.ops.tune_table.device_key(torch.device(device)))
         with open(args.results, "a") as f:
-            f.write(f"\n## tune_run.py — {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n- key: {key}\n\n"
-                    + "\n".join(lines))
+            f.write(
+                f"\n## tune_run.py — {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n- key: {key}\n\n" + "\n".join(lines)
+            )
     return 0
 
 

@@ -17,6 +17,7 @@ INT8 codes with 1 x 32 group scales) or only the tuned pick (the other shapes an
 
 --dry-run: CPU, tiny shapes, Triton's interpreter (checks every row runs; its timings mean nothing).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 #: (K, N, what) of Flux-dev's conditioning linears
-SHAPES = [(3072, 18432, "double block norm1.linear"), (3072, 9216, "single block norm.linear"),
-          (3072, 6144, "norm_out.linear"), (3072, 3072, "timestep / guidance / text linear_2"),
-          (768, 3072, "text embedder linear_1"), (256, 3072, "timestep / guidance linear_1")]
+SHAPES = [
+    (3072, 18432, "double block norm1.linear"),
+    (3072, 9216, "single block norm.linear"),
+    (3072, 6144, "norm_out.linear"),
+    (3072, 3072, "timestep / guidance / text linear_2"),
+    (768, 3072, "text embedder linear_1"),
+    (256, 3072, "timestep / guidance linear_1"),
+]
 DRY_SHAPES = [(96, 160, "tiny adaLN"), (64, 96, "tiny embedder")]
 #: (weight-only method, granularity, block): the default storage first
 STORAGES = [("int8", "block", (1, 32)), ("fp8", "block", (1, 32)), ("fp8", "channel", None)]
@@ -61,10 +67,12 @@ def rel(a, b) -> float:
 
 def timer(dry: bool):
     if dry:
+
         def bench(fn):
             t0 = time.perf_counter()
             fn()
             return (time.perf_counter() - t0) * 1e3
+
         return bench
     from triton.testing import do_bench
 
@@ -83,7 +91,7 @@ def rows_for(k: int, n: int, m: int, storage, *, everything: bool, with_bf16: bo
     method, gran, block = storage
     torch.manual_seed(0)
     x = torch.randn(m, k, device=device).bfloat16()
-    w = torch.randn(n, k, device=device) / k ** 0.5
+    w = torch.randn(n, k, device=device) / k**0.5
     bias = torch.randn(n, device=device).bfloat16()
     wq, ws = quant.quantize_weight(w, gran, block, method)
     exact = x.double() @ quant.dequantize_weight(wq, ws, gran, block).double().t() + bias.double()
@@ -98,8 +106,18 @@ def rows_for(k: int, n: int, m: int, storage, *, everything: bool, with_bf16: bo
     what = f"{method} {gran}{'' if block is None else ' ' + 'x'.join(map(str, block))}"
     out = []
     if with_bf16:  # its error against the float64 product of its own (unquantized) weight
-        out.append([case, "bf16", "F.linear (cuBLAS)", bf16_us, (w16.numel() + x.numel() + 2 * m * n) * 2 / bf16_us / 1e3,
-                    1.0, None, rel(F.linear(x, w16, bias), x.double() @ w16.double().t() + bias.double())])
+        out.append(
+            [
+                case,
+                "bf16",
+                "F.linear (cuBLAS)",
+                bf16_us,
+                (w16.numel() + x.numel() + 2 * m * n) * 2 / bf16_us / 1e3,
+                1.0,
+                None,
+                rel(F.linear(x, w16, bias), x.double() @ w16.double().t() + bias.double()),
+            ]
+        )
 
     def row(label, config, us):
         y = tw.w8a16_linear(x, wq, ws, bias, config=config, **kw)
@@ -109,7 +127,9 @@ def rows_for(k: int, n: int, m: int, storage, *, everything: bool, with_bf16: bo
     if everything:
         for c in tw.small_m_candidates(m, bc):
             if c != old:
-                out.append(row(tile_name(c), c, bench(lambda c=c: tw.w8a16_linear(x, wq, ws, bias, config=c, **kw)) * 1e3))
+                out.append(
+                    row(tile_name(c), c, bench(lambda c=c: tw.w8a16_linear(x, wq, ws, bias, config=c, **kw)) * 1e3)
+                )
     if device == "cuda":  # config None: the autotuned call; its pick is known once it has run
         tuned_us = bench(lambda: tw.w8a16_linear(x, wq, ws, bias, **kw)) * 1e3
         out.append(row(f"tuned: {tile_name(tw.candidate_of(tw._w8a16_small_m_tuned.best_config))}", None, tuned_us))
@@ -137,10 +157,17 @@ def main(argv=None) -> int:
             for j, storage in enumerate(STORAGES):
                 if j and (i >= ALL_CANDIDATES or m > 1):
                     continue  # other storages: on the two adaLN shapes at M 1 only
-                rows += rows_for(k, n, m, storage, everything=i < ALL_CANDIDATES and j == 0 and m == 1,
-                                 with_bf16=j == 0, device=device, bench=bench)
-                print(f"[{time.time() - t0:5.0f} s] {what} M{m} {storage[0]} {storage[1]}", file=sys.stderr,
-                      flush=True)
+                rows += rows_for(
+                    k,
+                    n,
+                    m,
+                    storage,
+                    everything=i < ALL_CANDIDATES and j == 0 and m == 1,
+                    with_bf16=j == 0,
+                    device=device,
+                    bench=bench,
+                )
+                print(f"[{time.time() - t0:5.0f} s] {what} M{m} {storage[0]} {storage[1]}", file=sys.stderr, flush=True)
     table = gt.markdown_table(["case", "storage", "kernel", "us", "GB/s", "x BF16", "x old", "err"], rows)
     title = "w8a16_forms.py: the weight-only kernel on the conditioning linears"
     print(f"\n### {title} ({time.time() - t0:.0f} s)\n\n{table}")

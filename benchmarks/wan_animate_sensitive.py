@@ -8,6 +8,7 @@ default sensitive handling), the same with the name fallback emptied (structure 
 
     OMP_NUM_THREADS=1 python benchmarks/wan_animate_sensitive.py --inputs 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,19 @@ def build():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = WanAnimate2Transformer3DModel(
-            patch_size=(1, 2, 2), text_len=16, in_dim=36, dim=128, ffn_dim=256, freq_dim=64, text_dim=32,
-            out_dim=16, num_heads=4, num_layers=2, cross_attn_norm=True, use_img_emb=True).eval()
+            patch_size=(1, 2, 2),
+            text_len=16,
+            in_dim=36,
+            dim=128,
+            ffn_dim=256,
+            freq_dim=64,
+            text_dim=32,
+            out_dim=16,
+            num_heads=4,
+            num_layers=2,
+            cross_attn_norm=True,
+            use_img_emb=True,
+        ).eval()
     reinit_zero_layers(model)
     return model
 
@@ -42,12 +54,18 @@ def inputs(seed: int, dtype=torch.float32) -> dict:
 
     g = torch.Generator().manual_seed(seed)
     # kv_cache_mode 'extract' (the reference pass) runs at a fixed timestep: the seed varies the tensors
-    return dict(hidden_states=[torch.randn(16, 2, 4, 4, generator=g).to(dtype)], timestep=torch.tensor([1.0]),
-                encoder_hidden_states=[torch.randn(8, 32, generator=g).to(dtype)],
-                condition_latents=[torch.randn(20, 2, 4, 4, generator=g).to(dtype)],
-                encoder_hidden_states_image=torch.randn(1, 4, 1280, generator=g).to(dtype),
-                kv_cache=WanAnimate2KVCache(2), kv_cache_mode="extract", seq_len=8,
-                offset_grid_sizes=torch.tensor([[2, 2, 2]]), return_dict=False)
+    return dict(
+        hidden_states=[torch.randn(16, 2, 4, 4, generator=g).to(dtype)],
+        timestep=torch.tensor([1.0]),
+        encoder_hidden_states=[torch.randn(8, 32, generator=g).to(dtype)],
+        condition_latents=[torch.randn(20, 2, 4, 4, generator=g).to(dtype)],
+        encoder_hidden_states_image=torch.randn(1, 4, 1280, generator=g).to(dtype),
+        kv_cache=WanAnimate2KVCache(2),
+        kv_cache_mode="extract",
+        seq_len=8,
+        offset_grid_sizes=torch.tensor([[2, 2, 2]]),
+        return_dict=False,
+    )
 
 
 def rel(a, b) -> float:
@@ -88,8 +106,12 @@ def timed_analysis(spent: list):
 
 def run(model, seeds, names: bool, spent: list):
     torch._dynamo.reset()
-    with torch.no_grad(), warnings.catch_warnings(), timed_analysis(spent), \
-            (contextlib.nullcontext() if names else no_name_fallback()):
+    with (
+        torch.no_grad(),
+        warnings.catch_warnings(),
+        timed_analysis(spent),
+        contextlib.nullcontext() if names else no_name_fallback(),
+    ):
         warnings.simplefilter("ignore")
         c = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
         t0 = time.perf_counter()
@@ -124,8 +146,10 @@ def main() -> None:
     print(f"| bf16 model (noise floor) | {mean(floor):.2%} | {', '.join(f'{e:.2%}' for e in floor)} | |")
     print(f"| fp8, structure + names | {mean(err):.2%} | {', '.join(f'{e:.2%}' for e in err)} | {t_full:.1f} |")
     print(f"| fp8, structure only | {mean(err_s):.2%} | {', '.join(f'{e:.2%}' for e in err_s)} | {t_struct:.1f} |")
-    print(f"structural analysis: {sum(spent) * 1e3:.1f} ms over {len(spent)} graphs "
-          f"({sum(spent) / t_full:.2%} of the first compiled call, {t_full:.1f} s)")
+    print(
+        f"structural analysis: {sum(spent) * 1e3:.1f} ms over {len(spent)} graphs "
+        f"({sum(spent) / t_full:.2%} of the first compiled call, {t_full:.1f} s)"
+    )
     print()
     print("| linear | structure + names | structure only |")
     print("|---|---|---|")

@@ -13,6 +13,7 @@ only the bytes tell. What each way of looking costs per graph call, beside what 
 
     python benchmarks/weight_write_detection.py [--weights 12] [--rows 1024] [--cols 4096] [--samples 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(args.rows, args.cols, generator=gen).to(args.device, torch.bfloat16),
-                                  requires_grad=False) for _ in range(args.weights)]
+    weights = [
+        torch.nn.Parameter(
+            torch.randn(args.rows, args.cols, generator=gen).to(args.device, torch.bfloat16), requires_grad=False
+        )
+        for _ in range(args.weights)
+    ]
     mib = sum(w.numel() * w.element_size() for w in weights) / 2**20
 
     seen = [fingerprint(w) for w in weights]
@@ -67,9 +72,12 @@ def main() -> None:
     print(f"{n} weights of {args.rows}x{args.cols} bf16 ({mib:.0f} MiB) on {args.device}, torch {torch.__version__}")
     print("| per graph call | µs | µs per weight | µs per MiB |")
     print("|---|---|---|---|")
-    for name, us in (("today: fingerprints", today), ("byte digest of every weight", digest_us),
-                     (f"sampled fingerprint ({args.samples} elements per weight)", sample_us),
-                     ("followed writers' count", writers_us)):
+    for name, us in (
+        ("today: fingerprints", today),
+        ("byte digest of every weight", digest_us),
+        (f"sampled fingerprint ({args.samples} elements per weight)", sample_us),
+        ("followed writers' count", writers_us),
+    ):
         print(f"| {name} | {us:.2f} | {us / n:.3f} | {us / mib:.3f} |")
 
 

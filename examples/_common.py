@@ -1,4 +1,5 @@
 """What text_to_image.py and text_to_video.py share: timing, the native-vs-FP8 table, the run summary."""
+
 from __future__ import annotations
 
 import functools
@@ -13,8 +14,14 @@ import torch
 import fx_fp8
 from fx_fp8 import pipeline_state
 from fx_fp8.tools.cli_common import UsageError
-from fx_fp8.tools.cli_flags import (add_fp8_flags, add_pipeline_flags, config_from_args, describe_pipeline_options,
-                                    pipeline_options_from_args)
+from fx_fp8.tools.cli_flags import (
+    add_fp8_flags,
+    add_pipeline_flags,
+    config_from_args,
+    describe_pipeline_options,
+    pipeline_options_from_args,
+)
+
 # a model folder's own fx_fp8 config (the shipped tiny model has one: its step policy); fx-fp8 compare uses it too
 from fx_fp8.tools.model_source import MODEL_CONFIG_NAME
 
@@ -23,6 +30,7 @@ from fx_fp8.tools.model_source import MODEL_CONFIG_NAME
 def cli_main(prog: str):
     """Decorator for an example's main(argv): bad input (UsageError, raised by the checks below and by
     the parser) prints one line, '<prog>: error: ...', on stderr and returns exit status 2."""
+
     def wrap(main):
         @functools.wraps(main)
         def wrapped(argv=None) -> int:
@@ -31,12 +39,15 @@ def cli_main(prog: str):
             except UsageError as e:
                 print(f"{prog}: error: {e}", file=sys.stderr)
                 return 2
+
         return wrapped
+
     return wrap
 
 
 def one_line_errors(parser):
     """The parser's errors become one UsageError line instead of argparse's usage block."""
+
     def error(message):
         raise UsageError(f"{message} (see '{parser.prog} --help')")
 
@@ -113,8 +124,10 @@ def check_tiny_prompt(prompt: str) -> None:
     words = prompt.lower().split()
     unknown = [w for w in words if w not in vocab]
     if unknown:
-        raise UsageError(f"--prompt {prompt!r}: the tiny model does not know {', '.join(map(repr, unknown))}; its "
-                         f"{len(vocab)} words: {' '.join(vocab)} (e.g. 'a red circle on a blue background')")
+        raise UsageError(
+            f"--prompt {prompt!r}: the tiny model does not know {', '.join(map(repr, unknown))}; its "
+            f"{len(vocab)} words: {' '.join(vocab)} (e.g. 'a red circle on a blue background')"
+        )
     if not words or len(words) > most:
         raise UsageError(f"--prompt {prompt!r}: the tiny model takes 1 to {most} words, got {len(words)}")
 
@@ -147,8 +160,9 @@ def configs_from_args(args):
     """(FP8Config, pipeline options) from the flags and --config (or the model's own fx_fp8.yaml),
     checked before any model loads: bad flags or YAML exit with their one-line message."""
     if getattr(args, "library_default", False) and args.config is not None:
-        raise UsageError(f"--library-default and --config {args.config!r} both say which config to start from: "
-                         "give one of them")
+        raise UsageError(
+            f"--library-default and --config {args.config!r} both say which config to start from: give one of them"
+        )
     own = model_config(args)
     if own is not None:
         args.config = own
@@ -170,8 +184,10 @@ def output_path(output, default_name: str) -> str:
 
     path = resolve_output(output, default_name)
     if not os.path.splitext(path)[1]:
-        raise UsageError(f"--output {output!r} has no file extension: expected an image file name (e.g. "
-                         f"{os.path.splitext(default_name)[1]}) or a folder (an existing one, or a name ending with '/')")
+        raise UsageError(
+            f"--output {output!r} has no file extension: expected an image file name (e.g. "
+            f"{os.path.splitext(default_name)[1]}) or a folder (an existing one, or a name ending with '/')"
+        )
     try:
         check_output_file("--output", path, image_suffixes(), kind="image")
     except ValueError as e:
@@ -212,9 +228,11 @@ def print_fp8_summary(pipe) -> None:
     for r in fx_fp8.get_reports():
         s = r.summary()
         variant = f" [{r.step_variant} variant]" if r.step_variant else ""
-        print(f"  graph {r.graph_id}{variant}: attention {s['attention']['fp8']} fp8 / {s['attention']['native']} native, "
-              f"linears {s['linear']['fp8']} fp8 / {s['linear']['native']} native "
-              f"(lowering {r.lowering}, downstream {r.downstream})")
+        print(
+            f"  graph {r.graph_id}{variant}: attention {s['attention']['fp8']} fp8 / {s['attention']['native']} native, "
+            f"linears {s['linear']['fp8']} fp8 / {s['linear']['native']} native "
+            f"(lowering {r.lowering}, downstream {r.downstream})"
+        )
     state = pipeline_state(pipe)
     per_step = state.step_variants()
     if per_step and any(v is not None for vs in per_step for v in vs):
@@ -226,8 +244,10 @@ def print_fp8_summary(pipe) -> None:
 def resolved_step_policy(cfg, steps: int) -> str:
     """The step selectors as given and the steps they picked in a run of `steps` steps."""
     parts = []
-    for key, sel, on in (("diffusion_kv_cache_skip_steps", cfg.diffusion_kv_cache_skip_steps, cfg.attention_step_skips),
-                         ("quantization_config.skip_steps", cfg.quantization_config.skip_steps, cfg.linear_step_skips)):
+    for key, sel, on in (
+        ("diffusion_kv_cache_skip_steps", cfg.diffusion_kv_cache_skip_steps, cfg.attention_step_skips),
+        ("quantization_config.skip_steps", cfg.quantization_config.skip_steps, cfg.linear_step_skips),
+    ):
         if on:
             picked = sel.resolve(steps) if steps else sel
             parts.append(f"{key} '{sel}' -> steps {picked or 'none'}" if steps else f"{key} '{sel}'")
@@ -241,9 +261,19 @@ def print_table(rows) -> None:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    table = [[r["run"], fmt(r["first"], ".2f"), fmt(r.get("steady"), ".2f"), fmt(r.get("psnr"), ".2f"),
-              fmt(r.get("ssim"), ".4f")] for r in rows]
-    print(tabulate(table, headers=["run", "first call (s)", "steady call (s)", "PSNR vs native (dB)", "SSIM vs native"]))
+    table = [
+        [
+            r["run"],
+            fmt(r["first"], ".2f"),
+            fmt(r.get("steady"), ".2f"),
+            fmt(r.get("psnr"), ".2f"),
+            fmt(r.get("ssim"), ".4f"),
+        ]
+        for r in rows
+    ]
+    print(
+        tabulate(table, headers=["run", "first call (s)", "steady call (s)", "PSNR vs native (dB)", "SSIM vs native"])
+    )
 
 
 def apply_pipeline_options(pipe, options, applied: dict | None = None) -> str:
@@ -260,7 +290,7 @@ def apply_pipeline_options(pipe, options, applied: dict | None = None) -> str:
         if isinstance(module, torch.nn.Module):
             try:
                 extras = apply(module, options)
-            except (ValueError, RuntimeError) as e:   # one line, naming the value diffusers / fx_fp8 refused
+            except (ValueError, RuntimeError) as e:  # one line, naming the value diffusers / fx_fp8 refused
                 raise UsageError(str(e)) from None
             if applied is not None:
                 applied[attr] = (module, extras)
@@ -295,7 +325,11 @@ def setup_distributed(options, device: str) -> str:
 def settle_pipeline_options(args, pipe, call: dict, options):
     """The pipeline options once the step count is known (mag_cache needs it): --num-inference-steps,
     else the pipeline's own default."""
-    if options is None or options.cache_backend not in ("mag_cache", "cache_dit") or args.num_inference_steps is not None:
+    if (
+        options is None
+        or options.cache_backend not in ("mag_cache", "cache_dit")
+        or args.num_inference_steps is not None
+    ):
         return options
     steps = call.get("num_inference_steps")
     if steps is None:
@@ -332,8 +366,10 @@ def run_native_and_fp8(pipe, run, cfg, *, backend: str, device: str, compare: bo
     # a transformer loaded quantized is compiled as it is; its reference run uses the stored quantized linears
     stored = prepared_transformers(pipe)
     if stored:
-        print(f"note: {', '.join(stored)} already quantized (loaded from a quantized folder): compiled as it is"
-              + ("; the reference run uses its stored quantized linears with native attention" if compare else ""))
+        print(
+            f"note: {', '.join(stored)} already quantized (loaded from a quantized folder): compiled as it is"
+            + ("; the reference run uses its stored quantized linears with native attention" if compare else "")
+        )
     if compare:
         native, first = timed(run, device)
         _, steady = timed(run, device)
@@ -361,8 +397,16 @@ def compare_and_report(args, pipe, call: dict, run, cfg, options, *, device: str
     options = settle_pipeline_options(args, pipe, call, options)
     if options.enabled:
         print(f"pipeline: {describe_pipeline_options(options)}")
-    native, out, rows = run_native_and_fp8(pipe, run, cfg, backend=args.backend, device=device,
-                                           compare=args.compare, metrics=metrics, **options_kwargs(options))
+    native, out, rows = run_native_and_fp8(
+        pipe,
+        run,
+        cfg,
+        backend=args.backend,
+        device=device,
+        compare=args.compare,
+        metrics=metrics,
+        **options_kwargs(options),
+    )
     print("fp8 backend:")
     print_fp8_summary(pipe)
     print()
@@ -372,12 +416,20 @@ def compare_and_report(args, pipe, call: dict, run, cfg, options, *, device: str
 
 def add_run_flags(parser):
     """The flags both examples take after their generation flags: guidance, --compare, FP8, pipeline."""
-    parser.add_argument("--guidance-scale", type=float, default=None, help="the pipeline's guidance scale (default: its own)")
-    parser.add_argument("--compare", action="store_true",
-                        help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG")
+    parser.add_argument(
+        "--guidance-scale", type=float, default=None, help="the pipeline's guidance scale (default: its own)"
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the native pipeline with the same seed; print latency, PSNR, SSIM; save a side-by-side PNG",
+    )
     add_fp8_flags(parser)
-    parser.add_argument("--library-default", action="store_true",
-                        help=f"start from the library's default config, not the model folder's own {MODEL_CONFIG_NAME} "
-                             "(the shipped tiny model has one: attention native on the first and last 2 steps)")
+    parser.add_argument(
+        "--library-default",
+        action="store_true",
+        help=f"start from the library's default config, not the model folder's own {MODEL_CONFIG_NAME} "
+        "(the shipped tiny model has one: attention native on the first and last 2 steps)",
+    )
     add_pipeline_flags(parser)
     return parser

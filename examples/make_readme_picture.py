@@ -10,6 +10,7 @@ sensitive layers weight-only; the CPU reference lowering, which computes the dev
 the same prompts and noise seeds as the native images. The difference column is |native - FP8|
 amplified --gain times (clipped). Each 32x32 image is upscaled with nearest neighbour (--scale).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,15 @@ PROMPTS = (
 
 
 def generate(pipe, cases) -> list[np.ndarray]:
-    return [pipe(prompt, num_inference_steps=DEFAULT_NUM_INFERENCE_STEPS, output_type="np",
-                 generator=torch.Generator().manual_seed(seed)).images[0] for prompt, seed in cases]
+    return [
+        pipe(
+            prompt,
+            num_inference_steps=DEFAULT_NUM_INFERENCE_STEPS,
+            output_type="np",
+            generator=torch.Generator().manual_seed(seed),
+        ).images[0]
+        for prompt, seed in cases
+    ]
 
 
 def picture(cases, native, fp8, *, scale: int, gain: float):
@@ -49,8 +57,9 @@ def picture(cases, native, fp8, *, scale: int, gain: float):
         ImageDraw.Draw(caption).text((2, 2), f"{prompt!r}, seed {seed}", fill=(0, 0, 0))
         rows += [caption, row]
     gap = 6
-    canvas = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows) + gap * (len(cases) - 1)),
-                       (255, 255, 255))
+    canvas = Image.new(
+        "RGB", (max(r.width for r in rows), sum(r.height for r in rows) + gap * (len(cases) - 1)), (255, 255, 255)
+    )
     y = 0
     for i, r in enumerate(rows):
         canvas.paste(r, (0, y))

@@ -18,6 +18,7 @@
     torchrun --nproc-per-node 2 examples/text_to_image.py --model /models/FLUX.1-dev --ulysses-degree 2 \\
         --cache-backend first_block_cache --cache-config '{"threshold": 0.08}' --compare
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,18 +59,28 @@ def load_pipeline(model: str, device: str, dtype):
     cls = None
     if is_tiny_model(model):
         from fx_fp8.tools.tiny_model import TinyShapesPipeline as cls
-    pipe = _common.load_or_fail(f"the pipeline in {model!r}", lambda: load_pipeline_folder(model, dtype, pipeline_class=cls))
+    pipe = _common.load_or_fail(
+        f"the pipeline in {model!r}", lambda: load_pipeline_folder(model, dtype, pipeline_class=cls)
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.split("\n")[1],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(__file__),
+        description=__doc__.split("\n")[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     vocab, most = _common.tiny_vocabulary()
-    add_generation_flags(parser, default_model=str(TINY_MODEL_DIR), prompt_help=(
-        f"the text prompt (default for the tiny model: {TINY_PROMPT!r}); the shipped tiny model knows "
-        f"{len(vocab)} words, at most {most} a prompt: {' '.join(vocab)}"))
+    add_generation_flags(
+        parser,
+        default_model=str(TINY_MODEL_DIR),
+        prompt_help=(
+            f"the text prompt (default for the tiny model: {TINY_PROMPT!r}); the shipped tiny model knows "
+            f"{len(vocab)} words, at most {most} a prompt: {' '.join(vocab)}"
+        ),
+    )
     return _common.one_line_errors(_common.add_run_flags(parser))
 
 
@@ -89,7 +100,9 @@ def main(argv=None) -> int:
         _common.check_tiny_prompt(prompt)
     output = _common.output_path(args.output, "text_to_image.png")  # a file or a folder, checked before loading
 
-    print(f"model: {args.model}{' (shipped tiny model)' if tiny else ''} on {device}, {str(dtype).replace('torch.', '')}")
+    print(
+        f"model: {args.model}{' (shipped tiny model)' if tiny else ''} on {device}, {str(dtype).replace('torch.', '')}"
+    )
     print(f"prompt: {prompt!r}, {args.height}x{args.width}, seed {args.seed}")
     print(f"fp8: {_common.describe_config(cfg)}")
     pipe = load_pipeline(args.model, device, dtype)
@@ -104,8 +117,9 @@ def main(argv=None) -> int:
         gen = torch.Generator("cpu").manual_seed(args.seed)  # same noise on every device (and every rank)
         return pipe(**call, generator=gen).images[0]
 
-    native, image = _common.compare_and_report(args, pipe, call, run, cfg, options, device=device,
-                                               metrics=compare_images)
+    native, image = _common.compare_and_report(
+        args, pipe, call, run, cfg, options, device=device, metrics=compare_images
+    )
     if not _common.is_main_process():  # under torchrun every rank holds the same image: rank 0 writes it
         return 0
     os.makedirs(os.path.dirname(output) or ".", exist_ok=True)

@@ -15,6 +15,7 @@
     torchrun --nproc-per-node 4 examples/text_to_video.py --model /models/Wan2.2-T2V-A14B-Diffusers \\
         --ulysses-degree 4 --quantization fp8 --diffusion-kv-cache-dtype fp8 --output cat.gif
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,18 @@ from fx_fp8.tools.image_metrics import compare_images, save_side_by_side, to_pil
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=os.path.basename(__file__), description=__doc__.split("\n")[1],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(__file__),
+        description=__doc__.split("\n")[1],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_generation_flags(parser, video=True)
-    parser.add_argument("--tiny-pipeline", choices=["wan2.1", "wan2.2"], default="wan2.1",
-                        help="without --model: which tiny random Wan pipeline to build (wan2.2 = two experts)")
+    parser.add_argument(
+        "--tiny-pipeline",
+        choices=["wan2.1", "wan2.2"],
+        default="wan2.1",
+        help="without --model: which tiny random Wan pipeline to build (wan2.2 = two experts)",
+    )
     return _common.one_line_errors(_common.add_run_flags(parser))
 
 
@@ -49,18 +57,24 @@ def load(args, device, dtype):
             raise _common.UsageError(f"--model {args.model!r} is not a diffusers pipeline folder (no model_index.json)")
         from fx_fp8.tools.quantized_folders import load_pipeline_folder
 
-        pipe = _common.load_or_fail(f"the pipeline in {args.model!r}",  # quantized transformer folders too
-                                    lambda: load_pipeline_folder(args.model, dtype))
+        pipe = _common.load_or_fail(
+            f"the pipeline in {args.model!r}",  # quantized transformer folders too
+            lambda: load_pipeline_folder(args.model, dtype),
+        )
         call = dict(prompt=args.prompt or "a cat surfing a wave at sunset")
         what = args.model
     else:
         from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
-        pipe, call = build_tiny_pipeline(args.tiny_pipeline, height=args.height, width=args.width, num_frames=args.num_frames)
+        pipe, call = build_tiny_pipeline(
+            args.tiny_pipeline, height=args.height, width=args.width, num_frames=args.num_frames
+        )
         pipe = pipe.to(dtype)
         call = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in call.items()}
-        what = (f"tiny RANDOM-weight {args.tiny_pipeline} pipeline built offline (no --model): frames are noise-like; "
-                "this shows the FP8 path and its numbers, not video quality")
+        what = (
+            f"tiny RANDOM-weight {args.tiny_pipeline} pipeline built offline (no --model): frames are noise-like; "
+            "this shows the FP8 path and its numbers, not video quality"
+        )
         if args.prompt:
             print("note: the tiny random pipeline has no text encoder; --prompt is not used (random prompt embeddings)")
     pipe.set_progress_bar_config(disable=True)
@@ -113,15 +127,18 @@ def main(argv=None) -> int:
     output = _common.output_path(args.output, "text_to_video.gif")  # a file or a folder, checked before loading
     pipe, call, what = load(args, device, dtype)
     print(f"model: {what}")
-    print(f"device {device}, {str(dtype).replace('torch.', '')}; {args.num_frames} frames {args.height}x{args.width}, seed {args.seed}")
+    print(
+        f"device {device}, {str(dtype).replace('torch.', '')}; {args.num_frames} frames {args.height}x{args.width}, seed {args.seed}"
+    )
     print(f"fp8: {_common.describe_config(cfg)}")
 
     def run():
         gen = torch.Generator("cpu").manual_seed(args.seed)
         return pipe(**call, generator=gen, output_type="np").frames[0]
 
-    native, frames = _common.compare_and_report(args, pipe, call, run, cfg, options, device=device,
-                                                metrics=video_metrics)
+    native, frames = _common.compare_and_report(
+        args, pipe, call, run, cfg, options, device=device, metrics=video_metrics
+    )
     if not _common.is_main_process():  # under torchrun every rank holds the same frames: rank 0 writes them
         return 0
     save_frames(output, frames)

@@ -114,7 +114,9 @@ def build_models(seed: int, init_from: Path | None = None):
     if init_from is not None:
         for sub in ("transformer", "prompt_encoder"):
             if not (init_from / sub / "config.json").is_file():
-                raise FileNotFoundError(f"--init-from {init_from}: no {sub}/config.json (expected a saved pipeline folder)")
+                raise FileNotFoundError(
+                    f"--init-from {init_from}: no {sub}/config.json (expected a saved pipeline folder)"
+                )
         transformer = FluxTransformer2DModel.from_pretrained(init_from / "transformer", local_files_only=True)
         encoder = TinyPromptEncoder.from_pretrained(init_from / "prompt_encoder", local_files_only=True)
         return transformer, encoder
@@ -175,16 +177,35 @@ def main():
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--drop-prob", type=float, default=0.1, help="prompt dropout for CFG")
     ap.add_argument("--ema", type=float, default=0.999)
-    ap.add_argument("--stop-after", type=int, default=None,
-                    help="stop (and save) after this many steps, keeping the LR schedule of --steps")
-    ap.add_argument("--init-from", type=Path, default=None,
-                    help="start from this saved pipeline folder (e.g. fx_fp8/tools/tiny_model/weights) instead of random init")
-    ap.add_argument("--fp8-aware", action="store_true",
-                    help="quantization-aware training: FP8 fake quant (default FP8Config) with straight-through grads")
-    ap.add_argument("--fp8-weight", type=float, default=0.5,
-                    help="--fp8-aware: loss = (1-w) * native loss + w * fake-quant loss on the same batch")
-    ap.add_argument("--consistency", type=float, default=0.0,
-                    help="--fp8-aware: + this weight x MSE(fake-quant prediction, native prediction)")
+    ap.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="stop (and save) after this many steps, keeping the LR schedule of --steps",
+    )
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this saved pipeline folder (e.g. fx_fp8/tools/tiny_model/weights) instead of random init",
+    )
+    ap.add_argument(
+        "--fp8-aware",
+        action="store_true",
+        help="quantization-aware training: FP8 fake quant (default FP8Config) with straight-through grads",
+    )
+    ap.add_argument(
+        "--fp8-weight",
+        type=float,
+        default=0.5,
+        help="--fp8-aware: loss = (1-w) * native loss + w * fake-quant loss on the same batch",
+    )
+    ap.add_argument(
+        "--consistency",
+        type=float,
+        default=0.0,
+        help="--fp8-aware: + this weight x MSE(fake-quant prediction, native prediction)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=50)
     args = ap.parse_args()
@@ -196,14 +217,20 @@ def main():
     torch.set_num_threads(args.threads)
     transformer, encoder = build_models(args.seed, args.init_from)
     if args.fp8_aware:
-        print(f"FP8-aware: fake-quantizing {len(quantized_linear_names(transformer, FP8Config()))} linears "
-              f"+ attention (default FP8Config)", flush=True)
+        print(
+            f"FP8-aware: fake-quantizing {len(quantized_linear_names(transformer, FP8Config()))} linears "
+            f"+ attention (default FP8Config)",
+            flush=True,
+        )
     transformer.train()
     encoder.train()
     params = list(transformer.parameters()) + list(encoder.parameters())
     n_params = sum(p.numel() for p in params)
-    print(f"parameters: transformer {sum(p.numel() for p in transformer.parameters()):,}, "
-          f"prompt encoder {sum(p.numel() for p in encoder.parameters()):,}, total {n_params:,}", flush=True)
+    print(
+        f"parameters: transformer {sum(p.numel() for p in transformer.parameters()):,}, "
+        f"prompt encoder {sum(p.numel() for p in encoder.parameters()):,}, total {n_params:,}",
+        flush=True,
+    )
 
     ema_t, ema_e = copy.deepcopy(transformer).eval(), copy.deepcopy(encoder).eval()
     ema_params = list(ema_t.parameters()) + list(ema_e.parameters())
@@ -258,8 +285,11 @@ def main():
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % args.log_every == 0 or step == last - 1:
             el = time.time() - t0
-            print(f"step {step:5d}/{args.steps}  loss {loss.item():.4f}  avg {running:.4f}  "
-                  f"lr {lr_at(step):.2e}  elapsed {el:6.1f}s", flush=True)
+            print(
+                f"step {step:5d}/{args.steps}  loss {loss.item():.4f}  avg {running:.4f}  "
+                f"lr {lr_at(step):.2e}  elapsed {el:6.1f}s",
+                flush=True,
+            )
         if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < last:
             # fine-tunes keep every evaluated checkpoint (next to --out) to pick from by the FP8 gate
             out = args.out.with_name(f"{args.out.name}-step{step + 1}") if args.fp8_aware else args.out
@@ -278,12 +308,18 @@ def save_and_eval(transformer, encoder, args, tag: str, out: Path | None = None)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)
     fg, bg = evaluate(pipe, 100, args.seed)
-    print(f"[{tag}] saved to {out}; eval (EMA, 100 prompts, default steps): "
-          f"shape colour match {fg:.0%}, background match {bg:.0%}", flush=True)
+    print(
+        f"[{tag}] saved to {out}; eval (EMA, 100 prompts, default steps): "
+        f"shape colour match {fg:.0%}, background match {bg:.0%}",
+        flush=True,
+    )
     if args.fp8_aware:
         psnr, psnr_min, ssim, ssim_min = fp8_gate(pipe)
-        print(f"[{tag}] FP8 (fake quant) vs native, 16 cases of benchmarks/tiny_quality.py: "
-              f"PSNR {psnr:.2f} dB (min {psnr_min:.2f}), SSIM {ssim:.4f} (min {ssim_min:.4f})", flush=True)
+        print(
+            f"[{tag}] FP8 (fake quant) vs native, 16 cases of benchmarks/tiny_quality.py: "
+            f"PSNR {psnr:.2f} dB (min {psnr_min:.2f}), SSIM {ssim:.4f} (min {ssim_min:.4f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

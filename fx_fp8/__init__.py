@@ -9,6 +9,7 @@ first use (PEP 562), so Dynamo, sympy, Triton, RE2, tabulate and diffusers load 
 or a report needs them. The backends "fp8" / "fp8_npu" are torch entry points: torch.compile finds
 them without importing fx_fp8 first.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -86,8 +87,9 @@ def __getattr__(name):
         except ModuleNotFoundError as e:
             if (e.name or "").split(".")[0] != "diffusers":
                 raise
-            raise ImportError(f"fx_fp8.DiffusersConfig needs diffusers and accelerate ({e}): install them, e.g. "
-                              "the [diffusers] extra") from e
+            raise ImportError(
+                f"fx_fp8.DiffusersConfig needs diffusers and accelerate ({e}): install them, e.g. the [diffusers] extra"
+            ) from e
         return DiffusersConfig
     raise AttributeError(f"module 'fx_fp8' has no attribute {name!r}")
 
@@ -97,9 +99,30 @@ def __dir__():
 
 
 __all__ = [
-    "AttentionQuantConfig", "CompileReport", "FP8Config", "QuantizationConfig", "ReportEntry",
-    "adopt_prequantized", "calibrate", "clear_reports", "compile_pipeline", "current_step", "denoising_step", "get_reports",
-    "load_activation_scales", "load_quantized", "parse_selector", "pipeline_state", "prepare_model", "publish_steps",
-    "reachable_tensor_bytes", "refresh_weights", "restore_pipeline", "save_activation_scales", "save_quantized", "set_step",
-    "summary", "tune",
+    "AttentionQuantConfig",
+    "CompileReport",
+    "FP8Config",
+    "QuantizationConfig",
+    "ReportEntry",
+    "adopt_prequantized",
+    "calibrate",
+    "clear_reports",
+    "compile_pipeline",
+    "current_step",
+    "denoising_step",
+    "get_reports",
+    "load_activation_scales",
+    "load_quantized",
+    "parse_selector",
+    "pipeline_state",
+    "prepare_model",
+    "publish_steps",
+    "reachable_tensor_bytes",
+    "refresh_weights",
+    "restore_pipeline",
+    "save_activation_scales",
+    "save_quantized",
+    "set_step",
+    "summary",
+    "tune",
 ]

@@ -1,4 +1,5 @@
 """`python -m fx_fp8 ...` runs the fx-fp8 command line."""
+
 import sys
 
 from fx_fp8.tools.cli import main

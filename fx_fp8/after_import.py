@@ -7,6 +7,7 @@ function now for a module already imported, else from a finder at the front of `
 that finds nothing itself: when a watched module is about to be imported it wraps the loader the
 other finders return, so the function runs right after the module's code.
 """
+
 from __future__ import annotations
 
 import importlib.abc

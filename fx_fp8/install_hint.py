@@ -4,6 +4,7 @@ fx-fp8 is installed from a checkout (`pip install -e ".[test]"`): `pip install '
 look for a published package. From a checkout the hint names the checkout's folder; from an
 installed copy without one, the extra's own requirements (read from the installed metadata).
 """
+
 from __future__ import annotations
 
 import functools

@@ -6,6 +6,7 @@ nothing where stderr is a file, a pipe or a test's capture. `disable_progress_ba
 A summary of the work goes to `logging.getLogger("fx_fp8")` at INFO (no handler is added: silent
 unless the application configures logging).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,7 +60,15 @@ def log_prepared(result: dict, seconds: float) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
     mib = 1 << 20
-    log.info("fx_fp8: prepare_model quantized %d linear(s) (%d weight-only), kept %d native, left %d with hooks, "
-             "in %.2f s: their weights %.1f MiB -> %.1f MiB (%s)", len(result["quantized"]),
-             len(result["weight_only"]), len(result["native"]), len(result["hooked"]), seconds,
-             result["bytes_before"] / mib, result["bytes_after"] / mib, result["method"])
+    log.info(
+        "fx_fp8: prepare_model quantized %d linear(s) (%d weight-only), kept %d native, left %d with hooks, "
+        "in %.2f s: their weights %.1f MiB -> %.1f MiB (%s)",
+        len(result["quantized"]),
+        len(result["weight_only"]),
+        len(result["native"]),
+        len(result["hooked"]),
+        seconds,
+        result["bytes_before"] / mib,
+        result["bytes_after"] / mib,
+        result["method"],
+    )

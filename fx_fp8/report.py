@@ -6,6 +6,7 @@ model for an in-place `model.compile()`). `fx_fp8.get_reports()` without an
 argument reads a bounded log of the most recent compiles in this process, a
 convenience for interactive use (REPORT_LOG_SIZE entries).
 """
+
 from __future__ import annotations
 
 import collections
@@ -57,16 +58,16 @@ def node_flops(op: str, dims: Sequence) -> Optional[float]:
 
 @dataclass
 class ReportEntry:
-    op: str                 # "attention" | "linear"
-    module: str             # module name, as the model's named_modules() spells it (see name_resolved)
-    layer: Optional[int]    # transformer layer index (the model's block order), None outside blocks or unknown
-    action: str             # "fp8" | "int8" | "native"
+    op: str  # "attention" | "linear"
+    module: str  # module name, as the model's named_modules() spells it (see name_resolved)
+    layer: Optional[int]  # transformer layer index (the model's block order), None outside blocks or unknown
+    action: str  # "fp8" | "int8" | "native"
     reason: str
-    shapes: str = ""        # input shapes, e.g. "1x24x4608x128 ..." or "4608x3072 -> 3072" (symbols when dynamic)
-    node: str = ""          # FX node name
-    name_resolved: bool = True   # False: `module` is Dynamo's spelling relative to a graph piece
-    form: str = ""          # attention: sdpa | flash | flash_cpu | efficient | cudnn
-    act_quant_group: str = ""    # linear: the activation-quantization group it shares ("" if none)
+    shapes: str = ""  # input shapes, e.g. "1x24x4608x128 ..." or "4608x3072 -> 3072" (symbols when dynamic)
+    node: str = ""  # FX node name
+    name_resolved: bool = True  # False: `module` is Dynamo's spelling relative to a graph piece
+    form: str = ""  # attention: sdpa | flash | flash_cpu | efficient | cudnn
+    act_quant_group: str = ""  # linear: the activation-quantization group it shares ("" if none)
     dims: list = field(default_factory=list)  # input shapes as numbers (`dims_of`; None where symbolic)
     flops: Optional[float] = None  # FLOPs per call from `dims` (`node_flops`); None when a size is symbolic
     timing: dict = field(default_factory=dict)  # {"pick": ms, "native": ms} from the tune table, when measured
@@ -84,13 +85,13 @@ class CompileReport:
     backend: str
     lowering: str
     downstream: str
-    step_variant: Optional[str]          # "fp8" | "native" | None (no step skips)
+    step_variant: Optional[str]  # "fp8" | "native" | None (no step skips)
     entries: list[ReportEntry] = field(default_factory=list)
     layer_map: dict = field(default_factory=dict)
-    weights: dict = field(default_factory=dict)   # bytes before/after, whether the original copy is kept
+    weights: dict = field(default_factory=dict)  # bytes before/after, whether the original copy is kept
     notes: list[str] = field(default_factory=list)
-    graphs: dict = field(default_factory=dict)    # stage -> graph code, when dump_graphs was asked
-    graph_id: int = 0                    # index of this graph among its owner's compiles
+    graphs: dict = field(default_factory=dict)  # stage -> graph code, when dump_graphs was asked
+    graph_id: int = 0  # index of this graph among its owner's compiles
 
     def add(self, **kw) -> ReportEntry:
         entry = ReportEntry(**kw)
@@ -99,8 +100,10 @@ class CompileReport:
 
     def count(self, op: Optional[str] = None, action: Optional[str] = None) -> int:
         """Entries of `op`; action "quantized" counts every non-native action."""
+
         def hit(e):
             return action is None or e.action == action or (action == "quantized" and e.action != "native")
+
         return sum(1 for e in self.entries if (op is None or e.op == op) and hit(e))
 
     def flops(self, actions: Sequence[str] = ("fp8", "int8")) -> float:
@@ -125,8 +128,17 @@ class CompileReport:
         return json.dumps(self.to_dict(), **kw)
 
     def table(self) -> str:
-        rows = [(e.module + ("" if e.name_resolved else " (?)"), "" if e.layer is None else e.layer, e.op,
-                 e.action, e.reason, e.shapes) for e in self.entries]
+        rows = [
+            (
+                e.module + ("" if e.name_resolved else " (?)"),
+                "" if e.layer is None else e.layer,
+                e.op,
+                e.action,
+                e.reason,
+                e.shapes,
+            )
+            for e in self.entries
+        ]
         return tabulate(rows, headers=["module", "layer", "op", "action", "reason", "shapes"])
 
 

@@ -15,6 +15,7 @@ The step and the total live in contextvars.ContextVars: two pipelines run in two
 threads (or two asyncio tasks) each see their own. A new thread starts with
 nothing published.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,10 +32,12 @@ _STEP: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("fx_fp8_de
 #: that reads it from its scheduler when a selector first needs it (set_timesteps runs after the
 #: pipeline call starts)
 _TOTAL: contextvars.ContextVar[Union[int, Callable[[], int], None]] = contextvars.ContextVar(
-    "fx_fp8_denoising_total", default=None)
+    "fx_fp8_denoising_total", default=None
+)
 #: called with the variant ("fp8" / "native") each step-dispatching graph runs (a pipeline run's record)
 _VARIANT_LISTENER: contextvars.ContextVar[Optional[Callable[[str], None]]] = contextvars.ContextVar(
-    "fx_fp8_variant_listener", default=None)
+    "fx_fp8_variant_listener", default=None
+)
 
 
 def _check(step) -> None:
@@ -50,8 +53,9 @@ def _check_total(step, total) -> None:
     if step is None:
         raise ValueError(f"total={total} given without a step: publish the step with it (set_step(i, total={total}))")
     if step >= total:
-        raise ValueError(f"invalid denoising step {step} for total={total}: steps of a {total}-step run are "
-                         f"0-{total - 1}")
+        raise ValueError(
+            f"invalid denoising step {step} for total={total}: steps of a {total}-step run are 0-{total - 1}"
+        )
 
 
 def set_step(step: Optional[int], total: Optional[int] = None) -> None:
@@ -115,8 +119,9 @@ def variant_listener(listener: Callable[[str], None]):
         _VARIANT_LISTENER.reset(token)
 
 
-def variant_for_step(skip_steps, on_unpublished: Callable[[], None], linear_skip_steps=None,
-                     linear_mode: str = "weight_only") -> str:
+def variant_for_step(
+    skip_steps, on_unpublished: Callable[[], None], linear_skip_steps=None, linear_mode: str = "weight_only"
+) -> str:
     """The variant of the published step: attention native when it is in `skip_steps`, linears
     `linear_mode` when it is in `linear_skip_steps`. With no step published, everything the
     selectors can skip is skipped and `on_unpublished()` is told, so its owner can warn."""
@@ -128,8 +133,9 @@ def variant_for_step(skip_steps, on_unpublished: Callable[[], None], linear_skip
     else:
         # the total is read only for selectors that count from the end ("last:k")
         total = current_total() if _needs_total(skip_steps) or _needs_total(linear_skip_steps) else None
-        variant = variant_name(_selected(skip_steps, step, total), _selected(linear_skip_steps, step, total),
-                               linear_mode)
+        variant = variant_name(
+            _selected(skip_steps, step, total), _selected(linear_skip_steps, step, total), linear_mode
+        )
     listener = _VARIANT_LISTENER.get()
     if listener is not None:
         listener(variant)
@@ -157,6 +163,8 @@ def step_group(groups) -> Optional[int]:
         if groups[i] <= step <= groups[i + 1]:
             return i // 2
     calibrated = format_step_groups(zip(groups[::2], groups[1::2]))
-    raise ValueError(f"fx_fp8: denoising step {step} is in none of the step groups ({calibrated}) of the per-step "
-                     "activation scales: recalibrate with fx_fp8.calibrate(..., per_step=True) over as many steps "
-                     "as the pipeline runs, or give step_groups that cover every step")
+    raise ValueError(
+        f"fx_fp8: denoising step {step} is in none of the step groups ({calibrated}) of the per-step "
+        "activation scales: recalibrate with fx_fp8.calibrate(..., per_step=True) over as many steps "
+        "as the pipeline runs, or give step_groups that cover every step"
+    )

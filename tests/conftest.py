@@ -1,4 +1,5 @@
 """Shared fixtures: a clean Dynamo cache and report list per test, tiny models by family."""
+
 from __future__ import annotations
 
 import os

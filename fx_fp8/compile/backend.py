@@ -4,6 +4,7 @@ the downstream compiler; the graph's plan (fx_fp8/compile/graph_plan.py) does th
 Registered through the `torch_dynamo_backends` entry point, so
 `torch.compile(model, backend="fp8")` works without importing fx_fp8 first.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ def config_from_options(options: Optional[dict], stored: Optional[FP8Config] = N
     backend_opts = {k: options.pop(k) for k in BACKEND_OPTION_KEYS if k in options}
     base = backend_opts.pop("config", None)
     if backend_opts.get("mode") not in MODES:
-        raise ValueError(f"invalid mode {short_repr(backend_opts['mode'])}: expected one of {', '.join(map(str, MODES[1:]))}")
+        raise ValueError(
+            f"invalid mode {short_repr(backend_opts['mode'])}: expected one of {', '.join(map(str, MODES[1:]))}"
+        )
     if "inductor_options" in backend_opts:
         backend_opts["inductor_options"] = check_inductor_options(backend_opts["inductor_options"])
     if "check_reuse" in backend_opts:
@@ -75,22 +78,34 @@ def _graph_device(example_inputs) -> Optional[torch.device]:
 def choose_lowering(backend: str, config: FP8Config, device, warn: Callable[[str], None]) -> str:
     if config.lowering == "cuda" and (device is None or device.type != "cuda"):
         # its kernels take CUDA tensors only: every node would stay native, each row saying why
-        warn(f"fx_fp8: lowering 'cuda' was asked for but the graph's tensors are on "
-             f"{device.type if device is not None else 'no device'!r} (CUDA available: {torch.cuda.is_available()}): "
-             "every attention and linear stays native; use lowering 'auto' or 'reference' here")
+        warn(
+            f"fx_fp8: lowering 'cuda' was asked for but the graph's tensors are on "
+            f"{device.type if device is not None else 'no device'!r} (CUDA available: {torch.cuda.is_available()}): "
+            "every attention and linear stays native; use lowering 'auto' or 'reference' here"
+        )
     if config.lowering != "auto":
         return config.lowering
     if backend == "fp8_npu":
         if npu_available() or (device is not None and device.type in ("npu", "privateuseone")):
             return "npu"
-        warn("fx_fp8: backend 'fp8_npu' found no Ascend NPU (torch_npu not importable or no device); "
-             "falling back to the CPU reference lowering ('reference')")
+        warn(
+            "fx_fp8: backend 'fp8_npu' found no Ascend NPU (torch_npu not importable or no device); "
+            "falling back to the CPU reference lowering ('reference')"
+        )
         return "reference"
     return resolve_lowering_name("auto", device)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, options: Optional[dict] = None,
-                  mode: Optional[str] = None, model=None, owner=None) -> Callable:
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs,
+    *,
+    backend: str,
+    options: Optional[dict] = None,
+    mode: Optional[str] = None,
+    model=None,
+    owner=None,
+) -> Callable:
     """The whole backend for one Dynamo graph; `model`/`owner` default to what the Python stack
     shows (see fx_fp8.graph.dynamo_internals.find_compiled_model). Returns the callable Dynamo runs."""
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
@@ -101,11 +116,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, *, backend: str, opt
     mode = mode or backend_opts.get("mode")
     lowering = choose_lowering(backend, config, _graph_device(example_inputs), ModelRecord.of(owner).warn)
     inductor_options = backend_opts.get("inductor_options", {})
-    settings = Settings(backend=backend, config=config, lowering=lowering,
-                        downstream=choose_downstream(config, lowering, mode, inductor_options), mode=mode,
-                        inductor_options=inductor_options,
-                        dump_graphs=bool(backend_opts.get("dump_graphs")),
-                        check_reuse=backend_opts["check_reuse"] if "check_reuse" in backend_opts else check_reuse_env())
+    settings = Settings(
+        backend=backend,
+        config=config,
+        lowering=lowering,
+        downstream=choose_downstream(config, lowering, mode, inductor_options),
+        mode=mode,
+        inductor_options=inductor_options,
+        dump_graphs=bool(backend_opts.get("dump_graphs")),
+        check_reuse=backend_opts["check_reuse"] if "check_reuse" in backend_opts else check_reuse_env(),
+    )
     return compile_graph_plan(gm, example_inputs, settings, model=model, owner=owner)
 
 
@@ -114,7 +134,9 @@ def fp8_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[dict
     return compile_graph(gm, example_inputs, backend="fp8", options=options, mode=mode)
 
 
-def fp8_npu_backend(gm: torch.fx.GraphModule, example_inputs, options: Optional[dict] = None, mode: Optional[str] = None):
+def fp8_npu_backend(
+    gm: torch.fx.GraphModule, example_inputs, options: Optional[dict] = None, mode: Optional[str] = None
+):
     """`torch.compile(model, backend="fp8_npu", options={...})`: the Ascend lowering
     (CPU reference, with a warning, where no NPU is present)."""
     return compile_graph(gm, example_inputs, backend="fp8_npu", options=options, mode=mode)

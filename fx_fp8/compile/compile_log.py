@@ -12,6 +12,7 @@ one) two records: before it, what the graph holds; after it, the seconds it took
 totals so far. The backend calls `compiling` around its downstream compile; nothing here changes
 what is compiled.
 """
+
 from __future__ import annotations
 
 import collections
@@ -56,7 +57,7 @@ def kernels(graph: Optional[torch.fx.GraphModule]) -> str:
             continue
         if not name.startswith("fx_fp8."):
             continue
-        name = name[len("fx_fp8."):].removesuffix(".default")
+        name = name[len("fx_fp8.") :].removesuffix(".default")
         kernel = node.kwargs.get("attention_kernel")
         counts[name + (f"[{kernel}]" if kernel else "")] += 1
     return ", ".join(f"{k} x{n}" for k, n in sorted(counts.items())) or "none (every node stays native)"
@@ -90,12 +91,16 @@ def _note_fp8_copies(report, record) -> None:
         if record in _COPIES_NOTED:
             return
         _COPIES_NOTED.add(record)
-    log.info("fx_fp8: %s made FP8 copies of its linears' weights at compile time: %.2f MiB, kept beside the %.2f MiB "
-             "of full-precision weights they come from (further graphs add theirs; fx_fp8.summary(model) shows the "
-             "total). To hold only the FP8 weights, quantize before compiling: fx_fp8.prepare_model(model), "
-             "compile_pipeline(pipe) (prepare=True, its default) or from_pretrained(..., "
-             "quantization_config=fx_fp8.DiffusersConfig())", _graph_title(report),
-             w["quantized_linear_bytes_after"] / 2**20, w.get("quantized_linear_bytes_before", 0) / 2**20)
+    log.info(
+        "fx_fp8: %s made FP8 copies of its linears' weights at compile time: %.2f MiB, kept beside the %.2f MiB "
+        "of full-precision weights they come from (further graphs add theirs; fx_fp8.summary(model) shows the "
+        "total). To hold only the FP8 weights, quantize before compiling: fx_fp8.prepare_model(model), "
+        "compile_pipeline(pipe) (prepare=True, its default) or from_pretrained(..., "
+        "quantization_config=fx_fp8.DiffusersConfig())",
+        _graph_title(report),
+        w["quantized_linear_bytes_after"] / 2**20,
+        w.get("quantized_linear_bytes_before", 0) / 2**20,
+    )
 
 
 @contextlib.contextmanager
@@ -107,15 +112,29 @@ def compiling(report, graph: Optional[torch.fx.GraphModule], *, downstream: str,
     if not log.isEnabledFor(logging.INFO):
         yield
         return
-    log.info("fx_fp8: %s: attention %s; linear %s; kernels: %s; lowering %s; passes %.2f s; compiling with %s...",
-             _graph_title(report), count_actions([report], "attention"), count_actions([report], "linear"),
-             kernels(graph), report.lowering, passes_s, downstream)
+    log.info(
+        "fx_fp8: %s: attention %s; linear %s; kernels: %s; lowering %s; passes %.2f s; compiling with %s...",
+        _graph_title(report),
+        count_actions([report], "attention"),
+        count_actions([report], "linear"),
+        kernels(graph),
+        report.lowering,
+        passes_s,
+        downstream,
+    )
     _note_fp8_copies(report, record)
     t0 = time.perf_counter()
     yield
     now = time.perf_counter()
     same = [r for r in (record.reports if record is not None else [report]) if r.step_variant == report.step_variant]
-    log.info("fx_fp8: %s compiled by %s in %.2f s (%.2f s since the model's first graph reached the backend); "
-             "model so far: %d graph instance(s), attention %s, linear %s",
-             _graph_title(report), downstream, now - t0, now - started, len(same),
-             count_actions(same, "attention"), count_actions(same, "linear"))
+    log.info(
+        "fx_fp8: %s compiled by %s in %.2f s (%.2f s since the model's first graph reached the backend); "
+        "model so far: %d graph instance(s), attention %s, linear %s",
+        _graph_title(report),
+        downstream,
+        now - t0,
+        now - started,
+        len(same),
+        count_actions(same, "attention"),
+        count_actions(same, "linear"),
+    )

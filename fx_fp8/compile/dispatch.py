@@ -3,6 +3,7 @@
 
 fx_fp8.compile.backend.compile_graph builds them; the passes and downstream compiles they call
 are planned there, so these classes only pick, once per call, which compiled callable runs."""
+
 from __future__ import annotations
 
 import operator
@@ -26,7 +27,7 @@ class StepDispatch:
     happens on its first call, so only the variants a run uses are compiled."""
 
     def __init__(self, variants: dict, config: FP8Config, record: ModelRecord, compile_variant: Callable):
-        self.variants = variants                      # variant -> compiled callable, or None until first used
+        self.variants = variants  # variant -> compiled callable, or None until first used
         self.attention_steps = config.diffusion_kv_cache_skip_steps if config.attention_step_skips else ()
         qcfg = config.quantization_config
         self.linear_steps = qcfg.skip_steps if config.linear_step_skips else ()
@@ -37,12 +38,19 @@ class StepDispatch:
         self.lock = threading.Lock()
 
     def _unpublished(self) -> None:
-        keys = [k for k, on in (("diffusion_kv_cache_skip_steps", self.attention_steps),
-                                ("quantization_config.skip_steps", self.linear_steps)) if on]
+        keys = [
+            k
+            for k, on in (
+                ("diffusion_kv_cache_skip_steps", self.attention_steps),
+                ("quantization_config.skip_steps", self.linear_steps),
+            )
+            if on
+        ]
         self.record.warn(
             f"fx_fp8: {' and '.join(keys)} set but no denoising step was published "
             "(use fx_fp8.compile_pipeline, fx_fp8.set_step(i) or `with fx_fp8.denoising_step(i):`); "
-            "running the skipped-step graph for these calls")
+            "running the skipped-step graph for these calls"
+        )
 
     def __call__(self, *args):
         variant = variant_for_step(self.attention_steps, self._unpublished, self.linear_steps, self.linear_mode)
@@ -77,7 +85,7 @@ class InstanceDispatch:
 
     def __init__(self, gm, instance: str, anchors: list, first, plan, models: list):
         self.gm, self.instance, self.plan = gm, instance, plan
-        self.anchors = anchors                        # [(input slot, module name relative to the instance)]
+        self.anchors = anchors  # [(input slot, module name relative to the instance)]
         # one parameter per module tells the modules apart (modules are what instances share), in half
         # the ids or less (a linear's weight and bias)
         held = {}
@@ -85,14 +93,16 @@ class InstanceDispatch:
             held.setdefault(relative, slot)
         self.slots = list(held.values())
         self._pick = operator.itemgetter(*self.slots) if len(self.slots) > 1 else None
-        self.models = models                          # [(model, owner)] seen so far
-        self.by_params: dict = {}                     # ids of the anchor parameters -> ((module ref, attr), callable)
-        self.by_instance: dict = {}                   # (id(model), instance name) -> (model ref, callable, key)
-        self.by_name: dict[str, Callable] = {}        # instance name -> callable (graphs without parameters)
+        self.models = models  # [(model, owner)] seen so far
+        self.by_params: dict = {}  # ids of the anchor parameters -> ((module ref, attr), callable)
+        self.by_instance: dict = {}  # (id(model), instance name) -> (model ref, callable, key)
+        self.by_name: dict[str, Callable] = {}  # instance name -> callable (graphs without parameters)
         self.lock = threading.Lock()
         self.first = first
         self.names = module_names_of(models[0][0]) if not anchors else None
-        self.other_models: dict[int, tuple] = {}     # graphs without parameters: id(model) -> (weakref, names, {path: callable})
+        self.other_models: dict[
+            int, tuple
+        ] = {}  # graphs without parameters: id(model) -> (weakref, names, {path: callable})
 
     def key(self, args):
         """What tells instances apart, per call: the ids of every anchor parameter."""
@@ -144,7 +154,9 @@ class InstanceDispatch:
         if all(model is not m for m, _ in self.models):
             self.models.append((model, owner))
         known = self.by_instance.get((id(model), path))
-        if known is not None and known[0]() is model:  # its parameters replaced since: its weights are followed per call
+        if (
+            known is not None and known[0]() is model
+        ):  # its parameters replaced since: its weights are followed per call
             fn = known[1]
         else:
             fn = self.plan(inputs, model, owner, (self.instance, path))
@@ -225,5 +237,5 @@ def find_anchors(example_inputs, model: torch.nn.Module, instance: str) -> list[
         elif holder == instance:
             anchors.append((i, ""))
         elif holder.startswith(instance + "."):
-            anchors.append((i, holder[len(instance) + 1:]))
+            anchors.append((i, holder[len(instance) + 1 :]))
     return anchors

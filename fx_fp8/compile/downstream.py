@@ -1,4 +1,5 @@
 """The compiler a rewritten graph goes to: its choice and the call (eager, Inductor, npugraph_ex)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,20 +23,26 @@ def check_inductor_options(value: Any) -> dict:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ValueError(f"inductor_options must be a mapping of Inductor settings to values, got "
-                         f"{type(value).__name__} {short_repr(value)}")
+        raise ValueError(
+            f"inductor_options must be a mapping of Inductor settings to values, got "
+            f"{type(value).__name__} {short_repr(value)}"
+        )
     import torch._inductor.config as inductor_config
 
     known = set(inductor_config._config)
     for key, setting in value.items():
         if not isinstance(key, str) or key not in known:
-            raise ValueError(f"unknown Inductor setting {short_repr(key)} in inductor_options{did_you_mean(str(key), sorted(known))}:"
-                             " the settings are torch._inductor.config's keys")
+            raise ValueError(
+                f"unknown Inductor setting {short_repr(key)} in inductor_options{did_you_mean(str(key), sorted(known))}:"
+                " the settings are torch._inductor.config's keys"
+            )
         expected = inductor_config.get_type(key)
         if not _of_type(setting, expected):
             why = " (Inductor would read any other value by its truth: 'no' turns it on)" if expected is bool else ""
-            raise ValueError(f"invalid inductor_options {key!r} {short_repr(setting)} ({type(setting).__name__}): expected "
-                             f"{_type_name(expected)}, the type of torch._inductor.config.{key}{why}")
+            raise ValueError(
+                f"invalid inductor_options {key!r} {short_repr(setting)} ({type(setting).__name__}): expected "
+                f"{_type_name(expected)}, the type of torch._inductor.config.{key}{why}"
+            )
     return dict(value)
 
 
@@ -80,12 +87,15 @@ def inductor_patches(mode: Optional[str], inductor_options: Optional[Mapping] = 
 def check_downstream_takes(config: FP8Config, inductor_options: Optional[Mapping]) -> None:
     """inductor_options need the Inductor downstream ("auto" becomes it)."""
     if inductor_options and config.downstream not in ("auto", "inductor"):
-        raise ValueError(f"inductor_options {sorted(inductor_options)} configure Inductor, but downstream is "
-                         f"{config.downstream!r}: use downstream 'inductor' (or 'auto') or drop inductor_options")
+        raise ValueError(
+            f"inductor_options {sorted(inductor_options)} configure Inductor, but downstream is "
+            f"{config.downstream!r}: use downstream 'inductor' (or 'auto') or drop inductor_options"
+        )
 
 
-def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str],
-                      inductor_options: Optional[Mapping] = None) -> str:
+def choose_downstream(
+    config: FP8Config, lowering: str, mode: Optional[str], inductor_options: Optional[Mapping] = None
+) -> str:
     check_downstream_takes(config, inductor_options)
     if config.downstream != "auto":
         return config.downstream
@@ -98,8 +108,9 @@ def choose_downstream(config: FP8Config, lowering: str, mode: Optional[str],
     return "eager"
 
 
-def compile_downstream(name: str, gm: torch.fx.GraphModule, example_inputs, mode: Optional[str],
-                       inductor_options: Optional[Mapping] = None) -> Callable:
+def compile_downstream(
+    name: str, gm: torch.fx.GraphModule, example_inputs, mode: Optional[str], inductor_options: Optional[Mapping] = None
+) -> Callable:
     if name == "eager":
         generate_code_now(gm)  # now, not on every call
         return gm.forward
@@ -130,8 +141,9 @@ def _inputs_from_examples(gm: torch.fx.GraphModule, patches: Mapping):
     import torch._inductor.config as inductor_config
 
     wrapper = any(patches.get(k, getattr(inductor_config, k)) for k in ("cpp_wrapper", "fx_wrapper"))
-    hidden = {node: node.meta.pop("val") for node in gm.graph.find_nodes(op="placeholder")
-              if wrapper and "val" in node.meta}
+    hidden = {
+        node: node.meta.pop("val") for node in gm.graph.find_nodes(op="placeholder") if wrapper and "val" in node.meta
+    }
     try:
         yield
     finally:

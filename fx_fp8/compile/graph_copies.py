@@ -1,4 +1,5 @@
 """Copies of a Dynamo graph: the one the backend keeps, and one per rewrite (instance, step variant)."""
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ Per graph Dynamo hands over:
      bounded recent-compiles log.
 What runs per call lives in fx_fp8/compile/dispatch.py (step variant, module instance).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,9 +57,9 @@ class Settings:
     lowering: str
     downstream: str
     mode: Optional[str]
-    inductor_options: dict   # Inductor config patches on top of the mode's (backend option inductor_options)
+    inductor_options: dict  # Inductor config patches on top of the mode's (backend option inductor_options)
     dump_graphs: bool
-    check_reuse: bool        # a reused instance also runs the passes; any difference raises (a debugging option)
+    check_reuse: bool  # a reused instance also runs the passes; any difference raises (a debugging option)
 
 
 class GraphPlan:
@@ -71,13 +72,18 @@ class GraphPlan:
         # the calibration, once per graph: every instance and variant reads it from here
         self.calibration = Calibration.load(config)
         if self.calibration.scales is not None and model is not None:
-            check_scales_match(self.calibration.scales, [n for n, m in model.named_modules()
-                                                         if is_plain_linear(m) or isinstance(m, QuantizedLinear)])
+            check_scales_match(
+                self.calibration.scales,
+                [n for n, m in model.named_modules() if is_plain_linear(m) or isinstance(m, QuantizedLinear)],
+            )
         self.layer_map = _layer_map(gm, model)
         # graph analyses, once per Dynamo graph, keyed by node name (stable across the graph's copies)
         # (a block compiled on its own holds no final projection: see holds_model_output)
-        self.sensitive = ({n.name: why for n, why in find_sensitive_linears(
-            gm, model_output=holds_model_output(gm)).items()} if config.linear_enabled else {})
+        self.sensitive = (
+            {n.name: why for n, why in find_sensitive_linears(gm, model_output=holds_model_output(gm)).items()}
+            if config.linear_enabled
+            else {}
+        )
         self.variants = config.step_variants()
         self.artifacts: dict = {}
         self.tracing_context = current_tracing_context()
@@ -96,9 +102,16 @@ class GraphPlan:
         for instance `name`, evaluated on its names without copying the graph; None when a pass cannot say."""
         if self.settings.dump_graphs:  # graph dumps are per instance
             return None
-        fc = FactsContext(config=self.settings.config, layer_map=self.layer_map, calibration=self.calibration,
-                          sensitive=self.sensitive, gm=self.gm, example_inputs=inputs,
-                          placeholders=self.placeholders, resolver=resolver)
+        fc = FactsContext(
+            config=self.settings.config,
+            layer_map=self.layer_map,
+            calibration=self.calibration,
+            sensitive=self.sensitive,
+            gm=self.gm,
+            example_inputs=inputs,
+            placeholders=self.placeholders,
+            resolver=resolver,
+        )
         facts = []
         try:
             for node in self.gm.graph.nodes:
@@ -115,7 +128,9 @@ class GraphPlan:
 
     def _report(self, variant, **kw) -> CompileReport:
         s = self.settings
-        return CompileReport(backend=s.backend, lowering=s.lowering, downstream=s.downstream, step_variant=variant, **kw)
+        return CompileReport(
+            backend=s.backend, lowering=s.lowering, downstream=s.downstream, step_variant=variant, **kw
+        )
 
     def run_passes(self, inputs: list, name: str, warn: Callable[[str], None], resolver: Resolver) -> dict:
         """{variant: (report, rewritten graph, the passes' outputs)} for instance `name` (its weight
@@ -126,10 +141,20 @@ class GraphPlan:
             rename_instance(graph_copy, self.own_instance, name)
             report = self._report(variant)
             passes_in, passes_out = compile_contexts(
-                graph_copy, inputs, self.settings.config, get_lowering(self.settings.lowering), report,
-                self.layer_map, warn, step_variant=variant, calibration=self.calibration, sensitive=self.sensitive,
-                resolver=resolver, dump=self.settings.dump_graphs,
-                weight_applier=functools.partial(self.apply_weight_action, inputs=inputs, name=name, resolver=resolver))
+                graph_copy,
+                inputs,
+                self.settings.config,
+                get_lowering(self.settings.lowering),
+                report,
+                self.layer_map,
+                warn,
+                step_variant=variant,
+                calibration=self.calibration,
+                sensitive=self.sensitive,
+                resolver=resolver,
+                dump=self.settings.dump_graphs,
+                weight_applier=functools.partial(self.apply_weight_action, inputs=inputs, name=name, resolver=resolver),
+            )
             PassManager(self.passes).run(passes_in, passes_out)
             report.layer_map = self.layer_map.as_dict()
             if passes_out.dumps is not None:
@@ -150,30 +175,43 @@ class GraphPlan:
             if spelling not in renamed:
                 if spelling not in template.nodes_of:
                     raise NotReusable(f"module {spelling!r} names no node of the graph")
-                renamed[spelling] = instance_module_name(self.nodes[template.nodes_of[spelling]], self.own_instance,
-                                                         name)
+                renamed[spelling] = instance_module_name(
+                    self.nodes[template.nodes_of[spelling]], self.own_instance, name
+                )
             return renamed[spelling]
 
         out = {}
         for variant, (t_report, graph, t_out) in template.variants.items():
-            report = self._report(variant, layer_map=dict(t_report.layer_map), weights=dict(t_report.weights),
-                                  notes=list(t_report.notes))
+            report = self._report(
+                variant, layer_map=dict(t_report.layer_map), weights=dict(t_report.weights), notes=list(t_report.notes)
+            )
             for e in t_report.entries:
                 module = rename(e.module) if e.name_resolved else e.module
                 report.entries.append(dataclasses.replace(e, module=module, layer=self.layer_map.layer_of(module)))
             for action in t_out.weight_actions:  # the template's side effects, on this instance's weights
                 self.apply_weight_action(action, inputs, name, resolver)
-            out[variant] = (report, graph, CompileOutputs(
-                report=report, feeds=t_out.feeds, weight_actions=list(t_out.weight_actions),
-                unmatched_ignored_layers=list(t_out.unmatched_ignored_layers)))
+            out[variant] = (
+                report,
+                graph,
+                CompileOutputs(
+                    report=report,
+                    feeds=t_out.feeds,
+                    weight_actions=list(t_out.weight_actions),
+                    unmatched_ignored_layers=list(t_out.unmatched_ignored_layers),
+                ),
+            )
         return out
 
     def apply_weight_action(self, action, inputs: list, name: str, resolver: Resolver) -> dict:
         """One weight action a pass emitted (fx_fp8/quant/weight_actions.py), done to instance `name`'s
         weights: for the instance whose passes ran and for each that reuses its decisions alike."""
-        return weight_actions.apply(action, inputs,
-                                    lambda node: instance_module_name(self.nodes[node], self.own_instance, name),
-                                    resolver, self.calibration)
+        return weight_actions.apply(
+            action,
+            inputs,
+            lambda node: instance_module_name(self.nodes[node], self.own_instance, name),
+            resolver,
+            self.calibration,
+        )
 
     def _decide(self, inputs: list, name: str, resolver: Resolver, record: ModelRecord) -> tuple[dict, list]:
         """(variants as run_passes gives them, warnings) for instance `name`: an earlier instance's
@@ -215,8 +253,9 @@ class GraphPlan:
             record.warn(message)
         instance = InstancePlan(self, record, resolver, planned, time.perf_counter() - started)
         for report, _, passes_out in planned.values():
-            _warn_about_selectors(self.layer_map, passes_out.unmatched_ignored_layers, self.settings.config, record,
-                                  model_)
+            _warn_about_selectors(
+                self.layer_map, passes_out.unmatched_ignored_layers, self.settings.config, record, model_
+            )
             record.add(report)
             RECENT.add(report)
         return instance.entry(inputs)
@@ -244,8 +283,10 @@ class InstancePlan:
         self.rewritten = {v: gm for v, (_, gm, _) in planned.items()}
         self.feeds = {v: passes_out.feeds for v, (_, _, passes_out) in planned.items()}
         # instances whose decisions and appended inputs are equal share one compiled artifact
-        self.keys = {v: (v, tuple((e.node, e.action, e.reason) for e in report.entries), self.feeds[v].signature)
-                     for v, report in self.reports.items()}
+        self.keys = {
+            v: (v, tuple((e.node, e.action, e.reason) for e in report.entries), self.feeds[v].signature)
+            for v, report in self.reports.items()
+        }
 
     def compile_variant(self, variant, inputs) -> Callable:
         g, key = self.graph, self.keys[variant]
@@ -254,14 +295,23 @@ class InstancePlan:
             # context (fake mode, shape env) lets Inductor's caches take it; they need a fake value on
             # every node the passes inserted (only for a graph that is compiled)
             fill_example_values(self.rewritten[variant].graph)
-            examples = ((list(inputs) if g.fake_args is None else list(g.fake_args))
-                        + self.feeds[variant].example_inputs(fake=g.fake_args is not None))
+            examples = (list(inputs) if g.fake_args is None else list(g.fake_args)) + self.feeds[
+                variant
+            ].example_inputs(fake=g.fake_args is not None)
             s = g.settings
-            with compiling_under(g.tracing_context), compile_log.compiling(
-                    self.reports[variant], self.rewritten[variant], downstream=s.downstream,
-                    passes_s=self.passes_s, record=self.record):
-                g.artifacts[key] = downstream.compile_downstream(s.downstream, self.rewritten[variant], examples, s.mode,
-                                                                 s.inductor_options)
+            with (
+                compiling_under(g.tracing_context),
+                compile_log.compiling(
+                    self.reports[variant],
+                    self.rewritten[variant],
+                    downstream=s.downstream,
+                    passes_s=self.passes_s,
+                    record=self.record,
+                ),
+            ):
+                g.artifacts[key] = downstream.compile_downstream(
+                    s.downstream, self.rewritten[variant], examples, s.mode, s.inductor_options
+                )
         return self.fed(variant, g.artifacts[key], inputs)
 
     def fed(self, variant, artifact, inputs) -> Callable:
@@ -273,13 +323,16 @@ class InstancePlan:
         config = self.graph.settings.config
         if not config.has_step_skips:
             return self.compile_variant(None, inputs)
-        ready = {v: (self.fed(v, self.graph.artifacts[k], inputs) if k in self.graph.artifacts else None)
-                 for v, k in self.keys.items()}
+        ready = {
+            v: (self.fed(v, self.graph.artifacts[k], inputs) if k in self.graph.artifacts else None)
+            for v, k in self.keys.items()
+        }
         return StepDispatch(ready, config, self.record, self.compile_variant)
 
 
-def compile_graph_plan(gm: torch.fx.GraphModule, example_inputs, settings: Settings, *, model=None,
-                       owner=None) -> Callable:
+def compile_graph_plan(
+    gm: torch.fx.GraphModule, example_inputs, settings: Settings, *, model=None, owner=None
+) -> Callable:
     """The callable Dynamo runs for `gm`; `model`/`owner` default to what the Python stack shows
     (fx_fp8.graph.dynamo_internals.find_compiled_model)."""
     model, owner = resolve_graph(gm, example_inputs, model=model, owner=owner)
@@ -295,13 +348,16 @@ def _layer_map(gm: torch.fx.GraphModule, model) -> LayerMap:
     return LayerMap.from_graph(attention, [module_name(n) for n in gm.graph.nodes])
 
 
-def _warn_about_selectors(layer_map: LayerMap, unmatched_ignored_layers: list, config: FP8Config,
-                          record: ModelRecord, model=None) -> None:
+def _warn_about_selectors(
+    layer_map: LayerMap, unmatched_ignored_layers: list, config: FP8Config, record: ModelRecord, model=None
+) -> None:
     n = layer_map.num_layers
     beyond = config.diffusion_kv_cache_skip_layers.at_least(n)
     if config.attention_enabled and beyond:
-        record.warn(f"fx_fp8: diffusion_kv_cache_skip_layers names layers {beyond} but the model has {n} layers"
-                    + (f" (0-{n - 1})" if n else ""))
+        record.warn(
+            f"fx_fp8: diffusion_kv_cache_skip_layers names layers {beyond} but the model has {n} layers"
+            + (f" (0-{n - 1})" if n else "")
+        )
     typos = _matching_no_linear_of(model, unmatched_ignored_layers)
     if typos:
         record.warn(f"fx_fp8: ignored_layers patterns matched no linear of the model: {typos}")

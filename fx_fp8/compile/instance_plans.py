@@ -5,6 +5,7 @@ its decisions instead of running the passes again.
 fx_fp8.compile.graph_plan plans each instance; with the check_reuse setting on (backend option
 `check_reuse`, default from FX_FP8_CHECK_REUSE) it also runs the passes for a reused instance and
 check_reuse compares the two."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,11 +21,11 @@ from fx_fp8.graph.names import INSTANCE_KEY, NAME_KEY, RESOLVED_KEY, instance_mo
 class Template:
     """An instance whose passes ran, kept for instances with equal facts to reuse."""
 
-    name: str                     # its instance name
-    variants: dict                # variant -> (report, rewritten graph, the passes' outputs)
-    warnings: list                # what its passes warned
-    nodes_of: dict                # module name as it spells it -> the graph node it names
-    portable_warnings: bool       # no warning names one of its modules: the same words for every instance
+    name: str  # its instance name
+    variants: dict  # variant -> (report, rewritten graph, the passes' outputs)
+    warnings: list  # what its passes warned
+    nodes_of: dict  # module name as it spells it -> the graph node it names
+    portable_warnings: bool  # no warning names one of its modules: the same words for every instance
 
     @classmethod
     def of(cls, name: str, variants: dict, warnings: list, gm: torch.fx.GraphModule) -> Optional["Template"]:
@@ -51,8 +52,10 @@ def check_reuse(reused: dict, full: dict, reused_warnings: list, warnings: list,
     for variant, (report, graph, ctx) in full.items():
         r_report, r_graph, r_ctx = reused[variant]
         if [e.to_dict() for e in r_report.entries] != [e.to_dict() for e in report.entries]:
-            problems.append(f"variant {variant}: report rows differ: "
-                            f"{[e.to_dict() for e in r_report.entries if e not in report.entries][:2]}")
+            problems.append(
+                f"variant {variant}: report rows differ: "
+                f"{[e.to_dict() for e in r_report.entries if e not in report.entries][:2]}"
+            )
         for attr in ("weights", "notes", "layer_map"):
             if getattr(r_report, attr) != getattr(report, attr):
                 problems.append(f"variant {variant}: {attr} differ")

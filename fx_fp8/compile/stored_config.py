@@ -10,6 +10,7 @@ downstream) and which steps and layers keep attention or linears out of FP8 (the
 attention layer selector: a run's policy on top of the loaded weights, as a model folder's own
 fx_fp8.yaml gives it) are not fixed by the load: options set them freely.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +24,14 @@ METHOD = "fx_fp8"
 RECORD_KEYS = ("quant_method", "format_version", "quantized_layers", "runtime")
 #: FP8Config keys an option may set whatever the load recorded: where the kernels run, the step
 #: policy and the attention layer selector
-FREE_KEYS = ("lowering", "downstream", "diffusion_kv_cache_skip_steps", "diffusion_kv_cache_skip_layers",
-             "quantization_config.skip_steps", "quantization_config.skip_steps_mode")
+FREE_KEYS = (
+    "lowering",
+    "downstream",
+    "diffusion_kv_cache_skip_steps",
+    "diffusion_kv_cache_skip_layers",
+    "quantization_config.skip_steps",
+    "quantization_config.skip_steps_mode",
+)
 
 
 class StoredConfigConflict(ValueError):
@@ -44,7 +51,9 @@ def stored_config(model) -> Optional[FP8Config]:
     data = qc if isinstance(qc, dict) else None
     if data is None or str(getattr(data.get("quant_method"), "value", data.get("quant_method"))) != METHOD:
         return None
-    stored = FP8Config.from_mapping({k: v for k, v in data.items() if k not in RECORD_KEYS}, where="quantization_config")
+    stored = FP8Config.from_mapping(
+        {k: v for k, v in data.items() if k not in RECORD_KEYS}, where="quantization_config"
+    )
     policy = read_step_policy(data)
     return stored.replace(**policy) if policy else stored
 
@@ -59,12 +68,15 @@ def with_checkpoint_step_policy(config: FP8Config, model) -> FP8Config:
         return config
     with_policy = config.replace(**policy)
     own = config.quantization_config
-    if own.skip_steps and (own.skip_steps, own.skip_steps_mode) != (with_policy.quantization_config.skip_steps,
-                                                                     "weight_only"):
+    if own.skip_steps and (own.skip_steps, own.skip_steps_mode) != (
+        with_policy.quantization_config.skip_steps,
+        "weight_only",
+    ):
         raise StoredConfigConflict(
             f"quantization_config.skip_steps: the checkpoint's diffusion_step_policy asks for "
             f"{policy['quantization_skip_steps']!r} (weight_only), the options ask for {str(own.skip_steps)!r} "
-            f"({own.skip_steps_mode}): drop the option to run the checkpoint's policy")
+            f"({own.skip_steps_mode}): drop the option to run the checkpoint's policy"
+        )
     return with_policy
 
 
@@ -81,8 +93,11 @@ def _flat(data: dict, prefix: str = "") -> dict:
 def conflicts(stored: FP8Config, asked: FP8Config) -> list[str]:
     """'key: loaded with A, asked for B' for every key (but lowering / downstream) that differs."""
     a, b = _flat(stored.to_dict()), _flat(asked.to_dict())
-    return [f"{k}: the model was quantized at load with {a.get(k)!r}, the options ask for {b.get(k)!r}"
-            for k in sorted(a.keys() | b.keys()) if k not in FREE_KEYS and a.get(k) != b.get(k)]
+    return [
+        f"{k}: the model was quantized at load with {a.get(k)!r}, the options ask for {b.get(k)!r}"
+        for k in sorted(a.keys() | b.keys())
+        if k not in FREE_KEYS and a.get(k) != b.get(k)
+    ]
 
 
 def settle(stored: FP8Config, base=None, **options) -> FP8Config:
@@ -96,11 +111,14 @@ def settle(stored: FP8Config, base=None, **options) -> FP8Config:
         raise StoredConfigConflict(
             "the options contradict the config this model was quantized with at load (its "
             "config.quantization_config): " + "; ".join(problems) + ". Drop those options to compile it as "
-            "loaded, or reload it with a quantization_config that asks for them")
+            "loaded, or reload it with a quantization_config that asks for them"
+        )
     free = {k: v for k, v in _flat(asked.to_dict()).items() if k in FREE_KEYS and v != _flat(stored.to_dict())[k]}
     return stored.replace(**{_FLAT_KEY.get(k, k): v for k, v in free.items()}) if free else stored
 
 
 #: the flat replace() key of a nested free key
-_FLAT_KEY = {"quantization_config.skip_steps": "quantization_skip_steps",
-             "quantization_config.skip_steps_mode": "quantization_skip_steps_mode"}
+_FLAT_KEY = {
+    "quantization_config.skip_steps": "quantization_skip_steps",
+    "quantization_config.skip_steps_mode": "quantization_skip_steps_mode",
+}

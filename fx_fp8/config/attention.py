@@ -1,4 +1,5 @@
 """AttentionQuantConfig: how FP8Config's attention is quantized (the `attention` key)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,8 +52,12 @@ class AttentionQuantConfig:
         # P in [0, 1] is multiplied by p_scale before the e4m3 cast: below 1 the small probabilities
         # round to zero (below 2**-10 all of them, and the attention output is 0)
         if not is_number(self.p_scale) or not 1 <= self.p_scale <= 448:
-            raise ValueError(f"invalid attention.p_scale {short_repr(self.p_scale)}: expected a number in [1, 448] (the softmax "
-                             "probabilities are multiplied by it before the FP8 cast; below 1 small probabilities "
-                             "round to zero, and at 1e-3 the attention output is all zeros)")
+            raise ValueError(
+                f"invalid attention.p_scale {short_repr(self.p_scale)}: expected a number in [1, 448] (the softmax "
+                "probabilities are multiplied by it before the FP8 cast; below 1 small probabilities "
+                "round to zero, and at 1e-3 the attention output is all zeros)"
+            )
         if not is_number(self.min_kv_ratio) or not 0 <= self.min_kv_ratio <= 1:
-            raise ValueError(f"invalid attention.min_kv_ratio {short_repr(self.min_kv_ratio)}: expected a number in [0, 1]")
+            raise ValueError(
+                f"invalid attention.min_kv_ratio {short_repr(self.min_kv_ratio)}: expected a number in [0, 1]"
+            )

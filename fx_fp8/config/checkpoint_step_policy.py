@@ -19,13 +19,23 @@ the precision of Cosmos3's understanding tower, a path fx_fp8 does not compile: 
 and has no effect here. One difference: those loaders run a one-step schedule (a warm-up probe)
 all W8A8; fx_fp8's selectors place first:F in any run, so a one-step run is W8A16.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Optional
 
-FIELDS = ("schema_version", "type", "index_space", "scope", "default_mode", "first_steps", "last_steps", "overlap",
-          "reasoner")
+FIELDS = (
+    "schema_version",
+    "type",
+    "index_space",
+    "scope",
+    "default_mode",
+    "first_steps",
+    "last_steps",
+    "overlap",
+    "reasoner",
+)
 RANGE_FIELDS = ("count", "mode")
 #: field -> the one value fx_fp8 can express
 FIXED = {"type": "first_last_n", "index_space": "denoising_loop_iteration", "default_mode": "native", "overlap": "a16"}
@@ -36,8 +46,10 @@ class CheckpointStepPolicyError(ValueError):
 
 
 def _fail(field: str, value, expected: str) -> CheckpointStepPolicyError:
-    return CheckpointStepPolicyError(f"quantization_config.runtime.diffusion_step_policy.{field} = {value!r}: "
-                                     f"expected {expected} (the policy is refused rather than run differently)")
+    return CheckpointStepPolicyError(
+        f"quantization_config.runtime.diffusion_step_policy.{field} = {value!r}: "
+        f"expected {expected} (the policy is refused rather than run differently)"
+    )
 
 
 def _count(policy: Mapping, name: str) -> int:
@@ -75,10 +87,12 @@ def read_step_policy(quantization_config, component: str = "transformer") -> Opt
         raise _fail("", policy, "a mapping")
     unknown, missing = sorted(set(policy) - set(FIELDS)), sorted(set(FIELDS) - set(policy))
     if unknown or missing:
-        raise CheckpointStepPolicyError(f"quantization_config.runtime.diffusion_step_policy: "
-                                        f"{'unknown fields ' + str(unknown) if unknown else ''}"
-                                        f"{'; ' if unknown and missing else ''}"
-                                        f"{'missing fields ' + str(missing) if missing else ''} (expected {list(FIELDS)})")
+        raise CheckpointStepPolicyError(
+            f"quantization_config.runtime.diffusion_step_policy: "
+            f"{'unknown fields ' + str(unknown) if unknown else ''}"
+            f"{'; ' if unknown and missing else ''}"
+            f"{'missing fields ' + str(missing) if missing else ''} (expected {list(FIELDS)})"
+        )
     version = policy["schema_version"]
     if not isinstance(version, int) or isinstance(version, bool) or version != 1:
         raise _fail("schema_version", version, "the integer 1")

@@ -23,6 +23,7 @@ cover keeps native linears (vLLM-Omni's default is none); its attention follows 
 config's other keys. The other components (text encoders, ...) get their linears only: FP8
 attention is a denoising transformer's. compile_pipeline reads the map (fx_fp8/pipeline/plan.py).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -48,9 +49,9 @@ def is_component_map(value) -> bool:
 class ComponentConfigs:
     """A config split into its component map (None: a plain config) and the rest."""
 
-    base: Any                       # the config without the map (what FP8Config.load takes)
+    base: Any  # the config without the map (what FP8Config.load takes)
     overrides: dict
-    specs: Optional[dict] = None    # {component: None | {"quantization": m, "quantization_config": {...}}}
+    specs: Optional[dict] = None  # {component: None | {"quantization": m, "quantization_config": {...}}}
     default: Optional[dict] = field(default=None)
 
     @classmethod
@@ -62,8 +63,10 @@ class ComponentConfigs:
             return cls(data, overrides, *_specs(overrides.pop("quantization"), "quantization="))
         if isinstance(data, Mapping) and is_component_map(data.get("quantization")):
             if "quantization" in overrides:
-                raise ValueError(f"quantization={short_repr(overrides['quantization'])} and the config's component map "
-                                 f"{short_repr(dict(data['quantization']))} both set quantization: give one")
+                raise ValueError(
+                    f"quantization={short_repr(overrides['quantization'])} and the config's component map "
+                    f"{short_repr(dict(data['quantization']))} both set quantization: give one"
+                )
             rest = {k: v for k, v in data.items() if k != "quantization"}
             return cls(rest, overrides, *_specs(data["quantization"], "quantization"))
         return cls(data, overrides)
@@ -93,8 +96,9 @@ class ComponentConfigs:
         base = FP8Config.load(self.base, **self.overrides)
         key = self.key_for(name)
         spec = (self.specs[key] if key is not None else None) or {"quantization": None}
-        return FP8Config.from_kwargs(diffusion_kv_cache_dtype=None, lowering=base.lowering,
-                                     downstream=base.downstream, **spec)
+        return FP8Config.from_kwargs(
+            diffusion_kv_cache_dtype=None, lowering=base.lowering, downstream=base.downstream, **spec
+        )
 
 
 def matching_key(name: str, keys) -> Optional[str]:
@@ -130,12 +134,16 @@ def _specs(mapping: Mapping, where: str) -> tuple[dict, Optional[dict]]:
     specs = {}
     for component, value in mapping.items():
         if not isinstance(component, str) or not component:
-            raise ValueError(f"invalid component {short_repr(component)} in {where}: expected a pipeline component "
-                             "name such as 'transformer' or 'text_encoder'")
+            raise ValueError(
+                f"invalid component {short_repr(component)} in {where}: expected a pipeline component "
+                "name such as 'transformer' or 'text_encoder'"
+            )
         specs[component] = _spec(value, f"{where}.{component}")
     if not [c for c in specs if c != DEFAULT_COMPONENT]:
-        raise ValueError(f"{where} {short_repr(dict(mapping))} names no component: map components such as "
-                         "'transformer' or 'text_encoder' to a method")
+        raise ValueError(
+            f"{where} {short_repr(dict(mapping))} names no component: map components such as "
+            "'transformer' or 'text_encoder' to a method"
+        )
     return specs, specs.pop(DEFAULT_COMPONENT, None)
 
 
@@ -149,12 +157,18 @@ def _spec(value, where: str) -> Optional[dict]:
         qc = dict(value)
         method, quant_method = qc.pop("method", None), qc.pop("quant_method", None)
         if method is not None and quant_method is not None and method != quant_method:
-            raise ValueError(f"{where}: method {short_repr(method)} and quant_method {short_repr(quant_method)} disagree "
-                             "(they are one key): give one")
+            raise ValueError(
+                f"{where}: method {short_repr(method)} and quant_method {short_repr(quant_method)} disagree "
+                "(they are one key): give one"
+            )
         method = method if method is not None else quant_method
         if method is None:
-            raise ValueError(f"{where} {short_repr(dict(value))} has no method: give method: fp8 or int8 (or null to "
-                             "leave the component as it is)")
+            raise ValueError(
+                f"{where} {short_repr(dict(value))} has no method: give method: fp8 or int8 (or null to "
+                "leave the component as it is)"
+            )
         return {"quantization": method, "quantization_config": {**qc, "method": method}}
-    raise ValueError(f"invalid {where} {short_repr(value)}: expected a method ('fp8', 'int8'), a quantization_config "
-                     "mapping with a method, or null")
+    raise ValueError(
+        f"invalid {where} {short_repr(value)}: expected a method ('fp8', 'int8'), a quantization_config "
+        "mapping with a method, or null"
+    )

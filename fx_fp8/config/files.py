@@ -1,5 +1,6 @@
 """Reading a config's data: YAML files and vLLM-Omni stage configs. The keys' spellings are
 fx_fp8.config.keys, what they mean fx_fp8.config.fp8_config."""
+
 from __future__ import annotations
 
 import os
@@ -76,9 +77,11 @@ def _load_bounded(stream, path: str):
             return None
         size = _expanded_size(node, path)
         if size > MAX_CONFIG_NODES:
-            raise ValueError(f"config file {path!r} expands to more than {MAX_CONFIG_NODES:,} YAML nodes (each use of "
-                             "an alias counted): refused, a config has tens; write the values out, or use fewer "
-                             "nested aliases")
+            raise ValueError(
+                f"config file {path!r} expands to more than {MAX_CONFIG_NODES:,} YAML nodes (each use of "
+                "an alias counted): refused, a config has tens; write the values out, or use fewer "
+                "nested aliases"
+            )
         return loader.construct_document(node)
     finally:
         loader.dispose()

@@ -9,6 +9,7 @@ fx_fp8.config.quantization, the keys' spellings and merge rules (one normaliser 
 from_kwargs and replace share) fx_fp8.config.keys, the value checks fx_fp8.config.values,
 reading files fx_fp8.config.files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,21 +54,34 @@ class FP8Config:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
-        set_("diffusion_kv_cache_dtype", check_choice("diffusion_kv_cache_dtype", self.diffusion_kv_cache_dtype, KV_CACHE_DTYPES))
+        set_(
+            "diffusion_kv_cache_dtype",
+            check_choice("diffusion_kv_cache_dtype", self.diffusion_kv_cache_dtype, KV_CACHE_DTYPES),
+        )
         set_("quantization", check_choice("quantization", self.quantization, QUANTIZATION_METHODS))
-        set_("diffusion_kv_cache_skip_steps", parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps", relative=True))
-        set_("diffusion_kv_cache_skip_layers", parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"))
+        set_(
+            "diffusion_kv_cache_skip_steps",
+            parse_selector(self.diffusion_kv_cache_skip_steps, what="diffusion_kv_cache_skip_steps", relative=True),
+        )
+        set_(
+            "diffusion_kv_cache_skip_layers",
+            parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"),
+        )
         qc = self.quantization_config
         qc = fold_quantize_sensitive(qc) if isinstance(qc, Mapping) else qc  # FP8Config(...) built directly
-        set_("quantization_config", dataclass_from_mapping(QuantizationConfig, qc, "quantization_config",
-                                                           synonyms=("quantize_sensitive",)))
+        set_(
+            "quantization_config",
+            dataclass_from_mapping(QuantizationConfig, qc, "quantization_config", synonyms=("quantize_sensitive",)),
+        )
         set_("attention", dataclass_from_mapping(AttentionQuantConfig, self.attention, "attention"))
         set_("lowering", check_choice("lowering", self.lowering, LOWERINGS))
         set_("downstream", check_choice("downstream", self.downstream, DOWNSTREAMS))
         method = self.quantization_config.method
         if self.quantization is not None and method != self.quantization:
             if method != "fp8":  # "fp8" is the default: `quantization` decides
-                raise ValueError(f"quantization {short_repr(self.quantization)} disagrees with quantization_config.method {short_repr(method)}")
+                raise ValueError(
+                    f"quantization {short_repr(self.quantization)} disagrees with quantization_config.method {short_repr(method)}"
+                )
             set_("quantization_config", dataclasses.replace(self.quantization_config, method=self.quantization))
         self._warn_unused_selectors()
 
@@ -80,13 +94,21 @@ class FP8Config:
             if self.diffusion_kv_cache_skip_layers:
                 unused.append("diffusion_kv_cache_skip_layers")
         if unused:
-            warnings.warn(f"{' and '.join(unused)} set but FP8 attention is off "
-                          f"(diffusion_kv_cache_dtype={short_repr(self.diffusion_kv_cache_dtype)}): they have no effect", stacklevel=4)
+            warnings.warn(
+                f"{' and '.join(unused)} set but FP8 attention is off "
+                f"(diffusion_kv_cache_dtype={short_repr(self.diffusion_kv_cache_dtype)}): they have no effect",
+                stacklevel=4,
+            )
         if not self.linear_enabled and self.quantization_config.skip_steps:
-            warnings.warn("quantization_config.skip_steps set but quantized linears are off (quantization=None): it "
-                          "has no effect", stacklevel=4)
+            warnings.warn(
+                "quantization_config.skip_steps set but quantized linears are off (quantization=None): it "
+                "has no effect",
+                stacklevel=4,
+            )
         if not self.linear_enabled and self.quantization_config.ignored_layers:
-            warnings.warn("ignored_layers set but quantized linears are off (quantization=None): it has no effect", stacklevel=4)
+            warnings.warn(
+                "ignored_layers set but quantized linears are off (quantization=None): it has no effect", stacklevel=4
+            )
 
     # -- what is on --------------------------------------------------------
     @property
@@ -160,8 +182,12 @@ class FP8Config:
             data["quantization"] = check_choice("quantization_config.method", method, QUANTIZATION_METHODS[1:])
         mentions_attention = "diffusion_kv_cache_dtype" in data
         mentions_linear = "quantization" in data
-        if mentions_linear and not mentions_attention and not is_off(data["quantization"]) and (
-                data.get("diffusion_kv_cache_skip_steps") or data.get("diffusion_kv_cache_skip_layers")):
+        if (
+            mentions_linear
+            and not mentions_attention
+            and not is_off(data["quantization"])
+            and (data.get("diffusion_kv_cache_skip_steps") or data.get("diffusion_kv_cache_skip_layers"))
+        ):
             data["diffusion_kv_cache_dtype"] = "fp8"  # attention selectors next to a linear opt-in: both on
             mentions_attention = True
         given = data.get("diffusion_kv_cache_dtype") if mentions_attention else data.get("quantization")

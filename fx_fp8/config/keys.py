@@ -3,6 +3,7 @@ their spellings become canonical (legacy kv_cache_* keys, the flat shortcuts `ig
 `quantization_skip_steps[_mode]`, `quantization_config` given as a method name, vLLM-Omni's
 `quantize_sensitive`) and unknown keys are refused. Reading the keys out of a file is
 fx_fp8.config.files."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,16 +11,23 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
-from fx_fp8.config.quantization import (QUANTIZATION_METHODS, QuantizationConfig, clean_patterns,
-                                        fold_quantize_sensitive)
+from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig, clean_patterns, fold_quantize_sensitive
 from fx_fp8.config.selectors import parse_selector
 from fx_fp8.config.values import check_choice, did_you_mean, is_off, short_repr
 
 #: the keys of a flat FP8 config (legacy kv_cache_* spellings aside: normalise_keys folds them)
 TOP_KEYS = (
-    "diffusion_kv_cache_dtype", "diffusion_kv_cache_skip_steps", "diffusion_kv_cache_skip_layers",
-    "quantization", "quantization_config", "ignored_layers", "attention", "lowering", "downstream",
-    "quantization_skip_steps", "quantization_skip_steps_mode",
+    "diffusion_kv_cache_dtype",
+    "diffusion_kv_cache_skip_steps",
+    "diffusion_kv_cache_skip_layers",
+    "quantization",
+    "quantization_config",
+    "ignored_layers",
+    "attention",
+    "lowering",
+    "downstream",
+    "quantization_skip_steps",
+    "quantization_skip_steps_mode",
 )
 #: flat spellings of quantization_config keys (CLI flags, compile_pipeline keywords); unlike
 #: ignored_layers they are no linear opt-in: like diffusion_kv_cache_skip_steps, they select steps
@@ -72,15 +80,19 @@ def check_keys(data: Mapping) -> None:
     component map) and the closest key otherwise."""
     for key in data:
         if key in PIPELINE_KEYS:  # a pipeline option, read by fx_fp8.pipeline.options.PipelineOptions
-            raise ValueError(f"{short_repr(key)} is a pipeline option, not an FP8 option: pass it to "
-                             "fx_fp8.compile_pipeline (or put it in the YAML given to it)")
+            raise ValueError(
+                f"{short_repr(key)} is a pipeline option, not an FP8 option: pass it to "
+                "fx_fp8.compile_pipeline (or put it in the YAML given to it)"
+            )
         if key not in TOP_KEYS:
             raise ValueError(f"unknown config key {short_repr(key)}{did_you_mean(key, TOP_KEYS + tuple(LEGACY_KEYS))}")
     quantization = data.get("quantization")
     if isinstance(quantization, Mapping) and not {"method", "quant_method"} & set(quantization):
-        raise ValueError(f"quantization {short_repr(dict(quantization))} maps pipeline components (vLLM-Omni's "
-                         "component map): fx_fp8.compile_pipeline reads it; one model takes a method ('fp8', "
-                         "'int8') or None")
+        raise ValueError(
+            f"quantization {short_repr(dict(quantization))} maps pipeline components (vLLM-Omni's "
+            "component map): fx_fp8.compile_pipeline reads it; one model takes a method ('fp8', "
+            "'int8') or None"
+        )
 
 
 def fold_legacy_keys(data: dict) -> dict:
@@ -91,7 +103,9 @@ def fold_legacy_keys(data: dict) -> dict:
             old_value = data.pop(old)
             if data.get(new) is not None and old_value is not None and data[new] != old_value:
                 # stacklevel: the caller of FP8Config.from_kwargs / replace
-                warnings.warn(f"both {new!r} and legacy {old!r} given; using {new}={short_repr(data[new])}", stacklevel=4)
+                warnings.warn(
+                    f"both {new!r} and legacy {old!r} given; using {new}={short_repr(data[new])}", stacklevel=4
+                )
             elif data.get(new) is None and (old_value is not None or new not in data):
                 data[new] = old_value
     return data
@@ -104,8 +118,10 @@ def check_method_agrees(quantization, qc) -> None:
         return
     method = check_choice("quantization_config.method", qc["method"], QUANTIZATION_METHODS[1:])
     if method != check_choice("quantization", quantization, QUANTIZATION_METHODS):
-        raise ValueError(f"quantization {short_repr(quantization)} disagrees with quantization_config.method {short_repr(qc['method'])}: "
-                         "give one of them, or the same method in both")
+        raise ValueError(
+            f"quantization {short_repr(quantization)} disagrees with quantization_config.method {short_repr(qc['method'])}: "
+            "give one of them, or the same method in both"
+        )
 
 
 def pop_step_shortcuts(data: dict) -> dict:
@@ -132,8 +148,10 @@ def apply_step_shortcuts(data: dict, shortcuts: dict) -> None:
             if not given:
                 given = None
         if given is not None and given != value:
-            raise ValueError(f"{flat} {short_repr(str(value))} disagrees with quantization_config.{inner} {short_repr(str(given))}: "
-                             "give one of them, or the same value in both")
+            raise ValueError(
+                f"{flat} {short_repr(str(value))} disagrees with quantization_config.{inner} {short_repr(str(given))}: "
+                "give one of them, or the same value in both"
+            )
         qc[inner] = value
     data["quantization_config"] = qc
 
@@ -143,8 +161,10 @@ def merge_ignored_layers_shortcut(data: dict, shortcut: tuple) -> None:
     qc = _as_dict(data.get("quantization_config"))
     inner = clean_patterns(qc.get("ignored_layers"))
     if inner and shortcut and inner != shortcut:
-        raise ValueError(f"ignored_layers given twice with different values: {short_repr(list(shortcut))} and "
-                         f"quantization_config.ignored_layers={short_repr(list(inner))}")
+        raise ValueError(
+            f"ignored_layers given twice with different values: {short_repr(list(shortcut))} and "
+            f"quantization_config.ignored_layers={short_repr(list(inner))}"
+        )
     qc["ignored_layers"] = shortcut or inner
     data["quantization_config"] = qc
 

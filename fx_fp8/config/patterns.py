@@ -18,6 +18,7 @@ first checked by Python's re (its syntax errors are the familiar ones), then com
 RE2 lacks (backreferences, lookaround, atomic groups, possessive repeats, \Z, some inline flags)
 is refused when the config is validated, naming the pattern. RE2's \d \w \s \b are ASCII.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -65,9 +66,11 @@ def split_patterns(text: str) -> list[str]:
             start = i + 1
         i += 1
     if stack:
-        raise ValueError(f"invalid ignored_layers pattern {short_repr(text[start:].strip())} in {short_repr(text)}: "
-                         f"its {stack[-1]!r} is never closed (a comma inside brackets does not separate "
-                         "patterns); close it, or give the patterns as a list")
+        raise ValueError(
+            f"invalid ignored_layers pattern {short_repr(text[start:].strip())} in {short_repr(text)}: "
+            f"its {stack[-1]!r} is never closed (a comma inside brackets does not separate "
+            "patterns); close it, or give the patterns as a list"
+        )
     parts.append(text[start:])
     return parts
 
@@ -76,9 +79,11 @@ def validate_pattern(pattern: str) -> None:
     if not isinstance(pattern, str) or not pattern.strip():
         raise ValueError(f"invalid ignored_layers pattern {short_repr(pattern)}: empty")
     if pattern.startswith(PRESET_PREFIX):
-        if pattern[len(PRESET_PREFIX):] not in PRESETS:
-            raise ValueError(f"unknown ignored_layers preset {short_repr(pattern)}: expected one of "
-                             f"{', '.join(PRESET_PREFIX + k for k in PRESETS)}")
+        if pattern[len(PRESET_PREFIX) :] not in PRESETS:
+            raise ValueError(
+                f"unknown ignored_layers preset {short_repr(pattern)}: expected one of "
+                f"{', '.join(PRESET_PREFIX + k for k in PRESETS)}"
+            )
         return
     if pattern.startswith("re:"):
         _regex(pattern)
@@ -98,36 +103,46 @@ def _regex(pattern: str):
     try:
         re.compile(body)
     except re.error as e:
-        raise ValueError(f"invalid ignored_layers pattern {short_repr(pattern)}: bad regular expression ({e})") from None
+        raise ValueError(
+            f"invalid ignored_layers pattern {short_repr(pattern)}: bad regular expression ({e})"
+        ) from None
     if _OPEN_LOWER_BOUND.search(body):
-        raise ValueError(f"invalid ignored_layers pattern {short_repr(pattern)}: write '{{0,n}}' for '{{,n}}' (RE2, which "
-                         "matches re: patterns, would read '{,n}' as literal text)")
+        raise ValueError(
+            f"invalid ignored_layers pattern {short_repr(pattern)}: write '{{0,n}}' for '{{,n}}' (RE2, which "
+            "matches re: patterns, would read '{,n}' as literal text)"
+        )
     try:
         return re2.compile(body, _RE2_OPTIONS)
     except re2.error as e:
         detail = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
-        what = next((name for marks, name in _RE2_LACKS if any(re.search(m, body) for m in marks)),
-                    "a construct RE2 lacks")
+        what = next(
+            (name for marks, name in _RE2_LACKS if any(re.search(m, body) for m in marks)), "a construct RE2 lacks"
+        )
         raise ValueError(
             f"invalid ignored_layers pattern {short_repr(pattern)}: it uses {what}, which RE2 (the linear-time matcher that "
             f"keeps any pattern from stalling a compile) cannot run ({detail}). RE2 lacks backreferences, "
             "lookaround, atomic groups, possessive repeats, \\Z (a re: pattern matches the whole name anyway) and "
             "inline flags other than i / m / s / U; list the layers to ignore as patterns of their own instead "
-            "(a layer is ignored when any pattern matches it)") from None
+            "(a layer is ignored when any pattern matches it)"
+        ) from None
 
 
 #: constructs of Python's re that RE2 lacks (regexes over the pattern's text) -> their name, for the refusal
 _RE2_LACKS = (
-    ((r"\(\?=", r"\(\?!"), "a lookahead"), ((r"\(\?<=", r"\(\?<!"), "a lookbehind"),
-    ((r"\\[1-9]", r"\(\?P="), "a backreference"), ((r"\(\?>",), "an atomic group"),
-    ((r"[*+?}]\+",), "a possessive repeat"), ((r"\\Z",), "\\Z"), ((r"\(\?[a-zA-Z]*[aLux]",), "an inline flag RE2 lacks"),
+    ((r"\(\?=", r"\(\?!"), "a lookahead"),
+    ((r"\(\?<=", r"\(\?<!"), "a lookbehind"),
+    ((r"\\[1-9]", r"\(\?P="), "a backreference"),
+    ((r"\(\?>",), "an atomic group"),
+    ((r"[*+?}]\+",), "a possessive repeat"),
+    ((r"\\Z",), "\\Z"),
+    ((r"\(\?[a-zA-Z]*[aLux]",), "an inline flag RE2 lacks"),
 )
 
 
 @functools.lru_cache(maxsize=4096)
 def _compiled(pattern: str):
     if pattern.startswith(PRESET_PREFIX):
-        members = [_compiled(p) for p in PRESETS[pattern[len(PRESET_PREFIX):]]]
+        members = [_compiled(p) for p in PRESETS[pattern[len(PRESET_PREFIX) :]]]
         return lambda name: any(m(name) for m in members)
     if pattern.startswith("re:"):
         rx = _regex(pattern)
@@ -172,12 +187,14 @@ def closest_names(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
 
     def variants(name: str) -> list[str]:
         parts = name.split(".")
-        return ([".".join(parts[i:i + width]) for i in range(len(parts) - width + 1)] if plain else []) + [name]
+        return ([".".join(parts[i : i + width]) for i in range(len(parts) - width + 1)] if plain else []) + [name]
 
     return closest(text, names, n=n, cutoff=0.5, variants=variants)
 
 
-def warn_unmatched_patterns(patterns: Iterable[str], names: Iterable[str], where: str, *, stacklevel: int = 3) -> list[str]:
+def warn_unmatched_patterns(
+    patterns: Iterable[str], names: Iterable[str], where: str, *, stacklevel: int = 3
+) -> list[str]:
     """Warn once, naming each ignored_layers pattern that matches none of `names` (the model's
     linears) and the closest names: a typo would quantize the layer meant to stay native, and an
     entry point that frees or never loads the original weights cannot wait for a compile to say
@@ -188,7 +205,14 @@ def warn_unmatched_patterns(patterns: Iterable[str], names: Iterable[str], where
         lines = []
         for p in unmatched:
             close = closest_names(p, names)
-            lines.append(f"{short_repr(p)} (closest: {', '.join(map(repr, close))})" if close else f"{short_repr(p)} (no linear's name is close)")
-        warnings.warn(f"fx_fp8: {where}: ignored_layers pattern(s) matched no linear of the model, so no layer is kept "
-                      f"native by them: {'; '.join(lines)}", stacklevel=stacklevel)
+            lines.append(
+                f"{short_repr(p)} (closest: {', '.join(map(repr, close))})"
+                if close
+                else f"{short_repr(p)} (no linear's name is close)"
+            )
+        warnings.warn(
+            f"fx_fp8: {where}: ignored_layers pattern(s) matched no linear of the model, so no layer is kept "
+            f"native by them: {'; '.join(lines)}",
+            stacklevel=stacklevel,
+        )
     return unmatched

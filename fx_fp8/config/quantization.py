@@ -1,5 +1,6 @@
 """QuantizationConfig: how FP8Config's linears are quantized (the `quantization_config` key,
 vLLM's plus our extras), and the ignored_layers patterns."""
+
 from __future__ import annotations
 
 import os
@@ -109,49 +110,78 @@ class QuantizationConfig:
         mode = check_choice("quantization_config.skip_steps_mode", self.skip_steps_mode, SKIP_STEPS_MODES)
         set_("skip_steps_mode", mode)
         if self.weight_only_method is not None:
-            set_("weight_only_method", check_choice("quantization_config.weight_only_method",
-                                                     self.weight_only_method, QUANTIZATION_METHODS))
+            set_(
+                "weight_only_method",
+                check_choice("quantization_config.weight_only_method", self.weight_only_method, QUANTIZATION_METHODS),
+            )
         group = self.weight_only_group_size
         if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 16 or group % 16):
-            raise ValueError(f"invalid quantization_config.weight_only_group_size {short_repr(group)}: expected a multiple of "
-                             "16 (input columns per weight scale), or None for one scale per output channel")
-        set_("activation_scheme", check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")))
-        set_("activation_granularity", check_choice("quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")))
+            raise ValueError(
+                f"invalid quantization_config.weight_only_group_size {short_repr(group)}: expected a multiple of "
+                "16 (input columns per weight scale), or None for one scale per output channel"
+            )
+        set_(
+            "activation_scheme",
+            check_choice("quantization_config.activation_scheme", self.activation_scheme, ("dynamic", "static")),
+        )
+        set_(
+            "activation_granularity",
+            check_choice(
+                "quantization_config.activation_granularity", self.activation_granularity, ("token", "tensor")
+            ),
+        )
         if self.weight_block_size is not None:
             wbs = self.weight_block_size
             if not isinstance(wbs, (list, tuple)) or len(wbs) != 2:
                 raise ValueError(f"invalid weight_block_size {short_repr(wbs)}: expected [rows, cols], e.g. [128, 128]")
             set_("weight_block_size", tuple(check_int("weight_block_size", v) for v in wbs))
             set_("weight_granularity", "block")
-        set_("weight_granularity", check_choice("quantization_config.weight_granularity", self.weight_granularity, ("tensor", "channel", "block")))
+        set_(
+            "weight_granularity",
+            check_choice(
+                "quantization_config.weight_granularity", self.weight_granularity, ("tensor", "channel", "block")
+            ),
+        )
         if self.weight_granularity == "block" and self.weight_block_size is None:
             set_("weight_block_size", (128, 128))
         if self.activation_scheme == "static" and self.activation_scales is None:
-            raise ValueError("activation_scheme 'static' needs activation_scales: a JSON file written by fx_fp8.calibrate, or its dict")
+            raise ValueError(
+                "activation_scheme 'static' needs activation_scales: a JSON file written by fx_fp8.calibrate, or its dict"
+            )
         if self.activation_scales is not None and not isinstance(self.activation_scales, (str, os.PathLike, Mapping)):
-            raise ValueError(f"invalid activation_scales {short_repr(self.activation_scales)}: expected a JSON path or a mapping")
-        if (self.activation_scales is not None and self.activation_scheme != "static"
-                and self.smoothing_alpha is None):
-            warnings.warn("quantization_config.activation_scales is given but activation_scheme is "
-                          f"{short_repr(self.activation_scheme)} and smoothing_alpha is not set: the scales are unused "
-                          "(set activation_scheme: static to use them)", stacklevel=5)
+            raise ValueError(
+                f"invalid activation_scales {short_repr(self.activation_scales)}: expected a JSON path or a mapping"
+            )
+        if self.activation_scales is not None and self.activation_scheme != "static" and self.smoothing_alpha is None:
+            warnings.warn(
+                "quantization_config.activation_scales is given but activation_scheme is "
+                f"{short_repr(self.activation_scheme)} and smoothing_alpha is not set: the scales are unused "
+                "(set activation_scheme: static to use them)",
+                stacklevel=5,
+            )
         set_("kernel", check_choice("quantization_config.kernel", self.kernel, LINEAR_KERNELS))
         if self.tune_table is not None and not isinstance(self.tune_table, (str, os.PathLike)):
-            raise ValueError(f"invalid quantization_config.tune_table {self.tune_table!r}: expected the path of a "
-                             "table written by `fx-fp8 tune`, or None")
+            raise ValueError(
+                f"invalid quantization_config.tune_table {self.tune_table!r}: expected the path of a "
+                "table written by `fx-fp8 tune`, or None"
+            )
         if self.tune_table is not None:
             set_("tune_table", os.fspath(self.tune_table))
         check_int("quantization_config.min_features", self.min_features, minimum=0)
         check_bool("quantization_config.fast_accum", self.fast_accum)
         if self.smoothing_alpha is not None:
             if not is_number(self.smoothing_alpha) or not 0 <= self.smoothing_alpha <= 1:
-                raise ValueError(f"invalid quantization_config.smoothing_alpha {short_repr(self.smoothing_alpha)}: "
-                                 "expected a number in [0, 1] (or None: no smoothing)")
+                raise ValueError(
+                    f"invalid quantization_config.smoothing_alpha {short_repr(self.smoothing_alpha)}: "
+                    "expected a number in [0, 1] (or None: no smoothing)"
+                )
             set_("smoothing_alpha", float(self.smoothing_alpha))
             if self.activation_scales is None:
-                raise ValueError("quantization_config.smoothing_alpha needs quantization_config.activation_scales: "
-                                 "a calibration with per-channel statistics written by fx_fp8.calibrate "
-                                 "(fx_fp8.save_activation_scales), or the object it returns")
+                raise ValueError(
+                    "quantization_config.smoothing_alpha needs quantization_config.activation_scales: "
+                    "a calibration with per-channel statistics written by fx_fp8.calibrate "
+                    "(fx_fp8.save_activation_scales), or the object it returns"
+                )
 
     @property
     def quantize_sensitive(self) -> bool:
@@ -191,8 +221,10 @@ def fold_quantize_sensitive(qc: Mapping) -> dict:
     if check_bool("quantization_config.quantize_sensitive", qc.pop("quantize_sensitive")):
         sensitive = qc.get("sensitive")
         if sensitive is not None and check_choice("quantization_config.sensitive", sensitive, SENSITIVE_MODES) != "fp8":
-            raise ValueError(f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
-                             f"with quantization_config.sensitive {short_repr(sensitive)}: give one of them")
+            raise ValueError(
+                f"quantization_config.quantize_sensitive: true (a synonym of sensitive: fp8) disagrees "
+                f"with quantization_config.sensitive {short_repr(sensitive)}: give one of them"
+            )
         qc["sensitive"] = "fp8"
     return qc
 
@@ -200,10 +232,12 @@ def fold_quantize_sensitive(qc: Mapping) -> dict:
 def _taking_quantize_sensitive(init):
     """QuantizationConfig(..., quantize_sensitive=True) keeps working (the keyword was a field
     until the synonym was folded into `sensitive` at the door): folded as the keys are."""
+
     def __init__(self, *args, quantize_sensitive=None, **kwargs):
         if quantize_sensitive is not None:
             kwargs = fold_quantize_sensitive({**kwargs, "quantize_sensitive": quantize_sensitive})
         init(self, *args, **kwargs)
+
     __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
     return __init__
 

@@ -9,6 +9,7 @@ mixable with absolute ones ("first:2,last:2", "0,last:3"). "last:k" needs the
 run's number of steps (fx_fp8.steps publishes it next to the step): such a
 selector answers membership through contains(step, total) or resolve(total).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -31,8 +32,9 @@ class Selector:
 
     __slots__ = ("ranges", "_starts", "first", "last", "what")
 
-    def __init__(self, ranges: Iterable[tuple[int, int]] = (), *, first: int = 0, last: int = 0,
-                 what: str = "selector"):
+    def __init__(
+        self, ranges: Iterable[tuple[int, int]] = (), *, first: int = 0, last: int = 0, what: str = "selector"
+    ):
         ranges = list(ranges)
         if first:
             ranges.append((0, first - 1))
@@ -57,8 +59,10 @@ class Selector:
 
     def _absolute(self, op: str) -> None:
         if self.last:
-            raise ValueError(f"{self.what} {short_repr(str(self))} counts from the end of the run (last:{self.last}): "
-                             f"{op} needs the run's number of steps; use .contains(step, total) or .resolve(total)")
+            raise ValueError(
+                f"{self.what} {short_repr(str(self))} counts from the end of the run (last:{self.last}): "
+                f"{op} needs the run's number of steps; use .contains(step, total) or .resolve(total)"
+            )
 
     def _has(self, i: int) -> bool:
         j = bisect.bisect_right(self._starts, i) - 1
@@ -79,11 +83,14 @@ class Selector:
                     f"fx_fp8: {self.what} {short_repr(str(self))} counts from the end of the run (last:{self.last}) but no "
                     f"number of steps was published: publish it with fx_fp8.set_step(i, total=N) or `with "
                     f"fx_fp8.denoising_step(i, total=N):` (fx_fp8.compile_pipeline publishes it from the "
-                    f"scheduler), or use absolute steps")
+                    f"scheduler), or use absolute steps"
+                )
             if step >= total:
-                raise ValueError(f"fx_fp8: denoising step {step} is past the run's {total} steps (0-{total - 1}), "
-                                 f"so {self.what} {short_repr(str(self))} cannot place it: publish the step and the run's "
-                                 "number of steps that agree")
+                raise ValueError(
+                    f"fx_fp8: denoising step {step} is past the run's {total} steps (0-{total - 1}), "
+                    f"so {self.what} {short_repr(str(self))} cannot place it: publish the step and the run's "
+                    "number of steps that agree"
+                )
             if step >= total - self.last:
                 return True
         return self._has(step)
@@ -92,8 +99,10 @@ class Selector:
         """The absolute selector of a run of `total` steps ("first:2,last:2", 10 -> "0-1,8-9");
         absolute steps past the run are kept (they select nothing in it)."""
         if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-            raise ValueError(f"invalid number of steps {short_repr(total)} to resolve {self.what} {short_repr(str(self))}: "
-                             "expected an integer >= 1")
+            raise ValueError(
+                f"invalid number of steps {short_repr(total)} to resolve {self.what} {short_repr(str(self))}: "
+                "expected an integer >= 1"
+            )
         tail = [(max(total - self.last, 0), total - 1)] if self.last else []
         return Selector([*self.ranges, *tail], what=self.what)
 
@@ -118,8 +127,7 @@ class Selector:
         if isinstance(other, Selector):
             return self.ranges == other.ranges and self.last == other.last
         if isinstance(other, (set, frozenset)):
-            return (not self.last and all(isinstance(v, int) for v in other)
-                    and self.ranges == Selector.of(other).ranges)
+            return not self.last and all(isinstance(v, int) for v in other) and self.ranges == Selector.of(other).ranges
         return NotImplemented
 
     def __hash__(self) -> int:
@@ -166,7 +174,9 @@ def parse_selector(value, *, what: str = "selector", relative: bool = False) -> 
         parts = _Parts()
         for item in items:
             if isinstance(item, bool) or not isinstance(item, (int, str)):
-                raise ValueError(f"invalid token {short_repr(item)} in {what} {short_repr(items)}: expected an integer or 'a-b' range")
+                raise ValueError(
+                    f"invalid token {short_repr(item)} in {what} {short_repr(items)}: expected an integer or 'a-b' range"
+                )
             if isinstance(item, str):
                 parts.merge(_parse_string(item, what, relative))
             else:
@@ -210,17 +220,23 @@ def _parse_int(token: str, whole: str, what: str) -> int:
 
 
 def _parse_relative(token: str, whole: str, what: str, relative: bool) -> tuple[str, int]:
-    """"first:2" -> ("first", 2), naming the key and the token when it is not one."""
+    """ "first:2" -> ("first", 2), naming the key and the token when it is not one."""
     name, _, count = (p.strip() for p in token.partition(":"))
     if not relative:
-        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: first:k / last:k select denoising steps "
-                         "only; give integers or ranges like '0,1,4-6'")
+        raise ValueError(
+            f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: first:k / last:k select denoising steps "
+            "only; give integers or ranges like '0,1,4-6'"
+        )
     if name not in RELATIVE_TOKENS:
-        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: unknown relative token {short_repr(name)}"
-                         f"{did_you_mean(name, RELATIVE_TOKENS)}; expected first:k or last:k")
+        raise ValueError(
+            f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: unknown relative token {short_repr(name)}"
+            f"{did_you_mean(name, RELATIVE_TOKENS)}; expected first:k or last:k"
+        )
     if not (count.isascii() and count.isdigit()) or int(count) < 1:
-        raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: expected {name}:k with k an integer >= 1 "
-                         f"(the {name} k steps of the run)")
+        raise ValueError(
+            f"invalid token {short_repr(token)} in {what} {short_repr(whole)}: expected {name}:k with k an integer >= 1 "
+            f"(the {name} k steps of the run)"
+        )
     return name, int(count)
 
 
@@ -238,10 +254,14 @@ def _parse_string(text: str, what: str, relative: bool = False) -> _Parts:
         elif "-" in token[1:]:  # a range "a-b"; a leading '-' is a negative number
             lo_s, hi_s = token.split("-", 1)
             if not lo_s.strip() or not hi_s.strip():
-                raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(text)}: a range needs both ends, like '4-6'")
+                raise ValueError(
+                    f"invalid token {short_repr(token)} in {what} {short_repr(text)}: a range needs both ends, like '4-6'"
+                )
             lo, hi = _parse_int(lo_s, text, what), _parse_int(hi_s, text, what)
             if hi < lo:
-                raise ValueError(f"invalid token {short_repr(token)} in {what} {short_repr(text)}: range end {hi} is below its start {lo}")
+                raise ValueError(
+                    f"invalid token {short_repr(token)} in {what} {short_repr(text)}: range end {hi} is below its start {lo}"
+                )
             parts.ranges.append((lo, hi))
         else:
             i = _parse_int(token, text, what)

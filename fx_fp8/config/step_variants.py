@@ -2,6 +2,7 @@
 and the linears its step selectors skip, and how the linears run then). The config lists the
 variants a run can produce (FP8Config.step_variants), fx_fp8.steps picks the published step's, the
 passes read what a variant skips."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -26,8 +27,8 @@ def attention_skipped(variant: Optional[str]) -> bool:
 
 
 def linear_skip_mode(variant: Optional[str]) -> Optional[str]:
-    """"weight_only" / "native" when the variant's linears are skipped, else None."""
+    """ "weight_only" / "native" when the variant's linears are skipped, else None."""
     for part in (variant or "").split("+"):
         if part.startswith(LINEAR_PREFIX):
-            return part[len(LINEAR_PREFIX):]
+            return part[len(LINEAR_PREFIX) :]
     return None

@@ -1,5 +1,6 @@
 """Checks of single config values, shared by FP8Config and its nested settings: each returns the
 normalised value or raises a ValueError naming the key and the bad value."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,7 @@ def short_repr(value) -> str:
     then SHORT_REPR_CHARS in all): a rejected value quoted in an error stays a line, and quoting it
     costs no more than its first items even when a YAML alias bomb made it billions of strings."""
     text = _SHORT.repr(value)
-    return text if len(text) <= SHORT_REPR_CHARS else text[:SHORT_REPR_CHARS - 3] + "..."
+    return text if len(text) <= SHORT_REPR_CHARS else text[: SHORT_REPR_CHARS - 3] + "..."
 
 
 def did_you_mean(key, known) -> str:
@@ -53,7 +54,9 @@ def check_known_key(key, known, what: str, where: str = "") -> None:
     """Raise a ValueError for a key `known` lacks:
     "unknown <what> key 'x'<where> (did you mean 'y'?); known keys: [...]"."""
     if key not in known:
-        raise ValueError(f"unknown {what} key {short_repr(key)}{where}{did_you_mean(key, known)}; known keys: {sorted(known)}")
+        raise ValueError(
+            f"unknown {what} key {short_repr(key)}{where}{did_you_mean(key, known)}; known keys: {sorted(known)}"
+        )
 
 
 def check_choice(name: str, value, choices) -> Any:
@@ -100,5 +103,7 @@ def dataclass_from_mapping(cls, data: Mapping[str, Any] | None, where: str, syno
     names = {f.name for f in dataclasses.fields(cls)} | set(synonyms)
     for key in data:
         if key not in names:
-            raise ValueError(f"unknown key {short_repr(key)} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}")
+            raise ValueError(
+                f"unknown key {short_repr(key)} in {where}{did_you_mean(key, names)}; known keys: {sorted(names)}"
+            )
     return cls(**dict(data))

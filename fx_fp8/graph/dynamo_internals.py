@@ -19,6 +19,7 @@ backend still runs, but names may go unresolved (the report then says so, node b
 - torch.compile's `isolate_recompiles` (a one-off trace's entries count against no other compile's
   recompile limit).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -68,7 +69,7 @@ def split_source(source: str) -> tuple[Optional[str], str]:
     m = _ROOT.match(s)
     if m:
         local = f"{m.group(1)}:{m.group(2)}"
-        s = s[m.end():]
+        s = s[m.end() :]
     s = _DICT_MODULES.sub(r".\1", s)
     s = _MODULES.sub(r".\1", s)
     s = _ITEM_STR.sub(r".\1", s)
@@ -180,8 +181,9 @@ def fake_mode_of(graph: torch.fx.Graph):
     """The fake mode of the fake values Dynamo recorded on a graph's nodes, or None."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return next((v.fake_mode for n in graph.nodes for v in [n.meta.get("example_value")]
-                 if isinstance(v, FakeTensor)), None)
+    return next(
+        (v.fake_mode for n in graph.nodes for v in [n.meta.get("example_value")] if isinstance(v, FakeTensor)), None
+    )
 
 
 # -- graph modules ---------------------------------------------------------------------------------

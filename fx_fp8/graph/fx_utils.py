@@ -1,4 +1,5 @@
 """Small FX helpers: node arguments by name, fake values, real tensors, eager functions as graph nodes."""
+
 from __future__ import annotations
 
 import functools

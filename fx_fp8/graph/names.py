@@ -22,6 +22,7 @@ is resolved against the model being compiled:
 What cannot be resolved keeps Dynamo's spelling and is marked unresolved; the
 passes report it and never apply a layer selector to it silently.
 """
+
 from __future__ import annotations
 
 import re
@@ -140,8 +141,13 @@ class ModelNames:
         return rel, False
 
 
-def resolve_names(gm: torch.fx.GraphModule, example_inputs, model: Optional[nn.Module], frame_vars: dict,
-                  caller: Optional[nn.Module] = None) -> None:
+def resolve_names(
+    gm: torch.fx.GraphModule,
+    example_inputs,
+    model: Optional[nn.Module],
+    frame_vars: dict,
+    caller: Optional[nn.Module] = None,
+) -> None:
     """Write each call node's module name (and whether it is the model's real name) into its
     meta, and the model into gm.meta (weakly), so a stored graph keeps both."""
     names = ModelNames(model, frame_vars, caller)
@@ -222,7 +228,7 @@ def rename_name(name: str, old: str, new: str) -> str:
     if old == "":
         return f"{new}.{name}" if name else new
     if name == old or name.startswith(old + "."):
-        return new + name[len(old):]
+        return new + name[len(old) :]
     return name
 
 
@@ -309,8 +315,9 @@ class LayerMap:
             if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) > 0:
                 blocks = [f"{name}.{i}" for i in range(len(mod))]
                 inside = tuple(b + "." for b in blocks)  # an attention node may be named after the block itself
-                if any(_holds_attention(b) for b in mod) or any(a in blocks or a.startswith(inside)
-                                                                  for a in attention_modules):
+                if any(_holds_attention(b) for b in mod) or any(
+                    a in blocks or a.startswith(inside) for a in attention_modules
+                ):
                     if not any(name.startswith(other + ".") for other in sizes):  # nested lists: the outer one counts
                         sizes[name] = len(mod)
         return cls(sizes)
@@ -342,5 +349,6 @@ class LayerMap:
 
 def _holds_attention(block: nn.Module) -> bool:
     """Does a block contain an attention module (diffusers' Attention classes, or anything named so)?"""
-    return any(type(m).__name__.endswith(("Attention", "AttentionModule")) or hasattr(m, "processor")
-               for m in block.modules())
+    return any(
+        type(m).__name__.endswith(("Attention", "AttentionModule")) or hasattr(m, "processor") for m in block.modules()
+    )

@@ -8,6 +8,7 @@ when a lookup misses or finds a stale entry (a parameter replaced or moved since
 answer is checked against the module's attribute, so a tensor whose id was reused is never
 attributed to the module that held the old one.
 """
+
 from __future__ import annotations
 
 import weakref

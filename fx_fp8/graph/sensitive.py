@@ -37,6 +37,7 @@ timestep, guidance and pooled text, and the projections between them).
 Anything unexpected leaves a node unlabelled: the analysis returns what it is sure of and never
 raises.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,25 +90,108 @@ def _inplace(target) -> bool:
 #: only the first argument carries data (the rest name a dtype / device / shape by example)
 _FIRST_ONLY = {"to", "type", "type_as", "expand_as", "view_as", "reshape_as", "broadcast_to", "expand"}
 #: no argument carries data (shape / dtype / device by example)
-_NO_DATA = {"size", "dim", "numel", "sym_size", "sym_numel", "sym_stride", "stride", "get_device",
-            "is_floating_point", "element_size", "arange"}
+_NO_DATA = {
+    "size",
+    "dim",
+    "numel",
+    "sym_size",
+    "sym_numel",
+    "sym_stride",
+    "stride",
+    "get_device",
+    "is_floating_point",
+    "element_size",
+    "arange",
+}
 #: a new tensor shaped like the first argument: it stands for the same kind of value (a zero timestep)
-_LIKE = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
-         "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"}
+_LIKE = {
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "new_zeros",
+    "new_ones",
+    "new_empty",
+    "new_full",
+    "new_tensor",
+}
 #: factories of constants: a 0-D / 1-D one stands for a timestep (Helios embeds a zero timestep)
 _FACTORY = {"zeros", "ones", "full", "tensor", "empty", "scalar_tensor", "as_tensor"}
 #: elementwise ops that apply a modulation piece to the token stream
-_ARITH = {"mul", "add", "sub", "div", "truediv", "addcmul", "addcdiv", "lerp", "where", "rsub", "iadd", "imul",
-          "isub", "itruediv", "true_divide", "multiply", "subtract"}
+_ARITH = {
+    "mul",
+    "add",
+    "sub",
+    "div",
+    "truediv",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "where",
+    "rsub",
+    "iadd",
+    "imul",
+    "isub",
+    "itruediv",
+    "true_divide",
+    "multiply",
+    "subtract",
+}
 #: contractions that mix tokens with tokens (hand-written attention)
 _CONTRACT = {"matmul", "bmm", "baddbmm", "einsum"}
 #: reshapes and the like between the final projection and the output (unpatchify)
-_PASSTHROUGH = {"view", "reshape", "permute", "transpose", "unflatten", "flatten", "squeeze", "unsqueeze",
-                "contiguous", "clone", "to", "float", "half", "bfloat16", "double", "type", "type_as", "getitem",
-                "narrow", "movedim", "moveaxis", "swapaxes", "swapdims", "pixel_shuffle", "pixel_unshuffle", "chunk",
-                "split", "split_with_sizes", "unbind", "tensor_split", "einsum", "cat", "concat", "concatenate",
-                "stack", "dropout", "t", "select", "slice", "alias", "detach", "conv1d", "conv2d", "conv3d",
-                "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+_PASSTHROUGH = {
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "unflatten",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "contiguous",
+    "clone",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "type",
+    "type_as",
+    "getitem",
+    "narrow",
+    "movedim",
+    "moveaxis",
+    "swapaxes",
+    "swapdims",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "chunk",
+    "split",
+    "split_with_sizes",
+    "unbind",
+    "tensor_split",
+    "einsum",
+    "cat",
+    "concat",
+    "concatenate",
+    "stack",
+    "dropout",
+    "t",
+    "select",
+    "slice",
+    "alias",
+    "detach",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+}
 #: single-input steps of the output path (`_root` follows them)
 _CHAIN = _PASSTHROUGH - {"cat", "concat", "concatenate", "stack", "einsum"}
 #: elementwise ops on the output path: a mask multiply, a residual around a post-convolution
@@ -161,7 +245,7 @@ class _Analysis:
         self.nodes = list(gm.graph.nodes)
         self.linears, self.prepared = LINEAR_TARGETS, PREPARED_TARGETS
         self.label: dict[torch.fx.Node, int] = {}
-        self.mixed: set = set()        # token-stream values past attention or conditioning
+        self.mixed: set = set()  # token-stream values past attention or conditioning
         self.from_linear: set = set()  # values computed from some linear's output
         self.batch = None
 
@@ -272,12 +356,21 @@ class _Analysis:
             val = _val(node)
             if not _tensors(val):
                 continue  # sizes, dtypes, Python values: carry nothing
-            if not args and isinstance(val, torch.Tensor) and val.dim() <= 1 and node.op != "call_module" \
-                    and _name(node.target) in _FACTORY:
+            if (
+                not args
+                and isinstance(val, torch.Tensor)
+                and val.dim() <= 1
+                and node.op != "call_module"
+                and _name(node.target) in _FACTORY
+            ):
                 flags = _COND
             self._relabel(node, flags, val)
-            if self.label.get(node) == _TOKEN and (mixed or flags & _COND or is_attention(node) or (
-                    tokens > 1 and node.op != "call_module" and _name(node.target) in _CONTRACT)):
+            if self.label.get(node) == _TOKEN and (
+                mixed
+                or flags & _COND
+                or is_attention(node)
+                or (tokens > 1 and node.op != "call_module" and _name(node.target) in _CONTRACT)
+            ):
                 self.mixed.add(node)
 
     # -- 3. backward sweep over the conditioning values ---------------------------------------
@@ -448,8 +541,9 @@ def trace_linears(model: torch.nn.Module, args=(), kwargs=None) -> LinearTrace:
             if node.op == "call_function" and node.target in LINEAR_TARGETS and is_resolved(node):
                 x = _val(node.args[0] if node.args else node.kwargs.get("input"))
                 if isinstance(x, torch.Tensor) and x.dim() >= 1:
-                    inputs.setdefault(module_name(node), set()).add((token_count(x),
-                                                                     str(x.dtype).replace("torch.", "")))
+                    inputs.setdefault(module_name(node), set()).add(
+                        (token_count(x), str(x.dtype).replace("torch.", ""))
+                    )
         return gm.forward
 
     with torch.no_grad(), forward_on_private_code(model):
@@ -459,5 +553,6 @@ def trace_linears(model: torch.nn.Module, args=(), kwargs=None) -> LinearTrace:
             f"fx_fp8: finding the sensitive layers of {type(model).__name__} traced no graph (Dynamo ran its "
             "forward eagerly: torch.compiler.disable, a recompile limit hit, or a forward Dynamo skips), so "
             "the analysis cannot tell which layers are sensitive; pass sensitive={name: reason} (or "
-            "example_inputs=None: name patterns only) to prepare_model, or compile_pipeline(prepare=False)")
+            "example_inputs=None: name patterns only) to prepare_model, or compile_pipeline(prepare=False)"
+        )
     return LinearTrace(found, inputs)

@@ -7,6 +7,7 @@ compile time goes through these helpers, which only answer what is known
 statically and never add a guard. Python floats that Dynamo lifts into graph
 inputs (`dropout_p`, `scale` under `dynamic=True`) are read by `scalar_value`.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union

@@ -16,6 +16,7 @@ whose pick the node can run (a kernel's own eligibility, e.g. cuDNN's per-tensor
 lowering's default (cuda.AUTO_KERNEL) with the reason in the report. A symbolic key length is not
 specialised: the default runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,11 @@ def load_table(path=TABLE_PATH) -> dict:
     from fx_fp8.ops import tune_table
 
     tables = [tune_table.load(p) for p in sorted(Path(path).glob("*.json"))]
-    return {"bar": BAR, "rows": [r for t in tables for r in _rows_of(t)],
-            "sources": [dict(t["source"], device=t["key"]["gpu"]) for t in tables]}
+    return {
+        "bar": BAR,
+        "rows": [r for t in tables for r in _rows_of(t)],
+        "sources": [dict(t["source"], device=t["key"]["gpu"]) for t in tables],
+    }
 
 
 def rows_for(device) -> Optional[dict]:
@@ -71,8 +75,11 @@ def rows_for(device) -> Optional[dict]:
 
 
 def _pick(kernels: dict, ref_err: Optional[float]) -> Optional[str]:
-    ok = [(c["ms"], name) for name, c in kernels.items()
-          if c.get("ms") is not None and c.get("err") is not None and ref_err and c["err"] <= BAR * ref_err]
+    ok = [
+        (c["ms"], name)
+        for name, c in kernels.items()
+        if c.get("ms") is not None and c.get("err") is not None and ref_err and c["err"] <= BAR * ref_err
+    ]
     return min(ok)[1] if ok else None
 
 
@@ -99,20 +106,34 @@ def table_from_probe(results: dict) -> dict:
                 if "ms" in c and "err" in c:
                     kernels[kernel] = {"ms": round(c["ms"], 4), "err": round(c["err"], 6)}
             base = r["cells"].get(BASELINE, {}).get("ms")
-            rows.append({"gpu": m["device"], "d": d, "mask": mask, "s_min": cuts[i - 1] if i else 1,
-                         "s_max": cuts[i] - 1 if i < len(cuts) else None, "s_measured": r["s"],
-                         "ref_err": round(r["ref_err"], 6), "baseline_ms": round(base, 4) if base else None,
-                         "kernels": kernels, "pick": _pick(kernels, r["ref_err"])})
-    return {"source": {k: m.get(k) for k in ("date", "device", "torch", "triton", "cudnn_frontend")},
-            "bar": BAR, "rows": rows}
+            rows.append(
+                {
+                    "gpu": m["device"],
+                    "d": d,
+                    "mask": mask,
+                    "s_min": cuts[i - 1] if i else 1,
+                    "s_max": cuts[i] - 1 if i < len(cuts) else None,
+                    "s_measured": r["s"],
+                    "ref_err": round(r["ref_err"], 6),
+                    "baseline_ms": round(base, 4) if base else None,
+                    "kernels": kernels,
+                    "pick": _pick(kernels, r["ref_err"]),
+                }
+            )
+    return {
+        "source": {k: m.get(k) for k in ("date", "device", "torch", "triton", "cudnn_frontend")},
+        "bar": BAR,
+        "rows": rows,
+    }
 
 
 def merged(old: dict, new: dict) -> dict:
     """`new`'s rows, and `old`'s rows of every GPU `new` did not measure (one probe run measures one GPU)."""
     gpus = {r["gpu"] for r in new["rows"]}
     rows = [r for r in old.get("rows", []) if r["gpu"] not in gpus] + list(new["rows"])
-    sources = [s for s in (old.get("sources") or ([old["source"]] if old.get("source") else []))
-               if s.get("device") not in gpus] + [new["source"]]
+    sources = [
+        s for s in (old.get("sources") or ([old["source"]] if old.get("source") else [])) if s.get("device") not in gpus
+    ] + [new["source"]]
     return {"source": new["source"], "sources": sources, "bar": new["bar"], "rows": rows}
 
 
@@ -122,8 +143,9 @@ def write_table(table: dict, path=TABLE_PATH) -> None:
     from fx_fp8.ops import tune_table
 
     for gpu in sorted({r["gpu"] for r in table["rows"]}):
-        existing = [(p, t) for p in sorted(Path(path).glob("*.json")) for t in [tune_table.load(p)]
-                    if t["key"]["gpu"] == gpu]
+        existing = [
+            (p, t) for p in sorted(Path(path).glob("*.json")) for t in [tune_table.load(p)] if t["key"]["gpu"] == gpu
+        ]
         src = table.get("source") or {}
         if existing:
             target, tt = existing[0]
@@ -131,11 +153,22 @@ def write_table(table: dict, path=TABLE_PATH) -> None:
             key = {f: None for f in tune_table.KEY_FIELDS}
             # the probe's meta names no capability unless it recorded one: a shipped table needs it to be found
             key.update(gpu=gpu, torch=src.get("torch"), triton=src.get("triton"), capability=src.get("capability"))
-            target, tt = Path(path) / tune_table.file_name(key), {"format": tune_table.FORMAT, "key": key, "linears": []}
+            target, tt = (
+                Path(path) / tune_table.file_name(key),
+                {"format": tune_table.FORMAT, "key": key, "linears": []},
+            )
         rows = [{k: v for k, v in r.items() if k != "gpu"} for r in table["rows"] if r["gpu"] == gpu]
-        tt = dict(tt, bar=table["bar"], attention=rows,
-                  source=dict(tt.get("source") or {}, what=f"{src.get('date')} {gpu} probe run, attention",
-                              date=src.get("date"), tool="benchmarks/attention_kernels.py --table-from"))
+        tt = dict(
+            tt,
+            bar=table["bar"],
+            attention=rows,
+            source=dict(
+                tt.get("source") or {},
+                what=f"{src.get('date')} {gpu} probe run, attention",
+                date=src.get("date"),
+                tool="benchmarks/attention_kernels.py --table-from",
+            ),
+        )
         tune_table.write(tt, target)
 
 
@@ -143,8 +176,13 @@ def find_row(table: dict, gpu: Optional[str], d: int, s: Optional[int], mask: bo
     if gpu is None or s is None:
         return None
     for row in table["rows"]:
-        if (row["gpu"] == gpu and row["d"] == d and row["mask"] == mask and row["s_min"] <= s
-                and (row["s_max"] is None or s <= row["s_max"])):
+        if (
+            row["gpu"] == gpu
+            and row["d"] == d
+            and row["mask"] == mask
+            and row["s_min"] <= s
+            and (row["s_max"] is None or s <= row["s_max"])
+        ):
             return row
     return None
 
@@ -158,22 +196,31 @@ def describe(row: dict, kernel: str) -> str:
         others = ", ".join(f"FP8 {k} {ms:.3f} ms" for ms, k in fp8) or "no FP8 kernel measured"
         return f"{where}: BF16 SDPA {c['ms']:.3f} ms, {others}"
     base = f" vs cuDNN BF16 {row['baseline_ms']:.3f} ms" if row.get("baseline_ms") else ""
-    return (f"{where}: {c['ms']:.3f} ms{base}, "
-            f"err {100 * c['err']:.2f} % = {c['err'] / row['ref_err']:.2f}x the reference")
+    return (
+        f"{where}: {c['ms']:.3f} ms{base}, err {100 * c['err']:.2f} % = {c['err'] / row['ref_err']:.2f}x the reference"
+    )
 
 
-def auto_kernel(gpu: Optional[str], d: Optional[int], s_k: Optional[int], mask: bool, default: str,
-                runnable: Callable[[str], bool], table: Optional[dict] = None) -> tuple[str, str]:
+def auto_kernel(
+    gpu: Optional[str],
+    d: Optional[int],
+    s_k: Optional[int],
+    mask: bool,
+    default: str,
+    runnable: Callable[[str], bool],
+    table: Optional[dict] = None,
+) -> tuple[str, str]:
     """(kernel, why) for attention.kernel "auto"; `runnable(kernel)` says whether this node can run it."""
     table = load_table() if table is None else table
     if s_k is None:
         return default, f"key length symbolic: {default} by default"
     row = find_row(table, gpu, d, s_k, mask)
     if row is None:
-        return default, f"no measured row for {gpu or 'this device'} D{d} S{s_k}{' mask' if mask else ''}: " \
-                        f"{default} by default"
-    ranked = sorted((c["ms"], k) for k, c in row["kernels"].items()
-                    if c["err"] <= BAR * row["ref_err"] and runnable(k))
+        return (
+            default,
+            f"no measured row for {gpu or 'this device'} D{d} S{s_k}{' mask' if mask else ''}: {default} by default",
+        )
+    ranked = sorted((c["ms"], k) for k, c in row["kernels"].items() if c["err"] <= BAR * row["ref_err"] and runnable(k))
     if not ranked:
         return default, f"no kernel in the measured row meets the {BAR}x error bar here: {default} by default"
     kernel = ranked[0][1]

@@ -47,6 +47,7 @@ row names the kernel and the measurement.
 Imports Triton and cuDNN lazily: the module loads on machines without them,
 and every reason method reports what is missing instead of failing.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -141,13 +142,17 @@ class CudaLowering(Lowering):
             return reason
         d, dv = concrete(q.shape[-1]), concrete(v.shape[-1])
         if d not in HEAD_DIMS or dv != d:
-            return (f"head dim {size_str(q.shape[-1])} (value {size_str(v.shape[-1])}) not supported by the "
-                    f"Triton FP8 kernel (needs {' or '.join(map(str, HEAD_DIMS))})")
+            return (
+                f"head dim {size_str(q.shape[-1])} (value {size_str(v.shape[-1])}) not supported by the "
+                f"Triton FP8 kernel (needs {' or '.join(map(str, HEAD_DIMS))})"
+            )
         if q.dtype not in FLOAT_DTYPES:
             return f"dtype {q.dtype} not supported by the Triton FP8 kernel"
         if cfg.granularity not in ("tensor", "head", "block"):
-            return (f"attention.granularity {cfg.granularity!r} has no CUDA kernel (the Triton kernel takes "
-                    "tensor, head or block scales)")
+            return (
+                f"attention.granularity {cfg.granularity!r} has no CUDA kernel (the Triton kernel takes "
+                "tensor, head or block scales)"
+            )
         if cfg.granularity == "block" and cfg.kv_block % KEY_TILE:
             return f"kv_block={cfg.kv_block} is not a multiple of {KEY_TILE} (the Triton kernel's key tile)"
         if attn_mask is not None:
@@ -155,15 +160,19 @@ class CudaLowering(Lowering):
                 return f"attention mask dtype {attn_mask.dtype} not supported"
             if not is_key_padding_mask(attn_mask.shape, q.shape[0], q.shape[1], k.shape[2]):
                 shape = ", ".join(size_str(s) for s in attn_mask.shape)
-                return (f"mask not supported by the Triton FP8 kernel (shape ({shape}); "
-                        "only key-padding masks broadcastable to (B, H, 1, Sk))")
+                return (
+                    f"mask not supported by the Triton FP8 kernel (shape ({shape}); "
+                    "only key-padding masks broadcastable to (B, H, 1, Sk))"
+                )
         if cfg.kernel == "gluon":
             return self._gluon_reason(q, cfg, attn_mask, need_lse)
         if cfg.kernel == "auto":
             kernel, why = self._auto_kernel(q, k, v, cfg, attn_mask, need_lse)
             if kernel == "native":  # the measured table: native BF16 attention is faster here, and exact
-                return (f"attention.kernel auto: native attention is faster here ({why}); "
-                        "attention.kernel: triton runs FP8 anyway")
+                return (
+                    f"attention.kernel auto: native attention is faster here ({why}); "
+                    "attention.kernel: triton runs FP8 anyway"
+                )
         return None  # need_lse: the kernel writes the LSE when asked
 
     @staticmethod
@@ -175,13 +184,16 @@ class CudaLowering(Lowering):
         reason = device_reason(q, (9, 0), "TMA and wgmma for the Gluon FP8 attention kernel")
         if reason:
             return f"attention.kernel=gluon: {reason}"
-        reason = gluon_fp8_attention.attention_reason(concrete(q.shape[-1]), masked=attn_mask is not None,
-                                                      need_lse=need_lse)
+        reason = gluon_fp8_attention.attention_reason(
+            concrete(q.shape[-1]), masked=attn_mask is not None, need_lse=need_lse
+        )
         if reason is None and not cfg.quantize_p:
             reason = "the Gluon FP8 attention kernel quantizes P (attention.quantize_p: false needs triton)"
         if reason is None and cfg.granularity == "block" and cfg.kv_block % gluon_fp8_attention.BLOCK_N:
-            reason = (f"kv_block={cfg.kv_block} is not a multiple of the Gluon kernel's "
-                      f"{gluon_fp8_attention.BLOCK_N}-key tile")
+            reason = (
+                f"kv_block={cfg.kv_block} is not a multiple of the Gluon kernel's "
+                f"{gluon_fp8_attention.BLOCK_N}-key tile"
+            )
         return f"attention.kernel=gluon: {reason}" if reason else None
 
     def _auto_kernel(self, q, k, v, cfg, attn_mask, need_lse) -> tuple[str, str]:
@@ -202,9 +214,15 @@ class CudaLowering(Lowering):
             from fx_fp8.ops.tune_table import UNMEASURED
 
             return AUTO_KERNEL, f"{UNMEASURED}: {AUTO_KERNEL} by default"
-        return attention_table.auto_kernel(attention_table.gpu_name(q.device), concrete(q.shape[-1]),
-                                           concrete(k.shape[2]), attn_mask is not None, AUTO_KERNEL, runnable,
-                                           table or {"rows": []})
+        return attention_table.auto_kernel(
+            attention_table.gpu_name(q.device),
+            concrete(q.shape[-1]),
+            concrete(k.shape[2]),
+            attn_mask is not None,
+            AUTO_KERNEL,
+            runnable,
+            table or {"rows": []},
+        )
 
     def attention_kernel(self, q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) -> tuple[str, str]:
         """(kernel baked into the op, report text) for a node attention_reason accepted: "auto"
@@ -212,9 +230,10 @@ class CudaLowering(Lowering):
         kernel, why = resolve_kernel(cfg.kernel), ""
         if cfg.kernel == "auto":
             kernel, why = self._auto_kernel(q, k, v, cfg, attn_mask, need_lse)
-        how = {"cudnn": "cuDNN FP8 SDPA, per-tensor scales, FP8 output",
-               "gluon": "Gluon FA3-style FP8 kernel (a candidate: numerically unverified)"}.get(kernel,
-                                                                                                 "Triton FP8 kernel")
+        how = {
+            "cudnn": "cuDNN FP8 SDPA, per-tensor scales, FP8 output",
+            "gluon": "Gluon FA3-style FP8 kernel (a candidate: numerically unverified)",
+        }.get(kernel, "Triton FP8 kernel")
         if cfg.kernel == "auto":
             how += f" (attention.kernel: auto; {why})"
         return kernel, how + (", LSE" if need_lse else "")
@@ -245,31 +264,92 @@ class CudaLowering(Lowering):
         return device_reason(weight, (8, 9), "FP8 tensor cores")
 
     # -- run time: attention -------------------------------------------------------------
-    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                  quantize_p, p_scale, kernel, return_lse):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask,
+        softmax_scale,
+        granularity,
+        q_block,
+        kv_block,
+        hadamard,
+        smooth_k,
+        quantize_p,
+        p_scale,
+        kernel,
+        return_lse,
+    ):
         if resolve_kernel(kernel) == "cudnn":
-            return self.cudnn_attention().attention(q, k, v, attn_mask=attn_mask, softmax_scale=softmax_scale,
-                                                    granularity=granularity, hadamard=hadamard, smooth_k=smooth_k,
-                                                    quantize_p=quantize_p, p_scale=p_scale, return_lse=return_lse)
+            return self.cudnn_attention().attention(
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                softmax_scale=softmax_scale,
+                granularity=granularity,
+                hadamard=hadamard,
+                smooth_k=smooth_k,
+                quantize_p=quantize_p,
+                p_scale=p_scale,
+                return_lse=return_lse,
+            )
         from fx_fp8.ops import triton_quant
         from fx_fp8.ops.triton_fp8_attention import fp8_flash_attention, key_bias
 
         if q.device.type != "cuda" and not triton_quant.interpreting():
             raise RuntimeError(f"fx_fp8 CUDA lowering got tensors on {q.device}; use lowering='reference' off-GPU")
         qq, sq, kq, sk, vt, sv, shift = triton_quant.prepare_qkv(
-            q, k, v, granularity=granularity, q_block=q_block, kv_block=kv_block, hadamard=hadamard,
-            smooth_k=smooth_k, lse_shift=return_lse)
+            q,
+            k,
+            v,
+            granularity=granularity,
+            q_block=q_block,
+            kv_block=kv_block,
+            hadamard=hadamard,
+            smooth_k=smooth_k,
+            lse_shift=return_lse,
+        )
         if resolve_kernel(kernel) == "gluon":  # attention_reason let only maskless, LSE-free FP8-P nodes through
             from fx_fp8.ops import gluon_fp8_attention
 
-            return gluon_fp8_attention.fp8_flash_attention(qq, sq, kq, sk, vt, sv, s_q=q.shape[2], s_k=k.shape[2],
-                                                           softmax_scale=softmax_scale, q_block=q_block,
-                                                           kv_block=kv_block, p_scale=p_scale, out_dtype=q.dtype)
+            return gluon_fp8_attention.fp8_flash_attention(
+                qq,
+                sq,
+                kq,
+                sk,
+                vt,
+                sv,
+                s_q=q.shape[2],
+                s_k=k.shape[2],
+                softmax_scale=softmax_scale,
+                q_block=q_block,
+                kv_block=kv_block,
+                p_scale=p_scale,
+                out_dtype=q.dtype,
+            )
         b, h, s_q, _ = q.shape
         bias = key_bias(attn_mask, b, h, k.shape[2])
-        res = fp8_flash_attention(qq, sq, kq, sk, vt, sv, s_q=s_q, s_k=k.shape[2], softmax_scale=softmax_scale,
-                                  q_block=q_block, kv_block=kv_block, quantize_p=quantize_p, p_scale=p_scale,
-                                  out_dtype=q.dtype, bias=bias, return_lse=return_lse)
+        res = fp8_flash_attention(
+            qq,
+            sq,
+            kq,
+            sk,
+            vt,
+            sv,
+            s_q=s_q,
+            s_k=k.shape[2],
+            softmax_scale=softmax_scale,
+            q_block=q_block,
+            kv_block=kv_block,
+            quantize_p=quantize_p,
+            p_scale=p_scale,
+            out_dtype=q.dtype,
+            bias=bias,
+            return_lse=return_lse,
+        )
         return add_smoothing_shift(res, shift, softmax_scale) if return_lse else res
 
     def cudnn_attention(self):
@@ -280,12 +360,16 @@ class CudaLowering(Lowering):
         return self._cudnn
 
     # -- run time: linears ---------------------------------------------------------------
-    def scaled_mm(self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype,
-                  fast_accum=False):
+    def scaled_mm(
+        self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype, fast_accum=False
+    ):
         if method == "int8":
             if weight_granularity == "block":
-                self._warn_once("int8-block", "fx_fp8 CUDA: INT8 linears with block weight scales have no "
-                                "torch._int_mm path; they dequantize to bf16 and run a bf16 matmul (slow)")
+                self._warn_once(
+                    "int8-block",
+                    "fx_fp8 CUDA: INT8 linears with block weight scales have no "
+                    "torch._int_mm path; they dequantize to bf16 and run a bf16 matmul (slow)",
+                )
                 return block_fallback_matmul(xq, x_scale, wq, w_scale, weight_block, bias, out_dtype)
             return int8_matmul(xq, x_scale, wq, w_scale, bias, out_dtype)
         if weight_granularity == "block":
@@ -293,14 +377,44 @@ class CudaLowering(Lowering):
         return scaled_mm(xq, x_scale, wq, w_scale, bias, out_dtype, fast_accum=fast_accum)
 
     # -- compile time: FP8 GEMMs written into the graph as aten ops ------------------------------
-    def emit_gemm(self, graph, xq, xs, wq, ws, bias, *, method, weight_granularity, weight_block, out_dtype,
-                  fast_accum, lowering, meta, act="token", weight_val=None):
-        form = self._graph_gemm(method, weight_granularity, weight_block, out_dtype, fast_accum, act, weight_val,
-                                bias is not None)
+    def emit_gemm(
+        self,
+        graph,
+        xq,
+        xs,
+        wq,
+        ws,
+        bias,
+        *,
+        method,
+        weight_granularity,
+        weight_block,
+        out_dtype,
+        fast_accum,
+        lowering,
+        meta,
+        act="token",
+        weight_val=None,
+    ):
+        form = self._graph_gemm(
+            method, weight_granularity, weight_block, out_dtype, fast_accum, act, weight_val, bias is not None
+        )
         if form is None:  # INT8, or block scales torch's block-wise GEMM cannot take: the opaque op
-            return super().emit_gemm(graph, xq, xs, wq, ws, bias, method=method, weight_granularity=weight_granularity,
-                                     weight_block=weight_block, out_dtype=out_dtype, fast_accum=fast_accum,
-                                     lowering=lowering, meta=meta)
+            return super().emit_gemm(
+                graph,
+                xq,
+                xs,
+                wq,
+                ws,
+                bias,
+                method=method,
+                weight_granularity=weight_granularity,
+                weight_block=weight_block,
+                out_dtype=out_dtype,
+                fast_accum=fast_accum,
+                lowering=lowering,
+                meta=meta,
+            )
         from fx_fp8.graph.fx_utils import insert_function
 
         args = (xq, xs, wq, ws) + ((bias,) if bias is not None else ())
@@ -319,24 +433,33 @@ class CudaLowering(Lowering):
         ws_scalar = weight_granularity == "tensor"
         return _scale_shape_gemm(xs_scalar, ws_scalar, has_bias, out_dtype, fast_accum)
 
-    def gemm_description(self, method, weight_granularity, weight_block, fast_accum, act="token",
-                         weight_val=None) -> str:
-        form = self._graph_gemm(method, weight_granularity, weight_block, torch.bfloat16, fast_accum, act,
-                                weight_val, False)
+    def gemm_description(
+        self, method, weight_granularity, weight_block, fast_accum, act="token", weight_val=None
+    ) -> str:
+        form = self._graph_gemm(
+            method, weight_granularity, weight_block, torch.bfloat16, fast_accum, act, weight_val, False
+        )
         if form is None:
-            return ("torch._int_mm + fused rescale (opaque op)" if method == "int8"
-                    else "block-scaled GEMM through the opaque op (torch's block-wise _scaled_mm cannot take it)")
+            return (
+                "torch._int_mm + fused rescale (opaque op)"
+                if method == "int8"
+                else "block-scaled GEMM through the opaque op (torch's block-wise _scaled_mm cannot take it)"
+            )
         if weight_granularity == "block":
             return "cuBLASLt block-wise torch._scaled_mm in the graph (fast accumulation off: torch refuses it there)"
         scales = "tensor-wise" if act in ("static", "tensor") and weight_granularity == "tensor" else "row-wise"
-        return (f"cuBLASLt torch._scaled_mm in the graph ({scales} scales, "
-                f"{'fast' if fast_accum else 'exact'} accumulation)")
+        return (
+            f"cuBLASLt torch._scaled_mm in the graph ({scales} scales, "
+            f"{'fast' if fast_accum else 'exact'} accumulation)"
+        )
 
     def blockwise_reason(self, device, weight_block, k: int) -> Optional[str]:
         """None when torch._scaled_mm's blockwise scaling (1x128 x 128x128) can run this GEMM, else why not."""
         if tuple(weight_block) != SCALED_MM_BLOCK:
-            return (f"weight_block_size {list(weight_block)} (blockwise torch._scaled_mm takes "
-                    f"{SCALED_MM_BLOCK[0]}x{SCALED_MM_BLOCK[1]} weight blocks)")
+            return (
+                f"weight_block_size {list(weight_block)} (blockwise torch._scaled_mm takes "
+                f"{SCALED_MM_BLOCK[0]}x{SCALED_MM_BLOCK[1]} weight blocks)"
+            )
         major, minor = capability(device)
         if major != 9:
             return f"GPU sm{major}{minor} (blockwise torch._scaled_mm runs on sm90 only)"
@@ -358,9 +481,11 @@ class CudaLowering(Lowering):
                 reason = f"torch._scaled_mm blockwise failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
                 self._blockwise_failed[str(xq.device)] = reason
         if reason is not None:
-            self._warn_once(f"block-fallback:{reason}",
-                            f"fx_fp8 CUDA: FP8 linears with block weight scales run a bf16 dequant fallback "
-                            f"(slow, numerically exact) because of {reason}")
+            self._warn_once(
+                f"block-fallback:{reason}",
+                f"fx_fp8 CUDA: FP8 linears with block weight scales run a bf16 dequant fallback "
+                f"(slow, numerically exact) because of {reason}",
+            )
         return block_fallback_matmul(xq, xs, wq, ws, weight_block, bias, out_dtype)
 
     def fused_weight_only_reason(self, x2d, wq, weight_granularity, weight_block) -> Optional[str]:
@@ -377,8 +502,10 @@ class CudaLowering(Lowering):
             need = (8, 9) if wq.dtype == torch.float8_e4m3fn else (8, 0) if x2d.dtype == torch.bfloat16 else (7, 0)
             major, minor = capability(x2d.device)
             if (major, minor) < need:
-                return (f"GPU sm{major}{minor} (the fused W8A16 kernel needs sm{need[0]}{need[1]} for "
-                        f"{wq.dtype} weights and {x2d.dtype} activations)")
+                return (
+                    f"GPU sm{major}{minor} (the fused W8A16 kernel needs sm{need[0]}{need[1]} for "
+                    f"{wq.dtype} weights and {x2d.dtype} activations)"
+                )
         return triton_w8a16.fit_reason(x2d, wq, weight_granularity, weight_block)
 
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):
@@ -386,10 +513,14 @@ class CudaLowering(Lowering):
         if reason is None:
             from fx_fp8.ops.triton_w8a16 import w8a16_linear
 
-            return w8a16_linear(x2d, wq, w_scale, bias, weight_granularity=weight_granularity,
-                                weight_block=weight_block)
-        self._warn_once(f"w8a16:{reason}", "fx_fp8 CUDA: weight-only linears run unfused (the whole weight "
-                        f"dequantized, then a native matmul: more memory traffic) because of {reason}")
+            return w8a16_linear(
+                x2d, wq, w_scale, bias, weight_granularity=weight_granularity, weight_block=weight_block
+            )
+        self._warn_once(
+            f"w8a16:{reason}",
+            "fx_fp8 CUDA: weight-only linears run unfused (the whole weight "
+            f"dequantized, then a native matmul: more memory traffic) because of {reason}",
+        )
         return unfused_weight_only_linear(x2d, wq, w_scale, bias, weight_granularity, weight_block)
 
 

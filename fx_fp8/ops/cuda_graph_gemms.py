@@ -16,6 +16,7 @@ lowering (fx_fp8.ops.cuda) calls the same forms:
   multiple of 4 for the scale layout; torch's block-wise path refuses fast accumulation (torch
   2.11), so it runs without.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,13 +41,16 @@ def rowwise_gemm(xs_scalar: bool, ws_scalar: bool, has_bias: bool, out_dtype: to
         return out if out_dtype == ROWWISE_OUT else out.to(out_dtype)
 
     if has_bias:
+
         def gemm(xq, xs, wq, ws, bias):
             sa, sb = scales(xq, xs, wq, ws)
             return finish(_MM(xq, wq.t(), sa, sb, bias.to(ROWWISE_OUT), None, ROWWISE_OUT, fast_accum))
     else:
+
         def gemm(xq, xs, wq, ws):
             sa, sb = scales(xq, xs, wq, ws)
             return finish(_MM(xq, wq.t(), sa, sb, None, None, ROWWISE_OUT, fast_accum))
+
     return gemm
 
 
@@ -56,15 +60,19 @@ def tensorwise_gemm(has_bias: bool, out_dtype: torch.dtype, fast_accum: bool):
     fused = out_dtype in (torch.bfloat16, torch.float16)  # cuBLASLt takes no bias with fp32 output
 
     if has_bias:
+
         def gemm(xq, xs, wq, ws, bias):
             sa, sb = xs.float().reshape(1, 1), ws.float().reshape(1, 1)
             if fused:
                 return _MM(xq, wq.t(), sa, sb, bias.to(out_dtype), None, out_dtype, fast_accum)
             return _MM(xq, wq.t(), sa, sb, None, None, out_dtype, fast_accum) + bias.to(out_dtype)
     else:
+
         def gemm(xq, xs, wq, ws):
-            return _MM(xq, wq.t(), xs.float().reshape(1, 1), ws.float().reshape(1, 1), None, None, out_dtype,
-                       fast_accum)
+            return _MM(
+                xq, wq.t(), xs.float().reshape(1, 1), ws.float().reshape(1, 1), None, None, out_dtype, fast_accum
+            )
+
     return gemm
 
 
@@ -92,9 +100,12 @@ def blockwise_gemm(has_bias: bool, out_dtype: torch.dtype):
         return out[:m].to(out_dtype)
 
     if has_bias:
+
         def gemm(xq, xs, wq, ws, bias):
             return core(xq, xs, wq, ws) + bias.to(out_dtype)
     else:
+
         def gemm(xq, xs, wq, ws):
             return core(xq, xs, wq, ws)
+
     return gemm

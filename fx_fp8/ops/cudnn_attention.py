@@ -36,6 +36,7 @@ re-measures the SQNR and fails if the default and the measurement disagree.
 cudnn is imported lazily, only here; a missing package, GPU or cuDNN
 backend is a reason in `attention_reason`, never an import error.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -85,14 +86,17 @@ def attention_reason(q, k, v, cfg, attn_mask=None, *, need_lse: bool = False) ->
     if version is None or version < MIN_CUDNN_BACKEND:
         return f"cuDNN backend {version} has no FP8 SDPA (needs {MIN_CUDNN_BACKEND} or newer)"
     if cfg.granularity != "tensor":
-        return (f"cuDNN's FP8 SDPA takes per-tensor scales, attention.granularity is {cfg.granularity!r} "
-                "(set it to 'tensor', or use attention.kernel: triton for the block recipe)")
+        return (
+            f"cuDNN's FP8 SDPA takes per-tensor scales, attention.granularity is {cfg.granularity!r} "
+            "(set it to 'tensor', or use attention.kernel: triton for the block recipe)"
+        )
     if not cfg.quantize_p:
         return "cuDNN's FP8 SDPA always quantizes P (attention.quantize_p must be true)"
     d, dv = concrete(q.shape[-1]), concrete(v.shape[-1])
     if d not in HEAD_DIMS or dv != d:
-        return (f"head dim {size_str(q.shape[-1])} (value {size_str(v.shape[-1])}) not supported "
-                f"(needs one of {HEAD_DIMS})")
+        return (
+            f"head dim {size_str(q.shape[-1])} (value {size_str(v.shape[-1])}) not supported (needs one of {HEAD_DIMS})"
+        )
     if attn_mask is not None:
         return "attention masks are not supported on the cuDNN FP8 path"
     return None
@@ -113,14 +117,37 @@ def scale_tensors(sq: torch.Tensor, sk: torch.Tensor, sv: torch.Tensor, p_scale:
     }
 
 
-def emulate(q, k, v, *, softmax_scale: float, hadamard: bool = True, smooth_k: bool = True, p_scale: float = 448.0,
-            return_lse: bool = False):
+def emulate(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale: float,
+    hadamard: bool = True,
+    smooth_k: bool = True,
+    p_scale: float = 448.0,
+    return_lse: bool = False,
+):
     """The cuDNN path's numerics on any device: the reference at per-tensor granularity, then O
     rounded to e4m3 with scale_o = 1 / sv. Output in q's dtype."""
-    qq, sq, kq, sk, vq, sv = quant.prepare_qkv(q, k, v, granularity="tensor", q_block=1, kv_block=1,
-                                               hadamard=hadamard, smooth_k=smooth_k)
-    res = quant.attention_from_fp8(qq, sq, kq, sk, vq, sv, softmax_scale=softmax_scale, q_block=1, kv_block=1,
-                                   quantize_p=True, p_scale=p_scale, out_dtype=torch.float32, return_lse=return_lse)
+    qq, sq, kq, sk, vq, sv = quant.prepare_qkv(
+        q, k, v, granularity="tensor", q_block=1, kv_block=1, hadamard=hadamard, smooth_k=smooth_k
+    )
+    res = quant.attention_from_fp8(
+        qq,
+        sq,
+        kq,
+        sk,
+        vq,
+        sv,
+        softmax_scale=softmax_scale,
+        q_block=1,
+        kv_block=1,
+        quantize_p=True,
+        p_scale=p_scale,
+        out_dtype=torch.float32,
+        return_lse=return_lse,
+    )
     out, lse = res if return_lse else (res, None)
     if return_lse and smooth_k:
         lse = lse + quant.smoothing_lse_shift(q, k, softmax_scale)
@@ -130,8 +157,20 @@ def emulate(q, k, v, *, softmax_scale: float, hadamard: bool = True, smooth_k: b
 
 
 # -- the cuDNN graph ----------------------------------------------------------------------
-def build_graph(cudnn, *, shape_q, stride_q, shape_k, stride_k, stride_v, stride_o, softmax_scale: float,
-                need_lse: bool, handle=None, fp8_output: bool = True):
+def build_graph(
+    cudnn,
+    *,
+    shape_q,
+    stride_q,
+    shape_k,
+    stride_k,
+    stride_v,
+    stride_o,
+    softmax_scale: float,
+    need_lse: bool,
+    handle=None,
+    fp8_output: bool = True,
+):
     """Build and plan the sdpa_fp8 graph. Returns (graph, named graph tensors). Shapes are
     (B, H, S, D); strides in elements; O is FP8 E4M3 with O's strides (BF16 with fp8_output=False:
     not in cuDNN's documented FP8 support matrix; benchmarks/attention_kernels.py tries whether the
@@ -149,14 +188,22 @@ def build_graph(cudnn, *, shape_q, stride_q, shape_k, stride_k, stride_v, stride
     }
     for name in SCALAR_INPUTS:
         t[name] = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
-    op = dict(q=t["q"], k=t["k"], v=t["v"], **{n: t[n] for n in SCALAR_INPUTS}, attn_scale=float(softmax_scale),
-              use_causal_mask=False, name="fx_fp8_sdpa_fp8")
+    op = dict(
+        q=t["q"],
+        k=t["k"],
+        v=t["v"],
+        **{n: t[n] for n in SCALAR_INPUTS},
+        attn_scale=float(softmax_scale),
+        use_causal_mask=False,
+        name="fx_fp8_sdpa_fp8",
+    )
     try:
         o, stats, amax_s, amax_o = graph.sdpa_fp8(**op, generate_stats=need_lse)
     except TypeError:  # frontends before 1.13 name it is_inference (the negation)
         o, stats, amax_s, amax_o = graph.sdpa_fp8(**op, is_inference=not need_lse)
     o.set_output(True).set_dim([b, h, s_q, d]).set_stride(list(stride_o)).set_data_type(
-        fp8 if fp8_output else cudnn.data_type.BFLOAT16)
+        fp8 if fp8_output else cudnn.data_type.BFLOAT16
+    )
     t["o"] = o
     if need_lse:
         stats.set_output(True).set_dim([b, h, s_q, 1]).set_stride([h * s_q, s_q, 1, 1]).set_data_type(f32)
@@ -197,32 +244,68 @@ class CudnnFP8Attention:
                 self._handles[index] = cudnn.create_handle()
         return self._handles[index]
 
-    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, hadamard, smooth_k, quantize_p, p_scale,
-                  return_lse):
+    def attention(
+        self, q, k, v, *, attn_mask, softmax_scale, granularity, hadamard, smooth_k, quantize_p, p_scale, return_lse
+    ):
         from fx_fp8.ops import triton_quant
 
         if attn_mask is not None:
             raise ValueError("fx_fp8 cuDNN FP8 attention takes no attention mask")
         if granularity != "tensor" or not quantize_p:
-            raise ValueError("fx_fp8 cuDNN FP8 attention needs attention.granularity 'tensor' and quantize_p true "
-                             f"(got {granularity!r}, quantize_p={quantize_p})")
+            raise ValueError(
+                "fx_fp8 cuDNN FP8 attention needs attention.granularity 'tensor' and quantize_p true "
+                f"(got {granularity!r}, quantize_p={quantize_p})"
+            )
         cudnn = import_cudnn()
         qq, sq, kq, sk, vq, sv, shift = triton_quant.prepare_qkv(
-            q, k, v, granularity="tensor", q_block=1, kv_block=1, hadamard=hadamard, smooth_k=smooth_k, pad=False,
-            transpose_v=False, lse_shift=return_lse)
+            q,
+            k,
+            v,
+            granularity="tensor",
+            q_block=1,
+            kv_block=1,
+            hadamard=hadamard,
+            smooth_k=smooth_k,
+            pad=False,
+            transpose_v=False,
+            lse_shift=return_lse,
+        )
         b, h, s_q, d = qq.shape
         o8 = torch.empty((b, h, s_q, d), dtype=quant.FP8_DTYPE, device=q.device)
         handle = self._handle(cudnn, q.device)
-        key = (str(q.device), tuple(qq.shape), tuple(qq.stride()), tuple(kq.shape), tuple(kq.stride()),
-               tuple(vq.stride()), float(softmax_scale), bool(return_lse))
+        key = (
+            str(q.device),
+            tuple(qq.shape),
+            tuple(qq.stride()),
+            tuple(kq.shape),
+            tuple(kq.stride()),
+            tuple(vq.stride()),
+            float(softmax_scale),
+            bool(return_lse),
+        )
         if key not in self._graphs:
-            self._graphs[key] = build_graph(cudnn, shape_q=qq.shape, stride_q=qq.stride(), shape_k=kq.shape,
-                                            stride_k=kq.stride(), stride_v=vq.stride(), stride_o=o8.stride(),
-                                            softmax_scale=softmax_scale, need_lse=return_lse, handle=handle)
+            self._graphs[key] = build_graph(
+                cudnn,
+                shape_q=qq.shape,
+                stride_q=qq.stride(),
+                shape_k=kq.shape,
+                stride_k=kq.stride(),
+                stride_v=vq.stride(),
+                stride_o=o8.stride(),
+                softmax_scale=softmax_scale,
+                need_lse=return_lse,
+                handle=handle,
+            )
         graph, t = self._graphs[key]
-        tensors = dict(q=qq, k=kq, v=vq, o=o8, **scale_tensors(sq, sk, sv, p_scale),
-                       amax_s=torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
-                       amax_o=torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device))
+        tensors = dict(
+            q=qq,
+            k=kq,
+            v=vq,
+            o=o8,
+            **scale_tensors(sq, sk, sv, p_scale),
+            amax_s=torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
+            amax_o=torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device),
+        )
         lse = None
         if return_lse:
             lse = torch.empty((b, h, s_q, 1), dtype=torch.float32, device=q.device)

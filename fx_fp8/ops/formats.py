@@ -1,5 +1,6 @@
 """The number formats of quantized tensors: storage dtype and largest representable magnitude;
 the activation dtypes the FP8 paths take; the name of weight-only (W8A16) storage."""
+
 import torch
 
 FP8_DTYPE = torch.float8_e4m3fn

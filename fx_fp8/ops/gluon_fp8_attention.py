@@ -27,6 +27,7 @@ Structure (FlashAttention-3's, one CTA = 2 x 64 query rows of one (batch, head))
 * one K and one V scale per key tile (BLOCK_N divides kv_block); the accumulator is kept in units of
   the current tile's V scale, as the Triton kernel does.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -38,8 +39,14 @@ try:
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
     GLUON_ERROR = None
 except Exception as e:  # an old Triton, or none: the lowering reports this reason
     GLUON_ERROR = f"{type(e).__name__}: {e}"
@@ -73,8 +80,7 @@ if GLUON_ERROR is None:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, q_row0, k_row0, v_row0,
-                  n_tiles):
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, q_row0, k_row0, v_row0, n_tiles):
         # tile sizes from the buffers: constexprs do not cross gl.warp_specialize's argument tuples
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -91,8 +97,28 @@ if GLUON_ERROR is None:
             _tma_load(v_desc, [v_row0, i * BLOCK_N], ready.index(s), v_smem.index(s))
 
     @gluon.jit
-    def _tile(s, s_next, i, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty, zero_o, sk_ptr, sv_ptr, bh, S_K,
-              n_k, kv_block, log2_p, HAS_NEXT: gl.constexpr):
+    def _tile(
+        s,
+        s_next,
+        i,
+        acc,
+        l_i,
+        m_i,
+        sv_cur,
+        row_scale,
+        offs_n,
+        v_smem,
+        empty,
+        zero_o,
+        sk_ptr,
+        sv_ptr,
+        bh,
+        S_K,
+        n_k,
+        kv_block,
+        log2_p,
+        HAS_NEXT: gl.constexpr,
+    ):
         """Key tile i's online softmax on its scores s, and its P @ V from a fresh accumulator added in fp32.
         With HAS_NEXT, s_next (the next tile's QK^T, in flight) is waited for with P @ V and returned finished:
         an accumulator still in flight must not cross the loop's back edge (its copies there read the wgmma's
@@ -123,17 +149,44 @@ if GLUON_ERROR is None:
         return acc * gl.expand_dims(rescale, 1) + pv, l_i, m_new, sv, s_next
 
     @gluon.jit
-    def _consumer(WG: gl.constexpr, q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr,
-                  bh, S_Q, S_K, n_q, n_k, q_block, kv_block, o_stride_b, o_stride_h, o_stride_s, H, pid_m, n_tiles,
-                  qk_scale, log2_p):
+    def _consumer(
+        WG: gl.constexpr,
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        ready,
+        empty,
+        sq_ptr,
+        sk_ptr,
+        sv_ptr,
+        out_ptr,
+        bh,
+        S_Q,
+        S_K,
+        n_q,
+        n_k,
+        q_block,
+        kv_block,
+        o_stride_b,
+        o_stride_h,
+        o_stride_s,
+        H,
+        pid_m,
+        n_tiles,
+        qk_scale,
+        log2_p,
+    ):
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         D: gl.constexpr = q_smem.shape[2]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
         STAGES: gl.constexpr = k_smem.shape[0]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 32])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 32])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 32]
+        )
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -162,38 +215,210 @@ if GLUON_ERROR is None:
             nst = (i + 1) % STAGES
             mbarrier.wait(ready.index(nst), ((i + 1) // STAGES) & 1)
             s_next = warpgroup_mma(q, k_smem.index(nst).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            acc, l_i, m_i, sv_cur, s = _tile(s, s_next, i, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty,
-                                             zero_o, sk_ptr, sv_ptr, bh, S_K, n_k, kv_block, log2_p, True)
-        acc, l_i, m_i, sv_cur, s = _tile(s, s, n_tiles - 1, acc, l_i, m_i, sv_cur, row_scale, offs_n, v_smem, empty,
-                                         zero_o, sk_ptr, sv_ptr, bh, S_K, n_k, kv_block, log2_p, False)
+            acc, l_i, m_i, sv_cur, s = _tile(
+                s,
+                s_next,
+                i,
+                acc,
+                l_i,
+                m_i,
+                sv_cur,
+                row_scale,
+                offs_n,
+                v_smem,
+                empty,
+                zero_o,
+                sk_ptr,
+                sv_ptr,
+                bh,
+                S_K,
+                n_k,
+                kv_block,
+                log2_p,
+                True,
+            )
+        acc, l_i, m_i, sv_cur, s = _tile(
+            s,
+            s,
+            n_tiles - 1,
+            acc,
+            l_i,
+            m_i,
+            sv_cur,
+            row_scale,
+            offs_n,
+            v_smem,
+            empty,
+            zero_o,
+            sk_ptr,
+            sv_ptr,
+            bh,
+            S_K,
+            n_k,
+            kv_block,
+            log2_p,
+            False,
+        )
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         out = acc * gl.expand_dims(gl.convert_layout(sv_cur / l_safe, row_o), 1)
         b = bh // H
         h = bh % H
         o_rows = row0 + gl.arange(0, BLOCK_M, layout=row_o)
         o_cols = gl.arange(0, D, layout=col_o)
-        ptrs = (out_ptr + b * o_stride_b + h * o_stride_h + gl.expand_dims(o_rows, 1) * o_stride_s
-                + gl.expand_dims(o_cols, 0))
+        ptrs = (
+            out_ptr
+            + b * o_stride_b
+            + h * o_stride_h
+            + gl.expand_dims(o_rows, 1) * o_stride_s
+            + gl.expand_dims(o_cols, 0)
+        )
         gl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(o_rows < S_Q, 1))
 
     @gluon.jit
-    def _consumer_0(q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr, bh, S_Q, S_K, n_q,
-                    n_k, q_block, kv_block, o_stride_b, o_stride_h, o_stride_s, H, pid_m, n_tiles, qk_scale, log2_p):
-        _consumer(0, q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr, bh, S_Q, S_K, n_q,
-                  n_k, q_block, kv_block, o_stride_b, o_stride_h, o_stride_s, H, pid_m, n_tiles, qk_scale, log2_p)
+    def _consumer_0(
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        ready,
+        empty,
+        sq_ptr,
+        sk_ptr,
+        sv_ptr,
+        out_ptr,
+        bh,
+        S_Q,
+        S_K,
+        n_q,
+        n_k,
+        q_block,
+        kv_block,
+        o_stride_b,
+        o_stride_h,
+        o_stride_s,
+        H,
+        pid_m,
+        n_tiles,
+        qk_scale,
+        log2_p,
+    ):
+        _consumer(
+            0,
+            q_smem,
+            k_smem,
+            v_smem,
+            q_bar,
+            ready,
+            empty,
+            sq_ptr,
+            sk_ptr,
+            sv_ptr,
+            out_ptr,
+            bh,
+            S_Q,
+            S_K,
+            n_q,
+            n_k,
+            q_block,
+            kv_block,
+            o_stride_b,
+            o_stride_h,
+            o_stride_s,
+            H,
+            pid_m,
+            n_tiles,
+            qk_scale,
+            log2_p,
+        )
 
     @gluon.jit
-    def _consumer_1(q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr, bh, S_Q, S_K, n_q,
-                    n_k, q_block, kv_block, o_stride_b, o_stride_h, o_stride_s, H, pid_m, n_tiles, qk_scale, log2_p):
-        _consumer(1, q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr, bh, S_Q, S_K, n_q,
-                  n_k, q_block, kv_block, o_stride_b, o_stride_h, o_stride_s, H, pid_m, n_tiles, qk_scale, log2_p)
+    def _consumer_1(
+        q_smem,
+        k_smem,
+        v_smem,
+        q_bar,
+        ready,
+        empty,
+        sq_ptr,
+        sk_ptr,
+        sv_ptr,
+        out_ptr,
+        bh,
+        S_Q,
+        S_K,
+        n_q,
+        n_k,
+        q_block,
+        kv_block,
+        o_stride_b,
+        o_stride_h,
+        o_stride_s,
+        H,
+        pid_m,
+        n_tiles,
+        qk_scale,
+        log2_p,
+    ):
+        _consumer(
+            1,
+            q_smem,
+            k_smem,
+            v_smem,
+            q_bar,
+            ready,
+            empty,
+            sq_ptr,
+            sk_ptr,
+            sv_ptr,
+            out_ptr,
+            bh,
+            S_Q,
+            S_K,
+            n_q,
+            n_k,
+            q_block,
+            kv_block,
+            o_stride_b,
+            o_stride_h,
+            o_stride_s,
+            H,
+            pid_m,
+            n_tiles,
+            qk_scale,
+            log2_p,
+        )
 
     @gluon.jit
-    def _attn_fwd_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, sv_ptr, out_ptr,
-                         H, S_Q, S_K, SQ_PAD, SK_PAD, n_q, n_k, q_block, kv_block,
-                         o_stride_b, o_stride_h, o_stride_s, qk_scale, log2_p,
-                         D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         NEW_WS_API: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    def _attn_fwd_kernel(
+        q_desc,
+        k_desc,
+        v_desc,
+        sq_ptr,
+        sk_ptr,
+        sv_ptr,
+        out_ptr,
+        H,
+        S_Q,
+        S_K,
+        SQ_PAD,
+        SK_PAD,
+        n_q,
+        n_k,
+        q_block,
+        kv_block,
+        o_stride_b,
+        o_stride_h,
+        o_stride_s,
+        qk_scale,
+        log2_p,
+        D: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        STAGES: gl.constexpr,
+        NEW_WS_API: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+    ):
         pid_m = gl.program_id(0)
         bh = gl.program_id(1)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, D], q_desc.layout)
@@ -209,17 +434,63 @@ if GLUON_ERROR is None:
         fence_async_shared()
         n_tiles = gl.cdiv(S_K, BLOCK_N)
         q_row0 = bh * SQ_PAD + pid_m * (2 * BLOCK_M)
-        consumer_args = (q_smem, k_smem, v_smem, q_bar, ready, empty, sq_ptr, sk_ptr, sv_ptr, out_ptr, bh, S_Q, S_K,
-                         n_q, n_k, q_block, kv_block, o_stride_b, o_stride_h, o_stride_s, H, pid_m, n_tiles,
-                         qk_scale, log2_p)
-        producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, q_row0,
-                         bh * SK_PAD, bh * D, n_tiles)
+        consumer_args = (
+            q_smem,
+            k_smem,
+            v_smem,
+            q_bar,
+            ready,
+            empty,
+            sq_ptr,
+            sk_ptr,
+            sv_ptr,
+            out_ptr,
+            bh,
+            S_Q,
+            S_K,
+            n_q,
+            n_k,
+            q_block,
+            kv_block,
+            o_stride_b,
+            o_stride_h,
+            o_stride_s,
+            H,
+            pid_m,
+            n_tiles,
+            qk_scale,
+            log2_p,
+        )
+        producer_args = (
+            q_desc,
+            k_desc,
+            v_desc,
+            q_smem,
+            k_smem,
+            v_smem,
+            q_bar,
+            ready,
+            empty,
+            q_row0,
+            bh * SK_PAD,
+            bh * D,
+            n_tiles,
+        )
         if NEW_WS_API:
-            gl.warp_specialize([(_consumer_0, consumer_args), (_consumer_1, consumer_args),
-                                (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            gl.warp_specialize(
+                [(_consumer_0, consumer_args), (_consumer_1, consumer_args), (_producer, producer_args)],
+                [4, 1],
+                [CONSUMER_REGS, PRODUCER_REGS],
+            )
         else:
-            gl.warp_specialize(consumer_args, _consumer_0, [consumer_args, producer_args],
-                               [_consumer_1, _producer], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            gl.warp_specialize(
+                consumer_args,
+                _consumer_0,
+                [consumer_args, producer_args],
+                [_consumer_1, _producer],
+                [4, 1],
+                [CONSUMER_REGS, PRODUCER_REGS],
+            )
 
 
 def shared_layouts(d: int):
@@ -244,8 +515,22 @@ def attention_reason(head_dim: int, *, masked: bool, need_lse: bool) -> str | No
     return None
 
 
-def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_scale: float, q_block: int,
-                        kv_block: int, p_scale: float = 448.0, out_dtype=torch.bfloat16) -> torch.Tensor:
+def fp8_flash_attention(
+    qq,
+    sq,
+    kq,
+    sk,
+    vt,
+    sv,
+    *,
+    s_q: int,
+    s_k: int,
+    softmax_scale: float,
+    q_block: int,
+    kv_block: int,
+    p_scale: float = 448.0,
+    out_dtype=torch.bfloat16,
+) -> torch.Tensor:
     """The Gluon kernel on `triton_quant.prepare_qkv`'s outputs (FP8 P, no mask, no LSE): (B, H, s_q, D)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -267,9 +552,35 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
     v_desc = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, BLOCK_N], vl)
     grid = (triton.cdiv(s_q, 2 * BLOCK_M), b * h)
     if b * h and s_q:
-        _attn_fwd_kernel[grid](q_desc, k_desc, v_desc, sq, sk, sv, out, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb,
-                               out.stride(0), out.stride(1), out.stride(2), softmax_scale * LOG2E,
-                               math.log2(p_scale), D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
-                               NEW_WS_API=new_warp_specialize_api(), CONSUMER_REGS=CONSUMER_REGS,
-                               PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+        _attn_fwd_kernel[grid](
+            q_desc,
+            k_desc,
+            v_desc,
+            sq,
+            sk,
+            sv,
+            out,
+            h,
+            s_q,
+            s_k,
+            sq_pad,
+            sk_pad,
+            n_q,
+            n_k,
+            qb,
+            kb,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            softmax_scale * LOG2E,
+            math.log2(p_scale),
+            D=d,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            STAGES=STAGES,
+            NEW_WS_API=new_warp_specialize_api(),
+            CONSUMER_REGS=CONSUMER_REGS,
+            PRODUCER_REGS=PRODUCER_REGS,
+            num_warps=4,
+        )
     return out

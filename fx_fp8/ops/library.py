@@ -22,6 +22,7 @@ weight state up at run time.
 The ops are inference-only: their autograd formula lets a graph that
 requires grad compile, and raises only if a backward actually runs through them.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -36,23 +37,77 @@ from fx_fp8.ops.lowering import get_lowering
 
 
 # -- attention ------------------------------------------------------------------------------
-def _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-               quantize_p, p_scale, attention_kernel, lowering, return_lse):
+def _attention(
+    query,
+    key,
+    value,
+    attn_mask,
+    softmax_scale,
+    granularity,
+    q_block,
+    kv_block,
+    hadamard,
+    smooth_k,
+    quantize_p,
+    p_scale,
+    attention_kernel,
+    lowering,
+    return_lse,
+):
     return get_lowering(lowering).attention(
-        query, key, value, attn_mask=attn_mask, softmax_scale=softmax_scale, granularity=granularity,
-        q_block=q_block, kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k, quantize_p=quantize_p,
-        p_scale=p_scale, kernel=attention_kernel, return_lse=return_lse,
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        softmax_scale=softmax_scale,
+        granularity=granularity,
+        q_block=q_block,
+        kv_block=kv_block,
+        hadamard=hadamard,
+        smooth_k=smooth_k,
+        quantize_p=quantize_p,
+        p_scale=p_scale,
+        kernel=attention_kernel,
+        return_lse=return_lse,
     )
 
 
 @torch.library.custom_op("fx_fp8::fp8_attention", mutates_args=())
-def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
-                  softmax_scale: float, *, granularity: str, q_block: int, kv_block: int, hadamard: bool,
-                  smooth_k: bool, quantize_p: bool, p_scale: float, attention_kernel: str,
-                  lowering: str) -> torch.Tensor:
+def fp8_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    softmax_scale: float,
+    *,
+    granularity: str,
+    q_block: int,
+    kv_block: int,
+    hadamard: bool,
+    smooth_k: bool,
+    quantize_p: bool,
+    p_scale: float,
+    attention_kernel: str,
+    lowering: str,
+) -> torch.Tensor:
     """SDPA on (B, H, S, D) inputs (attn_mask as in SDPA): Q/K/V quantized to FP8 e4m3, fused attention."""
-    out = _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                     quantize_p, p_scale, attention_kernel, lowering, False)
+    out = _attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        softmax_scale,
+        granularity,
+        q_block,
+        kv_block,
+        hadamard,
+        smooth_k,
+        quantize_p,
+        p_scale,
+        attention_kernel,
+        lowering,
+        False,
+    )
     return out.contiguous()
 
 
@@ -62,30 +117,59 @@ def _(query, key, value, attn_mask, softmax_scale, **_):
 
 
 @torch.library.custom_op("fx_fp8::fp8_attention_lse", mutates_args=())
-def fp8_attention_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attn_mask: Optional[torch.Tensor], softmax_scale: float, *, granularity: str, q_block: int,
-                      kv_block: int, hadamard: bool, smooth_k: bool, quantize_p: bool, p_scale: float,
-                      attention_kernel: str, lowering: str) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_attention_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor],
+    softmax_scale: float,
+    *,
+    granularity: str,
+    q_block: int,
+    kv_block: int,
+    hadamard: bool,
+    smooth_k: bool,
+    quantize_p: bool,
+    p_scale: float,
+    attention_kernel: str,
+    lowering: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8_attention that also returns lse = log(sum(exp(scores))) per query row, fp32 (B, H, Sq)."""
-    out, lse = _attention(query, key, value, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard,
-                          smooth_k, quantize_p, p_scale, attention_kernel, lowering, True)
+    out, lse = _attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        softmax_scale,
+        granularity,
+        q_block,
+        kv_block,
+        hadamard,
+        smooth_k,
+        quantize_p,
+        p_scale,
+        attention_kernel,
+        lowering,
+        True,
+    )
     return out.contiguous(), lse.float().contiguous()
 
 
 @fp8_attention_lse.register_fake
 def _(query, key, value, attn_mask, softmax_scale, **_):
-    return (query.new_empty(*query.shape[:-1], value.shape[-1]),
-            query.new_empty(query.shape[:-1], dtype=torch.float32))
+    return (query.new_empty(*query.shape[:-1], value.shape[-1]), query.new_empty(query.shape[:-1], dtype=torch.float32))
 
 
 # -- linears --------------------------------------------------------------------------------
 @torch.library.custom_op("fx_fp8::quantize_activation", mutates_args=())
-def quantize_activation(x: torch.Tensor, static_scale: Optional[torch.Tensor], *, method: str, granularity: str,
-                        group: int, lowering: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activation(
+    x: torch.Tensor, static_scale: Optional[torch.Tensor], *, method: str, granularity: str, group: int, lowering: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (xq [M, K], fp32 scale [M, 1] per token, [] per tensor / static, [M, groups] per group)."""
     x2d = x.reshape(-1, x.shape[-1])
-    return get_lowering(lowering).quantize_activation(x2d, static_scale, method=method, granularity=granularity,
-                                                      group=group or None)
+    return get_lowering(lowering).quantize_activation(
+        x2d, static_scale, method=method, granularity=granularity, group=group or None
+    )
 
 
 @quantize_activation.register_fake
@@ -101,16 +185,35 @@ def _(x, static_scale, *, method, granularity, group, lowering):
 
 
 @torch.library.custom_op("fx_fp8::scaled_mm", mutates_args=())
-def scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-              bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
-              out_dtype: torch.dtype, fast_accum: bool, lowering: str) -> torch.Tensor:
+def scaled_mm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    *,
+    method: str,
+    weight_granularity: str,
+    weight_block: list[int],
+    out_dtype: torch.dtype,
+    fast_accum: bool,
+    lowering: str,
+) -> torch.Tensor:
     """xq [M, K] (quantized) x quantized weight [N, K] with its fp32 scale -> [M, N] in out_dtype."""
     if xq.shape[0] == 0:  # a 0-row input: the GEMMs refuse it, native returns an empty tensor
         return xq.new_zeros((0, weight.shape[0]), dtype=out_dtype)
-    out = get_lowering(lowering).scaled_mm(xq, x_scale, weight, weight_scale, bias, method=method,
-                                           weight_granularity=weight_granularity,
-                                           weight_block=tuple(weight_block) or None, out_dtype=out_dtype,
-                                           fast_accum=fast_accum)
+    out = get_lowering(lowering).scaled_mm(
+        xq,
+        x_scale,
+        weight,
+        weight_scale,
+        bias,
+        method=method,
+        weight_granularity=weight_granularity,
+        weight_block=tuple(weight_block) or None,
+        out_dtype=out_dtype,
+        fast_accum=fast_accum,
+    )
     return out.contiguous()
 
 
@@ -120,14 +223,28 @@ def _(xq, x_scale, weight, weight_scale, bias, *, out_dtype, **_):
 
 
 @torch.library.custom_op("fx_fp8::weight_only_linear", mutates_args=())
-def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                       bias: Optional[torch.Tensor], *, method: str, weight_granularity: str, weight_block: list[int],
-                       lowering: str) -> torch.Tensor:
+def weight_only_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    *,
+    method: str,
+    weight_granularity: str,
+    weight_block: list[int],
+    lowering: str,
+) -> torch.Tensor:
     """x [..., K] with a quantized weight [N, K] dequantized for a native matmul -> [..., N]."""
     x2d = x.reshape(-1, x.shape[-1])
-    out = get_lowering(lowering).weight_only_linear(x2d, weight, weight_scale, bias, method=method,
-                                                    weight_granularity=weight_granularity,
-                                                    weight_block=tuple(weight_block) or None)
+    out = get_lowering(lowering).weight_only_linear(
+        x2d,
+        weight,
+        weight_scale,
+        bias,
+        method=method,
+        weight_granularity=weight_granularity,
+        weight_block=tuple(weight_block) or None,
+    )
     return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
 
 
@@ -137,10 +254,20 @@ def _(x, weight, weight_scale, bias, **_):
 
 
 @torch.library.custom_op("fx_fp8::quantized_linear", mutates_args=())
-def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: Optional[torch.Tensor],
-                     input_scale: Optional[torch.Tensor], input_smoothing: Optional[torch.Tensor] = None, *,
-                     method: str, weight_granularity: str, weight_block: list[int], act_granularity: str,
-                     lowering: str) -> torch.Tensor:
+def quantized_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    input_scale: Optional[torch.Tensor],
+    input_smoothing: Optional[torch.Tensor] = None,
+    *,
+    method: str,
+    weight_granularity: str,
+    weight_block: list[int],
+    act_granularity: str,
+    lowering: str,
+) -> torch.Tensor:
     """y = x @ W^T + b for a prepared QuantizedLinear, eagerly: smooth x (x * 1/s, when the
     weight holds W * s), quantize it (dynamic per token / per tensor, or with the static
     `input_scale`), then the lowering's scaled_mm."""
@@ -150,8 +277,9 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if act_granularity == WEIGHT_ONLY:  # W8A16: activations stay unquantized
         if input_smoothing is not None:
             x2d = quant.smooth_activation(x2d, input_smoothing)
-        out = impl.weight_only_linear(x2d, weight, weight_scale, bias, method=method,
-                                      weight_granularity=weight_granularity, weight_block=block)
+        out = impl.weight_only_linear(
+            x2d, weight, weight_scale, bias, method=method, weight_granularity=weight_granularity, weight_block=block
+        )
         return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
     if input_smoothing is not None:
         x2d = quant.smooth_activation(x2d, input_smoothing)
@@ -162,8 +290,17 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
         xq, xs = quant.quantize_activation(x2d, act_granularity, method, block[1] if block else None)
     if x2d.shape[0] == 0:  # a 0-row input: the GEMMs refuse it, native returns an empty tensor
         return x.new_zeros((*x.shape[:-1], weight.shape[0]))
-    out = impl.scaled_mm(xq, xs, weight, weight_scale, bias, method=method, weight_granularity=weight_granularity,
-                         weight_block=block, out_dtype=x.dtype)
+    out = impl.scaled_mm(
+        xq,
+        xs,
+        weight,
+        weight_scale,
+        bias,
+        method=method,
+        weight_granularity=weight_granularity,
+        weight_block=block,
+        out_dtype=x.dtype,
+    )
     return out.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
 
 
@@ -178,9 +315,12 @@ def _(x, weight, weight_scale, bias, input_scale, input_smoothing=None, **_):
 def _pick_step_scale(groups, table: Optional[torch.Tensor], fallback: torch.Tensor) -> torch.Tensor:
     i = steps.step_group(groups) if table is not None else None
     if i is None and table is not None:
-        warnings.warn("fx_fp8: per-step activation scales, but no denoising step is published: static linears "
-                      "use their all-steps scale (publish the step with fx_fp8.set_step / denoising_step, or "
-                      "run the pipeline through compile_pipeline / publish_steps)", stacklevel=2)
+        warnings.warn(
+            "fx_fp8: per-step activation scales, but no denoising step is published: static linears "
+            "use their all-steps scale (publish the step with fx_fp8.set_step / denoising_step, or "
+            "run the pipeline through compile_pipeline / publish_steps)",
+            stacklevel=2,
+        )
     return (fallback if i is None else table[i]).clone()
 
 
@@ -199,8 +339,10 @@ def _(scales, fallback, *, groups):
 # -- inference only ---------------------------------------------------------------------------
 @torch.library.custom_op("fx_fp8::no_backward", mutates_args=())
 def no_backward(grad: torch.Tensor, like: torch.Tensor, op: str) -> torch.Tensor:
-    raise RuntimeError(f"fx_fp8::{op} is inference-only: .backward() reached a quantized node. Compile the "
-                       "model for training without fx_fp8's backends, or run inference under torch.no_grad()")
+    raise RuntimeError(
+        f"fx_fp8::{op} is inference-only: .backward() reached a quantized node. Compile the "
+        "model for training without fx_fp8's backends, or run inference under torch.no_grad()"
+    )
 
 
 @no_backward.register_fake
@@ -228,7 +370,12 @@ def _register_inference_only(op, name: str) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
-for _op, _name in ((fp8_attention, "fp8_attention"), (fp8_attention_lse, "fp8_attention_lse"),
-                   (scaled_mm, "scaled_mm"), (weight_only_linear, "weight_only_linear"),
-                   (quantized_linear, "quantized_linear"), (quantize_activation, "quantize_activation")):
+for _op, _name in (
+    (fp8_attention, "fp8_attention"),
+    (fp8_attention_lse, "fp8_attention_lse"),
+    (scaled_mm, "scaled_mm"),
+    (weight_only_linear, "weight_only_linear"),
+    (quantized_linear, "quantized_linear"),
+    (quantize_activation, "quantize_activation"),
+):
     _register_inference_only(_op, _name)

@@ -18,6 +18,7 @@ ops (fx_fp8.ops.quant), so the downstream compiler fuses it into the producer
 `fx_fp8::quantize_activation` call, which runs the device's fused kernel.
 Either way one quantization serves every linear that reads the same tensor.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -72,8 +73,24 @@ class Lowering:
         return method
 
     # -- run time -----------------------------------------------------------------------
-    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                  quantize_p, p_scale, kernel, return_lse):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask,
+        softmax_scale,
+        granularity,
+        q_block,
+        kv_block,
+        hadamard,
+        smooth_k,
+        quantize_p,
+        p_scale,
+        kernel,
+        return_lse,
+    ):
         raise NotImplementedError
 
     def quantize_activation(self, x2d, static_scale, *, method, granularity, group=None):
@@ -81,8 +98,9 @@ class Lowering:
         "token" / "tensor" / "group" (per token and per `group` columns, for block weights)."""
         raise NotImplementedError
 
-    def scaled_mm(self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype,
-                  fast_accum=False):
+    def scaled_mm(
+        self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype, fast_accum=False
+    ):
         """xq [M, K] x wq [N, K]^T with scales -> [M, N] out_dtype (+ bias). Block weights come
         with per-group activation scales [M, ceil(K / weight_block[1])]. fast_accum: the
         CUDA FP8 GEMM's faster, less exact accumulation (ignored where it does not exist)."""
@@ -92,22 +110,48 @@ class Lowering:
         raise NotImplementedError
 
     # -- compile time: the GEMM written into the graph ------------------------------------------
-    def emit_gemm(self, graph, xq, xs, wq, ws, bias, *, method, weight_granularity, weight_block, out_dtype,
-                  fast_accum, lowering, meta, act="token", weight_val=None):
+    def emit_gemm(
+        self,
+        graph,
+        xq,
+        xs,
+        wq,
+        ws,
+        bias,
+        *,
+        method,
+        weight_granularity,
+        weight_block,
+        out_dtype,
+        fast_accum,
+        lowering,
+        meta,
+        act="token",
+        weight_val=None,
+    ):
         """The [M, N] node computing xq (quantized [M, K], scale xs) x wq ([N, K], scale ws) + bias
         at the graph's insert point (`act`: the activation scales' granularity, "static" for a
         calibrated scalar; `weight_val`: wq's value or fake value, for its shape and device). By default the opaque fx_fp8::scaled_mm op, which runs this
         lowering's `scaled_mm`; a lowering whose GEMM the downstream compiler should see writes
         plain (aten) ops instead."""
-        node = graph.call_function(torch.ops.fx_fp8.scaled_mm.default, (xq, xs, wq, ws, bias),
-                                   dict(method=method, weight_granularity=weight_granularity,
-                                        weight_block=weight_block, out_dtype=out_dtype, fast_accum=fast_accum,
-                                        lowering=lowering))
+        node = graph.call_function(
+            torch.ops.fx_fp8.scaled_mm.default,
+            (xq, xs, wq, ws, bias),
+            dict(
+                method=method,
+                weight_granularity=weight_granularity,
+                weight_block=weight_block,
+                out_dtype=out_dtype,
+                fast_accum=fast_accum,
+                lowering=lowering,
+            ),
+        )
         node.meta.update(meta)
         return node
 
-    def gemm_description(self, method: str, weight_granularity: str, weight_block, fast_accum: bool, act="token",
-                         weight_val=None) -> str:
+    def gemm_description(
+        self, method: str, weight_granularity: str, weight_block, fast_accum: bool, act="token", weight_val=None
+    ) -> str:
         """What runs the GEMM emit_gemm writes, for the report ("" when nothing worth saying)."""
         return ""
 

@@ -31,6 +31,7 @@ schemas and op-info files):
 
 Never imported when fx_fp8 is imported (it imports torch_npu).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -23,6 +23,7 @@ does with them: saturation is an assumption only hardware can confirm).
 shared_exp is clamped to e8m0's range [-127, 127]; an all-zero block gets -127.
 Dividing by a power of two is exact in fp32, so the only rounding is the e4m3 cast.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from fx_fp8.ops.formats import FP8_DTYPE, FP8_MAX
 
 MX_BLOCK = 32
-E4M3_EMAX = 8           # exponent of float8_e4m3fn's largest normal (448 = 1.75 * 2**8)
+E4M3_EMAX = 8  # exponent of float8_e4m3fn's largest normal (448 = 1.75 * 2**8)
 E8M0_BIAS = 127
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 

@@ -39,6 +39,7 @@ dispatch); npu_platform reads torch_npu, the chip and CANN; npu_attention
 chooses and runs the attention paths; npu_calls builds every vendor call's
 arguments (the contract tests/helpers/npu_sim checks).
 """
+
 from __future__ import annotations
 
 import types
@@ -59,8 +60,9 @@ from fx_fp8.ops.npu_platform import chip_problem, import_problem, import_torch_n
 
 class NPULowering(Lowering):
     name = "npu"
-    description = ("Ascend NPU (torch_npu, MindIE-SD): FP8 attention and FP8 W8A8 on Ascend 950, "
-                   "INT8 W8A8 on Atlas A2/A3 and 950")
+    description = (
+        "Ascend NPU (torch_npu, MindIE-SD): FP8 attention and FP8 W8A8 on Ascend 950, INT8 W8A8 on Atlas A2/A3 and 950"
+    )
     fused_activation_quant = True
 
     # compile time (FakeTensor metadata) ---------------------------------------------------
@@ -94,18 +96,36 @@ class NPULowering(Lowering):
             return "block weight scales: npu_quant_matmul takes per-channel or per-tensor weight scales here"
         n, k = (concrete(s) for s in weight.shape)
         if n is None or k is None or k > MAX_MATMUL_DIM or n > MAX_MATMUL_DIM:
-            return (f"features {weight.shape[1]} -> {weight.shape[0]}: npu_quant_matmul takes dims up to "
-                    f"{MAX_MATMUL_DIM}")
+            return (
+                f"features {weight.shape[1]} -> {weight.shape[0]}: npu_quant_matmul takes dims up to {MAX_MATMUL_DIM}"
+            )
         return None
 
     # run time -------------------------------------------------------------------------------
-    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                  quantize_p, p_scale, kernel, return_lse):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask,
+        softmax_scale,
+        granularity,
+        q_block,
+        kv_block,
+        hadamard,
+        smooth_k,
+        quantize_p,
+        p_scale,
+        kernel,
+        return_lse,
+    ):
         if attn_mask is not None:
             raise ValueError("npu lowering: the FP8 attention kernels take no attention mask")
         if kernel not in KERNELS:  # the pass did not bake a path in: choose it now, as at compile time
-            cfg = types.SimpleNamespace(granularity=granularity, q_block=q_block, kv_block=kv_block,
-                                        quantize_p=quantize_p, p_scale=p_scale)
+            cfg = types.SimpleNamespace(
+                granularity=granularity, q_block=q_block, kv_block=kv_block, quantize_p=quantize_p, p_scale=p_scale
+            )
             plan = attention_plan(q, k, v, cfg, None, need_lse=return_lse)
             if plan.kernel is None:
                 raise RuntimeError(f"npu lowering: no FP8 attention path: {plan.detail}")
@@ -114,9 +134,19 @@ class NPULowering(Lowering):
             raise ValueError(f"npu lowering: kernel {kernel!r} does not run granularity {granularity!r}")
         if return_lse and kernel != "fia_mx":
             raise ValueError(f"npu lowering: kernel {kernel!r} returns no log-sum-exp")
-        out, lse = RUNNERS[kernel](q, k, v, softmax_scale=softmax_scale, granularity=granularity, q_block=q_block,
-                                    kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k, p_scale=p_scale,
-                                    return_lse=return_lse)
+        out, lse = RUNNERS[kernel](
+            q,
+            k,
+            v,
+            softmax_scale=softmax_scale,
+            granularity=granularity,
+            q_block=q_block,
+            kv_block=kv_block,
+            hadamard=hadamard,
+            smooth_k=smooth_k,
+            p_scale=p_scale,
+            return_lse=return_lse,
+        )
         return (out, lse) if return_lse else out
 
     def quantize_activation(self, x2d, static_scale, *, method, granularity, group=None):
@@ -131,17 +161,21 @@ class NPULowering(Lowering):
             xq, scale = torch_npu.npu_dynamic_quant(x2d)
         return xq, scale.reshape(-1, 1)
 
-    def scaled_mm(self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype,
-                  fast_accum=False):
+    def scaled_mm(
+        self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype, fast_accum=False
+    ):
         # prepared QuantizedLinear modules reach here without linear_reason having been asked
         if weight_granularity == "block":
-            raise ValueError("npu lowering: block weight scales need weight-only linears on NPU "
-                             "(npu_quant_matmul takes per-channel or per-tensor scales here)")
+            raise ValueError(
+                "npu lowering: block weight scales need weight-only linears on NPU "
+                "(npu_quant_matmul takes per-channel or per-tensor scales here)"
+            )
         if out_dtype not in KERNEL_OUT_DTYPES:
             raise ValueError(f"npu lowering: output dtype {out_dtype} (npu_quant_matmul outputs fp16/bf16 only)")
         torch_npu = import_torch_npu()
-        return torch_npu.npu_quant_matmul(**npu_calls.linear_call_kwargs(xq, x_scale, wq, w_scale, bias,
-                                                                          out_dtype=out_dtype))
+        return torch_npu.npu_quant_matmul(
+            **npu_calls.linear_call_kwargs(xq, x_scale, wq, w_scale, bias, out_dtype=out_dtype)
+        )
 
     def weight_only_method(self, method: str) -> str:
         # npu_weight_quant_batchmatmul takes int8 (or int4 packed in int32) weights, not FP8

@@ -6,6 +6,7 @@ publish, and what the simulator in tests/helpers/npu_sim checks. Also the kernel
 The lowering looks these functions up through this module at call time (`npu_calls.x(...)`),
 so a test can wrap one to corrupt an argument and see the simulator name the broken rule.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -79,17 +80,22 @@ def attention_call_kwargs(q, qq, sq, kq, sk, vq, sv, *, softmax_scale, granulari
     h_kv, s_k = kq.shape[1], kq.shape[2]
     kd = kernel_head_dim(d)
     return dict(
-        query=pad_head_dim(qq, kd), key=pad_head_dim(kq, kd), value=pad_head_dim(vq, kd),
+        query=pad_head_dim(qq, kd),
+        key=pad_head_dim(kq, kd),
+        value=pad_head_dim(vq, kd),
         dequant_scale_query=kernel_block_scales(sq, granularity, q_block, KERNEL_Q_BLOCK, b, h, s_q),
         dequant_scale_key=kernel_block_scales(sk, granularity, kv_block, KERNEL_KV_BLOCK, b, h_kv, s_k),
         dequant_scale_value=kernel_block_scales(sv, granularity, kv_block, KERNEL_KV_BLOCK, b, h_kv, s_k),
         quant_scale_p=p_scale_tensor(p_scale, q.device),
-        num_query_heads=h, num_key_value_heads=h_kv,
+        num_query_heads=h,
+        num_key_value_heads=h_kv,
         softmax_scale=float(softmax_scale),  # the op's default 1.0 is wrong for us: always explicit
-        pre_tokens=INT_MAX, next_tokens=INT_MAX,
+        pre_tokens=INT_MAX,
+        next_tokens=INT_MAX,
         input_layout="BNSD",  # prepare_qkv materialises new tensors in (B, N, S, D) order
         sparse_mode=0,
-        query_quant_mode=BLOCK_QUANT_MODES[0], key_quant_mode=BLOCK_QUANT_MODES[1],
+        query_quant_mode=BLOCK_QUANT_MODES[0],
+        key_quant_mode=BLOCK_QUANT_MODES[1],
         value_quant_mode=BLOCK_QUANT_MODES[2],
         out_dtype=q.dtype,  # an `int?` in the schema: torch.ops turns a torch.dtype into its ScalarType code
     )
@@ -100,7 +106,7 @@ def mindiesd_block_quant(fa_block_quant_preprocess, x: torch.Tensor, block: int,
     (BNSD FP8 data, [B, N, ceil(S / kernel_block), 1] fp32 scales)."""
     data, scales = [], []
     for i in range(x.shape[0]):
-        xq, xs = fa_block_quant_preprocess(x[i:i + 1], block_size=block, dst_type=dst_type, layout="BNSD")
+        xq, xs = fa_block_quant_preprocess(x[i : i + 1], block_size=block, dst_type=dst_type, layout="BNSD")
         data.append(xq)
         scales.append(xs)
     xq, xs = torch.cat(data), torch.cat(scales)  # scales (B, N, ceil(S/block), ceil(D/128) = 1)
@@ -114,12 +120,21 @@ def mindiesd_call_kwargs(q, qq, sq, kq, sk, vq, sv, *, softmax_scale, p_scale):
     As MindIE-SD's FP8RotateQuantFA calls it, plus the P scale in `quant_scale1` (its schema's
     slot for it: the wrapper drops `quant_scale_p`) and num_key_value_heads."""
     return dict(
-        query=qq, key=kq, value=vq,
-        input_layout="BNSD", num_query_heads=qq.shape[1], num_key_value_heads=kq.shape[1],
-        softmax_scale=float(softmax_scale), pre_tokens=INT_MAX, next_tokens=INT_MAX,
-        query_quant_mode=BLOCK_QUANT_MODES[0], key_quant_mode=BLOCK_QUANT_MODES[1],
+        query=qq,
+        key=kq,
+        value=vq,
+        input_layout="BNSD",
+        num_query_heads=qq.shape[1],
+        num_key_value_heads=kq.shape[1],
+        softmax_scale=float(softmax_scale),
+        pre_tokens=INT_MAX,
+        next_tokens=INT_MAX,
+        query_quant_mode=BLOCK_QUANT_MODES[0],
+        key_quant_mode=BLOCK_QUANT_MODES[1],
         value_quant_mode=BLOCK_QUANT_MODES[2],
-        dequant_scale_query=sq, dequant_scale_key=sk, dequant_scale_value=sv,
+        dequant_scale_query=sq,
+        dequant_scale_key=sk,
+        dequant_scale_value=sv,
         quant_scale1=p_scale_tensor(p_scale, q.device),
         out_dtype=q.dtype,
     )
@@ -131,16 +146,29 @@ def mx_call_kwargs(q, qq, qs, kq, ks, vq, vs, *, b, s_q, s_k, softmax_scale, p_s
     torch_npu = import_torch_npu()
     e8m0 = torch_npu.float8_e8m0fnu
     return dict(
-        query=qq, key=kq, value=vq,
-        dequant_scale_query=qs, dequant_scale_key=ks, dequant_scale_value=vs,
-        actual_seq_qlen=[s_q * (i + 1) for i in range(b)],   # TND: cumulative lengths, host ints
+        query=qq,
+        key=kq,
+        value=vq,
+        dequant_scale_query=qs,
+        dequant_scale_key=ks,
+        dequant_scale_value=vs,
+        actual_seq_qlen=[s_q * (i + 1) for i in range(b)],  # TND: cumulative lengths, host ints
         actual_seq_kvlen=[s_k * (i + 1) for i in range(b)],
         quant_scale_p=p_scale_tensor(p_scale, q.device),
-        num_query_heads=qq.shape[1], num_key_value_heads=kq.shape[1],
-        softmax_scale=float(softmax_scale), input_layout="TND", sparse_mode=0,
-        query_quant_mode=MX_QUANT_MODES[0], key_quant_mode=MX_QUANT_MODES[1], value_quant_mode=MX_QUANT_MODES[2],
-        query_dtype=torch.float8_e4m3fn, key_dtype=torch.float8_e4m3fn, value_dtype=torch.float8_e4m3fn,
-        dequant_scale_query_dtype=e8m0, dequant_scale_key_dtype=e8m0, dequant_scale_value_dtype=e8m0,
+        num_query_heads=qq.shape[1],
+        num_key_value_heads=kq.shape[1],
+        softmax_scale=float(softmax_scale),
+        input_layout="TND",
+        sparse_mode=0,
+        query_quant_mode=MX_QUANT_MODES[0],
+        key_quant_mode=MX_QUANT_MODES[1],
+        value_quant_mode=MX_QUANT_MODES[2],
+        query_dtype=torch.float8_e4m3fn,
+        key_dtype=torch.float8_e4m3fn,
+        value_dtype=torch.float8_e4m3fn,
+        dequant_scale_query_dtype=e8m0,
+        dequant_scale_key_dtype=e8m0,
+        dequant_scale_value_dtype=e8m0,
         return_softmax_lse=bool(return_lse),
         out_dtype=q.dtype,
     )

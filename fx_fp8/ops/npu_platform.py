@@ -4,6 +4,7 @@ depend on (fx_fp8.ops.npu).
 torch_npu is imported inside these functions, never when fx_fp8 is imported: installing
 torch_npu breaks plain torch on machines without CANN.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ Device lowerings must reproduce these exactly (same scale granularity,
 rounding via a plain cast to float8_e4m3fn after clamping, same rotation), so
 that quality measured with the CPU reference predicts quality on the device.
 """
+
 from __future__ import annotations
 
 import functools
@@ -239,7 +240,7 @@ def smoothing_lse_shift(q: torch.Tensor, k: torch.Tensor, softmax_scale: float) 
     q . mean(K): the softmax and the output do not change, its log-sum-exp
     does. Lowerings that return an lse with smooth_k add this back, so the lse
     is that of the unsmoothed scores (what ring attention merges)."""
-    k_mean = k.float().mean(dim=2, keepdim=True)             # (B, H, 1, D)
+    k_mean = k.float().mean(dim=2, keepdim=True)  # (B, H, 1, D)
     return (q.float() @ k_mean.transpose(-1, -2)).squeeze(-1) * softmax_scale
 
 
@@ -252,8 +253,23 @@ def apply_mask(scores: torch.Tensor, attn_mask) -> torch.Tensor:
     return scores + attn_mask.float()
 
 
-def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_block, quantize_p, p_scale, out_dtype,
-                       attn_mask=None, return_lse=False):
+def attention_from_fp8(
+    qq,
+    sq,
+    kq,
+    sk,
+    vq,
+    sv,
+    *,
+    softmax_scale,
+    q_block,
+    kv_block,
+    quantize_p,
+    p_scale,
+    out_dtype,
+    attn_mask=None,
+    return_lse=False,
+):
     """Reference math of the fused FP8 kernel, in float32.
 
     S = (Qq Kq^T) * sq * sk * softmax_scale; P = exp(S - rowmax) in [0, 1];
@@ -264,7 +280,7 @@ def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_blo
     With return_lse, also lse = rowmax + log(rowsum(P)) (natural log, fp32, (B, H, Sq)).
     """
     s_q, s_k = qq.shape[2], kq.shape[2]
-    rows_q = expand_row_scale(sq, s_q, q_block)                    # [B,H,Sq,1]
+    rows_q = expand_row_scale(sq, s_q, q_block)  # [B,H,Sq,1]
     rows_k = expand_row_scale(sk, s_k, kv_block).transpose(-1, -2)  # [B,H,1,Sk]
     scores = apply_mask((qq.float() @ kq.float().transpose(-1, -2)) * rows_q * rows_k * softmax_scale, attn_mask)
     row_max = scores.amax(dim=-1, keepdim=True)
@@ -280,8 +296,9 @@ def attention_from_fp8(qq, sq, kq, sk, vq, sv, *, softmax_scale, q_block, kv_blo
     return out, (row_max + torch.log(denom)).squeeze(-1)
 
 
-def dequantized_linear(x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias, granularity: str,
-                       block=None) -> torch.Tensor:
+def dequantized_linear(
+    x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias, granularity: str, block=None
+) -> torch.Tensor:
     """x2d @ dequantize(W)^T + bias with the weight dequantized to x's dtype first: the weight-only
     (W8A16) matmul where no fused kernel takes the layout (the reference's numerics)."""
     w = dequantize_weight(wq, w_scale, granularity, block).to(x2d.dtype)

@@ -3,6 +3,7 @@
 Runs anywhere (any device torch supports), slowly: this is the quality
 reference, never the speed path.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,7 @@ def exact_product_sum(aq, bq):
     k = aq.shape[1]
     total = None
     for k0 in range(0, max(k, 1), EXACT_SUM_TERMS):
-        part = aq[:, k0:k0 + EXACT_SUM_TERMS].double() @ bq[:, k0:k0 + EXACT_SUM_TERMS].double().t()
+        part = aq[:, k0 : k0 + EXACT_SUM_TERMS].double() @ bq[:, k0 : k0 + EXACT_SUM_TERMS].double().t()
         total = part if total is None else total + part
     return total.float().to(device)
 
@@ -45,8 +46,8 @@ def block_matmul(xq, xs, wq, ws, *, weight_block, out_dtype):
     per_group = xs.dim() == 2 and xs.shape[-1] != 1  # else per token [M, 1] or static []
     out = None
     for g, k0 in enumerate(range(0, xq.shape[1], bc)):
-        acc = exact_product_sum(xq[:, k0:k0 + bc], wq[:, k0:k0 + bc])
-        x_scale = xs[:, g:g + 1] if per_group else xs.reshape(-1, 1)
+        acc = exact_product_sum(xq[:, k0 : k0 + bc], wq[:, k0 : k0 + bc])
+        x_scale = xs[:, g : g + 1] if per_group else xs.reshape(-1, 1)
         w_scale = ws[:, g].repeat_interleave(br)[:n].reshape(1, n)
         part = acc * x_scale.float() * w_scale.float()
         out = part if out is None else out + part
@@ -77,14 +78,42 @@ class ReferenceLowering(Lowering):
     name = "reference"
     description = "CPU reference (exact FP8 / INT8 numerics, not a speed path)"
 
-    def attention(self, q, k, v, *, attn_mask, softmax_scale, granularity, q_block, kv_block, hadamard, smooth_k,
-                  quantize_p, p_scale, kernel, return_lse):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask,
+        softmax_scale,
+        granularity,
+        q_block,
+        kv_block,
+        hadamard,
+        smooth_k,
+        quantize_p,
+        p_scale,
+        kernel,
+        return_lse,
+    ):
         qq, sq, kq, sk, vq, sv = quant.prepare_qkv(
             q, k, v, granularity=granularity, q_block=q_block, kv_block=kv_block, hadamard=hadamard, smooth_k=smooth_k
         )
         out = quant.attention_from_fp8(
-            qq, sq, kq, sk, vq, sv, softmax_scale=softmax_scale, q_block=q_block, kv_block=kv_block,
-            quantize_p=quantize_p, p_scale=p_scale, out_dtype=q.dtype, attn_mask=attn_mask, return_lse=return_lse,
+            qq,
+            sq,
+            kq,
+            sk,
+            vq,
+            sv,
+            softmax_scale=softmax_scale,
+            q_block=q_block,
+            kv_block=kv_block,
+            quantize_p=quantize_p,
+            p_scale=p_scale,
+            out_dtype=q.dtype,
+            attn_mask=attn_mask,
+            return_lse=return_lse,
         )
         if return_lse and smooth_k:
             out, lse = out
@@ -96,11 +125,19 @@ class ReferenceLowering(Lowering):
             return quant.quantize_activation_static(x2d, static_scale, method)
         return quant.quantize_activation(x2d, granularity, method, group)
 
-    def scaled_mm(self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype,
-                  fast_accum=False):
+    def scaled_mm(
+        self, xq, x_scale, wq, w_scale, bias, *, method, weight_granularity, weight_block, out_dtype, fast_accum=False
+    ):
         matmul = int8_matmul if method == "int8" else fp8_matmul
-        out = matmul(xq, x_scale, wq, w_scale, weight_granularity=weight_granularity, weight_block=weight_block,
-                     out_dtype=out_dtype)
+        out = matmul(
+            xq,
+            x_scale,
+            wq,
+            w_scale,
+            weight_granularity=weight_granularity,
+            weight_block=weight_block,
+            out_dtype=out_dtype,
+        )
         return out + bias.to(out.dtype) if bias is not None else out
 
     def weight_only_linear(self, x2d, wq, w_scale, bias, *, method, weight_granularity, weight_block):

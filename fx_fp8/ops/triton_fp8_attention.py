@@ -51,6 +51,7 @@ Masks: an additive fp32 bias per key (B, Hm, S_pad), Hm in {1, H}, already in
 log2 units, -inf on padding keys (a key-padding mask); other masks are
 rejected by the lowering.
 """
+
 from __future__ import annotations
 
 import math
@@ -143,8 +144,19 @@ def _load_v(VT, vrow0, start_n, S_PAD, offs_d, KEYS: tl.constexpr, QUANT_P: tl.c
 
 
 @triton.jit
-def _pv(acc, p, VT, vrow0, start_n, S_PAD, offs_d, KEYS: tl.constexpr, QUANT_P: tl.constexpr, USE_TMA: tl.constexpr,
-        TWO_LEVEL: tl.constexpr):
+def _pv(
+    acc,
+    p,
+    VT,
+    vrow0,
+    start_n,
+    S_PAD,
+    offs_d,
+    KEYS: tl.constexpr,
+    QUANT_P: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+):
     """acc + p @ V[start_n : start_n + KEYS]: a fresh dot added in fp32 (TWO_LEVEL), or accumulated in place."""
     v = _load_v(VT, vrow0, start_n, S_PAD, offs_d, KEYS, QUANT_P, USE_TMA)
     if TWO_LEVEL:
@@ -159,11 +171,39 @@ def _column_halves(x, N: tl.constexpr):
 
 
 @triton.jit
-def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr,
-                offs_n, offs_d, lo, hi, S_K, S_PAD, n_k, kv_block, log2_p,
-                BLOCK_N: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_P: tl.constexpr,
-                EXACT_CAST: tl.constexpr, D: tl.constexpr, USE_TMA: tl.constexpr, TWO_LEVEL: tl.constexpr,
-                PV_KEYS: tl.constexpr):
+def _attn_tiles(
+    acc,
+    l_i,
+    m_i,
+    sv_cur,
+    q,
+    row_scale,
+    K,
+    VT,
+    krow0,
+    vrow0,
+    sk_ptr,
+    sv_ptr,
+    bias_ptr,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    S_K,
+    S_PAD,
+    n_k,
+    kv_block,
+    log2_p,
+    BLOCK_N: tl.constexpr,
+    CHECK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    QUANT_P: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
+    D: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    TWO_LEVEL: tl.constexpr,
+    PV_KEYS: tl.constexpr,
+):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         # BLOCK_N divides kv_block: one K and one V scale a tile (Triton's pipeliner prefetches them)
@@ -171,11 +211,11 @@ def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr
         sk = tl.load(sk_ptr + blk)
         sv = tl.load(sv_ptr + blk)
         if USE_TMA:  # K viewed as (B*H*S_pad, D), V^T as (B*H*D, S_pad): TMA tiles, no per-element addresses
-            k = K.load([krow0 + start_n, 0]).T                                # (D, BLOCK_N), D contiguous
+            k = K.load([krow0 + start_n, 0]).T  # (D, BLOCK_N), D contiguous
         else:
             k = tl.load(K + (krow0 + cols)[None, :] * D + offs_d[:, None])
-        s = tl.dot(q, k)                          # integer-valued products of e4m3 codes, fp32
-        c = row_scale * sk                        # the tile's score scale (log2 units), > 0
+        s = tl.dot(q, k)  # integer-valued products of e4m3 codes, fp32
+        c = row_scale * sk  # the tile's score scale (log2 units), > 0
         if HAS_BIAS:
             s = s * c[:, None] + tl.load(bias_ptr + cols)[None, :]
             if CHECK:
@@ -191,7 +231,7 @@ def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr
             # exponent's argument (one FMA an element) and p_scale into its offset (2^log2_p = p_scale)
             m_new = tl.maximum(m_i, tl.max(s, 1) * c)
             m_use = m_new
-            p = tl.math.exp2(s * c[:, None] - (m_use - log2_p)[:, None])   # P * p_scale, in [0, p_scale]
+            p = tl.math.exp2(s * c[:, None] - (m_use - log2_p)[:, None])  # P * p_scale, in [0, p_scale]
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         if QUANT_P:
@@ -213,32 +253,63 @@ def _attn_tiles(acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr
             p0, p1 = _column_halves(pq, BLOCK_N)
             if PV_KEYS * 2 == BLOCK_N:
                 acc = _pv(acc, p0, VT, vrow0, start_n, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
-                acc = _pv(acc, p1, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
-                          TWO_LEVEL)
+                acc = _pv(acc, p1, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
             else:  # four dots of BLOCK_N / 4 keys
                 p00, p01 = _column_halves(p0, BLOCK_N // 2)
                 p10, p11 = _column_halves(p1, BLOCK_N // 2)
                 acc = _pv(acc, p00, VT, vrow0, start_n, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
-                acc = _pv(acc, p01, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
-                          TWO_LEVEL)
-                acc = _pv(acc, p10, VT, vrow0, start_n + 2 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
-                          TWO_LEVEL)
-                acc = _pv(acc, p11, VT, vrow0, start_n + 3 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA,
-                          TWO_LEVEL)
+                acc = _pv(acc, p01, VT, vrow0, start_n + PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL)
+                acc = _pv(
+                    acc, p10, VT, vrow0, start_n + 2 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL
+                )
+                acc = _pv(
+                    acc, p11, VT, vrow0, start_n + 3 * PV_KEYS, S_PAD, offs_d, PV_KEYS, QUANT_P, USE_TMA, TWO_LEVEL
+                )
         sv_cur = sv
         m_i = m_new
     return acc, l_i, m_i, sv_cur
 
 
 @triton.jit
-def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
-                     H, S_Q, S_K, SQ_PAD, SK_PAD, n_q, n_k, q_block, kv_block,
-                     bias_stride_b, bias_stride_h, o_stride_b, o_stride_h, o_stride_s,
-                     qk_scale, log2_p,
-                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     QUANT_P: tl.constexpr, EXACT_CAST: tl.constexpr, RETURN_LSE: tl.constexpr,
-                     USE_TMA: tl.constexpr, ROUND_BF16: tl.constexpr = False, TWO_LEVEL: tl.constexpr = True,
-                     PV_KEYS: tl.constexpr = 128, Q_TMA: tl.constexpr = False):
+def _attn_fwd_kernel(
+    Q,
+    K,
+    VT,
+    SQ,
+    SK,
+    SV,
+    BIAS,
+    OUT,
+    LSE,
+    H,
+    S_Q,
+    S_K,
+    SQ_PAD,
+    SK_PAD,
+    n_q,
+    n_k,
+    q_block,
+    kv_block,
+    bias_stride_b,
+    bias_stride_h,
+    o_stride_b,
+    o_stride_h,
+    o_stride_s,
+    qk_scale,
+    log2_p,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    QUANT_P: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    ROUND_BF16: tl.constexpr = False,
+    TWO_LEVEL: tl.constexpr = True,
+    PV_KEYS: tl.constexpr = 128,
+    Q_TMA: tl.constexpr = False,
+):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -268,13 +339,71 @@ def _attn_fwd_kernel(Q, K, VT, SQ, SK, SV, BIAS, OUT, LSE,
     last = tl.cdiv(S_K, BLOCK_N) * BLOCK_N
     # full key tiles need no bounds check; the partial last one does
     acc, l_i, m_i, sv_cur = _attn_tiles(
-        acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n,
-        offs_d, 0, full, S_K, SK_PAD, n_k, kv_block, log2_p, BLOCK_N, False, HAS_BIAS, QUANT_P, EXACT_CAST, D, USE_TMA,
-        TWO_LEVEL, PV_KEYS)
+        acc,
+        l_i,
+        m_i,
+        sv_cur,
+        q,
+        row_scale,
+        K,
+        VT,
+        krow0,
+        vrow0,
+        sk_ptr,
+        sv_ptr,
+        bias_ptr,
+        offs_n,
+        offs_d,
+        0,
+        full,
+        S_K,
+        SK_PAD,
+        n_k,
+        kv_block,
+        log2_p,
+        BLOCK_N,
+        False,
+        HAS_BIAS,
+        QUANT_P,
+        EXACT_CAST,
+        D,
+        USE_TMA,
+        TWO_LEVEL,
+        PV_KEYS,
+    )
     acc, l_i, m_i, sv_cur = _attn_tiles(
-        acc, l_i, m_i, sv_cur, q, row_scale, K, VT, krow0, vrow0, sk_ptr, sv_ptr, bias_ptr, offs_n,
-        offs_d, full, last, S_K, SK_PAD, n_k, kv_block, log2_p, BLOCK_N, True, HAS_BIAS, QUANT_P, EXACT_CAST, D,
-        USE_TMA, TWO_LEVEL, PV_KEYS)
+        acc,
+        l_i,
+        m_i,
+        sv_cur,
+        q,
+        row_scale,
+        K,
+        VT,
+        krow0,
+        vrow0,
+        sk_ptr,
+        sv_ptr,
+        bias_ptr,
+        offs_n,
+        offs_d,
+        full,
+        last,
+        S_K,
+        SK_PAD,
+        n_k,
+        kv_block,
+        log2_p,
+        BLOCK_N,
+        True,
+        HAS_BIAS,
+        QUANT_P,
+        EXACT_CAST,
+        D,
+        USE_TMA,
+        TWO_LEVEL,
+        PV_KEYS,
+    )
     # l sums P * p_scale, as acc does: O = acc * sv / l, no p_scale left to divide out
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a fully masked row: acc is 0, O = 0
     out = acc * (sv_cur / l_safe)[:, None]
@@ -292,9 +421,14 @@ def _make_prune(table):
         d = kwargs.get("D", named_args.get("D"))
         kv_block = named_args["kv_block"]
         allowed = set(table.get(d, ()))
-        kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in allowed
-                and kv_block % c.kwargs["BLOCK_N"] == 0]
+        kept = [
+            c
+            for c in configs
+            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in allowed
+            and kv_block % c.kwargs["BLOCK_N"] == 0
+        ]
         return kept or [c for c in configs if kv_block % c.kwargs["BLOCK_N"] == 0][-1:] or configs[-1:]
+
     return prune
 
 
@@ -311,8 +445,10 @@ def _set_tile_shapes(nargs):
 def _autotuned(table, pre_hook=None):
     configs = sorted({c for cs in table.values() for c in cs}, reverse=True)
     return triton.autotune(
-        configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
-                 for m, n, w, s in configs],
+        configs=[
+            triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+            for m, n, w, s in configs
+        ],
         key=["S_Q", "S_K", "D", "HAS_BIAS", "QUANT_P", "kv_block", "RETURN_LSE", "TWO_LEVEL", "PV_KEYS", "Q_TMA"],
         prune_configs_by={"early_config_prune": _make_prune(table)},
     )(_attn_fwd_kernel)
@@ -338,8 +474,10 @@ def launch_candidates(d: int, kv_block: int, use_tma: bool, tile: str | None = N
     candidate tile's."""
     kept = [c for c in _tile_table(tile, use_tma).get(d, ()) if kv_block % c[1] == 0]
     if not kept:
-        raise ValueError(f"no {tile or ('TMA' if use_tma else 'pointer')} attention config for head dim {d} has "
-                         f"a key tile dividing kv_block={kv_block}")
+        raise ValueError(
+            f"no {tile or ('TMA' if use_tma else 'pointer')} attention config for head dim {d} has "
+            f"a key tile dividing kv_block={kv_block}"
+        )
     return kept
 
 
@@ -379,10 +517,17 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
     m = attn_mask
     while m.dim() < 4:
         m = m.unsqueeze(0)
-    if (m.dim() != 4 or m.shape[2] != 1 or m.shape[0] not in (1, b) or m.shape[1] not in (1, h)
-            or m.shape[3] not in (1, s_k)):
-        raise ValueError(f"FP8 attention kernel takes key-padding masks broadcastable to (B, H, 1, Sk) = "
-                         f"({b}, {h}, 1, {s_k}), got shape {tuple(attn_mask.shape)}")
+    if (
+        m.dim() != 4
+        or m.shape[2] != 1
+        or m.shape[0] not in (1, b)
+        or m.shape[1] not in (1, h)
+        or m.shape[3] not in (1, s_k)
+    ):
+        raise ValueError(
+            f"FP8 attention kernel takes key-padding masks broadcastable to (B, H, 1, Sk) = "
+            f"({b}, {h}, 1, {s_k}), got shape {tuple(attn_mask.shape)}"
+        )
     if m.dtype == torch.bool:
         bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
     else:
@@ -393,11 +538,32 @@ def key_bias(attn_mask: torch.Tensor | None, b: int, h: int, s_k: int) -> torch.
     return out
 
 
-def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_scale: float, q_block: int,
-                        kv_block: int, quantize_p: bool = True, p_scale: float = 448.0, out_dtype=torch.bfloat16,
-                        bias: torch.Tensor | None = None, return_lse: bool = False, config: tuple | None = None,
-                        use_tma: bool | None = None, exact_cast: bool | None = None, two_level: bool = True,
-                        pv_keys: int | None = None, tile: str | None = None, q_tma: bool = False):
+def fp8_flash_attention(
+    qq,
+    sq,
+    kq,
+    sk,
+    vt,
+    sv,
+    *,
+    s_q: int,
+    s_k: int,
+    softmax_scale: float,
+    q_block: int,
+    kv_block: int,
+    quantize_p: bool = True,
+    p_scale: float = 448.0,
+    out_dtype=torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    return_lse: bool = False,
+    config: tuple | None = None,
+    use_tma: bool | None = None,
+    exact_cast: bool | None = None,
+    two_level: bool = True,
+    pv_keys: int | None = None,
+    tile: str | None = None,
+    q_tma: bool = False,
+):
     """The attention kernel alone on prepared inputs; returns (B, H, s_q, D) in out_dtype, and
     with return_lse also the fp32 (B, H, s_q) natural-log LSE.
 
@@ -451,17 +617,51 @@ def fp8_flash_attention(qq, sq, kq, sk, vt, sv, *, s_q: int, s_k: int, softmax_s
         config = interpreter_config(d, kb, use_tma, tile)
     q_arg, k_arg, v_arg = qq, kq, vt
     if use_tma:  # 2-D views: K (B*H*Sk_pad, D), V^T (B*H*D, Sk_pad); tile shapes set per config
-        bn0 = (config[1] if config is not None else 64)
+        bn0 = config[1] if config is not None else 64
         k_arg = TensorDescriptor.from_tensor(kq.reshape(b * h * sk_pad, d), [bn0, d])
         v_arg = TensorDescriptor.from_tensor(vt.reshape(b * h * d, sk_pad), [d, min(bn0, pv_keys)])
         if q_tma:
             q_arg = TensorDescriptor.from_tensor(qq.reshape(b * h * sq_pad, d), [config[0] if config else 64, d])
-    args = (q_arg, k_arg, v_arg, sq, sk, sv, bias_t, out, lse, h, s_q, s_k, sq_pad, sk_pad, n_q, n_k, qb, kb, bsb, bsh,
-            out.stride(0), out.stride(1), out.stride(2), qk_scale, log2_p)
+    args = (
+        q_arg,
+        k_arg,
+        v_arg,
+        sq,
+        sk,
+        sv,
+        bias_t,
+        out,
+        lse,
+        h,
+        s_q,
+        s_k,
+        sq_pad,
+        sk_pad,
+        n_q,
+        n_k,
+        qb,
+        kb,
+        bsb,
+        bsh,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        qk_scale,
+        log2_p,
+    )
     exact = interpreting() if exact_cast is None else exact_cast
-    flags = dict(D=d, HAS_BIAS=has_bias, QUANT_P=quantize_p, RETURN_LSE=return_lse, USE_TMA=use_tma,
-                 EXACT_CAST=exact, ROUND_BF16=exact and out_dtype == torch.bfloat16, TWO_LEVEL=bool(two_level),
-                 PV_KEYS=pv_keys, Q_TMA=bool(q_tma))
+    flags = dict(
+        D=d,
+        HAS_BIAS=has_bias,
+        QUANT_P=quantize_p,
+        RETURN_LSE=return_lse,
+        USE_TMA=use_tma,
+        EXACT_CAST=exact,
+        ROUND_BF16=exact and out_dtype == torch.bfloat16,
+        TWO_LEVEL=bool(two_level),
+        PV_KEYS=pv_keys,
+        Q_TMA=bool(q_tma),
+    )
     if b * h and s_q:
         if config is not None:
             bm, bn, warps, stages = config

@@ -49,6 +49,7 @@ INT8 epilogue (`int8_rescale`): the int32 product of torch._int_mm times the
 activation scale (per row or scalar) times the weight scale (per column or
 scalar), plus bias, in one pass: fp32 math, one rounding to the output dtype.
 """
+
 from __future__ import annotations
 
 import functools
@@ -148,8 +149,23 @@ def _transform(x, row_ok, mean, hm, inv_sqrt_d, SMOOTH: tl.constexpr, HADAMARD: 
 
 
 @triton.jit
-def _load_transformed(x_base, rows, row_ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, dot_vec, dot_ptr, S,
-                      SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr):
+def _load_transformed(
+    x_base,
+    rows,
+    row_ok,
+    offs_d,
+    stride_s,
+    stride_d,
+    mean,
+    hm,
+    inv_sqrt_d,
+    dot_vec,
+    dot_ptr,
+    S,
+    SMOOTH: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    DOT: tl.constexpr,
+):
     """Rows of x, smoothed / rotated; with DOT, also stores x_row . dot_vec (on the raw rows) to dot_ptr."""
     if SMOOTH or HADAMARD or DOT:
         x = _load_rows(x_base, rows, row_ok, offs_d, stride_s, stride_d)
@@ -162,8 +178,18 @@ def _load_transformed(x_base, rows, row_ok, offs_d, stride_s, stride_d, mean, hm
 
 
 @triton.jit
-def _store_e4m3(out_base, rows, store_ok, offs_d, S_OUT, x, scale, D: tl.constexpr, TRANSPOSE: tl.constexpr,
-                EXACT_CAST: tl.constexpr):
+def _store_e4m3(
+    out_base,
+    rows,
+    store_ok,
+    offs_d,
+    S_OUT,
+    x,
+    scale,
+    D: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
+):
     y = _to_e4m3(tl.math.div_rn(x.to(tl.float32), scale), EXACT_CAST)
     if TRANSPOSE:  # (D, S_OUT): rows contiguous
         tl.store(out_base + offs_d[:, None] * S_OUT + rows[None, :], tl.trans(y), mask=store_ok[None, :])
@@ -172,51 +198,253 @@ def _store_e4m3(out_base, rows, store_ok, offs_d, S_OUT, x, scale, D: tl.constex
 
 
 @triton.jit
-def _quant_kernel(x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_ptr, dvec_ptr, dot_ptr,
-                  H, S, S_OUT, n_blocks, block,
-                  stride_b, stride_h, stride_s, stride_d, inv_sqrt_d,
-                  D: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, ONE_PASS: tl.constexpr,
-                  SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE: tl.constexpr,
-                  EXACT_CAST: tl.constexpr):
+def _quant_kernel(
+    x_ptr,
+    mean_ptr,
+    had_ptr,
+    out_ptr,
+    scale_ptr,
+    amax_ptr,
+    dvec_ptr,
+    dot_ptr,
+    H,
+    S,
+    S_OUT,
+    n_blocks,
+    block,
+    stride_b,
+    stride_h,
+    stride_s,
+    stride_d,
+    inv_sqrt_d,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    MODE: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    DOT: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
+):
     """One program per (block of `block` rows, batch x head): _quant_program."""
-    _quant_program(tl.program_id(0), tl.program_id(1).to(tl.int64), x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr,
-                   amax_ptr, dvec_ptr, dot_ptr, H, S, S_OUT, n_blocks, block, stride_b, stride_h, stride_s, stride_d,
-                   inv_sqrt_d, D, ROWS, MODE, ONE_PASS, SMOOTH, HADAMARD, DOT, TRANSPOSE, EXACT_CAST)
+    _quant_program(
+        tl.program_id(0),
+        tl.program_id(1).to(tl.int64),
+        x_ptr,
+        mean_ptr,
+        had_ptr,
+        out_ptr,
+        scale_ptr,
+        amax_ptr,
+        dvec_ptr,
+        dot_ptr,
+        H,
+        S,
+        S_OUT,
+        n_blocks,
+        block,
+        stride_b,
+        stride_h,
+        stride_s,
+        stride_d,
+        inv_sqrt_d,
+        D,
+        ROWS,
+        MODE,
+        ONE_PASS,
+        SMOOTH,
+        HADAMARD,
+        DOT,
+        TRANSPOSE,
+        EXACT_CAST,
+    )
 
 
 @triton.jit
-def _qkv_block_kernel(q_ptr, k_ptr, v_ptr, mean_ptr, had_ptr, qo_ptr, ko_ptr, vo_ptr, sq_ptr, sk_ptr, sv_ptr,
-                      dvec_ptr, dot_ptr, H, SQ, SQ_OUT, SK, SK_OUT, nq, nk, q_block, kv_block,
-                      q_sb, q_sh, q_ss, q_sd, k_sb, k_sh, k_ss, k_sd, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d,
-                      D: tl.constexpr, Q_ROWS: tl.constexpr, Q_ONE_PASS: tl.constexpr, K_ROWS: tl.constexpr,
-                      K_ONE_PASS: tl.constexpr, V_ROWS: tl.constexpr, V_ONE_PASS: tl.constexpr,
-                      SMOOTH_K: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE_V: tl.constexpr,
-                      EXACT_CAST: tl.constexpr):
+def _qkv_block_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    mean_ptr,
+    had_ptr,
+    qo_ptr,
+    ko_ptr,
+    vo_ptr,
+    sq_ptr,
+    sk_ptr,
+    sv_ptr,
+    dvec_ptr,
+    dot_ptr,
+    H,
+    SQ,
+    SQ_OUT,
+    SK,
+    SK_OUT,
+    nq,
+    nk,
+    q_block,
+    kv_block,
+    q_sb,
+    q_sh,
+    q_ss,
+    q_sd,
+    k_sb,
+    k_sh,
+    k_ss,
+    k_sd,
+    v_sb,
+    v_sh,
+    v_ss,
+    v_sd,
+    inv_sqrt_d,
+    D: tl.constexpr,
+    Q_ROWS: tl.constexpr,
+    Q_ONE_PASS: tl.constexpr,
+    K_ROWS: tl.constexpr,
+    K_ONE_PASS: tl.constexpr,
+    V_ROWS: tl.constexpr,
+    V_ONE_PASS: tl.constexpr,
+    SMOOTH_K: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    DOT: tl.constexpr,
+    TRANSPOSE_V: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
+):
     """Q, K and V with block scales in one launch: programs [0, nq) quantize Q's blocks, [nq, nq + nk)
     K's (smoothed, rotated), the rest V's (transposed or not); each exactly as _quant_kernel would."""
     blk = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     if blk < nq:
-        _quant_program(blk, bh, q_ptr, mean_ptr, had_ptr, qo_ptr, sq_ptr, sq_ptr, dvec_ptr, dot_ptr, H, SQ, SQ_OUT,
-                       nq, q_block, q_sb, q_sh, q_ss, q_sd, inv_sqrt_d, D, Q_ROWS, 0, Q_ONE_PASS, False, HADAMARD,
-                       DOT, False, EXACT_CAST)
+        _quant_program(
+            blk,
+            bh,
+            q_ptr,
+            mean_ptr,
+            had_ptr,
+            qo_ptr,
+            sq_ptr,
+            sq_ptr,
+            dvec_ptr,
+            dot_ptr,
+            H,
+            SQ,
+            SQ_OUT,
+            nq,
+            q_block,
+            q_sb,
+            q_sh,
+            q_ss,
+            q_sd,
+            inv_sqrt_d,
+            D,
+            Q_ROWS,
+            0,
+            Q_ONE_PASS,
+            False,
+            HADAMARD,
+            DOT,
+            False,
+            EXACT_CAST,
+        )
     elif blk < nq + nk:
-        _quant_program(blk - nq, bh, k_ptr, mean_ptr, had_ptr, ko_ptr, sk_ptr, sk_ptr, dvec_ptr, dot_ptr, H, SK,
-                       SK_OUT, nk, kv_block, k_sb, k_sh, k_ss, k_sd, inv_sqrt_d, D, K_ROWS, 0, K_ONE_PASS, SMOOTH_K,
-                       HADAMARD, False, False, EXACT_CAST)
+        _quant_program(
+            blk - nq,
+            bh,
+            k_ptr,
+            mean_ptr,
+            had_ptr,
+            ko_ptr,
+            sk_ptr,
+            sk_ptr,
+            dvec_ptr,
+            dot_ptr,
+            H,
+            SK,
+            SK_OUT,
+            nk,
+            kv_block,
+            k_sb,
+            k_sh,
+            k_ss,
+            k_sd,
+            inv_sqrt_d,
+            D,
+            K_ROWS,
+            0,
+            K_ONE_PASS,
+            SMOOTH_K,
+            HADAMARD,
+            False,
+            False,
+            EXACT_CAST,
+        )
     else:
-        _quant_program(blk - nq - nk, bh, v_ptr, mean_ptr, had_ptr, vo_ptr, sv_ptr, sv_ptr, dvec_ptr, dot_ptr, H, SK,
-                       SK_OUT, nk, kv_block, v_sb, v_sh, v_ss, v_sd, inv_sqrt_d, D, V_ROWS, 0, V_ONE_PASS, False,
-                       False, False, TRANSPOSE_V, EXACT_CAST)
+        _quant_program(
+            blk - nq - nk,
+            bh,
+            v_ptr,
+            mean_ptr,
+            had_ptr,
+            vo_ptr,
+            sv_ptr,
+            sv_ptr,
+            dvec_ptr,
+            dot_ptr,
+            H,
+            SK,
+            SK_OUT,
+            nk,
+            kv_block,
+            v_sb,
+            v_sh,
+            v_ss,
+            v_sd,
+            inv_sqrt_d,
+            D,
+            V_ROWS,
+            0,
+            V_ONE_PASS,
+            False,
+            False,
+            False,
+            TRANSPOSE_V,
+            EXACT_CAST,
+        )
 
 
 @triton.jit
-def _quant_program(blk, bh, x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_ptr, dvec_ptr, dot_ptr,
-                   H, S, S_OUT, n_blocks, block,
-                   stride_b, stride_h, stride_s, stride_d, inv_sqrt_d,
-                   D: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, ONE_PASS: tl.constexpr,
-                   SMOOTH: tl.constexpr, HADAMARD: tl.constexpr, DOT: tl.constexpr, TRANSPOSE: tl.constexpr,
-                   EXACT_CAST: tl.constexpr):
+def _quant_program(
+    blk,
+    bh,
+    x_ptr,
+    mean_ptr,
+    had_ptr,
+    out_ptr,
+    scale_ptr,
+    amax_ptr,
+    dvec_ptr,
+    dot_ptr,
+    H,
+    S,
+    S_OUT,
+    n_blocks,
+    block,
+    stride_b,
+    stride_h,
+    stride_s,
+    stride_d,
+    inv_sqrt_d,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+    MODE: tl.constexpr,
+    ONE_PASS: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    DOT: tl.constexpr,
+    TRANSPOSE: tl.constexpr,
+    EXACT_CAST: tl.constexpr,
+):
     """Block `blk` (of `block` rows) of batch x head `bh`.
 
     MODE_BLOCK: amax of the block, its scale, the cast (one read when ONE_PASS: ROWS >= block).
@@ -243,8 +471,23 @@ def _quant_program(blk, bh, x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_p
     if ONE_PASS:
         rows = row0 + offs_r
         in_block = offs_r < block
-        x = _load_transformed(x_base, rows, in_block & (rows < S), offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d,
-                              dot_vec, dot_base, S, SMOOTH, HADAMARD, DOT and MODE != 1)
+        x = _load_transformed(
+            x_base,
+            rows,
+            in_block & (rows < S),
+            offs_d,
+            stride_s,
+            stride_d,
+            mean,
+            hm,
+            inv_sqrt_d,
+            dot_vec,
+            dot_base,
+            S,
+            SMOOTH,
+            HADAMARD,
+            DOT and MODE != 1,
+        )
         if MODE == 2:
             scale = tl.load(scale_ptr + bh)
         else:
@@ -264,8 +507,23 @@ def _quant_program(blk, bh, x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_p
             for r0 in range(0, block, ROWS):
                 rows = row0 + r0 + offs_r
                 ok = (r0 + offs_r < block) & (rows < S)
-                x = _load_transformed(x_base, rows, ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, dot_vec,
-                                      dot_base, S, SMOOTH, HADAMARD, False)
+                x = _load_transformed(
+                    x_base,
+                    rows,
+                    ok,
+                    offs_d,
+                    stride_s,
+                    stride_d,
+                    mean,
+                    hm,
+                    inv_sqrt_d,
+                    dot_vec,
+                    dot_base,
+                    S,
+                    SMOOTH,
+                    HADAMARD,
+                    False,
+                )
                 amax_r = tl.maximum(amax_r, tl.max(tl.abs(x), 1).to(tl.float32))
             amax = tl.max(amax_r, 0)
             if MODE == 1:
@@ -277,10 +535,35 @@ def _quant_program(blk, bh, x_ptr, mean_ptr, had_ptr, out_ptr, scale_ptr, amax_p
             for r0 in range(0, block, ROWS):  # a block too large for registers: the second read comes from L2
                 rows = row0 + r0 + offs_r
                 ok = (r0 + offs_r < block) & (rows < S)
-                x = _load_transformed(x_base, rows, ok, offs_d, stride_s, stride_d, mean, hm, inv_sqrt_d, dot_vec,
-                                      dot_base, S, SMOOTH, HADAMARD, DOT)
-                _store_e4m3(out_base, rows, (r0 + offs_r < block) & (rows < S_OUT), offs_d, S_OUT, x, scale, D,
-                            TRANSPOSE, EXACT_CAST)
+                x = _load_transformed(
+                    x_base,
+                    rows,
+                    ok,
+                    offs_d,
+                    stride_s,
+                    stride_d,
+                    mean,
+                    hm,
+                    inv_sqrt_d,
+                    dot_vec,
+                    dot_base,
+                    S,
+                    SMOOTH,
+                    HADAMARD,
+                    DOT,
+                )
+                _store_e4m3(
+                    out_base,
+                    rows,
+                    (r0 + offs_r < block) & (rows < S_OUT),
+                    offs_d,
+                    S_OUT,
+                    x,
+                    scale,
+                    D,
+                    TRANSPOSE,
+                    EXACT_CAST,
+                )
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,8 +572,9 @@ def _hadamard_pm1(n: int, device: str) -> torch.Tensor:
     return torch.sign(quant._hadamard_cpu(n)).to(device=device, dtype=torch.float16).contiguous()
 
 
-def _launch_config(block: int, d: int, rotated: bool, wide: bool | None = None,
-                   dot: bool = False) -> tuple[int, bool, int]:
+def _launch_config(
+    block: int, d: int, rotated: bool, wide: bool | None = None, dot: bool = False
+) -> tuple[int, bool, int]:
     """(ROWS, ONE_PASS, num_warps) for blocks of `block` rows at head dim d, rotated (Hadamard) or not,
     with the LSE term's row dot products (`dot`) or not; a two-pass block's steps are wide (WIDE_STEPS)
     or 4096 values (always with a rotation and the row dots: wide, they spill 4 bytes on Triton 3.6)."""
@@ -312,10 +596,19 @@ def token_mean(x: torch.Tensor) -> torch.Tensor:
     return x.float().mean(dim=2).contiguous()
 
 
-def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch.Tensor | None = None,
-                   hadamard: bool = False, transpose: bool = False, pad: bool = True,
-                   row_dot: torch.Tensor | None = None, exact_cast: bool | None = None,
-                   wide_steps: bool | None = None):
+def quantize_heads(
+    x: torch.Tensor,
+    *,
+    granularity: str,
+    block: int,
+    mean: torch.Tensor | None = None,
+    hadamard: bool = False,
+    transpose: bool = False,
+    pad: bool = True,
+    row_dot: torch.Tensor | None = None,
+    exact_cast: bool | None = None,
+    wide_steps: bool | None = None,
+):
     """Quantize (B, H, S, D) as quant.quantize_rows_in_blocks(granularity, block) does on the input
     minus `mean` ((B, H, D) fp32, smoothing), rotated when `hadamard`. Returns (fp8 (B, H, S_out, D),
     or (B, H, D, S_out) if transpose; fp32 scales: block (B, H, ceil(S / block)), head (B, H, 1),
@@ -337,13 +630,31 @@ def quantize_heads(x: torch.Tensor, *, granularity: str, block: int, mean: torch
         rows, one_pass, warps = _launch_config(blk_rows, d, hadamard, wide_steps, row_dot is not None)
         some = next(t for t in (scale, amax) if t is not None)  # dummy pointer for unused arguments
         _quant_kernel[(n_blocks, b * h)](
-            x, mean if mean is not None else some, had if had is not None else some,
-            out if out is not None else some, scale if scale is not None else some,
-            amax if amax is not None else some, row_dot if row_dot is not None else some,
+            x,
+            mean if mean is not None else some,
+            had if had is not None else some,
+            out if out is not None else some,
+            scale if scale is not None else some,
+            amax if amax is not None else some,
+            row_dot if row_dot is not None else some,
             dots if dots is not None else some,
-            h, s, s_out, n_blocks, blk_rows, *x.stride(), 1.0 / math.sqrt(d),
-            D=d, ROWS=rows, MODE=mode, ONE_PASS=one_pass, SMOOTH=mean is not None, HADAMARD=hadamard,
-            DOT=row_dot is not None, TRANSPOSE=transpose, EXACT_CAST=exact, num_warps=warps,
+            h,
+            s,
+            s_out,
+            n_blocks,
+            blk_rows,
+            *x.stride(),
+            1.0 / math.sqrt(d),
+            D=d,
+            ROWS=rows,
+            MODE=mode,
+            ONE_PASS=one_pass,
+            SMOOTH=mean is not None,
+            HADAMARD=hadamard,
+            DOT=row_dot is not None,
+            TRANSPOSE=transpose,
+            EXACT_CAST=exact,
+            num_warps=warps,
         )
 
     if granularity == "block":
@@ -375,9 +686,23 @@ ONE_LAUNCH = False
 QKV_WARPS = 8
 
 
-def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadamard: bool, smooth_k: bool,
-                pad: bool = True, transpose_v: bool = True, lse_shift: bool = False, exact_cast: bool | None = None,
-                one_launch: bool | None = None, wide_steps: bool | None = None):
+def prepare_qkv(
+    q,
+    k,
+    v,
+    *,
+    granularity: str,
+    q_block: int,
+    kv_block: int,
+    hadamard: bool,
+    smooth_k: bool,
+    pad: bool = True,
+    transpose_v: bool = True,
+    lse_shift: bool = False,
+    exact_cast: bool | None = None,
+    one_launch: bool | None = None,
+    wide_steps: bool | None = None,
+):
     """quant.prepare_qkv on the GPU, in the kernels' layouts: (qq (B,H,Sq_out,D), sq, kq (B,H,Sk_out,D), sk,
     v (B,H,D,Sk_out) if transpose_v else (B,H,Sk_out,D), sv, shift); scales as quant.quantize_rows_in_blocks.
     shift: with lse_shift and smooth_k, q . mean(K) per query row, fp32 (B, H, Sq) (what the smoothing
@@ -387,16 +712,29 @@ def prepare_qkv(q, k, v, *, granularity: str, q_block: int, kv_block: int, hadam
     WIDE_STEPS; the one launch always takes 32-row steps)."""
     one_launch = ONE_LAUNCH if one_launch is None else one_launch
     if one_launch and wide_steps:
-        raise ValueError("prepare_qkv: one_launch walks its two-pass blocks in 32-row steps (wide steps spill "
-                         "128-136 bytes in the one kernel); wide_steps=True needs one_launch=False")
+        raise ValueError(
+            "prepare_qkv: one_launch walks its two-pass blocks in 32-row steps (wide steps spill "
+            "128-136 bytes in the one kernel); wide_steps=True needs one_launch=False"
+        )
     k_mean = token_mean(k) if smooth_k else None
     if one_launch and granularity == "block" and q.shape[:2] == k.shape[:2] and k.shape == v.shape:
-        return _prepare_blocks_in_one_launch(q, k, v, k_mean, q_block=q_block, kv_block=kv_block, hadamard=hadamard,
-                                             pad=pad, transpose_v=transpose_v,
-                                             lse_shift=lse_shift and smooth_k, exact_cast=exact_cast)
+        return _prepare_blocks_in_one_launch(
+            q,
+            k,
+            v,
+            k_mean,
+            q_block=q_block,
+            kv_block=kv_block,
+            hadamard=hadamard,
+            pad=pad,
+            transpose_v=transpose_v,
+            lse_shift=lse_shift and smooth_k,
+            exact_cast=exact_cast,
+        )
     kw = dict(granularity=granularity, pad=pad, exact_cast=exact_cast, wide_steps=wide_steps)
-    qq, sq, shift = quantize_heads(q, block=q_block, hadamard=hadamard,
-                                   row_dot=k_mean if lse_shift and smooth_k else None, **kw)
+    qq, sq, shift = quantize_heads(
+        q, block=q_block, hadamard=hadamard, row_dot=k_mean if lse_shift and smooth_k else None, **kw
+    )
     kq, sk, _ = quantize_heads(k, block=kv_block, mean=k_mean, hadamard=hadamard, **kw)
     vq, sv, _ = quantize_heads(v, block=kv_block, transpose=transpose_v, **kw)
     return qq, sq, kq, sk, vq, sv, shift
@@ -419,8 +757,20 @@ def _block_outputs(x: torch.Tensor, block: int, pad: bool, transpose: bool):
     return out, torch.empty((b, h, n_blocks), dtype=torch.float32, device=x.device), s_out, n_blocks
 
 
-def _prepare_blocks_in_one_launch(q, k, v, k_mean, *, q_block: int, kv_block: int, hadamard: bool, pad: bool,
-                                  transpose_v: bool, lse_shift: bool, exact_cast):
+def _prepare_blocks_in_one_launch(
+    q,
+    k,
+    v,
+    k_mean,
+    *,
+    q_block: int,
+    kv_block: int,
+    hadamard: bool,
+    pad: bool,
+    transpose_v: bool,
+    lse_shift: bool,
+    exact_cast,
+):
     """prepare_qkv with block scales: Q, K and V quantized by one launch of _qkv_block_kernel (the
     programs of the three tensors side by side in one grid), after K's token mean."""
     b, h, s_q, d = q.shape
@@ -438,22 +788,68 @@ def _prepare_blocks_in_one_launch(q, k, v, k_mean, *, q_block: int, kv_block: in
         v_rows, v_one, _ = _launch_config(kv_block, d, False, False)
         had = _hadamard_pm1(d, str(q.device)) if hadamard else sq
         _qkv_block_kernel[(nq + 2 * nk, b * h)](
-            q, k, v, k_mean if k_mean is not None else sq, had, qq, kq, vq, sq, sk, sv,
-            k_mean if lse_shift else sq, dots if dots is not None else sq,
-            h, s_q, sq_out, s_k, sk_out, nq, nk, q_block, kv_block, *q.stride(), *k.stride(), *v.stride(),
-            1.0 / math.sqrt(d), D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, K_ROWS=k_rows, K_ONE_PASS=k_one,
-            V_ROWS=v_rows, V_ONE_PASS=v_one, SMOOTH_K=k_mean is not None, HADAMARD=hadamard, DOT=lse_shift,
-            TRANSPOSE_V=transpose_v, EXACT_CAST=interpreting() if exact_cast is None else exact_cast,
-            num_warps=QKV_WARPS)
+            q,
+            k,
+            v,
+            k_mean if k_mean is not None else sq,
+            had,
+            qq,
+            kq,
+            vq,
+            sq,
+            sk,
+            sv,
+            k_mean if lse_shift else sq,
+            dots if dots is not None else sq,
+            h,
+            s_q,
+            sq_out,
+            s_k,
+            sk_out,
+            nq,
+            nk,
+            q_block,
+            kv_block,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            1.0 / math.sqrt(d),
+            D=d,
+            Q_ROWS=q_rows,
+            Q_ONE_PASS=q_one,
+            K_ROWS=k_rows,
+            K_ONE_PASS=k_one,
+            V_ROWS=v_rows,
+            V_ONE_PASS=v_one,
+            SMOOTH_K=k_mean is not None,
+            HADAMARD=hadamard,
+            DOT=lse_shift,
+            TRANSPOSE_V=transpose_v,
+            EXACT_CAST=interpreting() if exact_cast is None else exact_cast,
+            num_warps=QKV_WARPS,
+        )
     return qq, sq, kq, sk, vq, sv, dots
 
 
 # -- INT8 GEMM epilogue -------------------------------------------------------------
 @triton.jit
-def _int8_rescale_kernel(acc_ptr, xs_ptr, ws_ptr, bias_ptr, out_ptr, M, N,
-                         stride_am, stride_om,
-                         XS_ROWS: tl.constexpr, WS_COLS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         ROUND_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _int8_rescale_kernel(
+    acc_ptr,
+    xs_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_am,
+    stride_om,
+    XS_ROWS: tl.constexpr,
+    WS_COLS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -474,12 +870,14 @@ def _int8_rescale_kernel(acc_ptr, xs_ptr, ws_ptr, bias_ptr, out_ptr, M, N,
         y = y + tl.load(bias_ptr + rn, mask=mn, other=0.0).to(tl.float32)[None, :]
     if ROUND_BF16:
         y = round_bf16(y)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mm[:, None] & mn[None, :])
+    tl.store(
+        out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :]
+    )
 
 
-def int8_rescale(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias, out_dtype,
-                 exact_cast: bool | None = None) -> torch.Tensor:
+def int8_rescale(
+    acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias, out_dtype, exact_cast: bool | None = None
+) -> torch.Tensor:
     """(acc int32 [M, N] * x_scale ([M, 1] or []) * w_scale ([N, 1] or [])) + bias -> out_dtype, one pass."""
     m, n = acc.shape
     out = torch.empty((m, n), dtype=out_dtype, device=acc.device)
@@ -488,9 +886,22 @@ def int8_rescale(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor
     xs = x_scale.float().reshape(-1).contiguous()
     ws = w_scale.float().reshape(-1).contiguous()
     grid = (triton.cdiv(m, 64), triton.cdiv(n, 128))
-    _int8_rescale_kernel[grid](acc, xs, ws, bias if bias is not None else xs, out, m, n, acc.stride(0), out.stride(0),
-                               XS_ROWS=xs.numel() > 1, WS_COLS=ws.numel() > 1, HAS_BIAS=bias is not None,
-                               ROUND_BF16=(interpreting() if exact_cast is None else exact_cast)
-                               and out_dtype == torch.bfloat16,
-                               BLOCK_M=64, BLOCK_N=128, num_warps=4)
+    _int8_rescale_kernel[grid](
+        acc,
+        xs,
+        ws,
+        bias if bias is not None else xs,
+        out,
+        m,
+        n,
+        acc.stride(0),
+        out.stride(0),
+        XS_ROWS=xs.numel() > 1,
+        WS_COLS=ws.numel() > 1,
+        HAS_BIAS=bias is not None,
+        ROUND_BF16=(interpreting() if exact_cast is None else exact_cast) and out_dtype == torch.bfloat16,
+        BLOCK_M=64,
+        BLOCK_N=128,
+        num_warps=4,
+    )
     return out

@@ -31,6 +31,7 @@ Triton's CPU interpreter (TRITON_INTERPRET=1) mishandles bf16 dots and truncates
 casts: when interpreting, the dot runs in fp32 and the output is rounded to nearest-even bf16
 in fp32 bits first (`triton_quant.round_bf16`), as the other kernels of this lowering do.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -54,14 +55,27 @@ SMALL_M = 16
 #: keeps the first six whose broadcast product BLOCK_M x BLOCK_N x BLOCK_K stays within 64 fp32 values per
 #: thread. All compile for sm_90a without spills, weights read in 8- or 16-byte vectors
 #: (tests/ops/test_cuda_kernel_spills.py)
-_FMA_TILES = ((16, 512, 4, 4), (32, 256, 8, 3), (16, 256, 4, 4), (32, 128, 4, 4), (64, 64, 4, 4), (8, 512, 2, 4),
-              (16, 128, 4, 4), (32, 64, 4, 4), (16, 64, 4, 4))
+_FMA_TILES = (
+    (16, 512, 4, 4),
+    (32, 256, 8, 3),
+    (16, 256, 4, 4),
+    (32, 128, 4, 4),
+    (64, 64, 4, 4),
+    (8, 512, 2, 4),
+    (16, 128, 4, 4),
+    (32, 64, 4, 4),
+    (16, 64, 4, 4),
+)
 #: small-M candidates (BLOCK_M, BLOCK_N, BLOCK_K, FMA, num_warps, num_stages): tensor-core tiles (tile_config's
 #: and a narrower one, at every K step) and, per padded row count, at most six FMA tiles
 SMALL_M_CONFIGS = tuple(
     [(16, bn, bk, False, 4, 3) for bn in (64, 32) for bk in K_STEPS]
-    + [(bm, bn, bk, True, w, st) for bm in (1, 2, 4, 8, 16)
-       for bn, bk, w, st in [t for t in _FMA_TILES if bm * t[0] * t[1] <= 64 * 32 * t[2]][:6]])
+    + [
+        (bm, bn, bk, True, w, st)
+        for bm in (1, 2, 4, 8, 16)
+        for bn, bk, w, st in [t for t in _FMA_TILES if bm * t[0] * t[1] <= 64 * 32 * t[2]][:6]
+    ]
+)
 
 
 def tile_config(m: int, bc: Optional[int]) -> tuple[int, int, int, int]:
@@ -89,15 +103,37 @@ def fit_reason(x2d: torch.Tensor, wq: torch.Tensor, granularity: str, block) -> 
         if block is None or len(block) != 2:
             return f"block scales without a block size ({block!r})"
         if block[1] % K_STEPS[-1]:
-            return (f"weight block {list(block)}: its {block[1]} columns are not a multiple of "
-                    f"{K_STEPS[-1]} (each K step of the kernel must lie in one scale group)")
+            return (
+                f"weight block {list(block)}: its {block[1]} columns are not a multiple of "
+                f"{K_STEPS[-1]} (each K step of the kernel must lie in one scale group)"
+            )
     return None
 
 
 @triton.jit
-def _dot_step(x_ptr, w_ptr, s_ptr, rm, rn, kk, mm, mn, mk, k0, stride_xm, stride_xk, stride_wn, stride_wk,
-              stride_sn, stride_sk, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, SCALE_MODE: tl.constexpr,
-              W_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+def _dot_step(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    rm,
+    rn,
+    kk,
+    mm,
+    mn,
+    mk,
+    k0,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_sn,
+    stride_sk,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    W_FP8: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
     """One K step of the tensor-core form: a dot on the raw codes, times the step's group scale (block scales)."""
     x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mm[:, None] & mk[None, :], other=0.0)
     # the weight tile read K-major ([BLOCK_K, BLOCK_N]), widened in registers: exact for e4m3 and int8
@@ -115,9 +151,31 @@ def _dot_step(x_ptr, w_ptr, s_ptr, rm, rn, kk, mm, mn, mk, k0, stride_xm, stride
 
 
 @triton.jit
-def _fma_step(x_ptr, w_ptr, s_ptr, rm, rn, kk, mm, mn, mk, k0, K, stride_xm, stride_xk, stride_wn, stride_wk,
-              stride_sn, stride_sk, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, SCALE_MODE: tl.constexpr,
-              W_FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fma_step(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    rm,
+    rn,
+    kk,
+    mm,
+    mn,
+    mk,
+    k0,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_sn,
+    stride_sk,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    W_FP8: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One K step of the FMA form: x[rows, kk] . dequant(W[rn, kk]) -> [BLOCK_M, BLOCK_N] fp32 partial sums.
     The weight tile is read N-major ([BLOCK_N, BLOCK_K]: each channel's bytes contiguous)."""
     w = tl.load(w_ptr + rn[:, None] * stride_wn + kk[None, :] * stride_wk, mask=mn[:, None] & mk[None, :], other=0)
@@ -127,25 +185,53 @@ def _fma_step(x_ptr, w_ptr, s_ptr, rm, rn, kk, mm, mn, mk, k0, K, stride_xm, str
     if SCALE_MODE == 2:
         if BLOCK_K > BLOCK_COLS:  # whole scale groups per step: one scale per (channel, group), broadcast
             gk = k0 // BLOCK_COLS + tl.arange(0, BLOCK_K // BLOCK_COLS)
-            s = tl.load(s_ptr + (rn // BLOCK_ROWS)[:, None] * stride_sn + gk[None, :] * stride_sk,
-                        mask=mn[:, None] & (gk * BLOCK_COLS < K)[None, :], other=0.0)
-            w = tl.reshape(tl.reshape(w, (BLOCK_N, BLOCK_K // BLOCK_COLS, BLOCK_COLS)) * s[:, :, None],
-                           (BLOCK_N, BLOCK_K))
+            s = tl.load(
+                s_ptr + (rn // BLOCK_ROWS)[:, None] * stride_sn + gk[None, :] * stride_sk,
+                mask=mn[:, None] & (gk * BLOCK_COLS < K)[None, :],
+                other=0.0,
+            )
+            w = tl.reshape(
+                tl.reshape(w, (BLOCK_N, BLOCK_K // BLOCK_COLS, BLOCK_COLS)) * s[:, :, None], (BLOCK_N, BLOCK_K)
+            )
         else:  # the step lies in one group
             s = tl.load(s_ptr + (rn // BLOCK_ROWS) * stride_sn + (k0 // BLOCK_COLS) * stride_sk, mask=mn, other=0.0)
             w = w * s[:, None]
-    x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mm[:, None] & mk[None, :],
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mm[:, None] & mk[None, :], other=0.0
+    ).to(tl.float32)
     return tl.sum(x[:, None, :] * w[None, :, :], axis=2)
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
-                  stride_xm, stride_xk, stride_wn, stride_wk, stride_sn, stride_sk, stride_om,
-                  BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, SCALE_MODE: tl.constexpr,
-                  W_FP8: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, ROUND_BF16: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  FMA: tl.constexpr):
+def _w8a16_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_sn,
+    stride_sk,
+    stride_om,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    W_FP8: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FMA: tl.constexpr,
+):
     # SCALE_MODE: 0 one scale, 1 per output channel, 2 per (BLOCK_ROWS x BLOCK_COLS) block.
     # FMA (BLOCK_M >= M): the few-rows form, CUDA-core FMAs instead of a mostly-padding tensor-core dot.
     pid = tl.program_id(0)
@@ -167,12 +253,55 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
         kk = k0 + rk
         mk = kk < K
         if FMA:
-            acc += _fma_step(x_ptr, w_ptr, s_ptr, rm, rn, kk, mm, mn, mk, k0, K, stride_xm, stride_xk, stride_wn,
-                             stride_wk, stride_sn, stride_sk, BLOCK_ROWS, BLOCK_COLS, SCALE_MODE, W_FP8, BLOCK_N,
-                             BLOCK_K)
+            acc += _fma_step(
+                x_ptr,
+                w_ptr,
+                s_ptr,
+                rm,
+                rn,
+                kk,
+                mm,
+                mn,
+                mk,
+                k0,
+                K,
+                stride_xm,
+                stride_xk,
+                stride_wn,
+                stride_wk,
+                stride_sn,
+                stride_sk,
+                BLOCK_ROWS,
+                BLOCK_COLS,
+                SCALE_MODE,
+                W_FP8,
+                BLOCK_N,
+                BLOCK_K,
+            )
         else:
-            acc += _dot_step(x_ptr, w_ptr, s_ptr, rm, rn, kk, mm, mn, mk, k0, stride_xm, stride_xk, stride_wn,
-                             stride_wk, stride_sn, stride_sk, BLOCK_ROWS, BLOCK_COLS, SCALE_MODE, W_FP8, DOT_F32)
+            acc += _dot_step(
+                x_ptr,
+                w_ptr,
+                s_ptr,
+                rm,
+                rn,
+                kk,
+                mm,
+                mn,
+                mk,
+                k0,
+                stride_xm,
+                stride_xk,
+                stride_wn,
+                stride_wk,
+                stride_sn,
+                stride_sk,
+                BLOCK_ROWS,
+                BLOCK_COLS,
+                SCALE_MODE,
+                W_FP8,
+                DOT_F32,
+            )
     if SCALE_MODE == 1:
         acc = acc * tl.load(s_ptr + rn * stride_sn, mask=mn, other=0.0)[None, :]
     elif SCALE_MODE == 0:
@@ -181,8 +310,11 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
         acc += tl.load(b_ptr + rn, mask=mn, other=0.0).to(tl.float32)[None, :]
     if ROUND_BF16:
         acc = round_bf16(acc)
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=mm[:, None] & mn[None, :])
+    tl.store(
+        out_ptr + rm[:, None] * stride_om + rn[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mm[:, None] & mn[None, :],
+    )
 
 
 def fma_fits(m: int, bc: Optional[int], bm: int, bk: int) -> bool:
@@ -200,8 +332,11 @@ def small_m_candidates(m: int, bc: Optional[int]) -> list[tuple]:
     none): tile_config's tensor-core tile (what ran before the FMA form, so tuning never loses it), a
     narrower one, and the FMA tiles that fit."""
     bk_dot = tile_config(m, bc)[2]
-    return [c for c in SMALL_M_CONFIGS
-            if (c[3] and fma_fits(m, bc, c[0], c[2])) or (not c[3] and c[0] >= m and c[2] == bk_dot)]
+    return [
+        c
+        for c in SMALL_M_CONFIGS
+        if (c[3] and fma_fits(m, bc, c[0], c[2])) or (not c[3] and c[0] >= m and c[2] == bk_dot)
+    ]
 
 
 def candidate_of(config: triton.Config) -> tuple:
@@ -232,10 +367,13 @@ def _bench_kwargs() -> dict:
 
 
 _w8a16_small_m_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "FMA": fma}, num_warps=w, num_stages=st)
-             for bm, bn, bk, fma, w, st in SMALL_M_CONFIGS],
+    configs=[
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "FMA": fma}, num_warps=w, num_stages=st)
+        for bm, bn, bk, fma, w, st in SMALL_M_CONFIGS
+    ],
     key=["M", "N", "K", "SCALE_MODE", "BLOCK_ROWS", "BLOCK_COLS", "W_FP8", "HAS_BIAS"],
-    prune_configs_by={"early_config_prune": _prune_small_m}, **_bench_kwargs(),
+    prune_configs_by={"early_config_prune": _prune_small_m},
+    **_bench_kwargs(),
 )(_w8a16_kernel)
 
 
@@ -255,8 +393,16 @@ def full_config(config, m: int, bc: Optional[int]) -> tuple:
     return config
 
 
-def w8a16_linear(x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor], *,
-                 weight_granularity: str, weight_block=None, config=None) -> torch.Tensor:
+def w8a16_linear(
+    x2d: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    *,
+    weight_granularity: str,
+    weight_block=None,
+    config=None,
+) -> torch.Tensor:
     """x2d [M, K] (bf16 / fp16) x dequant(wq [N, K], w_scale)^T (+ bias) -> [M, N] in x2d's dtype.
     The caller checks fit_reason first. On a GPU, up to SMALL_M rows run the autotuned candidates
     (small_m_candidates), more rows tile_config's tile; config overrides both (tests, benchmarks):
@@ -287,10 +433,33 @@ def w8a16_linear(x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bia
         mode, s_n, s_k = 1, scale.stride(0), 0
     interp = interpreting()
     fp8 = wq.dtype == torch.float8_e4m3fn
-    args = (x2d, wq.view(torch.uint8) if fp8 else wq, scale, bias if bias is not None else scale, out, m, n, k,
-            x2d.stride(0), x2d.stride(1), wq.stride(0), wq.stride(1), s_n, s_k, out.stride(0))
-    flags = dict(BLOCK_ROWS=br, BLOCK_COLS=bc, SCALE_MODE=mode, W_FP8=fp8, HAS_BIAS=bias is not None,
-                 DOT_F32=interp, ROUND_BF16=interp and x2d.dtype == torch.bfloat16, GROUP_M=8)
+    args = (
+        x2d,
+        wq.view(torch.uint8) if fp8 else wq,
+        scale,
+        bias if bias is not None else scale,
+        out,
+        m,
+        n,
+        k,
+        x2d.stride(0),
+        x2d.stride(1),
+        wq.stride(0),
+        wq.stride(1),
+        s_n,
+        s_k,
+        out.stride(0),
+    )
+    flags = dict(
+        BLOCK_ROWS=br,
+        BLOCK_COLS=bc,
+        SCALE_MODE=mode,
+        W_FP8=fp8,
+        HAS_BIAS=bias is not None,
+        DOT_F32=interp,
+        ROUND_BF16=interp and x2d.dtype == torch.bfloat16,
+        GROUP_M=8,
+    )
     capturing = x2d.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if config is None and uses_autotuner(m, interpreting_now=interp, capturing=capturing):
         grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
@@ -298,11 +467,14 @@ def w8a16_linear(x2d: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bia
         return out
     bm, bn, bk, fma, warps, stages = full_config(config, m, bc if mode == 2 else None)
     if fma and not fma_fits(m, bc if mode == 2 else None, bm, bk):
-        raise ValueError(f"w8a16_linear: FMA tile BLOCK_M {bm} x BLOCK_K {bk} does not fit {m} rows / scale "
-                         f"groups of {bc if mode == 2 else None} columns")
+        raise ValueError(
+            f"w8a16_linear: FMA tile BLOCK_M {bm} x BLOCK_K {bk} does not fit {m} rows / scale "
+            f"groups of {bc if mode == 2 else None} columns"
+        )
     if not fma and mode == 2 and bc % bk:
         raise ValueError(f"w8a16_linear: BLOCK_K {bk} does not divide the scale group width {bc}")
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _w8a16_kernel[grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FMA=fma, num_warps=warps,
-                        num_stages=1 if interp else stages)
+    _w8a16_kernel[grid](
+        *args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FMA=fma, num_warps=warps, num_stages=1 if interp else stages
+    )
     return out

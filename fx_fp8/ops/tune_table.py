@@ -23,6 +23,7 @@ outside the measured ones it takes the nearest; the report says which. `shape_de
 pick into a linear's kind; fx_fp8.quant.tuned_plan applies it to a plan, the one step the linear pass
 and prepare_model (at the M of its trace on example inputs) both take.
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,8 +51,14 @@ LINEAR_ERR_MAX = 0.1
 ROLES = ("w8a8", "weight_only")
 #: linear candidates: name -> what the linear pass emits for it ("native", "quantized": W8A8 with the
 #: config's recipe, "weight_only": the config's W8A16 recipe)
-LINEAR_CANDIDATES = {"native": "native", "fp8_rowwise": "quantized", "fp8_block": "quantized",
-                     "int8_rowwise": "quantized", "weight_only_int8": "weight_only", "weight_only_fp8": "weight_only"}
+LINEAR_CANDIDATES = {
+    "native": "native",
+    "fp8_rowwise": "quantized",
+    "fp8_block": "quantized",
+    "int8_rowwise": "quantized",
+    "weight_only_int8": "weight_only",
+    "weight_only_fp8": "weight_only",
+}
 UNMEASURED = "not measured on this GPU (fx-fp8 tune)"
 
 
@@ -88,8 +95,14 @@ def device_key(device) -> dict:
         gpu = gpu_name(device)
     else:
         gpu, cap = "cpu", None
-    return {"gpu": gpu, "capability": cap, "cuda": torch.version.cuda, "torch": torch.__version__,
-            "triton": _version("triton"), "fx_fp8": _version("fx_fp8")}
+    return {
+        "gpu": gpu,
+        "capability": cap,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "fx_fp8": _version("fx_fp8"),
+    }
 
 
 def file_name(key: dict) -> str:
@@ -136,7 +149,9 @@ def validate(table, where="table") -> dict:
         _check_cells(where, row.get("candidates"), label)
         unknown = set(row["candidates"]) - set(LINEAR_CANDIDATES)
         if unknown:
-            raise _bad(where, f"{label} has unknown candidates {sorted(unknown)} (known: {', '.join(LINEAR_CANDIDATES)})")
+            raise _bad(
+                where, f"{label} has unknown candidates {sorted(unknown)} (known: {', '.join(LINEAR_CANDIDATES)})"
+            )
     for i, row in enumerate(table.get("attention", [])):
         for f in ("d", "mask", "s_min", "s_max", "ref_err", "kernels"):
             if f not in row:
@@ -261,8 +276,9 @@ def _times_at(rows: list[dict], m: int) -> tuple[dict, str]:
     return near["candidates"], f"nearest measured M {near['m']}"
 
 
-def linear_pick(table: dict, m: Optional[int], k: int, n: int, dtype: str, bias: bool, role: str,
-                allowed: list[str]) -> Optional[tuple[str, dict, str]]:
+def linear_pick(
+    table: dict, m: Optional[int], k: int, n: int, dtype: str, bias: bool, role: str, allowed: list[str]
+) -> Optional[tuple[str, dict, str]]:
     """(candidate, {candidate: ms} of the allowed ones, how M was matched) for one linear, or None
     when the table has no row of this K, N, dtype and role (or M is symbolic)."""
     if m is None:
@@ -275,8 +291,11 @@ def linear_pick(table: dict, m: Optional[int], k: int, n: int, dtype: str, bias:
     cells, how = _times_at(rows, m)
     times = {c: cells[c]["ms"] for c in allowed if c in cells and cells[c].get("ms") is not None}
     native = times.get("native")
-    ok = sorted((ms, c) for c, ms in times.items()
-                if c != "native" and cells[c].get("err") is not None and cells[c]["err"] <= LINEAR_ERR_MAX)
+    ok = sorted(
+        (ms, c)
+        for c, ms in times.items()
+        if c != "native" and cells[c].get("err") is not None and cells[c]["err"] <= LINEAR_ERR_MAX
+    )
     if native is None:
         return (ok[0][1], times, how) if ok else None
     if ok and ok[0][0] < native * (1 - MIN_GAIN):
@@ -290,18 +309,41 @@ def follows_table(qcfg, lowering: str) -> bool:
     return qcfg.kernel == "auto" and (lowering == "cuda" or qcfg.tune_table is not None)
 
 
-def linear_decision(kind: str, why: Optional[str], x, w, has_bias: bool, qcfg, lowering: str,
-                    sensitive: bool = False) -> tuple[str, Optional[str], dict]:
+def linear_decision(
+    kind: str, why: Optional[str], x, w, has_bias: bool, qcfg, lowering: str, sensitive: bool = False
+) -> tuple[str, Optional[str], dict]:
     """The linear pass's hook: shape_decision for a linear node's input `x` and weight `w` (fake
     values; the dtype looked up is the activations': a prepared layer's weight holds codes)."""
     from fx_fp8.graph.shapes import token_count
 
-    return shape_decision(kind, why, token_count(x), int(w.shape[1]), int(w.shape[0]),
-                          str(x.dtype).replace("torch.", ""), x.device, has_bias, qcfg, lowering, sensitive)
+    return shape_decision(
+        kind,
+        why,
+        token_count(x),
+        int(w.shape[1]),
+        int(w.shape[0]),
+        str(x.dtype).replace("torch.", ""),
+        x.device,
+        has_bias,
+        qcfg,
+        lowering,
+        sensitive,
+    )
 
 
-def shape_decision(kind: str, why: Optional[str], m: Optional[int], k: int, n: int, dtype: str, device,
-                   has_bias: bool, qcfg, lowering: str, sensitive: bool = False) -> tuple[str, Optional[str], dict]:
+def shape_decision(
+    kind: str,
+    why: Optional[str],
+    m: Optional[int],
+    k: int,
+    n: int,
+    dtype: str,
+    device,
+    has_bias: bool,
+    qcfg,
+    lowering: str,
+    sensitive: bool = False,
+) -> tuple[str, Optional[str], dict]:
     """(kind, why, timing) for a linear the rules planned as `kind` ("quantized", "weight_only" or
     "native"), of M `m` (None: unknown or symbolic) x K `k` -> N `n` on activations of `dtype` on
     `device`. quantization_config.kernel "auto" follows the measured table of this device (on CUDA,
@@ -318,8 +360,15 @@ def shape_decision(kind: str, why: Optional[str], m: Optional[int], k: int, n: i
     if picked is None:
         if not table.get("linears"):
             return kind, _join(why, f"{UNMEASURED}: {where} has attention rows only"), {}
-        return kind, _join(why, f"not measured at this shape (fx-fp8 tune): {where} has no {role} row for K "
-                                f"{k} N {n} {dtype}{'' if m else ' (M symbolic)'}"), {}
+        return (
+            kind,
+            _join(
+                why,
+                f"not measured at this shape (fx-fp8 tune): {where} has no {role} row for K "
+                f"{k} N {n} {dtype}{'' if m else ' (M symbolic)'}",
+            ),
+            {},
+        )
     pick, times, how = picked
     listed = ", ".join(f"{c} {ms:.3f} ms" for c, ms in sorted(times.items(), key=lambda t: t[1]))
     if pick == "native":

@@ -1,2 +1,1 @@
 """FX graph passes (installed as `fx_fp8.passes`): one class per pass, a manager, filters."""
-

@@ -6,6 +6,7 @@ only the output (index 0) is read, or the output and the log-sum-exp (index
 1) in a layout fp8_attention_lse can produce; anything else stays native with
 the reason.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,7 +51,7 @@ class FP8AttentionPass(FXPass):
 
     def __init__(self, inputs, out):
         super().__init__(inputs, out)
-        self.cfg = inputs.config.attention           # config slice this pass keeps
+        self.cfg = inputs.config.attention  # config slice this pass keeps
         self.skip_layers = inputs.config.diffusion_kv_cache_skip_layers
         self.on = inputs.config.attention_enabled
         self.unknown_layer_nodes: list[str] = []
@@ -72,11 +73,15 @@ class FP8AttentionPass(FXPass):
             return remedies.attention_off(self.inputs.config.diffusion_kv_cache_dtype)
         if form.returns_tuple:
             if users is None or set(users) - {0, 1}:
-                return (f"{form.name} attention: outputs other than the result and log-sum-exp are read; "
-                        f"{remedies.NOTHING_TO_SET}")
+                return (
+                    f"{form.name} attention: outputs other than the result and log-sum-exp are read; "
+                    f"{remedies.NOTHING_TO_SET}"
+                )
             if 1 in users and form.lse_layout is None:
-                return (f"{form.name} attention: its log-sum-exp layout (padded rows) cannot be produced by the FP8 "
-                        f"op; {remedies.NOTHING_TO_SET}")
+                return (
+                    f"{form.name} attention: its log-sum-exp layout (padded rows) cannot be produced by the FP8 "
+                    f"op; {remedies.NOTHING_TO_SET}"
+                )
         q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
         mask = meta_val(args[form.mask_param]) if form.mask_param else None
         if form.mask_param and args.get(form.mask_param) is not None and mask is None:
@@ -87,12 +92,19 @@ class FP8AttentionPass(FXPass):
             scalar_value(args.get("scale"))
         except TypeError as e:
             return f"argument value unknown at compile time ({e}); {remedies.NOTHING_TO_SET}"
-        reason = attention_call_reason(q, k, v, mask, dropout_p=dropout_p, is_causal=is_causal,
-                                       enable_gqa=bool(scalar_value(args.get("enable_gqa"), False)))
+        reason = attention_call_reason(
+            q,
+            k,
+            v,
+            mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            enable_gqa=bool(scalar_value(args.get("enable_gqa"), False)),
+        )
         if reason is not None:
             remedy = remedies.call_remedy(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
             return remedies.with_remedy(reason, remedy)
-        reason = short_keys_reason(q, k, self.cfg)   # names attention.cross_attention itself
+        reason = short_keys_reason(q, k, self.cfg)  # names attention.cross_attention itself
         if reason is not None:
             return reason
         layer = self.inputs.layer_map.layer_of(module)
@@ -100,14 +112,22 @@ class FP8AttentionPass(FXPass):
             return f"layer {layer} in diffusion_kv_cache_skip_layers; drop {layer} from it to quantize this attention"
         if layer is None and self.skip_layers and not is_resolved(node):
             self.unknown_layer_nodes.append(f"{node.name} ({module or 'top level'})")
-            return (f"layer unknown (module {module!r} could not be resolved to the model's name) while "
-                    "diffusion_kv_cache_skip_layers is set: kept native rather than guessing; drop "
-                    "diffusion_kv_cache_skip_layers (or compile the model itself, not a piece of it) to quantize it")
+            return (
+                f"layer unknown (module {module!r} could not be resolved to the model's name) while "
+                "diffusion_kv_cache_skip_layers is set: kept native rather than guessing; drop "
+                "diffusion_kv_cache_skip_layers (or compile the model itself, not a piece of it) to quantize it"
+            )
         if attention_skipped(self.inputs.step_variant):
-            return ("skipped step variant (diffusion_kv_cache_skip_steps); drop the step from "
-                    "diffusion_kv_cache_skip_steps to quantize this attention there")
+            return (
+                "skipped step variant (diffusion_kv_cache_skip_steps); drop the step from "
+                "diffusion_kv_cache_skip_steps to quantize this attention there"
+            )
         reason = self.inputs.lowering.attention_reason(q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users))
-        return None if reason is None else remedies.with_remedy(reason, remedies.lowering_remedy(self.inputs.lowering.name))
+        return (
+            None
+            if reason is None
+            else remedies.with_remedy(reason, remedies.lowering_remedy(self.inputs.lowering.name))
+        )
 
     def run(self, gm: torch.fx.GraphModule) -> int:
         changed = 0
@@ -122,22 +142,40 @@ class FP8AttentionPass(FXPass):
             users = _tuple_users(node) if form.returns_tuple else None
             reason = self._native_reason(node, form, args, module, users)
             if reason is not None:
-                self.record(node, op="attention", module=module, action="native", reason=reason, shapes=shapes,
-                            dims=dims, form=form.name)
+                self.record(
+                    node,
+                    op="attention",
+                    module=module,
+                    action="native",
+                    reason=reason,
+                    shapes=shapes,
+                    dims=dims,
+                    form=form.name,
+                )
                 continue
             q, k, v = (meta_val(args[n]) for n in ("query", "key", "value"))
             mask = meta_val(args[form.mask_param]) if form.mask_param else None
-            kernel, how = self.inputs.lowering.attention_kernel(q, k, v, self.cfg, mask,
-                                                                need_lse=bool(users and 1 in users))
+            kernel, how = self.inputs.lowering.attention_kernel(
+                q, k, v, self.cfg, mask, need_lse=bool(users and 1 in users)
+            )
             new = self._rewrite(gm, node, form, args, users, kernel)
-            self.record(new, op="attention", module=module, action="fp8",
-                        reason=self._describe() + (f", {how}" if how else ""), shapes=shapes, dims=dims,
-                        form=form.name)
+            self.record(
+                new,
+                op="attention",
+                module=module,
+                action="fp8",
+                reason=self._describe() + (f", {how}" if how else ""),
+                shapes=shapes,
+                dims=dims,
+                form=form.name,
+            )
             changed += 1
         if self.unknown_layer_nodes:
-            self.inputs.warn(f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
-                             f"attention node(s) whose layer is unknown; they were kept native: "
-                             f"{', '.join(self.unknown_layer_nodes[:8])}")
+            self.inputs.warn(
+                f"fx_fp8: diffusion_kv_cache_skip_layers cannot be applied to {len(self.unknown_layer_nodes)} "
+                f"attention node(s) whose layer is unknown; they were kept native: "
+                f"{', '.join(self.unknown_layer_nodes[:8])}"
+            )
         return changed
 
     def _rewrite(self, gm, node, form: AttentionForm, args: dict, users, kernel: str) -> torch.fx.Node:
@@ -150,10 +188,19 @@ class FP8AttentionPass(FXPass):
         op = torch.ops.fx_fp8.fp8_attention_lse.default if want_lse else torch.ops.fx_fp8.fp8_attention.default
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(
-                op, (args["query"], args["key"], args["value"], mask, softmax_scale),
-                dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
-                     smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=kernel,
-                     lowering=self.inputs.lowering.name),
+                op,
+                (args["query"], args["key"], args["value"], mask, softmax_scale),
+                dict(
+                    granularity=c.granularity,
+                    q_block=c.q_block,
+                    kv_block=c.kv_block,
+                    hadamard=c.hadamard,
+                    smooth_k=c.smooth_k,
+                    quantize_p=c.quantize_p,
+                    p_scale=float(c.p_scale),
+                    attention_kernel=kernel,
+                    lowering=self.inputs.lowering.name,
+                ),
             )
             new.meta.update(node.meta)
             if not form.returns_tuple:
@@ -175,6 +222,8 @@ class FP8AttentionPass(FXPass):
 
     def _describe(self) -> str:
         c = self.cfg
-        desc = f"{c.granularity} scales" + (f" (q {c.q_block} / kv {c.kv_block} rows)" if c.granularity == "block" else "")
+        desc = f"{c.granularity} scales" + (
+            f" (q {c.q_block} / kv {c.kv_block} rows)" if c.granularity == "block" else ""
+        )
         desc += ", Hadamard Q/K" if c.hadamard else ""
         return f"{self.inputs.lowering.name}: {desc}"

@@ -1,6 +1,7 @@
 """What a user can set to change a native attention decision, appended to its reason in the report
 (a surprising default says, where it happens, what changes it). A reason either names the
 key to set or says that no setting changes it: a limit of the call or of the kernels, not a choice."""
+
 from __future__ import annotations
 
 import re
@@ -20,10 +21,14 @@ def attention_off(kv_cache_dtype) -> str:
     linear keys (quantization, quantization_config, ignored_layers) leaves diffusion_kv_cache_dtype
     unset, so the user may never have written the key the report names."""
     if kv_cache_dtype == "auto":
-        return ("attention not requested (diffusion_kv_cache_dtype: auto means the model's own attention): "
-                "set diffusion_kv_cache_dtype: fp8 (--diffusion-kv-cache-dtype fp8)")
-    return ("attention not requested: set diffusion_kv_cache_dtype: fp8 (--diffusion-kv-cache-dtype fp8); a config "
-            "naming only linear keys (quantization, quantization_config, ignored_layers) leaves attention native")
+        return (
+            "attention not requested (diffusion_kv_cache_dtype: auto means the model's own attention): "
+            "set diffusion_kv_cache_dtype: fp8 (--diffusion-kv-cache-dtype fp8)"
+        )
+    return (
+        "attention not requested: set diffusion_kv_cache_dtype: fp8 (--diffusion-kv-cache-dtype fp8); a config "
+        "naming only linear keys (quantization, quantization_config, ignored_layers) leaves attention native"
+    )
 
 
 def call_remedy(q, k, v, *, dropout_p: float, is_causal: bool) -> str:
@@ -44,5 +49,7 @@ def with_remedy(reason: str, remedy: str) -> str:
 
 
 def lowering_remedy(lowering_name: str) -> str:
-    return (f"nothing to set on the {lowering_name} lowering: its FP8 kernels cannot take this call (attention.kernel "
-            "and attention.granularity choose among them: docs/configuration.md)")
+    return (
+        f"nothing to set on the {lowering_name} lowering: its FP8 kernels cannot take this call (attention.kernel "
+        "and attention.granularity choose among them: docs/configuration.md)"
+    )

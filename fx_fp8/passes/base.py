@@ -1,5 +1,6 @@
 """What every pass shares: what it reads (CompileInputs, frozen; FactsContext for instance facts),
 what it writes (CompileOutputs), and the pass interface."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,12 +32,12 @@ class FactsContext:
 
     config: FP8Config
     layer_map: LayerMap
-    calibration: Calibration                  # loaded once per graph (GraphPlan)
-    sensitive: Mapping[str, str]              # {node name: structural reason}, one per graph
-    gm: torch.fx.GraphModule                  # the graph (CompileInputs: the copy the passes rewrite)
+    calibration: Calibration  # loaded once per graph (GraphPlan)
+    sensitive: Mapping[str, str]  # {node name: structural reason}, one per graph
+    gm: torch.fx.GraphModule  # the graph (CompileInputs: the copy the passes rewrite)
     example_inputs: list
-    placeholders: dict                        # placeholder node -> its input slot
-    resolver: Resolver                        # the instance's model: which module holds a weight
+    placeholders: dict  # placeholder node -> its input slot
+    resolver: Resolver  # the instance's model: which module holds a weight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,10 +45,10 @@ class CompileInputs(FactsContext):
     """Everything the passes read for one instance and step variant; none of it is written."""
 
     lowering: Lowering
-    warn: Callable[[str], None]               # a warning, once per compiled model
+    warn: Callable[[str], None]  # a warning, once per compiled model
     step_variant: Optional[str] = None
-    dump: bool = False                        # keep the graph's code after each pass (CompileOutputs.dumps)
-    weight_applier: Callable = None           # applies one weight action to this instance's weights
+    dump: bool = False  # keep the graph's code after each pass (CompileOutputs.dumps)
+    weight_applier: Callable = None  # applies one weight action to this instance's weights
 
 
 @dataclass
@@ -55,21 +56,35 @@ class CompileOutputs:
     """Everything the passes write for one instance and step variant, besides the graph itself."""
 
     report: CompileReport
-    feeds: FeedPlan                           # the inputs the passes append (fx_fp8/quant/weight_feeds.py)
+    feeds: FeedPlan  # the inputs the passes append (fx_fp8/quant/weight_feeds.py)
     # what the passes did to the instance's own weights (fx_fp8/quant/weight_actions.py), in order:
     # redone for another instance that reuses these decisions (see FXPass.instance_facts)
     weight_actions: list = field(default_factory=list)
     unmatched_ignored_layers: list = field(default_factory=list)
-    sensitive: dict = field(default_factory=dict)  # {node name: reason} of the nodes a pass put in a sensitive one's place
-    dumps: Optional[list] = None              # [(stage, python code)] when a dump was asked for
+    sensitive: dict = field(
+        default_factory=dict
+    )  # {node name: reason} of the nodes a pass put in a sensitive one's place
+    dumps: Optional[list] = None  # [(stage, python code)] when a dump was asked for
 
 
-def compile_contexts(gm: torch.fx.GraphModule, example_inputs: list, config: FP8Config, lowering: Lowering,
-                     report: CompileReport, layer_map: LayerMap, warn: Callable[[str], None], *,
-                     step_variant: Optional[str] = None, calibration: Optional[Calibration] = None,
-                     sensitive: Optional[Mapping[str, str]] = None, placeholders: Optional[dict] = None,
-                     resolver: Optional[Resolver] = None, dump: bool = False, weight_applier: Optional[Callable] = None,
-                     feeds: Optional[FeedPlan] = None) -> tuple[CompileInputs, CompileOutputs]:
+def compile_contexts(
+    gm: torch.fx.GraphModule,
+    example_inputs: list,
+    config: FP8Config,
+    lowering: Lowering,
+    report: CompileReport,
+    layer_map: LayerMap,
+    warn: Callable[[str], None],
+    *,
+    step_variant: Optional[str] = None,
+    calibration: Optional[Calibration] = None,
+    sensitive: Optional[Mapping[str, str]] = None,
+    placeholders: Optional[dict] = None,
+    resolver: Optional[Resolver] = None,
+    dump: bool = False,
+    weight_applier: Optional[Callable] = None,
+    feeds: Optional[FeedPlan] = None,
+) -> tuple[CompileInputs, CompileOutputs]:
     """(inputs, outputs) of the passes on `gm`. Defaults: no calibration, no sensitive layers, no model
     (weights resolved on no module), weight actions applied to `example_inputs` (GraphPlan gives its own)."""
     placeholders = placeholder_index(gm) if placeholders is None else placeholders
@@ -78,13 +93,28 @@ def compile_contexts(gm: torch.fx.GraphModule, example_inputs: list, config: FP8
     if weight_applier is None:
         nodes = {n.name: n for n in gm.graph.nodes}
         weight_applier = lambda action: weight_actions.apply(  # noqa: E731
-            action, example_inputs, lambda node: module_name(nodes[node]), resolver, calibration)
-    inputs = CompileInputs(config=config, layer_map=layer_map, calibration=calibration,
-                           sensitive=MappingProxyType(dict(sensitive or {})), gm=gm, example_inputs=example_inputs,
-                           placeholders=placeholders, resolver=resolver, lowering=lowering, warn=warn,
-                           step_variant=step_variant, dump=dump, weight_applier=weight_applier)
-    outputs = CompileOutputs(report=report, feeds=feeds if feeds is not None else
-                             FeedPlan(gm.graph, fake_mode_of(gm.graph)), dumps=[] if dump else None)
+            action, example_inputs, lambda node: module_name(nodes[node]), resolver, calibration
+        )
+    inputs = CompileInputs(
+        config=config,
+        layer_map=layer_map,
+        calibration=calibration,
+        sensitive=MappingProxyType(dict(sensitive or {})),
+        gm=gm,
+        example_inputs=example_inputs,
+        placeholders=placeholders,
+        resolver=resolver,
+        lowering=lowering,
+        warn=warn,
+        step_variant=step_variant,
+        dump=dump,
+        weight_applier=weight_applier,
+    )
+    outputs = CompileOutputs(
+        report=report,
+        feeds=feeds if feeds is not None else FeedPlan(gm.graph, fake_mode_of(gm.graph)),
+        dumps=[] if dump else None,
+    )
     return inputs, outputs
 
 
@@ -121,10 +151,20 @@ class FXPass:
         self.erased.add(node.name)
         gm.graph.erase_node(node)
 
-    def record(self, node: torch.fx.Node, *, op: str, module: str, action: str, reason: str, shapes: str = "",
-               **extra) -> None:
-        self.out.report.add(op=op, module=module, layer=self.inputs.layer_map.layer_of(module), action=action,
-                            reason=reason, shapes=shapes, node=node.name, name_resolved=is_resolved(node), **extra)
+    def record(
+        self, node: torch.fx.Node, *, op: str, module: str, action: str, reason: str, shapes: str = "", **extra
+    ) -> None:
+        self.out.report.add(
+            op=op,
+            module=module,
+            layer=self.inputs.layer_map.layer_of(module),
+            action=action,
+            reason=reason,
+            shapes=shapes,
+            node=node.name,
+            name_resolved=is_resolved(node),
+            **extra,
+        )
 
     def sensitive_of(self, node: torch.fx.Node) -> Optional[str]:
         """The structural reason `node` is a sensitive linear (graph/sensitive.py), also for a node an

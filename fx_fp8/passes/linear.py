@@ -35,6 +35,7 @@ quantized as W * s (its own copy) and the group's activation is multiplied by
 instances). Prepared layers carry their own 1/s buffer (per layer: they do not
 share a quantization then).
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,8 +54,10 @@ from fx_fp8.quant.weight_feeds import Feed
 @functools.lru_cache(maxsize=None)
 def dynamic_quant_fn(method: str, granularity: str, group: int):
     """x [..., K] -> (xq [M, K], scale): quant.quantize_activation as a traceable function."""
+
     def quantize(x):
         return quant.quantize_activation(x.reshape(-1, x.shape[-1]), granularity, method, group or None)
+
     return quantize
 
 
@@ -62,6 +65,7 @@ def dynamic_quant_fn(method: str, granularity: str, group: int):
 def static_quant_fn(method: str):
     def quantize(x, scale):
         return quant.quantize_activation_static(x.reshape(-1, x.shape[-1]), scale, method)
+
     return quantize
 
 
@@ -72,8 +76,10 @@ def smooth_input(x, inverse):
 
 def _reads_step_scale(node) -> bool:
     """A prepared layer's input scale that its per-step scales look up (QuantizedLinear.forward)."""
-    return isinstance(node, torch.fx.Node) and node.target in (torch.ops.fx_fp8.step_scale,
-                                                                torch.ops.fx_fp8.step_scale.default)
+    return isinstance(node, torch.fx.Node) and node.target in (
+        torch.ops.fx_fp8.step_scale,
+        torch.ops.fx_fp8.step_scale.default,
+    )
 
 
 def restore_leading_dims(y, x):
@@ -127,8 +133,12 @@ class FP8LinearPass(FXPass):
                 xq, xs = self._quantize(graph, first)
         for m in members:
             with graph.inserting_before(m.node):
-                common = dict(method=m.method, weight_granularity=m.weight_granularity, weight_block=m.weight_block,
-                              lowering=lowering.name)
+                common = dict(
+                    method=m.method,
+                    weight_granularity=m.weight_granularity,
+                    weight_block=m.weight_block,
+                    lowering=lowering.name,
+                )
                 base_meta = {k: v for k, v in m.node.meta.items() if k not in ("val", "example_value")}
                 wq, ws = (m.weight, m.weight_scale) if m.prepared else (self._fed(m, "wq"), self._fed(m, "ws"))
                 if m.prepared and m.weight.op == "placeholder":  # checked not written, once per call
@@ -139,28 +149,50 @@ class FP8LinearPass(FXPass):
                     x = m.x  # a prepared layer's weight is W * s: its input still needs the 1/s
                     if m.input_smoothing is not None:
                         x = insert_function(graph, smooth_input, (m.x, m.input_smoothing), m.node.meta)
-                    new = out = graph.call_function(torch.ops.fx_fp8.weight_only_linear.default,
-                                                    (x, wq, ws, m.bias), common)
+                    new = out = graph.call_function(
+                        torch.ops.fx_fp8.weight_only_linear.default, (x, wq, ws, m.bias), common
+                    )
                 else:
-                    new = lowering.emit_gemm(graph, xq, xs, wq, ws, m.bias, out_dtype=meta_val(m.x).dtype,
-                                             fast_accum=self.qcfg.fast_accum, meta=base_meta, act=m.act,
-                                             weight_val=self._weight_value(m), **common)
+                    new = lowering.emit_gemm(
+                        graph,
+                        xq,
+                        xs,
+                        wq,
+                        ws,
+                        m.bias,
+                        out_dtype=meta_val(m.x).dtype,
+                        fast_accum=self.qcfg.fast_accum,
+                        meta=base_meta,
+                        act=m.act,
+                        weight_val=self._weight_value(m),
+                        **common,
+                    )
                     out = insert_function(graph, restore_leading_dims, (new, m.x), m.node.meta)
                 out.meta.update(m.node.meta)  # same value as the linear it replaces
             m.node.replace_all_uses_with(out)
             replaced[m.node] = out
             self.erase(gm, m.node)
-            self.record(new, op="linear", module=m.module,
-                        action="weight-only" if m.weight_only else ("fp8" if m.method == "fp8" else m.method),
-                        reason=self._describe(m), shapes=m.shapes, dims=m.dims,
-                        act_quant_group="" if m.weight_only else group, timing=m.plan.timing or {})
+            self.record(
+                new,
+                op="linear",
+                module=m.module,
+                action="weight-only" if m.weight_only else ("fp8" if m.method == "fp8" else m.method),
+                reason=self._describe(m),
+                shapes=m.shapes,
+                dims=m.dims,
+                act_quant_group="" if m.weight_only else group,
+                timing=m.plan.timing or {},
+            )
 
     def _weight_value(self, m: Linear):
         """The quantized weight GEMM m reads (its value or fake value): shape and device."""
         if m.prepared:
             val = meta_val(m.weight)
-            return val if val is not None else real_tensor(m.weight, self.inputs.gm, self.inputs.example_inputs,
-                                                           self.inputs.placeholders)
+            return (
+                val
+                if val is not None
+                else real_tensor(m.weight, self.inputs.gm, self.inputs.example_inputs, self.inputs.placeholders)
+            )
         st = self.inputs.resolver.state(m.slot, m.real_weight, m.module)
         alpha = m.smoothing.alpha if m.smoothing is not None else None
         return Feed(m.slot, "wq", m.plan.recipe, alpha).tensor(st, m.real_weight)
@@ -186,14 +218,23 @@ class FP8LinearPass(FXPass):
             scale = self._fed(m, "input_scale")
             steps = self.inputs.resolver.state(m.slot, m.real_weight, m.module).input_step_scales
             if steps is not None:  # the published step's group picks its scale per call (no recompile)
-                scale = graph.call_function(torch.ops.fx_fp8.step_scale.default, (self._fed(m, "step_scales"), scale),
-                                            {"groups": list(steps[0])})
+                scale = graph.call_function(
+                    torch.ops.fx_fp8.step_scale.default,
+                    (self._fed(m, "step_scales"), scale),
+                    {"groups": list(steps[0])},
+                )
         group = m.weight_block[1] if m.act == "group" else 0
         if lowering.fused_activation_quant:
             node = graph.call_function(
-                torch.ops.fx_fp8.quantize_activation.default, (x, scale),
-                dict(method=m.method, granularity="tensor" if m.act == "static" else m.act, group=group,
-                     lowering=lowering.name))
+                torch.ops.fx_fp8.quantize_activation.default,
+                (x, scale),
+                dict(
+                    method=m.method,
+                    granularity="tensor" if m.act == "static" else m.act,
+                    group=group,
+                    lowering=lowering.name,
+                ),
+            )
             node.meta["nn_module_stack"] = m.node.meta.get("nn_module_stack", {})
             return (graph.call_function(operator.getitem, (node, 0)), graph.call_function(operator.getitem, (node, 1)))
         if m.act == "static":
@@ -215,8 +256,14 @@ class FP8LinearPass(FXPass):
             act += f", smoothed (alpha {m.smoothing.alpha:g})"
         elif m.input_smoothing is not None:
             act += ", smoothed"
-        gemm = self.inputs.lowering.gemm_description(m.method, m.weight_granularity, m.weight_block,
-                                                     self.qcfg.fast_accum, act=m.act, weight_val=self._weight_value(m))
-        return (f"{m.why + '; ' if m.why else ''}{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}"
-                + (f"; {gemm}" if gemm else ""))
-
+        gemm = self.inputs.lowering.gemm_description(
+            m.method,
+            m.weight_granularity,
+            m.weight_block,
+            self.qcfg.fast_accum,
+            act=m.act,
+            weight_val=self._weight_value(m),
+        )
+        return f"{m.why + '; ' if m.why else ''}{name}: {m.method.upper()} W8A8, {w} weight scales, {act}, {src}" + (
+            f"; {gemm}" if gemm else ""
+        )

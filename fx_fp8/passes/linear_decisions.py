@@ -3,6 +3,7 @@ linear's plan (fx_fp8/quant/linear_plan.py), a report row for each native one, t
 a quantized one needs (fx_fp8/quant/weight_actions.py: applied by whoever planned the compile, for
 every instance), one smoothing per activation-quantization group, and the notes and warnings.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,16 +40,16 @@ class Linear:
     x: torch.fx.Node
     weight: torch.fx.Node
     bias: Optional[torch.fx.Node]
-    act: str                                   # "static", or the dynamic granularity (its group key)
+    act: str  # "static", or the dynamic granularity (its group key)
     shapes: str
     dims: list
     prepared: bool = False
-    weight_scale: Optional[torch.fx.Node] = None     # prepared: its scale, input scale, 1/s buffer (graph nodes)
+    weight_scale: Optional[torch.fx.Node] = None  # prepared: its scale, input scale, 1/s buffer (graph nodes)
     input_scale: Optional[torch.fx.Node] = None
     input_smoothing: Optional[torch.fx.Node] = None
-    real_weight: Optional[torch.Tensor] = None       # unprepared: its weight, graph input `slot`
+    real_weight: Optional[torch.Tensor] = None  # unprepared: its weight, graph input `slot`
     slot: Optional[int] = None
-    smoothing: Optional[Smoothing] = None            # unprepared, smoothed: its group's (set by smooth)
+    smoothing: Optional[Smoothing] = None  # unprepared, smoothed: its group's (set by smooth)
     left_by_prepare: bool = False  # prepare_model left this unprepared linear (it carries diffusers hooks)
     why: str = ""  # why a layer the device could run W8A8 runs weight-only (sensitive layer, skipped step)
 
@@ -152,9 +153,20 @@ class LinearDecisions:
         args = call_args(node, ["input", "weight", "bias"], {"bias": None})
         w = meta_val(args["weight"])
         real = real_tensor(args["weight"], fc.gm, fc.example_inputs, fc.placeholders) is not None
-        plan = (plan_linear(module, w.shape[1], w.shape[0], w.dtype, qcfg, sensitive=fc.sensitive.get(node.name),
-                            enabled=on, calibration=fc.calibration)
-                if w is not None and w.dim() == 2 else None)
+        plan = (
+            plan_linear(
+                module,
+                w.shape[1],
+                w.shape[0],
+                w.dtype,
+                qcfg,
+                sensitive=fc.sensitive.get(node.name),
+                enabled=on,
+                calibration=fc.calibration,
+            )
+            if w is not None and w.dim() == 2
+            else None
+        )
         keep = model_keep_reason(fc.resolver.model() if fc.resolver is not None else None, module)
         return ("linear", first_match(qcfg.ignored_layers, module), plan and (plan.kind, plan.reason), real, keep)
 
@@ -169,8 +181,16 @@ class LinearDecisions:
         real_w = real_tensor(args["weight"], gm, self.inputs.example_inputs, self.inputs.placeholders)
         plan = self.plan(node, args, module, x, w, real_w)
         if plan.native:
-            self.record(node, op="linear", module=module, action="native", reason=plan.reason, shapes=shapes,
-                        dims=dims, timing=plan.timing or {})
+            self.record(
+                node,
+                op="linear",
+                module=module,
+                action="native",
+                reason=plan.reason,
+                shapes=shapes,
+                dims=dims,
+                timing=plan.timing or {},
+            )
             return None
         if plan.warning:
             self.warn_weight_only(plan.warning, plan.recipe.method)
@@ -183,9 +203,21 @@ class LinearDecisions:
             weights["quantized_linear_bytes_after"] += copy.wq.numel() * copy.wq.element_size() + copy.ws.numel() * 4
         left = bool(self.inputs.resolver.state(slot, real_w, module).left_by_prepare)
         (self.left_by_prepare if left else self.compile_quantized).append(module)
-        return Linear(node, module, plan, args["input"], args["weight"], args["bias"], act=self.qcfg.act_granularity,
-                      shapes=shapes, dims=dims, real_weight=real_w, slot=slot, left_by_prepare=left,
-                      why=plan.reason or "")
+        return Linear(
+            node,
+            module,
+            plan,
+            args["input"],
+            args["weight"],
+            args["bias"],
+            act=self.qcfg.act_granularity,
+            shapes=shapes,
+            dims=dims,
+            real_weight=real_w,
+            slot=slot,
+            left_by_prepare=left,
+            why=plan.reason or "",
+        )
 
     def plan(self, node, args, module, x, w, real_w) -> LinearPlan:
         """The linear's plan, after what only the graph can say (its values, its weight as an input)."""
@@ -209,20 +241,41 @@ class LinearDecisions:
         elif real_w is None:
             graph_reason = "weight is computed inside the graph (not a parameter), cannot pre-quantize"
         elif args["weight"].op != "placeholder":
-            graph_reason = ("weight is a constant of the graph, not one of its inputs (its quantized copy is fed as "
-                            "an input derived from the weight input)")
-        plan = plan_linear(module, w.shape[1], w.shape[0], w.dtype, self.qcfg, sensitive=sensitive,
-                           graph_reason=graph_reason, calibration=self.calibration, lowering=self.inputs.lowering,
-                           values=(x, w), step_mode=self.skip_mode)
+            graph_reason = (
+                "weight is a constant of the graph, not one of its inputs (its quantized copy is fed as "
+                "an input derived from the weight input)"
+            )
+        plan = plan_linear(
+            module,
+            w.shape[1],
+            w.shape[0],
+            w.dtype,
+            self.qcfg,
+            sensitive=sensitive,
+            graph_reason=graph_reason,
+            calibration=self.calibration,
+            lowering=self.inputs.lowering,
+            values=(x, w),
+            step_mode=self.skip_mode,
+        )
         return self.tuned(plan, module, x, w, args["bias"] is not None, sensitive)
 
     def tuned(self, plan: LinearPlan, module, x, w, has_bias: bool, sensitive: Optional[str]) -> LinearPlan:
         """quantization_config.kernel auto: the tune table measured on this device may keep the
         linear native or weight-only, at the graph's M (fx_fp8.quant.tuned_plan, the step
         prepare_model takes too). The report says what was measured."""
-        return tuned_plan(plan, self.qcfg, self.inputs.lowering, m=token_count(x), k=int(w.shape[1]),
-                          n=int(w.shape[0]), dtype=str(x.dtype).replace("torch.", ""), device=x.device,
-                          has_bias=has_bias, sensitive=sensitive_reason(module, sensitive) is not None)
+        return tuned_plan(
+            plan,
+            self.qcfg,
+            self.inputs.lowering,
+            m=token_count(x),
+            k=int(w.shape[1]),
+            n=int(w.shape[0]),
+            dtype=str(x.dtype).replace("torch.", ""),
+            device=x.device,
+            has_bias=has_bias,
+            sensitive=sensitive_reason(module, sensitive) is not None,
+        )
 
     def prepared(self, node) -> Linear:
         """A QuantizedLinear made by prepare_model: it reports and runs as it was prepared."""
@@ -245,8 +298,12 @@ class LinearDecisions:
         elif prepared_wo:
             if not self.on or (q.sensitive != "weight_only" and tuned_wo is None):
                 self.disagreeing.append(module)
-        elif ((method, wg, act, smoothed) != (q.method, q.weight_granularity, q.act_granularity,
-                                              self.alpha is not None) or not self.on):
+        elif (method, wg, act, smoothed) != (
+            q.method,
+            q.weight_granularity,
+            q.act_granularity,
+            self.alpha is not None,
+        ) or not self.on:
             self.disagreeing.append(module)
         hit = first_match(q.ignored_layers, module) if self.on else None
         if hit is not None:  # its original weight is gone: it cannot become native here
@@ -274,11 +331,24 @@ class LinearDecisions:
         if kind != ran and tuned_wo is None:
             item_why = (f"{item_why}; " if item_why else "") + (
                 f"{told}; its weights were quantized before compiling (prepare_model or a checkpoint), so it runs as "
-                "they are")
-        return Linear(node, module, stored, args["x"], args["weight"], args["bias"], act=act,
-                      shapes=f"{shape_str(x)} -> {shape_str(w)}", dims=dims_of(x, w), prepared=True,
-                      weight_scale=args["weight_scale"], input_scale=args["input_scale"],
-                      input_smoothing=args["input_smoothing"], why=item_why)
+                "they are"
+            )
+        return Linear(
+            node,
+            module,
+            stored,
+            args["x"],
+            args["weight"],
+            args["bias"],
+            act=act,
+            shapes=f"{shape_str(x)} -> {shape_str(w)}",
+            dims=dims_of(x, w),
+            prepared=True,
+            weight_scale=args["weight_scale"],
+            input_scale=args["input_scale"],
+            input_smoothing=args["input_smoothing"],
+            why=item_why,
+        )
 
     def device_weight_only(self, w, method: str) -> bool:
         """A prepared W8A8 layer on a device without matrix units for `method`: it runs weight-only."""
@@ -290,8 +360,9 @@ class LinearDecisions:
 
     def warn_weight_only(self, why: str, method: str) -> None:
         """The lowering runs `method` linears weight-only on this device (said once per compiled model)."""
-        self.inputs.warn(f"fx_fp8: {why}: {method} linears use weight-only quantization (quantized storage, "
-                         "native matmul)")
+        self.inputs.warn(
+            f"fx_fp8: {why}: {method} linears use weight-only quantization (quantized storage, native matmul)"
+        )
 
     def check_channel_names(self, plan: list[Linear]) -> None:
         """Smoothing statistics that name none of this graph's linears come from another model: an
@@ -299,13 +370,18 @@ class LinearDecisions:
         channel = self.calibration.channel
         if channel is None or any(m.channel_amax is not None for m in plan):
             return
-        missing = [e.module for e in self.out.report.entries
-                   if e.op == "linear" and e.reason.startswith("no channel statistics")]
+        missing = [
+            e.module
+            for e in self.out.report.entries
+            if e.op == "linear" and e.reason.startswith("no channel statistics")
+        ]
         if missing:
-            raise ValueError(f"quantization_config.smoothing_alpha: none of the {len(missing)} eligible linears of "
-                             f"this graph has channel_amax statistics in the calibration (first: {missing[:3]}; the "
-                             f"calibration names look like {sorted(channel)[:3]}): calibrate this model with "
-                             "fx_fp8.calibrate")
+            raise ValueError(
+                f"quantization_config.smoothing_alpha: none of the {len(missing)} eligible linears of "
+                f"this graph has channel_amax statistics in the calibration (first: {missing[:3]}; the "
+                f"calibration names look like {sorted(channel)[:3]}): calibrate this model with "
+                "fx_fp8.calibrate"
+            )
 
     # -- smoothing ---------------------------------------------------------------------------
     def smooth(self, members: list[Linear]) -> None:
@@ -316,8 +392,9 @@ class LinearDecisions:
         todo = [m for m in members if m.channel_amax is not None and not m.prepared]
         if not todo:
             return
-        action = SmoothingAction(tuple((m.slot, m.node.name) for m in todo), self.alpha, todo[0].plan.recipe,
-                                 static=todo[0].act == "static")
+        action = SmoothingAction(
+            tuple((m.slot, m.node.name) for m in todo), self.alpha, todo[0].plan.recipe, static=todo[0].act == "static"
+        )
         done = self.apply_weight(action)
         weights = self.out.report.weights
         for m in todo:
@@ -330,35 +407,47 @@ class LinearDecisions:
         matched, disagreeing = self.matched, self.disagreeing
         report = self.out.report
         if self.compile_quantized:
-            report.notes.append("quantized weights were made at compile time; the model still holds its original "
-                                "weights (call fx_fp8.prepare_model(model, config) before torch.compile to free them)")
+            report.notes.append(
+                "quantized weights were made at compile time; the model still holds its original "
+                "weights (call fx_fp8.prepare_model(model, config) before torch.compile to free them)"
+            )
         if self.left_by_prepare:
             names = self.left_by_prepare
-            report.notes.append(f"prepare_model left {len(names)} linear(s) unreplaced because they carry diffusers "
-                                f"hooks (replacing them would lose the hooks): {', '.join(names[:8])}; their weights "
-                                "are quantized at compile time and the model keeps their original weights")
+            report.notes.append(
+                f"prepare_model left {len(names)} linear(s) unreplaced because they carry diffusers "
+                f"hooks (replacing them would lose the hooks): {', '.join(names[:8])}; their weights "
+                "are quantized at compile time and the model keeps their original weights"
+            )
         if self.on:
             unmatched = [p for p in self.qcfg.ignored_layers if p not in matched]
             if unmatched:
                 self.out.unmatched_ignored_layers.extend(unmatched)
         if self.ignored_prepared:
-            self.inputs.warn(f"fx_fp8: {len(self.ignored_prepared)} linear(s) named by ignored_layers were quantized by "
-                             f"prepare_model and still run quantized (their original weights are gone): "
-                             f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
-                             "(or reload the original weights) to keep them native")
+            self.inputs.warn(
+                f"fx_fp8: {len(self.ignored_prepared)} linear(s) named by ignored_layers were quantized by "
+                f"prepare_model and still run quantized (their original weights are gone): "
+                f"{', '.join(self.ignored_prepared[:8])}. Give these patterns to prepare_model's config "
+                "(or reload the original weights) to keep them native"
+            )
         if self.sensitive_prepared:
             mode = self.qcfg.sensitive
             would = "weight-only (W8A16)" if mode == "weight_only" else "native"
-            self.inputs.warn(f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) W8A8 that this "
-                             f"compile finds sensitive by the graph's structure: {', '.join(self.sensitive_prepared[:8])}; "
-                             f"with quantization_config.sensitive {mode!r} they would run {would}, but prepared "
-                             "linears run as prepared (W8A8). Give prepare_model example_inputs (it then finds them by "
-                             "structure), or list them in quantization_config.ignored_layers when calling prepare_model")
+            self.inputs.warn(
+                f"fx_fp8: prepare_model quantized {len(self.sensitive_prepared)} linear(s) W8A8 that this "
+                f"compile finds sensitive by the graph's structure: {', '.join(self.sensitive_prepared[:8])}; "
+                f"with quantization_config.sensitive {mode!r} they would run {would}, but prepared "
+                "linears run as prepared (W8A8). Give prepare_model example_inputs (it then finds them by "
+                "structure), or list them in quantization_config.ignored_layers when calling prepare_model"
+            )
         if self.skipped_prepared:
-            self.inputs.warn(f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
-                             f"linear(s) were quantized by prepare_model (their original weights are gone): they run "
-                             f"weight-only on the skipped steps: {', '.join(self.skipped_prepared[:8])}")
+            self.inputs.warn(
+                f"fx_fp8: quantization_config.skip_steps_mode is native but {len(self.skipped_prepared)} "
+                f"linear(s) were quantized by prepare_model (their original weights are gone): they run "
+                f"weight-only on the skipped steps: {', '.join(self.skipped_prepared[:8])}"
+            )
         if disagreeing:
-            self.inputs.warn(f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
-                             f"granularity or activation scheme than this compile's config (or quantization is off); "
-                             f"they run as prepared: {', '.join(disagreeing[:8])}")
+            self.inputs.warn(
+                f"fx_fp8: {len(disagreeing)} linear(s) were prepared by prepare_model with another method, "
+                f"granularity or activation scheme than this compile's config (or quantization is off); "
+                f"they run as prepared: {', '.join(disagreeing[:8])}"
+            )

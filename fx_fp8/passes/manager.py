@@ -5,6 +5,7 @@ delete Dynamo's in-place side effects and vmap level markers, whose results
 are unused): after each pass it checks that the only nodes that disappeared
 are the ones the pass said it replaced, lints the graph and recompiles it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,11 +47,15 @@ class PassManager:
             changed = p.run(gm)
             removed = before - {n.name for n in gm.graph.nodes}
             if not removed <= p.erased:
-                raise AssertionError(f"fx_fp8 pass {p.name} removed nodes it did not replace: {sorted(removed - p.erased)}")
+                raise AssertionError(
+                    f"fx_fp8 pass {p.name} removed nodes it did not replace: {sorted(removed - p.erased)}"
+                )
             self.counts[p.name] = changed
             if changed or p.erased:  # regenerating the code of a large graph is the passes' main cost
                 gm.graph.lint()
                 gm.recompile()
             self._dump(inputs, out, f"after_{p.name}")
-            log.debug("fx_fp8 pass %s rewrote %d nodes", p.name, changed)  # the INFO summary: fx_fp8/compile/compile_log.py
+            log.debug(
+                "fx_fp8 pass %s rewrote %d nodes", p.name, changed
+            )  # the INFO summary: fx_fp8/compile/compile_log.py
         return gm

@@ -38,6 +38,7 @@ activations, any static input scale unused). A linear the config keeps native (q
 ignored_layers, a sensitive layer run native, a natively skipped step, what the lowering cannot
 take) is left as the module's forward computes it: the stored weight dequantized for a native matmul.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,16 @@ from fx_fp8.graph.shapes import concrete
 from fx_fp8.ops.formats import FLOAT_DTYPES, FP8_DTYPE, FP8_MAX
 from fx_fp8.passes.base import WEIGHT_ORIGIN, FXPass
 from fx_fp8.quant.linear_plan import LinearPlan, native, plan_linear
-from fx_fp8.quant.prequantized import (bad_scale, channel_scale, describe_origin, scale_granularity, source_of_class,
-                                       tensor_scale, warn_bad_scales, weight_origin)
+from fx_fp8.quant.prequantized import (
+    bad_scale,
+    channel_scale,
+    describe_origin,
+    scale_granularity,
+    source_of_class,
+    tensor_scale,
+    warn_bad_scales,
+    weight_origin,
+)
 from fx_fp8.quant.recipe import WeightRecipe
 
 MUL_TARGETS = {operator.mul, torch.mul}
@@ -72,13 +81,13 @@ class Match:
     """One pre-quantized linear found in the graph."""
 
     linear: torch.fx.Node
-    x: torch.fx.Node                # the activation the prepared form quantizes
-    weight: torch.fx.Node           # the stored e4m3 weight (a graph input)
-    scale: torch.fx.Node            # its stored scale (a graph input)
-    granularity: str                # "tensor" / "channel"
+    x: torch.fx.Node  # the activation the prepared form quantizes
+    weight: torch.fx.Node  # the stored e4m3 weight (a graph input)
+    scale: torch.fx.Node  # its stored scale (a graph input)
+    granularity: str  # "tensor" / "channel"
     bias: Optional[torch.fx.Node]
     input_scale: Optional[torch.fx.Node]  # the stored static activation scale, when the input is fake-quantized by it
-    chain: list                     # the nodes between the stored tensors and the linear (erased once unused)
+    chain: list  # the nodes between the stored tensors and the linear (erased once unused)
     origin: str
 
 
@@ -207,7 +216,8 @@ def _dequantized_weight(weight_arg) -> Optional[tuple]:
         granularity = scale_granularity(stored, n) if None not in stored else None
         reaching = tuple(concrete(d) for d in operand.shape)  # what multiplies W: row i must get S[i]
         if (granularity == "tensor" and len(reaching) <= 2 and all(d == 1 for d in reaching)) or (
-                granularity == "channel" and reaching == (n, 1)):
+            granularity == "channel" and reaching == (n, 1)
+        ):
             return w, s, granularity, chain + w_chain + s_chain
     return None
 
@@ -267,7 +277,7 @@ def _static_input(x_arg) -> Optional[tuple]:
         if not same:
             continue
         x = casts[same[-1]]
-        return x, s[0], chain + [product] + q_chain + [node, fp8[0], division] + s[1] + s2[1] + casts[:same[-1]]
+        return x, s[0], chain + [product] + q_chain + [node, fp8[0], division] + s[1] + s2[1] + casts[: same[-1]]
     return None
 
 
@@ -332,14 +342,23 @@ class PrequantizedLinearPass(FXPass):
         qcfg = fc.config.quantization_config
         if node.target in PREPARED_TARGETS:
             w = call_args(node, ["x", "weight"], {}).get("weight")
-            return ("adopted", weight_origin(fc.resolver.module(real_tensor(w, fc.gm, fc.example_inputs,
-                                                                            fc.placeholders))))
+            return (
+                "adopted",
+                weight_origin(fc.resolver.module(real_tensor(w, fc.gm, fc.example_inputs, fc.placeholders))),
+            )
         m = find_prequantized(node)
         if m is None:
             return None
         wq = meta_val(m.weight)
-        plan = plan_linear(module, wq.shape[1], wq.shape[0], _compute_dtype(m), qcfg,
-                           sensitive=fc.sensitive.get(node.name), stored=WeightRecipe("fp8", m.granularity))
+        plan = plan_linear(
+            module,
+            wq.shape[1],
+            wq.shape[0],
+            _compute_dtype(m),
+            qcfg,
+            sensitive=fc.sensitive.get(node.name),
+            stored=WeightRecipe("fp8", m.granularity),
+        )
         return ("prequantized", first_match(qcfg.ignored_layers, module), plan.kind, plan.reason)
 
     def run(self, gm: torch.fx.GraphModule) -> int:
@@ -360,14 +379,19 @@ class PrequantizedLinearPass(FXPass):
 
     def _bad_scale(self, m: Match) -> Optional[str]:
         """bad_scale of the stored scales this linear reads (when the compile has their values)."""
-        real = [real_tensor(n, self.inputs.gm, self.inputs.example_inputs, self.inputs.placeholders)
-                for n in (m.scale, m.input_scale)]
+        real = [
+            real_tensor(n, self.inputs.gm, self.inputs.example_inputs, self.inputs.placeholders)
+            for n in (m.scale, m.input_scale)
+        ]
         return bad_scale(module_name(m.linear), *real)
 
     def _label_adopted(self, node) -> None:
         w = call_args(node, ["x", "weight"], {}).get("weight")
-        origin = weight_origin(self.inputs.resolver.module(real_tensor(w, self.inputs.gm, self.inputs.example_inputs,
-                                                                       self.inputs.placeholders)))
+        origin = weight_origin(
+            self.inputs.resolver.module(
+                real_tensor(w, self.inputs.gm, self.inputs.example_inputs, self.inputs.placeholders)
+            )
+        )
         if origin is not None:
             node.meta[WEIGHT_ORIGIN] = origin
 
@@ -378,10 +402,20 @@ class PrequantizedLinearPass(FXPass):
             return native("natively skipped step")
         wq, x = meta_val(m.weight), meta_val(m.x)
         graph_reason = None if x is not None and x.dtype in FLOAT_DTYPES else f"input dtype {getattr(x, 'dtype', None)}"
-        return plan_linear(module_name(m.linear), wq.shape[1], wq.shape[0], _compute_dtype(m), self.qcfg,
-                           sensitive=self.sensitive_of(m.linear), enabled=self.on, graph_reason=graph_reason,
-                           lowering=self.inputs.lowering, values=(x, wq), lowering_config=self._fp8_config(m.granularity),
-                           stored=WeightRecipe("fp8", m.granularity))
+        return plan_linear(
+            module_name(m.linear),
+            wq.shape[1],
+            wq.shape[0],
+            _compute_dtype(m),
+            self.qcfg,
+            sensitive=self.sensitive_of(m.linear),
+            enabled=self.on,
+            graph_reason=graph_reason,
+            lowering=self.inputs.lowering,
+            values=(x, wq),
+            lowering_config=self._fp8_config(m.granularity),
+            stored=WeightRecipe("fp8", m.granularity),
+        )
 
     def _fp8_config(self, granularity: str):
         """This compile's quantization config with the stored weights' method and granularity (what
@@ -390,7 +424,8 @@ class PrequantizedLinearPass(FXPass):
             with warnings.catch_warnings():  # the config warned about itself when it was made
                 warnings.simplefilter("ignore")
                 self._fp8_configs[granularity] = dataclasses.replace(
-                    self.qcfg, method="fp8", weight_granularity=granularity, weight_block_size=None)
+                    self.qcfg, method="fp8", weight_granularity=granularity, weight_block_size=None
+                )
         return self._fp8_configs[granularity]
 
     def _rewrite(self, gm, m: Match) -> bool:
@@ -405,12 +440,22 @@ class PrequantizedLinearPass(FXPass):
         with graph.inserting_before(m.linear):
             to_scale = channel_scale if m.granularity == "channel" else tensor_scale
             scale = insert_function(graph, to_scale, (m.scale,), m.linear.meta)
-            input_scale = (insert_function(graph, tensor_scale, (m.input_scale,), m.linear.meta)
-                           if m.input_scale is not None and not weight_only else None)
+            input_scale = (
+                insert_function(graph, tensor_scale, (m.input_scale,), m.linear.meta)
+                if m.input_scale is not None and not weight_only
+                else None
+            )
             new = graph.call_function(
-                torch.ops.fx_fp8.quantized_linear.default, (m.x, m.weight, scale, m.bias, input_scale, None),
-                dict(method="fp8", weight_granularity=m.granularity, weight_block=[], act_granularity=act,
-                     lowering=self.inputs.lowering.name))
+                torch.ops.fx_fp8.quantized_linear.default,
+                (m.x, m.weight, scale, m.bias, input_scale, None),
+                dict(
+                    method="fp8",
+                    weight_granularity=m.granularity,
+                    weight_block=[],
+                    act_granularity=act,
+                    lowering=self.inputs.lowering.name,
+                ),
+            )
         new.meta.update(m.linear.meta)  # the same value, module and names as the linear it replaces
         why = self.sensitive_of(m.linear)
         if why is not None:  # the linear pass reads it on the node that replaces the linear

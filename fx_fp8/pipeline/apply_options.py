@@ -8,6 +8,7 @@ user's cache, or `fx-fp8 compare`'s context parallelism of the native run, which
 undo) keeps them: prepare_model leaves a hooked linear unreplaced and the backend quantizes it at
 compile time (prepare.hooks_lost_by_replacing). What would fail is refused first (check_pipeline_options).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -19,8 +20,13 @@ import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.pipeline import cache_dit as _cache_dit
-from fx_fp8.pipeline.cache_hooks import (CacheRegions, compile_cache_regions, enable_cache, sync_first_block_cache,
-                                         unsync_first_block_cache)
+from fx_fp8.pipeline.cache_hooks import (
+    CacheRegions,
+    compile_cache_regions,
+    enable_cache,
+    sync_first_block_cache,
+    unsync_first_block_cache,
+)
 from fx_fp8.pipeline.context_parallel import check_parallel_target, enable_context_parallel
 from fx_fp8.pipeline.launch import check_accelerator, init_distributed
 from fx_fp8.pipeline.options import CACHE_BACKENDS, PipelineOptions
@@ -30,11 +36,11 @@ from fx_fp8.pipeline.options import CACHE_BACKENDS, PipelineOptions
 class TransformerExtras:
     """What apply_pipeline_options did to one transformer (kept in PipelineFP8State.extras)."""
 
-    parallel: Optional[dict] = None     # enable_context_parallel's result
-    cache: Any = None                   # the diffusers cache config fx_fp8 enabled (None: none, or the user's)
+    parallel: Optional[dict] = None  # enable_context_parallel's result
+    cache: Any = None  # the diffusers cache config fx_fp8 enabled (None: none, or the user's)
     regions: CacheRegions = field(default_factory=CacheRegions)
     fbc_synced: int = 0
-    compile_fn: Any = None              # how cache regions are compiled (torch.compile with the pipeline's backend)
+    compile_fn: Any = None  # how cache regions are compiled (torch.compile with the pipeline's backend)
     warned_unknown: bool = False
 
 
@@ -45,22 +51,30 @@ def check_pipeline_options(opts: PipelineOptions, models: list, *, compile_kwarg
         model = unwrap_compiled(model)
         cached = opts.cache_backend is not None or getattr(model, "_cache_config", None) is not None
         if cached and compile_kwargs.get("fullgraph"):
-            raise ValueError("fullgraph=True cannot be combined with a cache backend: diffusers' cache hooks decide on "
-                             "tensor values in Python (torch.compiler.disable), so the transformer cannot be one "
-                             "graph; fx_fp8 compiles each cached block or attention module as its own graph instead")
+            raise ValueError(
+                "fullgraph=True cannot be combined with a cache backend: diffusers' cache hooks decide on "
+                "tensor values in Python (torch.compiler.disable), so the transformer cannot be one "
+                "graph; fx_fp8 compiles each cached block or attention module as its own graph instead"
+            )
         if _cache_dit.is_cache_dit_enabled(model):
-            raise ValueError(f"{type(model).__name__} already has cache-dit enabled (cache_dit.enable_cache): pass "
-                             "cache_backend='cache_dit' with its cache_config to compile_pipeline instead, so that "
-                             "fx_fp8 compiles cache-dit's blocks with their real names")
+            raise ValueError(
+                f"{type(model).__name__} already has cache-dit enabled (cache_dit.enable_cache): pass "
+                "cache_backend='cache_dit' with its cache_config to compile_pipeline instead, so that "
+                "fx_fp8 compiles cache-dit's blocks with their real names"
+            )
         if opts.cache_backend == "cache_dit":
-            _cache_dit.block_adapter(model)   # a ValueError naming the class cache-dit has no adapter for
+            _cache_dit.block_adapter(model)  # a ValueError naming the class cache-dit has no adapter for
             if opts.parallel.enabled:
-                raise ValueError("cache_backend 'cache_dit' with parallel_config is not supported: cache-dit's block "
-                                 "wrapper under diffusers' context parallelism is untested with fx_fp8 (use "
-                                 "first_block_cache, taylorseer or mag_cache with ulysses_degree / ring_degree)")
+                raise ValueError(
+                    "cache_backend 'cache_dit' with parallel_config is not supported: cache-dit's block "
+                    "wrapper under diffusers' context parallelism is untested with fx_fp8 (use "
+                    "first_block_cache, taylorseer or mag_cache with ulysses_degree / ring_degree)"
+                )
         if opts.cache_backend is not None and getattr(model, "_cache_config", None) is not None:
-            raise ValueError(f"{type(model).__name__} already has a cache enabled ({type(model._cache_config).__name__}) "
-                             f"and cache_backend {opts.cache_backend!r} was given: pass one of them")
+            raise ValueError(
+                f"{type(model).__name__} already has a cache enabled ({type(model._cache_config).__name__}) "
+                f"and cache_backend {opts.cache_backend!r} was given: pass one of them"
+            )
         if opts.parallel.enabled:
             check_parallel_target(model, opts.parallel)
     if opts.parallel.enabled:
@@ -84,8 +98,9 @@ def apply_pipeline_options(model: nn.Module, opts: PipelineOptions, *, warn=None
     return extras
 
 
-def compile_regions(extras: TransformerExtras, model: nn.Module, backend: str, options: dict,
-                    compile_kwargs: Mapping) -> None:
+def compile_regions(
+    extras: TransformerExtras, model: nn.Module, backend: str, options: dict, compile_kwargs: Mapping
+) -> None:
     """After torch.compile(model): compile the cache hooks' wrapped modules as regions (see
     compile_cache_regions) with the same backend and options; kept for caches enabled later."""
     kwargs = dict(compile_kwargs)
@@ -105,8 +120,11 @@ def _update_regions(extras: TransformerExtras, model: nn.Module) -> None:
     unknown = getattr(unwrap_compiled(model), "_cache_config", None)
     if unknown is not None and type(unknown).__name__ not in CACHE_BACKENDS.values() and not extras.warned_unknown:
         extras.warned_unknown = True
-        warnings.warn(f"fx_fp8: {type(unknown).__name__} has not been tested with fx_fp8; its hooks are traced by "
-                      "torch.compile as they are (tested: " + ", ".join(CACHE_BACKENDS.values()) + ")", stacklevel=4)
+        warnings.warn(
+            f"fx_fp8: {type(unknown).__name__} has not been tested with fx_fp8; its hooks are traced by "
+            "torch.compile as they are (tested: " + ", ".join(CACHE_BACKENDS.values()) + ")",
+            stacklevel=4,
+        )
 
 
 def has_diffusers_hooks(module: nn.Module) -> bool:
@@ -124,7 +142,7 @@ def on_pipeline_run(state) -> None:
             setup(None)
     for attr, extras in state.extras.items():
         if extras is not None and isinstance(extras.cache, _cache_dit.CacheDitState):
-            extras.cache.reset()   # cache-dit's context persists across calls: each run starts afresh
+            extras.cache.reset()  # cache-dit's context persists across calls: each run starts afresh
             continue
         if extras is None or extras.compile_fn is None:
             continue

@@ -6,6 +6,7 @@ it). Ring attention needs each partial attention's log-sum-exp: fx_fp8 selects d
 fx_fp8::fp8_attention_lse), so each ring step is FP8 and the steps merge exactly as diffusers
 merges native ones.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -67,14 +68,19 @@ def choose_attention_backend(model: nn.Module, opts: ParallelOptions, warn=None)
             raise RuntimeError(
                 f"ring attention (ring_degree {opts.ring_degree}) needs each partial attention's log-sum-exp; fx_fp8 "
                 "uses diffusers' _native_flash backend (aten._scaled_dot_product_flash_attention) for it, which has no "
-                f"{device_type} kernel in this torch build: use ulysses_degree instead")
+                f"{device_type} kernel in this torch build: use ulysses_degree instead"
+            )
         name = "_native_flash"
         for p in _processors(model):
             p._attention_backend = AttentionBackendName(name)
     if not _AttentionBackendRegistry._is_context_parallel_available(AttentionBackendName(name)):
-        raise ValueError(f"attention backend {name!r} does not support diffusers' context parallelism; use one of "
-                         f"{sorted(_AttentionBackendRegistry._supports_context_parallel)}")
+        raise ValueError(
+            f"attention backend {name!r} does not support diffusers' context parallelism; use one of "
+            f"{sorted(_AttentionBackendRegistry._supports_context_parallel)}"
+        )
     if name not in FP8_ATTENTION_BACKENDS:
-        warn(f"fx_fp8: attention backend {name!r} computes attention outside aten's SDPA ops, so fx_fp8 cannot make "
-             "it FP8 (the report shows no attention rows); use 'native' (Ulysses) or '_native_flash' (ring)")
+        warn(
+            f"fx_fp8: attention backend {name!r} computes attention outside aten's SDPA ops, so fx_fp8 cannot make "
+            "it FP8 (the report shows no attention rows); use 'native' (Ulysses) or '_native_flash' (ring)"
+        )
     return name

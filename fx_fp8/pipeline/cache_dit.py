@@ -19,6 +19,7 @@ How FP8 survives cache-dit's wrapping (`compile_regions`):
 * cache-dit keeps its step count in a persistent context at transformer level: `reset` starts a
   fresh context at each pipeline run (compile_pipeline calls it), so every run caches alike.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,10 +36,12 @@ import torch.nn as nn
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.pipeline.cache_dit_config import CacheDitConfig, import_cache_dit
 
+
 # -- enabling it on a transformer -----------------------------------------------------------------
 def is_cache_dit_enabled(model: nn.Module) -> bool:
-    return bool(getattr(unwrap_compiled(model), "_is_cached", False)) \
-        and hasattr(unwrap_compiled(model), "_context_manager")
+    return bool(getattr(unwrap_compiled(model), "_is_cached", False)) and hasattr(
+        unwrap_compiled(model), "_context_manager"
+    )
 
 
 @dataclass
@@ -46,10 +49,10 @@ class CacheDitState:
     """cache-dit on one transformer, as fx_fp8 enabled it (kept in TransformerExtras.cache)."""
 
     config: CacheDitConfig
-    adapter: Any                                   # the normalized cache_dit.BlockAdapter
-    lists: dict                                    # attribute -> the transformer's own block list
+    adapter: Any  # the normalized cache_dit.BlockAdapter
+    lists: dict  # attribute -> the transformer's own block list
     cached_blocks: list = field(default_factory=list)  # cache-dit's CachedBlocks modules
-    regions: list = field(default_factory=list)    # (block, its instance forward before or None)
+    regions: list = field(default_factory=list)  # (block, its instance forward before or None)
 
     def reset(self) -> None:
         """A fresh cache context (step count, buffers) for the next pipeline run."""
@@ -82,8 +85,10 @@ def block_adapter(model: nn.Module):
     from cache_dit import BlockAdapterRegister
 
     if not BlockAdapterRegister.is_supported(model):
-        raise ValueError(f"cache-dit has no block adapter for {type(model).__name__} (cache_backend 'cache_dit'); "
-                         f"its adapters cover {len(BlockAdapterRegister.supported_pipelines()[1])} diffusers families")
+        raise ValueError(
+            f"cache-dit has no block adapter for {type(model).__name__} (cache_backend 'cache_dit'); "
+            f"its adapters cover {len(BlockAdapterRegister.supported_pipelines()[1])} diffusers families"
+        )
     return BlockAdapterRegister.get_adapter(model)
 
 
@@ -94,23 +99,30 @@ def enable(model: nn.Module, config: CacheDitConfig) -> CacheDitState:
 
     model = unwrap_compiled(model)
     if is_cache_dit_enabled(model):
-        raise ValueError(f"{type(model).__name__} already has cache-dit enabled; pass cache_backend 'cache_dit' to "
-                         "fx_fp8 only, or enable it yourself and pass none")
+        raise ValueError(
+            f"{type(model).__name__} already has cache-dit enabled; pass cache_backend 'cache_dit' to "
+            "fx_fp8 only, or enable it yourself and pass none"
+        )
     adapter = block_adapter(model)
     lists = {}
     for name in list(_names(adapter.blocks_name)) + list(_names(adapter.dummy_blocks_names)):
         if name not in model._modules:
-            raise ValueError(f"cache-dit's adapter for {type(model).__name__} names block list {name!r}, which the "
-                             "model does not have")
+            raise ValueError(
+                f"cache-dit's adapter for {type(model).__name__} names block list {name!r}, which the "
+                "model does not have"
+            )
         lists[name] = model._modules[name]
     # keep the model's attention backend: cache-dit would pick its own on some devices (NPU), which
     # the FP8 attention pass could not rewrite
     backend = current_attention_backend(model)
     cache_config = _fit_blocks(model, config, sum(len(model._modules[n]) for n in _names(adapter.blocks_name)))
     with _quiet():
-        adapter = cache_dit.enable_cache(adapter, cache_config=cache_config,
-                                         calibrator_config=copy.deepcopy(config.calibrator_config),
-                                         attention_backend=backend)
+        adapter = cache_dit.enable_cache(
+            adapter,
+            cache_config=cache_config,
+            calibrator_config=copy.deepcopy(config.calibrator_config),
+            attention_backend=backend,
+        )
     state = CacheDitState(config=config, adapter=adapter, lists=lists)
     state.cached_blocks = _find_cached_blocks(model)
     if not state.cached_blocks:
@@ -133,8 +145,11 @@ def _fit_blocks(model: nn.Module, config: CacheDitConfig, blocks: int):
             continue
         if key in config.mapping:
             raise ValueError(f"cache_config {key}={value} exceeds the {blocks} blocks of {type(model).__name__}")
-        warnings.warn(f"fx_fp8: cache-dit's default {key}={value} exceeds the {blocks} blocks of "
-                      f"{type(model).__name__}; using {blocks}", stacklevel=3)
+        warnings.warn(
+            f"fx_fp8: cache-dit's default {key}={value} exceeds the {blocks} blocks of "
+            f"{type(model).__name__}; using {blocks}",
+            stacklevel=3,
+        )
         setattr(cache_config, key, blocks)
     return cache_config
 

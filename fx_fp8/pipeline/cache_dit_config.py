@@ -1,6 +1,7 @@
 """cache_backend 'cache_dit''s cache_config: vLLM-Omni's keys checked one by one (no cache-dit import
 needed to refuse a bad one) and turned into cache-dit's DBCacheConfig / TaylorSeerCalibratorConfig.
 Enabling it on a transformer is fx_fp8/pipeline/cache_dit.py's."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,10 @@ from fx_fp8.install_hint import install_hint
 
 #: the tested cache-dit range (pyproject's `cache-dit` extra)
 CACHE_DIT_REQUIREMENT = "cache-dit>=1.5.3,<1.6"
-MISSING = (f"cache_backend 'cache_dit' needs the cache-dit package: {install_hint('cache-dit')} "
-           f"(or pip install '{CACHE_DIT_REQUIREMENT}')")
+MISSING = (
+    f"cache_backend 'cache_dit' needs the cache-dit package: {install_hint('cache-dit')} "
+    f"(or pip install '{CACHE_DIT_REQUIREMENT}')"
+)
 
 
 #: vLLM-Omni's cache_config keys -> (cache-dit config, its field). "scm_*" and "enable_taylorseer" /
@@ -40,15 +43,37 @@ CACHE_DIT_KEYS: dict[str, tuple[str, str]] = {
     "enable_encoder_taylorseer": ("calibrator", "enable_encoder_calibrator"),
     "taylorseer_order": ("calibrator", "taylorseer_order"),
 }
-_INT_MIN = {"Fn_compute_blocks": 0, "Bn_compute_blocks": 0, "max_warmup_steps": 0, "warmup_interval": 1,
-            "max_cached_steps": -1, "max_continuous_cached_steps": -1, "num_inference_steps": 1,
-            "force_refresh_step_hint": 1, "taylorseer_order": 1}
-_BOOLS = ("enable_separate_cfg", "cfg_compute_first", "cfg_diff_compute_separate", "enable_taylorseer",
-          "enable_encoder_taylorseer")
-_CHOICES = {"force_refresh_step_policy": ("once", "repeat"), "scm_steps_policy": ("dynamic", "static"),
-            "scm_steps_mask_policy": ("slow", "medium", "fast", "ultra")}
-_NULLABLE = ("max_accumulated_residual_diff_threshold", "enable_separate_cfg", "num_inference_steps",
-             "force_refresh_step_hint", "steps_computation_mask", "scm_steps_mask_policy")
+_INT_MIN = {
+    "Fn_compute_blocks": 0,
+    "Bn_compute_blocks": 0,
+    "max_warmup_steps": 0,
+    "warmup_interval": 1,
+    "max_cached_steps": -1,
+    "max_continuous_cached_steps": -1,
+    "num_inference_steps": 1,
+    "force_refresh_step_hint": 1,
+    "taylorseer_order": 1,
+}
+_BOOLS = (
+    "enable_separate_cfg",
+    "cfg_compute_first",
+    "cfg_diff_compute_separate",
+    "enable_taylorseer",
+    "enable_encoder_taylorseer",
+)
+_CHOICES = {
+    "force_refresh_step_policy": ("once", "repeat"),
+    "scm_steps_policy": ("dynamic", "static"),
+    "scm_steps_mask_policy": ("slow", "medium", "fast", "ultra"),
+}
+_NULLABLE = (
+    "max_accumulated_residual_diff_threshold",
+    "enable_separate_cfg",
+    "num_inference_steps",
+    "force_refresh_step_hint",
+    "steps_computation_mask",
+    "scm_steps_mask_policy",
+)
 
 
 def _check(key: str, value) -> Any:
@@ -72,8 +97,11 @@ def _check(key: str, value) -> Any:
             raise ValueError(f"invalid {where}: {value!r} (expected one of {list(_CHOICES[key])})")
         return value
     if key == "steps_computation_mask":
-        if not isinstance(value, (list, tuple)) or not value or any(v not in (0, 1) or isinstance(v, bool)
-                                                                      for v in value):
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or any(v not in (0, 1) or isinstance(v, bool) for v in value)
+        ):
             raise ValueError(f"invalid {where}: {value!r} (expected a list of 0 / 1, one per step)")
         return [int(v) for v in value]
     return value
@@ -83,14 +111,17 @@ def _check(key: str, value) -> Any:
 class CacheDitConfig:
     """The validated cache_config of cache_backend 'cache_dit' and cache-dit's config objects for it."""
 
-    mapping: dict                        # the keys as given (vLLM-Omni spellings)
-    cache_config: Any                    # cache_dit.DBCacheConfig
-    calibrator_config: Any = None        # cache_dit.TaylorSeerCalibratorConfig or None
+    mapping: dict  # the keys as given (vLLM-Omni spellings)
+    cache_config: Any  # cache_dit.DBCacheConfig
+    calibrator_config: Any = None  # cache_dit.TaylorSeerCalibratorConfig or None
 
     def describe(self) -> str:
         text = self.cache_config.strify()
-        return text + (", TaylorSeer order " + str(self.calibrator_config.taylorseer_order)
-                       if self.calibrator_config is not None else "")
+        return text + (
+            ", TaylorSeer order " + str(self.calibrator_config.taylorseer_order)
+            if self.calibrator_config is not None
+            else ""
+        )
 
 
 def check_keys(mapping: Mapping) -> dict:
@@ -104,28 +135,35 @@ def check_keys(mapping: Mapping) -> dict:
     db, cal, scm = out["db"], out["calibrator"], out["scm"]
     # settings that would otherwise be dropped without a word
     if not cal.get("enable_calibrator"):
-        for key, name, default in (("taylorseer_order", "taylorseer_order", 1),
-                                   ("enable_encoder_taylorseer", "enable_encoder_calibrator", False)):
+        for key, name, default in (
+            ("taylorseer_order", "taylorseer_order", 1),
+            ("enable_encoder_taylorseer", "enable_encoder_calibrator", False),
+        ):
             if cal.get(name, default) != default:
-                raise ValueError(f"cache_config.{key} {cal[name]!r} needs enable_taylorseer: true (cache_backend "
-                                 "'cache_dit' runs the TaylorSeer calibrator only when it is enabled)")
+                raise ValueError(
+                    f"cache_config.{key} {cal[name]!r} needs enable_taylorseer: true (cache_backend "
+                    "'cache_dit' runs the TaylorSeer calibrator only when it is enabled)"
+                )
     if scm.get("mask_policy") is None and db.get("steps_computation_policy", "dynamic") != "dynamic":
-        raise ValueError(f"cache_config.scm_steps_policy {db['steps_computation_policy']!r} needs "
-                         "scm_steps_mask_policy (or steps_computation_mask): without a step mask there is "
-                         "nothing for it to apply to")
+        raise ValueError(
+            f"cache_config.scm_steps_policy {db['steps_computation_policy']!r} needs "
+            "scm_steps_mask_policy (or steps_computation_mask): without a step mask there is "
+            "nothing for it to apply to"
+        )
     if scm.get("mask_policy") is not None:
         if db.get("steps_computation_mask") is not None:
             raise ValueError("cache_config sets both scm_steps_mask_policy and steps_computation_mask: give one")
         steps = db.get("num_inference_steps")
         if steps is None or not (steps >= 8 or steps in (4, 6)):
-            raise ValueError(f"cache_config.scm_steps_mask_policy {scm['mask_policy']!r} needs "
-                             f"cache_config.num_inference_steps (4, 6 or >= 8; got {steps!r}): cache-dit's "
-                             "predefined masks are laid out for the run's step count (the command line fills "
-                             "it in from --num-inference-steps / --steps)")
+            raise ValueError(
+                f"cache_config.scm_steps_mask_policy {scm['mask_policy']!r} needs "
+                f"cache_config.num_inference_steps (4, 6 or >= 8; got {steps!r}): cache-dit's "
+                "predefined masks are laid out for the run's step count (the command line fills "
+                "it in from --num-inference-steps / --steps)"
+            )
     steps, mask = db.get("num_inference_steps"), db.get("steps_computation_mask")
     if mask is not None and steps is not None and len(mask) != steps:
-        raise ValueError(f"cache_config.steps_computation_mask has {len(mask)} entries for num_inference_steps "
-                         f"{steps}")
+        raise ValueError(f"cache_config.steps_computation_mask has {len(mask)} entries for num_inference_steps {steps}")
     return out
 
 
@@ -164,12 +202,14 @@ def cache_dit_config(cache_config=None) -> CacheDitConfig:
     db = dict(fields["db"])
     policy = fields["scm"].get("mask_policy")
     if policy is not None:
-        db["steps_computation_mask"] = cache_dit.steps_mask(mask_policy=policy,
-                                                            total_steps=db["num_inference_steps"])
+        db["steps_computation_mask"] = cache_dit.steps_mask(mask_policy=policy, total_steps=db["num_inference_steps"])
     try:
         config = cache_dit.DBCacheConfig(**db)
-        calibrator = (cache_dit.TaylorSeerCalibratorConfig(**fields["calibrator"])
-                      if fields["calibrator"].get("enable_calibrator") else None)
+        calibrator = (
+            cache_dit.TaylorSeerCalibratorConfig(**fields["calibrator"])
+            if fields["calibrator"].get("enable_calibrator")
+            else None
+        )
     except (TypeError, ValueError, AssertionError) as e:
         raise ValueError(f"cache-dit rejected cache_config {mapping!r}: {e}") from None
     return CacheDitConfig(mapping=mapping, cache_config=config, calibrator_config=calibrator)

@@ -11,6 +11,7 @@ residual, so ranks could disagree on skipping and then deadlock in the next all-
 all-reduces the residual statistics over the context-parallel group, so every rank takes the
 single-process decision.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,10 +30,13 @@ def _cache_hook_names() -> dict:
     """diffusers' cache hook names -> the cache they belong to (the three fx_fp8 compiles regionally)."""
     from diffusers.hooks import first_block_cache, mag_cache, taylorseer_cache
 
-    return {first_block_cache._FBC_LEADER_BLOCK_HOOK: "first_block_cache",
-            first_block_cache._FBC_BLOCK_HOOK: "first_block_cache",
-            mag_cache._MAG_CACHE_LEADER_BLOCK_HOOK: "mag_cache", mag_cache._MAG_CACHE_BLOCK_HOOK: "mag_cache",
-            taylorseer_cache._TAYLORSEER_CACHE_HOOK: "taylorseer"}
+    return {
+        first_block_cache._FBC_LEADER_BLOCK_HOOK: "first_block_cache",
+        first_block_cache._FBC_BLOCK_HOOK: "first_block_cache",
+        mag_cache._MAG_CACHE_LEADER_BLOCK_HOOK: "mag_cache",
+        mag_cache._MAG_CACHE_BLOCK_HOOK: "mag_cache",
+        taylorseer_cache._TAYLORSEER_CACHE_HOOK: "taylorseer",
+    }
 
 
 def cache_hooks(model: nn.Module) -> list[tuple[str, str, Any]]:
@@ -61,22 +65,31 @@ def enable_cache(model: nn.Module, backend, cache_config=None) -> Optional[Any]:
         raise ValueError(f"{type(model).__name__} already has cache-dit enabled; pass cache_backend to fx_fp8 only")
     if backend == "cache_dit":
         if getattr(model, "_cache_config", None) is not None:
-            raise ValueError(f"{type(model).__name__} already has a diffusers cache enabled "
-                             f"({type(model._cache_config).__name__}); cache-dit cannot be added on top of it")
+            raise ValueError(
+                f"{type(model).__name__} already has a diffusers cache enabled "
+                f"({type(model._cache_config).__name__}); cache-dit cannot be added on top of it"
+            )
         return _cache_dit.enable(model, cfg)
     if getattr(model, "_cache_config", None) is not None:
-        raise ValueError(f"{type(model).__name__} already has a cache enabled ({type(model._cache_config).__name__}); "
-                         "pass cache_backend to fx_fp8 only, or enable it yourself and pass none")
+        raise ValueError(
+            f"{type(model).__name__} already has a cache enabled ({type(model._cache_config).__name__}); "
+            "pass cache_backend to fx_fp8 only, or enable it yourself and pass none"
+        )
     try:
         model.enable_cache(cfg)
     except (ValueError, TypeError, IndexError) as e:
         raise ValueError(f"diffusers could not apply {type(cfg).__name__} to {type(model).__name__}: {e}") from None
     if not cache_hooks(model):  # e.g. TaylorSeer's default patterns (`...attn`) miss Wan's attn1 / attn2
         model.disable_cache()
-        raise ValueError(f"cache_backend {backend!r} hooked no module of {type(model).__name__} (diffusers' "
-                         f"{type(cfg).__name__} found nothing to cache with these settings)"
-                         + ("; name the modules with cache_config.cache_identifiers, e.g. "
-                            "[\"^blocks\\\\.\\\\d+\\\\.attn1$\"]" if backend == "taylorseer" else ""))
+        raise ValueError(
+            f"cache_backend {backend!r} hooked no module of {type(model).__name__} (diffusers' "
+            f"{type(cfg).__name__} found nothing to cache with these settings)"
+            + (
+                "; name the modules with cache_config.cache_identifiers, e.g. [\"^blocks\\\\.\\\\d+\\\\.attn1$\"]"
+                if backend == "taylorseer"
+                else ""
+            )
+        )
     model._fx_fp8_default_context = model.register_forward_pre_hook(_default_cache_context)
     return cfg
 
@@ -100,7 +113,7 @@ def _default_cache_context(module, args):
 class CacheRegions:
     """What compile_cache_regions changed, to undo it."""
 
-    hooks: list = field(default_factory=list)   # (hook, its registry fn_ref, the fn_ref.forward before)
+    hooks: list = field(default_factory=list)  # (hook, its registry fn_ref, the fn_ref.forward before)
     modules: list = field(default_factory=list)  # module names compiled as regions
 
     def undo(self) -> None:
@@ -158,7 +171,7 @@ def sync_first_block_cache(model: nn.Module, group) -> int:
                 return True
             prev = state.head_block_residual
             stats = torch.stack([(hidden_states_residual - prev).abs().mean(), prev.abs().mean()]).float()
-            dist.all_reduce(stats, group=group)   # equal shards: the sum of means is the whole mean x ranks
+            dist.all_reduce(stats, group=group)  # equal shards: the sum of means is the whole mean x ranks
             return (stats[0] / stats[1]).item() > _hook.threshold
 
         hook._should_compute_remaining_blocks = should_compute

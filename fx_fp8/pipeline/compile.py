@@ -15,6 +15,7 @@ components (fx_fp8/config/components.py) also prepares and compiles the text enc
 compile_pipeline is plan_pipeline (plan.py: the config read once, every check that can fail, nothing
 changed) then install (here: only changes), so a refused call leaves the pipeline as it was.
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,11 +31,22 @@ from fx_fp8.pipeline.step_publishing import call_recorder, install_scheduler_hoo
 from fx_fp8.quant.prepare import prepare_model
 
 
-def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
-                     regional: bool = False, mode: Optional[str] = None,
-                     compile_kwargs: Optional[Mapping[str, Any]] = None,
-                     inductor_options: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
-                     cache_config=None, **overrides):
+def compile_pipeline(
+    pipe,
+    config=None,
+    *,
+    backend: str = "fp8",
+    prepare: bool = True,
+    keep_weights: bool = False,
+    regional: bool = False,
+    mode: Optional[str] = None,
+    compile_kwargs: Optional[Mapping[str, Any]] = None,
+    inductor_options: Optional[Mapping[str, Any]] = None,
+    parallel_config=None,
+    cache_backend=None,
+    cache_config=None,
+    **overrides,
+):
     """Compile the denoising transformer(s) of a diffusers pipeline with an FP8 backend, in place.
 
     config: an FP8Config, a mapping, a YAML path (flat or vLLM-Omni stage config) or None
@@ -71,10 +83,21 @@ def compile_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool =
     Returns `pipe`; fx_fp8.pipeline_state(pipe).calls records each transformer
     call of the last run (step, transformer, step variant).
     """
-    plan = plan_pipeline(pipe, config, backend=backend, prepare=prepare, keep_weights=keep_weights,
-                         regional=regional, mode=mode, compile_kwargs=compile_kwargs,
-                         inductor_options=inductor_options, parallel_config=parallel_config,
-                         cache_backend=cache_backend, cache_config=cache_config, **overrides)
+    plan = plan_pipeline(
+        pipe,
+        config,
+        backend=backend,
+        prepare=prepare,
+        keep_weights=keep_weights,
+        regional=regional,
+        mode=mode,
+        compile_kwargs=compile_kwargs,
+        inductor_options=inductor_options,
+        parallel_config=parallel_config,
+        cache_backend=cache_backend,
+        cache_config=cache_config,
+        **overrides,
+    )
     install(pipe, plan)
     return pipe
 
@@ -85,8 +108,15 @@ def install(pipe, plan: PipelinePlan) -> None:
     compiled modules in."""
     popts, compile_kwargs, backend = plan.pipeline_options, dict(plan.compile_kwargs), plan.backend
     prepare, keep_weights, loaded = plan.prepare, plan.keep_weights, plan.loaded
-    state = PipelineFP8State(config=plan.config, backend=backend, originals=dict(plan.transformers), compiled={},
-                             prepared={}, kept_linears={}, base_class=type(pipe))
+    state = PipelineFP8State(
+        config=plan.config,
+        backend=backend,
+        originals=dict(plan.transformers),
+        compiled={},
+        prepared={},
+        kept_linears={},
+        base_class=type(pipe),
+    )
     shared_options = dict(plan.backend_options)
     _compile_others(state, plan.others, backend, shared_options, compile_kwargs, prepare, keep_weights)
     for attr, module in plan.transformers.items():
@@ -116,7 +146,13 @@ def install(pipe, plan: PipelinePlan) -> None:
             state.extras[attr] = apply_pipeline_options(module, popts)
             compile_regions(state.extras[attr], module, backend, options, compile_kwargs)
 
-        if prepare and attr not in loaded and cfg.linear_enabled and not has_diffusers_hooks(module) and not popts.enabled:
+        if (
+            prepare
+            and attr not in loaded
+            and cfg.linear_enabled
+            and not has_diffusers_hooks(module)
+            and not popts.enabled
+        ):
             # on the first call: prepare_model traces the model on that call's inputs, so it finds the
             # sensitive layers by structure as the backend does (by name otherwise)
             state.pending_setup[attr] = setup
@@ -132,8 +168,15 @@ def install(pipe, plan: PipelinePlan) -> None:
     pipe.__class__ = wrapped_class(state.base_class)
 
 
-def _compile_others(state: PipelineFP8State, others: Mapping, backend: str, options: dict, compile_kwargs: dict,
-                    prepare: bool, keep_weights: bool) -> None:
+def _compile_others(
+    state: PipelineFP8State,
+    others: Mapping,
+    backend: str,
+    options: dict,
+    compile_kwargs: dict,
+    prepare: bool,
+    keep_weights: bool,
+) -> None:
     """Text encoders and the other components a component map names: prepared by name (they run
     once per prompt, outside the denoising loop), then compiled with the pipeline's backend."""
     for name, (module, cfg) in others.items():
@@ -143,8 +186,9 @@ def _compile_others(state: PipelineFP8State, others: Mapping, backend: str, opti
             state.prepared[name] = prepare_model(module, cfg)
             if keep_weights:
                 state.kept_linears[name] = {n: linears[n].to("cpu") for n in state.prepared[name]["quantized"]}
-        state.compiled[name] = torch.compile(module, backend=backend, options={**options, "config": cfg},
-                                             **compile_kwargs)
+        state.compiled[name] = torch.compile(
+            module, backend=backend, options={**options, "config": cfg}, **compile_kwargs
+        )
 
 
 def _once(setup):

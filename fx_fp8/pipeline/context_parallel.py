@@ -4,6 +4,7 @@ The transformer is prepared (FP8 weights) first, then parallelised, then compile
 split/gather hooks sit on the final modules; the attention backend is chosen so the FP8 pass can
 rewrite each rank's attention (attention_backend.py).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,12 +22,16 @@ def check_parallel_target(model: nn.Module, opts: ParallelOptions) -> None:
     ValueError naming it, before anything is changed."""
     model = unwrap_compiled(model)
     if getattr(model, "_parallel_config", None) is not None:
-        raise ValueError(f"{type(model).__name__} already has parallelism enabled (enable_parallelism was called) "
-                         "and parallel_config was given: pass one of them")
+        raise ValueError(
+            f"{type(model).__name__} already has parallelism enabled (enable_parallelism was called) "
+            "and parallel_config was given: pass one of them"
+        )
     heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
     if isinstance(heads, int) and heads % opts.ulysses_degree:
-        raise ValueError(f"ulysses_degree {opts.ulysses_degree} does not divide {type(model).__name__}'s "
-                         f"{heads} attention heads (Ulysses gives each rank heads / ulysses_degree heads)")
+        raise ValueError(
+            f"ulysses_degree {opts.ulysses_degree} does not divide {type(model).__name__}'s "
+            f"{heads} attention heads (Ulysses gives each rank heads / ulysses_degree heads)"
+        )
 
 
 def enable_context_parallel(model: nn.Module, opts, *, warn=None) -> Optional[dict]:
@@ -46,6 +51,8 @@ def enable_context_parallel(model: nn.Module, opts, *, warn=None) -> Optional[di
     try:
         model.enable_parallelism(config=cp)
     except (ValueError, RuntimeError) as e:
-        raise ValueError(f"diffusers' enable_parallelism refused ulysses_degree {opts.ulysses_degree}, ring_degree "
-                         f"{opts.ring_degree} for {type(model).__name__}: {e}") from None
+        raise ValueError(
+            f"diffusers' enable_parallelism refused ulysses_degree {opts.ulysses_degree}, ring_degree "
+            f"{opts.ring_degree} for {type(model).__name__}: {e}"
+        ) from None
     return {"attention_backend": backend, "config": cp, "mesh": cp._flattened_mesh}

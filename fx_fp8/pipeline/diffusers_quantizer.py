@@ -22,6 +22,7 @@ recipe (`quantized_layers`); from_pretrained of such a folder builds those layer
 loads their quantized weights and scales unchanged. Registration with diffusers:
 fx_fp8/pipeline/diffusers_registration.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,13 @@ from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.pipeline.diffusers_registration import METHOD, ensure_registered, register_pending
 from fx_fp8.quant.checkpoint import some_names
-from fx_fp8.quant.layer_quantize import (check_load_time_config, empty_quantized_linear, layer_kind, layer_plan,
-                                         quantized_linear)
+from fx_fp8.quant.layer_quantize import (
+    check_load_time_config,
+    empty_quantized_linear,
+    layer_kind,
+    layer_plan,
+    quantized_linear,
+)
 from fx_fp8.quant.layer_record import QUANTIZED_TENSORS, Fields, check_grouped, grouped_plans, grouped_records
 from fx_fp8.quant.linear_plan import LinearPlan
 from fx_fp8.quant.module_swap import replace_module
@@ -72,14 +78,24 @@ class DiffusersConfig(QuantizationConfigMixin):
     a config holding it describes a quantized checkpoint and is only for loading that checkpoint.
     """
 
-    def __init__(self, config=None, *, quant_method=METHOD, format_version=FORMAT_VERSION,
-                 quantized_layers: Optional[list] = None, runtime: Optional[dict] = None, **options):
+    def __init__(
+        self,
+        config=None,
+        *,
+        quant_method=METHOD,
+        format_version=FORMAT_VERSION,
+        quantized_layers: Optional[list] = None,
+        runtime: Optional[dict] = None,
+        **options,
+    ):
         ensure_registered()
         if quant_method != METHOD:
             raise ValueError(f"DiffusersConfig is fx_fp8's ({METHOD!r}); got quant_method {quant_method!r}")
         if format_version != FORMAT_VERSION:
-            raise ValueError(f"fx_fp8 quantization config format_version {format_version!r}: this fx_fp8 reads "
-                             f"version {FORMAT_VERSION}")
+            raise ValueError(
+                f"fx_fp8 quantization config format_version {format_version!r}: this fx_fp8 reads "
+                f"version {FORMAT_VERSION}"
+            )
         self.quant_method = FxFp8Method.FX_FP8
         # vLLM-Omni's runtime section: its diffusion_step_policy becomes the linears' step policy
         self.runtime = runtime
@@ -114,9 +130,11 @@ class DiffusersConfig(QuantizationConfigMixin):
 
 # -- the record of quantized layers (its schema: fx_fp8/quant/layer_record.py) --------------------
 #: where a damaged record comes from, and what to do about it
-_RECORD_FIELDS = Fields("the fx_fp8 quantization_config (config.json)",
-                        "the file was edited or is not what save_pretrained of a model loaded with "
-                        "fx_fp8.DiffusersConfig wrote: load the full-precision checkpoint with it and save again")
+_RECORD_FIELDS = Fields(
+    "the fx_fp8 quantization_config (config.json)",
+    "the file was edited or is not what save_pretrained of a model loaded with "
+    "fx_fp8.DiffusersConfig wrote: load the full-precision checkpoint with it and save again",
+)
 
 
 def record_of(model: nn.Module) -> list[dict]:
@@ -146,14 +164,16 @@ class FxFp8Quantizer(DiffusersQuantizer):
         single_file = "pre_quantized" not in kwargs
         super().__init__(quantization_config, **kwargs)
         if not isinstance(quantization_config, DiffusersConfig):
-            raise ValueError(f"fx_fp8's quantizer takes an fx_fp8.DiffusersConfig, got {type(quantization_config).__name__}")
+            raise ValueError(
+                f"fx_fp8's quantizer takes an fx_fp8.DiffusersConfig, got {type(quantization_config).__name__}"
+            )
         if single_file:
             self.pre_quantized = quantization_config.quantized_layers is not None
         self.fp8 = quantization_config.fp8_config
-        self.plan: dict[str, str] = {}        # name -> "quantized" / "weight_only" (checkpoint in full precision)
-        self.native: dict[str, str] = {}      # name -> why it stays an nn.Linear
+        self.plan: dict[str, str] = {}  # name -> "quantized" / "weight_only" (checkpoint in full precision)
+        self.native: dict[str, str] = {}  # name -> why it stays an nn.Linear
         self.recorded: dict[str, LinearPlan] = {}  # name -> stored plan: the layers of a quantized checkpoint
-        self.loaded: dict[str, set] = {}      # name -> the quantized tensors set from a quantized checkpoint
+        self.loaded: dict[str, set] = {}  # name -> the quantized tensors set from a quantized checkpoint
         self.keep_in_fp32: list[str] = []
         self.loaded_keys: set = set()
 
@@ -162,20 +182,28 @@ class FxFp8Quantizer(DiffusersQuantizer):
         from diffusers.utils import is_accelerate_available
 
         if not is_accelerate_available():
-            raise ImportError("loading with fx_fp8.DiffusersConfig needs the 'accelerate' package "
-                              "(diffusers builds the model empty with it): pip install accelerate")
+            raise ImportError(
+                "loading with fx_fp8.DiffusersConfig needs the 'accelerate' package "
+                "(diffusers builds the model empty with it): pip install accelerate"
+            )
         recorded = self.quantization_config.quantized_layers is not None
         if self.pre_quantized and not recorded:
-            raise ValueError("this folder's config.json has an fx_fp8 quantization_config without quantized_layers "
-                             "(no record of what was quantized): it was not written by save_pretrained of a model "
-                             "loaded with fx_fp8.DiffusersConfig")
+            raise ValueError(
+                "this folder's config.json has an fx_fp8 quantization_config without quantized_layers "
+                "(no record of what was quantized): it was not written by save_pretrained of a model "
+                "loaded with fx_fp8.DiffusersConfig"
+            )
         if recorded and not self.pre_quantized:
-            raise ValueError("this DiffusersConfig records quantized_layers (it describes an already quantized "
-                             "checkpoint): pass a new fx_fp8.DiffusersConfig(...) to quantize a full-precision one")
+            raise ValueError(
+                "this DiffusersConfig records quantized_layers (it describes an already quantized "
+                "checkpoint): pass a new fx_fp8.DiffusersConfig(...) to quantize a full-precision one"
+            )
         device_map = kwargs.get("device_map")
         if isinstance(device_map, dict) and "disk" in {str(v) for v in device_map.values()}:
-            raise ValueError(f"device_map {device_map!r} offloads to disk: fx_fp8 quantizes while loading and "
-                             "cannot quantize what goes to disk; use devices only")
+            raise ValueError(
+                f"device_map {device_map!r} offloads to disk: fx_fp8 quantizes while loading and "
+                "cannot quantize what goes to disk; use devices only"
+            )
 
     def maybe_update_loaded_keys(self, loaded_keys: list[str], checkpoint_files: list[str]) -> list[str]:
         self.loaded_keys = set(loaded_keys)
@@ -191,10 +219,14 @@ class FxFp8Quantizer(DiffusersQuantizer):
             return model
         prequantized = [n for n in linears if f"{n}.weight_scale" in self.loaded_keys]
         if prequantized:
-            raise ValueError(f"the checkpoint already holds quantized linears ({some_names(prequantized, 8)} have a "
-                             "weight_scale): fx_fp8.DiffusersConfig quantizes full-precision checkpoints")
+            raise ValueError(
+                f"the checkpoint already holds quantized linears ({some_names(prequantized, 8)} have a "
+                "weight_scale): fx_fp8.DiffusersConfig quantizes full-precision checkpoints"
+            )
         if self.fp8.linear_enabled:  # the full-precision weights of a typo'd layer are never loaded
-            warn_unmatched_patterns(self.fp8.quantization_config.ignored_layers, linears, "DiffusersConfig", stacklevel=2)
+            warn_unmatched_patterns(
+                self.fp8.quantization_config.ignored_layers, linears, "DiffusersConfig", stacklevel=2
+            )
         for name, m in linears.items():
             kind, why = layer_kind(name, m.in_features, m.out_features, m.weight.dtype, self.fp8)
             if kind == "native":
@@ -215,23 +247,37 @@ class FxFp8Quantizer(DiffusersQuantizer):
         for name in self.recorded:
             if name not in linears:
                 found = dict(model.named_modules()).get(name)
-                problems.append(f"{name}: recorded as quantized, the model has "
-                                f"{type(found).__name__ if found is not None else 'no module'} there")
+                problems.append(
+                    f"{name}: recorded as quantized, the model has "
+                    f"{type(found).__name__ if found is not None else 'no module'} there"
+                )
             missing = [t for t in ("weight", "weight_scale") if f"{name}.{t}" not in self.loaded_keys]
             if missing:
                 problems.append(f"{name}: recorded as quantized, the checkpoint has no {' / '.join(missing)}")
         stray = [n for n in linears if n not in self.recorded and f"{n}.weight_scale" in self.loaded_keys]
         if stray:
-            problems.append("the checkpoint holds quantized weights for linears its record does not name: "
-                            f"{some_names(stray, 8)}")
+            problems.append(
+                f"the checkpoint holds quantized weights for linears its record does not name: {some_names(stray, 8)}"
+            )
         if problems:
-            raise ValueError("the fx_fp8 quantized checkpoint does not match its config.json record "
-                             "(quantization_config.quantized_layers):\n  " + "\n  ".join(problems))
+            raise ValueError(
+                "the fx_fp8 quantized checkpoint does not match its config.json record "
+                "(quantization_config.quantized_layers):\n  " + "\n  ".join(problems)
+            )
         for name, plan in self.recorded.items():
             old = linears[name]
-            replace_module(model, name, empty_quantized_linear(old.in_features, old.out_features, old.bias is not None,
-                                                           self._layer_dtype(name, old.weight.dtype), plan.recipe,
-                                                           plan.act))
+            replace_module(
+                model,
+                name,
+                empty_quantized_linear(
+                    old.in_features,
+                    old.out_features,
+                    old.bias is not None,
+                    self._layer_dtype(name, old.weight.dtype),
+                    plan.recipe,
+                    plan.act,
+                ),
+            )
             self.loaded[name] = set()
         for name, m in linears.items():
             if name not in self.recorded:
@@ -245,16 +291,19 @@ class FxFp8Quantizer(DiffusersQuantizer):
             return name in self.recorded and tensor in QUANTIZED_TENSORS
         return tensor == "weight" and name in self.plan
 
-    def create_quantized_param(self, model, param_value, param_name: str, target_device, state_dict=None,
-                               unexpected_keys=None, **kwargs):
+    def create_quantized_param(
+        self, model, param_value, param_name: str, target_device, state_dict=None, unexpected_keys=None, **kwargs
+    ):
         name, _, tensor = param_name.rpartition(".")
         layer = model.get_submodule(name)
         if self.pre_quantized:
             self._set_stored(layer, name, tensor, state_dict[param_name], target_device)
             return
         if param_value.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"{param_name} is {param_value.dtype} in the checkpoint: fx_fp8.DiffusersConfig "
-                             "quantizes full-precision (fp32 / bf16 / fp16) weights")
+            raise ValueError(
+                f"{param_name} is {param_value.dtype} in the checkpoint: fx_fp8.DiffusersConfig "
+                "quantizes full-precision (fp32 / bf16 / fp16) weights"
+            )
         plan = layer_plan(name, layer.in_features, layer.out_features, layer.weight.dtype, self.fp8, target_device)
         new = quantized_linear(param_value, layer.bias, plan, target_device)
         replace_module(model, name, new)
@@ -265,9 +314,11 @@ class FxFp8Quantizer(DiffusersQuantizer):
         if expected is None:
             raise ValueError(f"{name}.{tensor} is in the checkpoint, but its recorded recipe has no {tensor}")
         if value.dtype != expected.dtype or tuple(value.shape) != tuple(expected.shape):
-            raise ValueError(f"{name}.{tensor} in the checkpoint is {value.dtype} {list(value.shape)}; its record "
-                             f"({layer.method} {layer.weight_granularity} scales) expects {expected.dtype} "
-                             f"{list(expected.shape)}")
+            raise ValueError(
+                f"{name}.{tensor} in the checkpoint is {value.dtype} {list(value.shape)}; its record "
+                f"({layer.method} {layer.weight_granularity} scales) expects {expected.dtype} "
+                f"{list(expected.shape)}"
+            )
         moved = value.to(device)
         if tensor == "weight":
             layer._parameters["weight"] = torch.nn.Parameter(moved, requires_grad=False)
@@ -300,9 +351,11 @@ class FxFp8Quantizer(DiffusersQuantizer):
         recorded = set(grouped_plans(self.quantization_config.quantized_layers or []))
         stored = {k[: -len(".weight_scale")] for k in state_dict if k.endswith(".weight_scale")}
         if recorded != stored:
-            raise ValueError("the model's quantized layers changed since it was loaded (config.json's record: "
-                             f"{len(recorded)} layers, the state dict: {len(stored)}; e.g. "
-                             f"{some_names(sorted(recorded ^ stored), 3)}): save it with fx_fp8.save_quantized")
+            raise ValueError(
+                "the model's quantized layers changed since it was loaded (config.json's record: "
+                f"{len(recorded)} layers, the state dict: {len(stored)}; e.g. "
+                f"{some_names(sorted(recorded ^ stored), 3)}): save it with fx_fp8.save_quantized"
+            )
         return state_dict, {}
 
     @property

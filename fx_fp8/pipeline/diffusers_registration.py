@@ -19,6 +19,7 @@ A diffusers whose mapping differs from what is described above (another layout, 
 taken by another backend) is refused: nothing is registered, a warning says what was expected and
 what was found, and fx_fp8.DiffusersConfig(...) raises DiffusersLayoutError with the same text.
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,10 +37,18 @@ QUANTIZER_MODULE = "fx_fp8.pipeline.diffusers_quantizer"
 #: the mappings (name -> what a name maps to)
 MAPPINGS = {"AUTO_QUANTIZER_MAPPING": "quantizer class", "AUTO_QUANTIZATION_CONFIG_MAPPING": "config class"}
 #: DiffusersQuantizer methods from_pretrained calls, which fx_fp8's quantizer implements
-QUANTIZER_HOOKS = ("validate_environment", "update_torch_dtype", "preprocess_model", "postprocess_model",
-                   "check_if_quantized_param", "create_quantized_param", "maybe_update_loaded_keys",
-                   "get_state_dict_and_metadata", "_process_model_before_weight_loading",
-                   "_process_model_after_weight_loading")
+QUANTIZER_HOOKS = (
+    "validate_environment",
+    "update_torch_dtype",
+    "preprocess_model",
+    "postprocess_model",
+    "check_if_quantized_param",
+    "create_quantized_param",
+    "maybe_update_loaded_keys",
+    "get_state_dict_and_metadata",
+    "_process_model_before_weight_loading",
+    "_process_model_after_weight_loading",
+)
 
 #: how registration went: None (not tried yet), True, or the refusal's message
 _STATE: dict = {"result": None}
@@ -56,33 +65,45 @@ def layout_problems(auto) -> list[str]:
     for name, what in MAPPINGS.items():
         found = getattr(auto, name, None)
         if not isinstance(found, dict):
-            problems.append(f"{AUTO_MODULE}.{name}: expected a dict (quant_method name -> {what}), found "
-                            f"{type(found).__name__ if found is not None else 'nothing'}")
+            problems.append(
+                f"{AUTO_MODULE}.{name}: expected a dict (quant_method name -> {what}), found "
+                f"{type(found).__name__ if found is not None else 'nothing'}"
+            )
     readers = getattr(auto, "DiffusersAutoQuantizer", None)
     for method in ("from_config", "from_dict"):
         fn = getattr(getattr(readers, method, None), "__func__", None)
         if fn is None or getattr(fn, "__globals__", None) is not vars(auto):
-            problems.append(f"{AUTO_MODULE}.DiffusersAutoQuantizer.{method}: expected a classmethod of that module "
-                            "(reading its mappings), found "
-                            + ("nothing" if fn is None else f"one defined in {getattr(fn, '__module__', '?')}"))
+            problems.append(
+                f"{AUTO_MODULE}.DiffusersAutoQuantizer.{method}: expected a classmethod of that module "
+                "(reading its mappings), found "
+                + ("nothing" if fn is None else f"one defined in {getattr(fn, '__module__', '?')}")
+            )
     base = sys.modules.get("diffusers.quantizers.base")
     quantizer = getattr(base, "DiffusersQuantizer", None)
     if not isinstance(quantizer, type):
-        problems.append("diffusers.quantizers.base.DiffusersQuantizer: expected the quantizer base class, found nothing")
+        problems.append(
+            "diffusers.quantizers.base.DiffusersQuantizer: expected the quantizer base class, found nothing"
+        )
     else:
         missing = [h for h in QUANTIZER_HOOKS if not callable(getattr(quantizer, h, None))]
         if missing:
-            problems.append(f"diffusers.quantizers.base.DiffusersQuantizer: expected the methods {list(QUANTIZER_HOOKS)}, "
-                            f"found none named {missing}")
+            problems.append(
+                f"diffusers.quantizers.base.DiffusersQuantizer: expected the methods {list(QUANTIZER_HOOKS)}, "
+                f"found none named {missing}"
+            )
     mixin = getattr(sys.modules.get("diffusers.quantizers.quantization_config"), "QuantizationConfigMixin", None)
     if not isinstance(mixin, type):
-        problems.append("diffusers.quantizers.quantization_config.QuantizationConfigMixin: expected the config base "
-                        "class, found nothing")
+        problems.append(
+            "diffusers.quantizers.quantization_config.QuantizationConfigMixin: expected the config base "
+            "class, found nothing"
+        )
     for name in MAPPINGS:
         taken = getattr(auto, name, {}).get(METHOD) if isinstance(getattr(auto, name, None), dict) else None
         if taken is not None and getattr(taken, "__module__", "") != QUANTIZER_MODULE:
-            problems.append(f"{AUTO_MODULE}.{name}[{METHOD!r}]: expected free (or fx_fp8's), found "
-                            f"{getattr(taken, '__module__', '?')}.{getattr(taken, '__qualname__', taken)!r}")
+            problems.append(
+                f"{AUTO_MODULE}.{name}[{METHOD!r}]: expected free (or fx_fp8's), found "
+                f"{getattr(taken, '__module__', '?')}.{getattr(taken, '__qualname__', taken)!r}"
+            )
     return problems
 
 
@@ -98,7 +119,8 @@ def register(auto=None) -> None:
     if problems:
         raise DiffusersLayoutError(
             f"fx_fp8 cannot register its diffusers quantization backend with diffusers {_diffusers_version()} "
-            f"(written for diffusers 0.42's layout):\n  " + "\n  ".join(problems))
+            f"(written for diffusers 0.42's layout):\n  " + "\n  ".join(problems)
+        )
     quantizer = sys.modules.get(QUANTIZER_MODULE)
     if quantizer is not None and not hasattr(quantizer, "FxFp8Quantizer"):
         # diffusers' quantizers are being imported by the quantizer module itself, which has not defined
@@ -128,8 +150,9 @@ def _register_or_warn(auto=None) -> None:
         return
     except DiffusersLayoutError as e:
         _STATE["result"] = str(e)
-        warnings.warn(f"{e}\n(fx_fp8's FP8 backend works; only loading with fx_fp8.DiffusersConfig is unavailable)",
-                      stacklevel=3)
+        warnings.warn(
+            f"{e}\n(fx_fp8's FP8 backend works; only loading with fx_fp8.DiffusersConfig is unavailable)", stacklevel=3
+        )
         return
     _STATE["result"] = True
 

@@ -3,6 +3,7 @@
 Context parallelism runs one process per rank (ulysses_degree x ring_degree of them), launched by
 torchrun; a process started alone gets the torchrun line that relaunches it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,25 +43,30 @@ def init_distributed(opts: ParallelOptions) -> None:
             raise ValueError(
                 f"ulysses_degree {opts.ulysses_degree} x ring_degree {opts.ring_degree} needs {need} processes, but "
                 f"this process was started as {world} (WORLD_SIZE={os.environ.get('WORLD_SIZE', 'unset')}): launch "
-                f"with `{torchrun_command(need)}`")
+                f"with `{torchrun_command(need)}`"
+            )
         local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
         if torch.accelerator.is_available():
             torch.accelerator.set_device_index(local_rank % max(torch.accelerator.device_count(), 1))
-        dist.init_process_group()   # the default backends: gloo for CPU tensors, nccl / hccl for devices
+        dist.init_process_group()  # the default backends: gloo for CPU tensors, nccl / hccl for devices
         return
     world = dist.get_world_size()
     if world != need:
-        raise ValueError(f"ulysses_degree {opts.ulysses_degree} x ring_degree {opts.ring_degree} = {need} does not "
-                         f"match the torch.distributed world size {world}")
+        raise ValueError(
+            f"ulysses_degree {opts.ulysses_degree} x ring_degree {opts.ring_degree} = {need} does not "
+            f"match the torch.distributed world size {world}"
+        )
 
 
 def check_accelerator() -> None:
     """diffusers' enable_parallelism places each rank on `rank % torch.accelerator.device_count()`,
     which divides by zero where no accelerator is present (diffusers <= 0.42.1)."""
     if torch.accelerator.device_count() == 0:
-        raise RuntimeError("diffusers' context parallelism needs an accelerator (CUDA GPU, Ascend NPU, ...): "
-                           "enable_parallelism computes rank % torch.accelerator.device_count(), and this machine "
-                           "has no accelerator (device count 0)")
+        raise RuntimeError(
+            "diffusers' context parallelism needs an accelerator (CUDA GPU, Ascend NPU, ...): "
+            "enable_parallelism computes rank % torch.accelerator.device_count(), and this machine "
+            "has no accelerator (device count 0)"
+        )
 
 
 @contextlib.contextmanager

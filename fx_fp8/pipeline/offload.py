@@ -1,4 +1,5 @@
 """Offloading next to compile_pipeline: diffusers' group offload and accelerate's hooks."""
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -21,7 +22,9 @@ def check_weights_readable(module: nn.Module, attr: str) -> None:
     write the original weights into the quantized slots."""
     on_meta = [n for n, p in module.named_parameters() if p.device.type == "meta"]
     if on_meta:
-        raise ValueError(f"pipe.{attr} has {len(on_meta)} weights on the meta device (first: {on_meta[:3]}): "
-                         "offloaded by accelerate (pipe.enable_sequential_cpu_offload()) or not loaded, so "
-                         "compile_pipeline(prepare=True) cannot quantize them. Call compile_pipeline and run the "
-                         "pipeline once before enabling sequential offload, or pass prepare=False")
+        raise ValueError(
+            f"pipe.{attr} has {len(on_meta)} weights on the meta device (first: {on_meta[:3]}): "
+            "offloaded by accelerate (pipe.enable_sequential_cpu_offload()) or not loaded, so "
+            "compile_pipeline(prepare=True) cannot quantize them. Call compile_pipeline and run the "
+            "pipeline once before enabling sequential offload, or pass prepare=False"
+        )

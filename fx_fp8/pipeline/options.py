@@ -15,6 +15,7 @@ Not supported (a ValueError naming the value, never silently ignored): vLLM-Omni
 (diffusers has no TeaCache hook), `step_cache`, `ref_hint`, and parallel options other than the
 two degrees.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,23 +36,31 @@ CACHE_BACKENDS: dict[str, str] = {
     "first_block_cache": "FirstBlockCacheConfig",
     "taylorseer": "TaylorSeerCacheConfig",
     "mag_cache": "MagCacheConfig",
-    "cache_dit": "DBCacheConfig",   # the cache-dit library (cache_dit.py), not a diffusers hook
+    "cache_dit": "DBCacheConfig",  # the cache-dit library (cache_dit.py), not a diffusers hook
 }
 
 CACHE_ALIASES = {
-    "fbc": "first_block_cache", "first_block": "first_block_cache", "firstblockcache": "first_block_cache",
+    "fbc": "first_block_cache",
+    "first_block": "first_block_cache",
+    "firstblockcache": "first_block_cache",
     "first_block_cache": "first_block_cache",
-    "taylorseer": "taylorseer", "taylorseer_cache": "taylorseer", "taylor_seer": "taylorseer",
-    "mag_cache": "mag_cache", "magcache": "mag_cache",
-    "cache_dit": "cache_dit", "cachedit": "cache_dit",
+    "taylorseer": "taylorseer",
+    "taylorseer_cache": "taylorseer",
+    "taylor_seer": "taylorseer",
+    "mag_cache": "mag_cache",
+    "magcache": "mag_cache",
+    "cache_dit": "cache_dit",
+    "cachedit": "cache_dit",
 }
 
 
 #: vLLM-Omni backends (and diffusers ones) fx_fp8 does not map, with the reason
 UNSUPPORTED_CACHE_BACKENDS = {
-    "tea_cache": ("diffusers has no TeaCache hook (vLLM-Omni implements TeaCache itself); diffusers' "
-                  "first_block_cache is the closest (skip the remaining blocks while the first block's residual "
-                  "barely changes)"),
+    "tea_cache": (
+        "diffusers has no TeaCache hook (vLLM-Omni implements TeaCache itself); diffusers' "
+        "first_block_cache is the closest (skip the remaining blocks while the first block's residual "
+        "barely changes)"
+    ),
     "step_cache": "vLLM-Omni's DreamZero velocity step cache has no diffusers counterpart",
     "ref_hint": "vLLM-Omni's reference-hint cache has no diffusers counterpart",
     "sea_cache": "diffusers' SeaCache needs per-step sigma in the cache context; not tested with fx_fp8",
@@ -65,23 +74,39 @@ UNSUPPORTED_CACHE_BACKENDS = {
 CACHE_KEYS = {
     "first_block_cache": {"threshold": "threshold", "residual_diff_threshold": "threshold"},
     "taylorseer": {
-        "cache_interval": "cache_interval", "disable_cache_before_step": "disable_cache_before_step",
-        "disable_cache_after_step": "disable_cache_after_step", "max_order": "max_order",
-        "taylorseer_order": "max_order", "taylor_factors_dtype": "taylor_factors_dtype",
-        "skip_predict_identifiers": "skip_predict_identifiers", "cache_identifiers": "cache_identifiers",
+        "cache_interval": "cache_interval",
+        "disable_cache_before_step": "disable_cache_before_step",
+        "disable_cache_after_step": "disable_cache_after_step",
+        "max_order": "max_order",
+        "taylorseer_order": "max_order",
+        "taylor_factors_dtype": "taylor_factors_dtype",
+        "skip_predict_identifiers": "skip_predict_identifiers",
+        "cache_identifiers": "cache_identifiers",
         "use_lite_mode": "use_lite_mode",
     },
     "mag_cache": {
-        "threshold": "threshold", "mag_threshold": "threshold", "max_skip_steps": "max_skip_steps",
-        "mag_max_skip_steps": "max_skip_steps", "retention_ratio": "retention_ratio",
-        "mag_retention_ratio": "retention_ratio", "num_inference_steps": "num_inference_steps",
-        "mag_ratios": "mag_ratios", "calibrate": "calibrate", "mag_calibrate": "calibrate",
+        "threshold": "threshold",
+        "mag_threshold": "threshold",
+        "max_skip_steps": "max_skip_steps",
+        "mag_max_skip_steps": "max_skip_steps",
+        "retention_ratio": "retention_ratio",
+        "mag_retention_ratio": "retention_ratio",
+        "num_inference_steps": "num_inference_steps",
+        "mag_ratios": "mag_ratios",
+        "calibrate": "calibrate",
+        "mag_calibrate": "calibrate",
     },
     "cache_dit": {k: k for k in CACHE_DIT_KEYS},
 }
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 # -- parallel options -----------------------------------------------------------------------------
@@ -91,9 +116,9 @@ PARALLEL_KEYS = ("ulysses_degree", "ring_degree")
 #: vLLM-Omni parallel keys with no implementation under fx_fp8, and why (1 / None, "off", is accepted)
 UNSUPPORTED_PARALLEL_KEYS = {
     "cfg_parallel_size": "CFG parallelism (the conditional and unconditional branches on two devices) is "
-                         "vLLM-Omni's own runner feature; diffusers 0.42 and cache-dit 1.5 have no option for it "
-                         "(searched: no cfg-parallel setting in either), so fx_fp8 has nothing to map it onto; "
-                         "run both branches on each device, or split the devices with ulysses_degree / ring_degree",
+    "vLLM-Omni's own runner feature; diffusers 0.42 and cache-dit 1.5 have no option for it "
+    "(searched: no cfg-parallel setting in either), so fx_fp8 has nothing to map it onto; "
+    "run both branches on each device, or split the devices with ulysses_degree / ring_degree",
 }
 
 
@@ -132,17 +157,23 @@ class ParallelOptions:
         if isinstance(value, cls):
             return value
         if not isinstance(value, Mapping):
-            raise ValueError(f"invalid parallel_config {short_repr(value)}: expected a mapping such as "
-                             "{ulysses_degree: 2, ring_degree: 1}")
+            raise ValueError(
+                f"invalid parallel_config {short_repr(value)}: expected a mapping such as "
+                "{ulysses_degree: 2, ring_degree: 1}"
+            )
         for key in value:
             if key in UNSUPPORTED_PARALLEL_KEYS and value[key] not in (None, 1):
-                raise ValueError(f"parallel_config {short_repr(key)}={short_repr(value[key])} is not supported: "
-                                 f"{UNSUPPORTED_PARALLEL_KEYS[key]}")
+                raise ValueError(
+                    f"parallel_config {short_repr(key)}={short_repr(value[key])} is not supported: "
+                    f"{UNSUPPORTED_PARALLEL_KEYS[key]}"
+                )
             if key in UNSUPPORTED_PARALLEL_KEYS:
                 continue  # the value that means "off"
             if key not in PARALLEL_KEYS:
-                raise ValueError(f"unsupported parallel_config key {short_repr(key)}{did_you_mean(key, PARALLEL_KEYS)}: fx_fp8 "
-                                 f"maps only {list(PARALLEL_KEYS)} onto diffusers' ContextParallelConfig")
+                raise ValueError(
+                    f"unsupported parallel_config key {short_repr(key)}{did_you_mean(key, PARALLEL_KEYS)}: fx_fp8 "
+                    f"maps only {list(PARALLEL_KEYS)} onto diffusers' ContextParallelConfig"
+                )
         return cls(**{k: v for k, v in value.items() if v is not None and k in PARALLEL_KEYS})
 
     def to_dict(self) -> dict:
@@ -163,10 +194,14 @@ def canonical_cache_backend(name) -> Optional[str]:
         return CACHE_ALIASES[key]
     supported = ", ".join(CACHE_BACKENDS)
     if key in UNSUPPORTED_CACHE_BACKENDS:
-        raise ValueError(f"cache_backend {short_repr(name)} is not supported: {UNSUPPORTED_CACHE_BACKENDS[key]}. "
-                         f"Supported: {supported}")
-    raise ValueError(f"unknown cache_backend {short_repr(name)}{did_you_mean(key, list(CACHE_ALIASES))}: expected one of "
-                     f"{supported} (or none)")
+        raise ValueError(
+            f"cache_backend {short_repr(name)} is not supported: {UNSUPPORTED_CACHE_BACKENDS[key]}. "
+            f"Supported: {supported}"
+        )
+    raise ValueError(
+        f"unknown cache_backend {short_repr(name)}{did_you_mean(key, list(CACHE_ALIASES))}: expected one of "
+        f"{supported} (or none)"
+    )
 
 
 def cache_config_mapping(value) -> dict:
@@ -177,7 +212,9 @@ def cache_config_mapping(value) -> dict:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"invalid cache_config {short_repr(value)}: not JSON ({e.msg} at character {e.pos})") from None
+            raise ValueError(
+                f"invalid cache_config {short_repr(value)}: not JSON ({e.msg} at character {e.pos})"
+            ) from None
     if not isinstance(value, Mapping):
         raise ValueError(f"invalid cache_config {short_repr(value)}: expected a mapping (JSON object)")
     return dict(value)
@@ -225,11 +262,15 @@ def _check_cache_value(backend: str, key: str, value) -> Any:
             return list(map(float, mag_cache.FLUX_MAG_RATIOS))
         if isinstance(value, torch.Tensor):
             value = value.tolist()
-        if value is not None and (not isinstance(value, (list, tuple)) or not value
-                                  or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                             and math.isfinite(v) for v in value)):
-            raise ValueError(f"invalid {where}: {short_repr(value)} (expected a list of finite numbers, or 'flux' for "
-                             "diffusers' FLUX_MAG_RATIOS)")
+        if value is not None and (
+            not isinstance(value, (list, tuple))
+            or not value
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+        ):
+            raise ValueError(
+                f"invalid {where}: {short_repr(value)} (expected a list of finite numbers, or 'flux' for "
+                "diffusers' FLUX_MAG_RATIOS)"
+            )
         return [float(v) for v in value] if value is not None else None
     return value
 
@@ -241,8 +282,10 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
     mapping = cache_config_mapping(cache_config)
     if backend is None:
         if mapping:
-            raise ValueError(f"cache_config {short_repr(mapping)} given without a cache_backend: set cache_backend to one of "
-                             f"{', '.join(CACHE_BACKENDS)}")
+            raise ValueError(
+                f"cache_config {short_repr(mapping)} given without a cache_backend: set cache_backend to one of "
+                f"{', '.join(CACHE_BACKENDS)}"
+            )
         return None
     if backend == "cache_dit":
         return cache_dit_config(mapping)
@@ -253,17 +296,23 @@ def diffusers_cache_config(backend: Optional[str], cache_config=None):
         target = known[key]
         value = _check_cache_value(backend, key, value)
         if target in kwargs and kwargs[target][1] != value:
-            raise ValueError(f"cache_config sets {short_repr(target)} twice with different values ({short_repr(kwargs[target][0])}: "
-                             f"{short_repr(kwargs[target][1])}, {short_repr(key)}: {short_repr(value)})")
+            raise ValueError(
+                f"cache_config sets {short_repr(target)} twice with different values ({short_repr(kwargs[target][0])}: "
+                f"{short_repr(kwargs[target][1])}, {short_repr(key)}: {short_repr(value)})"
+            )
         kwargs[target] = (key, value)
     kwargs = {k: v for k, (_, v) in kwargs.items()}
     if backend == "mag_cache":
         if kwargs.get("mag_ratios") is None and not kwargs.get("calibrate"):
-            raise ValueError("cache_backend 'mag_cache' needs cache_config.mag_ratios (model-dependent: run once with "
-                             "mag_calibrate: true to print them, or 'flux' for diffusers' FLUX_MAG_RATIOS)")
+            raise ValueError(
+                "cache_backend 'mag_cache' needs cache_config.mag_ratios (model-dependent: run once with "
+                "mag_calibrate: true to print them, or 'flux' for diffusers' FLUX_MAG_RATIOS)"
+            )
         if "num_inference_steps" not in kwargs:
-            raise ValueError("cache_backend 'mag_cache' needs cache_config.num_inference_steps (diffusers interpolates "
-                             "mag_ratios to it and keeps the first retention_ratio x steps uncached)")
+            raise ValueError(
+                "cache_backend 'mag_cache' needs cache_config.num_inference_steps (diffusers interpolates "
+                "mag_ratios to it and keeps the first retention_ratio x steps uncached)"
+            )
     import diffusers.hooks as hooks
 
     cls = getattr(hooks, CACHE_BACKENDS[backend])
@@ -297,20 +346,33 @@ class PipelineOptions:
         return diffusers_cache_config(self.cache_backend, self.cache_config)
 
     def to_dict(self) -> dict:
-        return {"parallel_config": self.parallel.to_dict(), "cache_backend": self.cache_backend,
-                "cache_config": dict(self.cache_config)}
+        return {
+            "parallel_config": self.parallel.to_dict(),
+            "cache_backend": self.cache_backend,
+            "cache_config": dict(self.cache_config),
+        }
 
     @classmethod
     def from_mapping(cls, data: Optional[Mapping], *, where: str = "config") -> "PipelineOptions":
         """The pipeline keys of a flat config mapping or of a vLLM-Omni stage config (engine_args of
         the diffusion stage); the FP8 keys next to them are FP8Config's business."""
-        data = config_keys(data, where, warn=False)   # FP8Config.load warns about the keys neither uses
-        return cls(parallel=data.get("parallel_config"), cache_backend=data.get("cache_backend"),
-                   cache_config=data.get("cache_config"))
+        data = config_keys(data, where, warn=False)  # FP8Config.load warns about the keys neither uses
+        return cls(
+            parallel=data.get("parallel_config"),
+            cache_backend=data.get("cache_backend"),
+            cache_config=data.get("cache_config"),
+        )
 
     @classmethod
-    def load(cls, config=None, *, parallel_config=None, cache_backend=None, cache_config=None,
-             cache_defaults: Optional[Mapping] = None) -> "PipelineOptions":
+    def load(
+        cls,
+        config=None,
+        *,
+        parallel_config=None,
+        cache_backend=None,
+        cache_config=None,
+        cache_defaults: Optional[Mapping] = None,
+    ) -> "PipelineOptions":
         """From what compile_pipeline was given as `config` (None, FP8Config, mapping, YAML path),
         then the explicit arguments on top (each one given replaces the config's value).
         cache_defaults: cache_config keys filled in when the backend takes them and they are unset
@@ -323,8 +385,11 @@ class PipelineOptions:
         parallel = base.parallel if parallel_config is None else parallel_config
         backend = base.cache_backend if cache_backend is None else cache_backend
         if cache_config is None:
-            cache_cfg = base.cache_config if (cache_backend is None or
-                                              canonical_cache_backend(cache_backend) == base.cache_backend) else {}
+            cache_cfg = (
+                base.cache_config
+                if (cache_backend is None or canonical_cache_backend(cache_backend) == base.cache_backend)
+                else {}
+            )
         else:
             cache_cfg = cache_config
         canonical = canonical_cache_backend(backend)

@@ -5,6 +5,7 @@ the transformers quantized at load, prepare, the scheduler, regional, the backen
 options, the pipeline options) and returns a PipelinePlan; compile.py's install carries it out.
 Nothing here changes the pipeline: a failed plan leaves it as it was.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -36,14 +37,14 @@ BACKENDS = ("fp8", "fp8_npu")
 class PipelinePlan:
     """Everything install needs, checked."""
 
-    transformers: Mapping[str, nn.Module]      # {attr: the denoising transformer}
-    configs: Mapping[str, FP8Config]           # {attr: its config from the config / component map}
-    loaded: Mapping[str, FP8Config]            # {attr: the config to compile with} of those quantized at load
-    others: Mapping[str, tuple]                # {name: (module, config)}: text encoders, ... a map names
+    transformers: Mapping[str, nn.Module]  # {attr: the denoising transformer}
+    configs: Mapping[str, FP8Config]  # {attr: its config from the config / component map}
+    loaded: Mapping[str, FP8Config]  # {attr: the config to compile with} of those quantized at load
+    others: Mapping[str, tuple]  # {name: (module, config)}: text encoders, ... a map names
     pipeline_options: PipelineOptions
-    backend_options: Mapping[str, Any]         # torch.compile's options= (config, inductor_options, mode)
-    compile_kwargs: Mapping[str, Any]          # the other torch.compile keywords
-    scheduler: Any                             # the scheduler whose step is published
+    backend_options: Mapping[str, Any]  # torch.compile's options= (config, inductor_options, mode)
+    compile_kwargs: Mapping[str, Any]  # the other torch.compile keywords
+    scheduler: Any  # the scheduler whose step is published
     backend: str
     prepare: bool
     keep_weights: bool
@@ -55,30 +56,46 @@ class PipelinePlan:
         return next(iter(self.configs.values()))
 
 
-def plan_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = True, keep_weights: bool = False,
-                  regional: bool = False, mode: Optional[str] = None,
-                  compile_kwargs: Optional[Mapping[str, Any]] = None,
-                  inductor_options: Optional[Mapping[str, Any]] = None, parallel_config=None, cache_backend=None,
-                  cache_config=None, **overrides) -> PipelinePlan:
+def plan_pipeline(
+    pipe,
+    config=None,
+    *,
+    backend: str = "fp8",
+    prepare: bool = True,
+    keep_weights: bool = False,
+    regional: bool = False,
+    mode: Optional[str] = None,
+    compile_kwargs: Optional[Mapping[str, Any]] = None,
+    inductor_options: Optional[Mapping[str, Any]] = None,
+    parallel_config=None,
+    cache_backend=None,
+    cache_config=None,
+    **overrides,
+) -> PipelinePlan:
     """compile_pipeline's checks, in its order, with its arguments (fx_fp8.pipeline.compile_pipeline
     says what they mean). Changes nothing."""
     if backend not in BACKENDS:
         raise ValueError(f"invalid backend {short_repr(backend)}: expected one of {', '.join(BACKENDS)}")
     if keep_weights and not prepare:
-        raise ValueError("keep_weights=True with prepare=False: without prepare the original weights are never "
-                         "freed, so there is nothing to keep; drop keep_weights or use prepare=True")
+        raise ValueError(
+            "keep_weights=True with prepare=False: without prepare the original weights are never "
+            "freed, so there is nothing to keep; drop keep_weights or use prepare=True"
+        )
     if getattr(pipe, STATE_ATTR, None) is not None:
-        raise ValueError(f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
-                         "call fx_fp8.restore_pipeline(pipe) first")
-    source = read_config(config)   # a YAML path is opened here, once: every reader below takes its keys
+        raise ValueError(
+            f"{type(pipe).__name__} is already compiled by fx_fp8.compile_pipeline; "
+            "call fx_fp8.restore_pipeline(pipe) first"
+        )
+    source = read_config(config)  # a YAML path is opened here, once: every reader below takes its keys
     scoped = ComponentConfigs.split(source, overrides)
     transformers = _find_transformers(pipe)
     configs = {attr: scoped.transformer_config(attr) for attr in transformers}
-    others = _other_components(pipe, scoped)   # {name: (module, config)}: text encoders, ...
+    others = _other_components(pipe, scoped)  # {name: (module, config)}: text encoders, ...
     cfg = next(iter(configs.values()))
     # pipeline options (context parallelism, cache hooks) read from the same config (options.py)
-    popts = PipelineOptions.load(source, parallel_config=parallel_config, cache_backend=cache_backend,
-                                 cache_config=cache_config)
+    popts = PipelineOptions.load(
+        source, parallel_config=parallel_config, cache_backend=cache_backend, cache_config=cache_config
+    )
     # a transformer quantized at load compiles as it was loaded: its stored config, never prepared again
     loaded = _loaded_configs(transformers, scoped, configs)
     if prepare:
@@ -87,14 +104,19 @@ def plan_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = Tr
             if attr in loaded or not every_config[attr].linear_enabled:
                 continue
             try:
-                check_not_prepared(module, "compile_pipeline(prepare=True) cannot prepare it again",
-                                   "pass prepare=False to compile it as it is")
+                check_not_prepared(
+                    module,
+                    "compile_pipeline(prepare=True) cannot prepare it again",
+                    "pass prepare=False to compile it as it is",
+                )
             except ValueError as e:
                 raise ValueError(f"pipe.{attr}: {e}") from None
             check_weights_readable(module, attr)
     if not callable(pipe):
-        raise ValueError(f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
-                         "around the pipeline's __call__")
+        raise ValueError(
+            f"{type(pipe).__name__} is not callable: compile_pipeline publishes the denoising step "
+            "around the pipeline's __call__"
+        )
     scheduler = check_scheduler(pipe)
     if regional:
         _check_regional(transformers, popts)
@@ -104,15 +126,27 @@ def plan_pipeline(pipe, config=None, *, backend: str = "fp8", prepare: bool = Tr
         check_downstream_takes(cfg, options["inductor_options"])
     if mode is not None:  # checked with compile_kwargs' mode below
         if compile_kwargs and "mode" in compile_kwargs and compile_kwargs["mode"] != mode:
-            raise ValueError(f"mode={short_repr(mode)} and compile_kwargs['mode']={short_repr(compile_kwargs['mode'])} disagree: give one")
+            raise ValueError(
+                f"mode={short_repr(mode)} and compile_kwargs['mode']={short_repr(compile_kwargs['mode'])} disagree: give one"
+            )
         compile_kwargs = {**(compile_kwargs or {}), "mode": mode}
     compile_kwargs = _check_compile_kwargs(compile_kwargs, options)
     # refuse what would fail (and join the torchrun job), before any change
     check_pipeline_options(popts, list(transformers.values()), compile_kwargs=compile_kwargs)
-    return PipelinePlan(transformers=transformers, configs=configs, loaded=loaded, others=others,
-                        pipeline_options=popts, backend_options=options, compile_kwargs=compile_kwargs,
-                        scheduler=scheduler, backend=backend, prepare=prepare, keep_weights=keep_weights,
-                        regional=regional)
+    return PipelinePlan(
+        transformers=transformers,
+        configs=configs,
+        loaded=loaded,
+        others=others,
+        pipeline_options=popts,
+        backend_options=options,
+        compile_kwargs=compile_kwargs,
+        scheduler=scheduler,
+        backend=backend,
+        prepare=prepare,
+        keep_weights=keep_weights,
+        regional=regional,
+    )
 
 
 def _loaded_configs(transformers: dict, scoped: ComponentConfigs, configs: dict) -> dict:
@@ -138,9 +172,11 @@ def _find_transformers(pipe) -> dict:
     found = {a: getattr(pipe, a, None) for a in TRANSFORMER_ATTRS}
     found = {a: m for a, m in found.items() if m is not None}
     if not found:
-        raise ValueError(f"{type(pipe).__name__} has no denoising transformer: expected an nn.Module in "
-                         f"{' or '.join(TRANSFORMER_ATTRS)}; fx_fp8.compile_pipeline compiles DiT pipelines "
-                         "(Flux, Qwen-Image, Wan, Z-Image, SD3); for a bare model use torch.compile(model, backend='fp8')")
+        raise ValueError(
+            f"{type(pipe).__name__} has no denoising transformer: expected an nn.Module in "
+            f"{' or '.join(TRANSFORMER_ATTRS)}; fx_fp8.compile_pipeline compiles DiT pipelines "
+            "(Flux, Qwen-Image, Wan, Z-Image, SD3); for a bare model use torch.compile(model, backend='fp8')"
+        )
     for a, m in found.items():
         if is_compiled_module(m):
             raise ValueError(f"pipe.{a} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
@@ -170,13 +206,21 @@ def _other_components(pipe, scoped: ComponentConfigs) -> dict:
             continue
         covered = [n for n in dict.fromkeys([*transformers, *names]) if covers(key, n)]
         if not covered:
-            hint = ("; a key with * ? [ is a shell pattern matched against the whole component name, a plain key "
-                    "a name prefix (as vLLM-Omni's ComponentQuantizationConfig)" if is_wildcard(key) else "")
-            raise ValueError(f"quantization names component {key!r}, which {type(pipe).__name__} does not have; its "
-                             f"components: {', '.join(known) or '(none listed)'}{hint}")
+            hint = (
+                "; a key with * ? [ is a shell pattern matched against the whole component name, a plain key "
+                "a name prefix (as vLLM-Omni's ComponentQuantizationConfig)"
+                if is_wildcard(key)
+                else ""
+            )
+            raise ValueError(
+                f"quantization names component {key!r}, which {type(pipe).__name__} does not have; its "
+                f"components: {', '.join(known) or '(none listed)'}{hint}"
+            )
         if not any(n in transformers or isinstance(getattr(pipe, n, None), nn.Module) for n in covered):
-            raise ValueError(f"quantization key {key!r} covers {', '.join(covered)} of {type(pipe).__name__}, none "
-                             "of them a torch.nn.Module: only model components have linears to quantize")
+            raise ValueError(
+                f"quantization key {key!r} covers {', '.join(covered)} of {type(pipe).__name__}, none "
+                "of them a torch.nn.Module: only model components have linears to quantize"
+            )
     out = {}
     for name in dict.fromkeys([*exact, *names]):
         key = scoped.key_for(name)
@@ -185,7 +229,7 @@ def _other_components(pipe, scoped: ComponentConfigs) -> dict:
         module = getattr(pipe, name, None)
         if name not in exact:
             if not isinstance(module, nn.Module):
-                continue   # covered by a shorter key, nothing to quantize (a tokenizer, a component not loaded)
+                continue  # covered by a shorter key, nothing to quantize (a tokenizer, a component not loaded)
             _check_component(pipe, name, module, named=False)
         if scoped.specs[key] is not None:
             out[name] = (module, scoped.component_config(name))
@@ -194,9 +238,11 @@ def _other_components(pipe, scoped: ComponentConfigs) -> dict:
 
 def _check_component(pipe, name: str, module, *, named: bool) -> None:
     if named and not isinstance(module, nn.Module):
-        raise ValueError(f"quantization names component {name!r}, but pipe.{name} is "
-                         f"{'None (not loaded)' if module is None else 'a ' + type(module).__name__}, not a "
-                         "torch.nn.Module: only model components have linears to quantize")
+        raise ValueError(
+            f"quantization names component {name!r}, but pipe.{name} is "
+            f"{'None (not loaded)' if module is None else 'a ' + type(module).__name__}, not a "
+            "torch.nn.Module: only model components have linears to quantize"
+        )
     if is_compiled_module(module):
         raise ValueError(f"pipe.{name} is already torch.compile'd: pass the uncompiled pipeline to compile_pipeline")
 
@@ -206,11 +252,15 @@ def _check_regional(transformers: dict, popts) -> None:
     with the cache hooks or context parallelism, which compile regions of their own."""
     for attr, module in transformers.items():
         if not getattr(module, "_repeated_blocks", None):
-            raise ValueError(f"regional=True: pipe.{attr} ({type(module).__name__}) declares no _repeated_blocks "
-                             "to compile; use regional=False")
+            raise ValueError(
+                f"regional=True: pipe.{attr} ({type(module).__name__}) declares no _repeated_blocks "
+                "to compile; use regional=False"
+            )
     if popts.enabled:
-        raise ValueError("regional=True is not combined with cache_backend or parallel_config yet (they compile "
-                         "regions of their own); use regional=False")
+        raise ValueError(
+            "regional=True is not combined with cache_backend or parallel_config yet (they compile "
+            "regions of their own); use regional=False"
+        )
 
 
 def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
@@ -222,7 +272,9 @@ def _check_compile_kwargs(compile_kwargs, options: dict) -> dict:
         if key in ("backend", "options", "model"):
             raise ValueError(f"compile_kwargs may not set {short_repr(key)}: compile_pipeline sets it")
         if key not in allowed and key != "mode":
-            raise ValueError(f"unknown torch.compile keyword {short_repr(key)} in compile_kwargs; known: {sorted(allowed | {'mode'})}")
+            raise ValueError(
+                f"unknown torch.compile keyword {short_repr(key)} in compile_kwargs; known: {sorted(allowed | {'mode'})}"
+            )
     if "mode" in kwargs:
         mode = kwargs.pop("mode")
         if mode not in MODES:

@@ -1,4 +1,5 @@
 """restore_pipeline: undo compile_pipeline (the original transformers, scheduler.step and __call__)."""
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -44,15 +45,18 @@ def restore_pipeline(pipe, *, linears: str = "original"):
                 f"prepared in pipe.{attr} (first: {quantized[:3]}) were freed (prepare=True without "
                 "keep_weights=True), so they cannot be put back. Pass restore_pipeline(pipe, linears='quantized') "
                 "to keep them as QuantizedLinear modules (FP8, run eagerly), or compile with keep_weights=True "
-                "(or prepare=False) to get the original weights back")
+                "(or prepare=False) to get the original weights back"
+            )
         if linears == "original" and kept:
             put_back[attr] = []
             for name, linear in kept.items():
                 current = original.get_submodule(name)
                 if not isinstance(current, QuantizedLinear):
-                    raise ValueError(f"pipe.{attr}.{name} is a {type(current).__name__}, not the QuantizedLinear "
-                                     "compile_pipeline put there: it was replaced since, so restore_pipeline will "
-                                     "not put the original linear over it")
+                    raise ValueError(
+                        f"pipe.{attr}.{name} is a {type(current).__name__}, not the QuantizedLinear "
+                        "compile_pipeline put there: it was replaced since, so restore_pipeline will "
+                        "not put the original linear over it"
+                    )
                 put_back[attr].append((name, linear, current))
     # everything is checked: only now change the pipeline
     for handle in state.hook_handles:

@@ -1,4 +1,5 @@
 """PipelineFP8State: what compile_pipeline changed on a pipeline, and the record of its last run."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,8 +20,8 @@ STATE_ATTR = "_fx_fp8"
 class TransformerCall:
     """One call of a compiled transformer during a pipeline run."""
 
-    step: Optional[int]        # the published denoising step
-    transformer: str           # "transformer" or "transformer_2"
+    step: Optional[int]  # the published denoising step
+    transformer: str  # "transformer" or "transformer_2"
     variants: list = field(default_factory=list)  # one entry per compiled graph run: "fp8" | "native"
 
     @property
@@ -38,8 +39,8 @@ class SchedulerHook:
     """The wrapper put on a scheduler's step, and what to put back."""
 
     scheduler: Any
-    had_own_step: bool       # an instance attribute `step` existed before (else the class's is used)
-    own_step: Any = None     # that instance attribute
+    had_own_step: bool  # an instance attribute `step` existed before (else the class's is used)
+    own_step: Any = None  # that instance attribute
 
 
 @dataclass
@@ -48,18 +49,18 @@ class PipelineFP8State:
 
     config: FP8Config
     backend: str
-    originals: dict                     # attr -> the transformer (or a component map's text encoder, ...) before compilation
-    compiled: dict                      # attr -> the torch.compile'd module put on the pipeline
-    prepared: dict                      # attr -> prepare_model's result (or None)
-    kept_linears: dict                  # attr -> {linear name: original nn.Linear} (keep_weights=True)
+    originals: dict  # attr -> the transformer (or a component map's text encoder, ...) before compilation
+    compiled: dict  # attr -> the torch.compile'd module put on the pipeline
+    prepared: dict  # attr -> prepare_model's result (or None)
+    kept_linears: dict  # attr -> {linear name: original nn.Linear} (keep_weights=True)
     base_class: type
-    scheduler_hook: Optional[SchedulerHook] = None   # how the denoising step is published
+    scheduler_hook: Optional[SchedulerHook] = None  # how the denoising step is published
     hook_handles: list = field(default_factory=list)  # forward pre-hooks on the compiled transformers
-    extras: dict = field(default_factory=dict)   # attr -> apply_options.TransformerExtras (caches, parallelism)
+    extras: dict = field(default_factory=dict)  # attr -> apply_options.TransformerExtras (caches, parallelism)
     pending_setup: dict = field(default_factory=dict)  # attr -> setup() still to run at the first call
-    scheduler_steps: int = 0            # scheduler.step calls of the last finished run
+    scheduler_steps: int = 0  # scheduler.step calls of the last finished run
     calls: list = field(default_factory=list)  # TransformerCall per transformer call of the last finished run
-    running: int = 0                    # runs in progress (in any thread)
+    running: int = 0  # runs in progress (in any thread)
 
     def reports(self) -> dict:
         """{attr: [CompileReport, ...]} of each compiled transformer."""

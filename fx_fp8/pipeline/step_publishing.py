@@ -14,6 +14,7 @@ once per run, so every call of the run (both calls of a CFG step, both Wan2.2 ex
 The step and the record of a run live in context variables (fx_fp8.steps): several compiled
 pipelines may run at once in different threads or asyncio tasks, each seeing its own steps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,7 @@ class _Run:
     step: int = 0
     scheduler_steps: int = 0
     calls: list = field(default_factory=list)
-    total: Optional[int] = None         # the run's number of steps, once a selector asked for it
+    total: Optional[int] = None  # the run's number of steps, once a selector asked for it
 
     def on_variant(self, variant: str) -> None:
         if self.calls:
@@ -66,10 +67,12 @@ def scheduler_total(scheduler) -> int:
         begin = None  # a scheduler without diffusers' begin_index property
     total = None if n is None else n - (begin or 0)
     if total is None or total < 1:
-        raise ValueError(f"fx_fp8: a step selector counts from the end of the run (last:k) but "
-                         f"{type(scheduler).__name__}.timesteps ({timesteps!r:.60}) gives no number of steps "
-                         f"(begin index {begin!r}) at this transformer call: publish it yourself with "
-                         "fx_fp8.set_step(i, total=N) around each step, or use absolute steps")
+        raise ValueError(
+            f"fx_fp8: a step selector counts from the end of the run (last:k) but "
+            f"{type(scheduler).__name__}.timesteps ({timesteps!r:.60}) gives no number of steps "
+            f"(begin index {begin!r}) at this transformer call: publish it yourself with "
+            "fx_fp8.set_step(i, total=N) around each step, or use absolute steps"
+        )
     return total
 
 
@@ -85,11 +88,13 @@ def _current_run(state: PipelineFP8State) -> Optional[_Run]:
 def call_recorder(state: PipelineFP8State, attr: str):
     """A forward pre-hook for pipe.<attr> that records each call (and its step) in the run in progress.
     Never traced: Dynamo runs it as it is when a trace of the model (prepare_model's) runs its hooks."""
+
     @torch.compiler.disable
     def hook(module, args):
         run = _current_run(state)
         if run is not None:
             run.calls.append(TransformerCall(step=_steps.current_step(), transformer=attr))
+
     return hook
 
 
@@ -108,11 +113,17 @@ def check_scheduler(pipe):
     scheduler = getattr(pipe, "scheduler", None)
     step = getattr(scheduler, "step", None) if scheduler is not None else None
     if step is None or not callable(step):
-        what = "no scheduler" if scheduler is None else f"a scheduler ({type(scheduler).__name__}) without a callable step()"
-        raise ValueError(f"{type(pipe).__name__} has {what}: fx_fp8.compile_pipeline publishes the denoising step by "
-                         "hooking pipe.scheduler.step, so diffusion_kv_cache_skip_steps could not work. Compile the "
-                         "transformer yourself and call fx_fp8.set_step(i) (or `with fx_fp8.denoising_step(i):`) "
-                         "around each step's transformer calls")
+        what = (
+            "no scheduler"
+            if scheduler is None
+            else f"a scheduler ({type(scheduler).__name__}) without a callable step()"
+        )
+        raise ValueError(
+            f"{type(pipe).__name__} has {what}: fx_fp8.compile_pipeline publishes the denoising step by "
+            "hooking pipe.scheduler.step, so diffusion_kv_cache_skip_steps could not work. Compile the "
+            "transformer yourself and call fx_fp8.set_step(i) (or `with fx_fp8.denoising_step(i):`) "
+            "around each step's transformer calls"
+        )
     return scheduler
 
 
@@ -170,16 +181,26 @@ def wrapped_class(cls: type) -> type:
             return cls.__call__(self, *args, **kwargs)
 
     # same name and module: diffusers writes the class name into model_index.json
-    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                       "__qualname__": cls.__qualname__, "_fx_fp8_base_class": cls})
+    return type(
+        cls.__name__,
+        (cls,),
+        {
+            "__call__": __call__,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_fx_fp8_base_class": cls,
+        },
+    )
 
 
 @contextlib.contextmanager
 def _run(pipe, state: PipelineFP8State):
     for attr, compiled in state.compiled.items():
         if getattr(pipe, attr, None) is not compiled:
-            raise RuntimeError(f"pipe.{attr} was replaced after fx_fp8.compile_pipeline; call "
-                               "fx_fp8.restore_pipeline(pipe) first, then compile the new pipeline")
+            raise RuntimeError(
+                f"pipe.{attr} was replaced after fx_fp8.compile_pipeline; call "
+                "fx_fp8.restore_pipeline(pipe) first, then compile the new pipeline"
+            )
     scheduler = getattr(pipe, "scheduler", None)
     hooked = state.scheduler_hook.scheduler if state.scheduler_hook is not None else None
     if scheduler is not hooked or not _hooked(scheduler, state):
@@ -204,15 +225,23 @@ def _run(pipe, state: PipelineFP8State):
         state.calls, state.scheduler_steps = run.calls, run.scheduler_steps
     if run.calls and run.scheduler_steps == 0 and state.config.has_step_skips:
         # Never a silent no-op: every call ran as step 0.
-        warnings.warn(f"fx_fp8: {type(pipe).__name__} called its transformer {len(run.calls)} times but never "
-                      "pipe.scheduler.step, so every call ran as denoising step 0 and "
-                      "diffusion_kv_cache_skip_steps did not select steps", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"fx_fp8: {type(pipe).__name__} called its transformer {len(run.calls)} times but never "
+            "pipe.scheduler.step, so every call ran as denoising step 0 and "
+            "diffusion_kv_cache_skip_steps did not select steps",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     if run.total is not None and run.scheduler_steps not in (0, run.total):
         # last:k was placed with a total the run did not make: say so rather than skip the wrong steps
-        warnings.warn(f"fx_fp8: {type(pipe).__name__} made {run.scheduler_steps} scheduler steps but its scheduler "
-                      f"gave {run.total} as the run's number of steps, so the step selectors counting from the end "
-                      "(last:k) selected other steps than the last ones: publish the total yourself "
-                      "(fx_fp8.set_step(i, total=N)) or use absolute steps", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"fx_fp8: {type(pipe).__name__} made {run.scheduler_steps} scheduler steps but its scheduler "
+            f"gave {run.total} as the run's number of steps, so the step selectors counting from the end "
+            "(last:k) selected other steps than the last ones: publish the total yourself "
+            "(fx_fp8.set_step(i, total=N)) or use absolute steps",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @contextlib.contextmanager
@@ -224,8 +253,9 @@ def publish_steps(pipe):
     if state is not None:  # compile_pipeline already publishes for this pipeline
         yield state
         return
-    state = PipelineFP8State(config=FP8Config(), backend="", originals={}, compiled={}, prepared={},
-                             kept_linears={}, base_class=type(pipe))
+    state = PipelineFP8State(
+        config=FP8Config(), backend="", originals={}, compiled={}, prepared={}, kept_linears={}, base_class=type(pipe)
+    )
     install_scheduler_hook(state, check_scheduler(pipe))
     # each pipeline call in the block starts at step 0, as under compile_pipeline
     setattr(pipe, STATE_ATTR, state)

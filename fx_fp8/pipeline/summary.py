@@ -13,6 +13,7 @@ A text encoder (any component compile_pipeline's component map compiles besides 
 transformers) is compiled with its linears only, by design: its attention rows say so, rather than
 the attention pass's "set diffusion_kv_cache_dtype", which does not reach a text encoder.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,8 +30,10 @@ from fx_fp8.report import ModelRecord
 #: native reasons shown per component
 TOP_REASONS = 3
 #: the attention reason of a component compiled for its linears only (compile_pipeline's text encoders)
-LINEARS_ONLY_ATTENTION = ("attention native (text encoders: linears only): compile_pipeline quantizes a text "
-                          "encoder's linears, never its attention; nothing to set")
+LINEARS_ONLY_ATTENTION = (
+    "attention native (text encoders: linears only): compile_pipeline quantizes a text "
+    "encoder's linears, never its attention; nothing to set"
+)
 
 
 @dataclass
@@ -42,7 +45,7 @@ class ComponentSummary:
     linear_w8a8: int = 0
     linear_total: int = 0
     linear_weight_only: int = 0
-    native_reasons: list = field(default_factory=list)   # [(reason, count)], most frequent first
+    native_reasons: list = field(default_factory=list)  # [(reason, count)], most frequent first
     bytes_before: int = 0
     bytes_after: int = 0
     kernels: str = ""
@@ -50,13 +53,28 @@ class ComponentSummary:
 
     def row(self) -> tuple:
         reasons = "; ".join(f"{n}x {r}" for r, n in self.native_reasons) or "-"
-        return (self.component, self.cls, f"{self.attention_fp8}/{self.attention_total}",
-                f"{self.linear_w8a8}/{self.linear_total}", self.linear_weight_only, reasons,
-                f"{_mib(self.bytes_before)} -> {_mib(self.bytes_after)}", self.kernels or "not compiled")
+        return (
+            self.component,
+            self.cls,
+            f"{self.attention_fp8}/{self.attention_total}",
+            f"{self.linear_w8a8}/{self.linear_total}",
+            self.linear_weight_only,
+            reasons,
+            f"{_mib(self.bytes_before)} -> {_mib(self.bytes_after)}",
+            self.kernels or "not compiled",
+        )
 
 
-HEADERS = ("component", "class", "FP8 attention", "W8A8 linears", "weight-only", "native: top reasons",
-           "weights before -> after", "kernels (lowering/downstream)")
+HEADERS = (
+    "component",
+    "class",
+    "FP8 attention",
+    "W8A8 linears",
+    "weight-only",
+    "native: top reasons",
+    "weights before -> after",
+    "kernels (lowering/downstream)",
+)
 
 
 class Summary(list):
@@ -95,8 +113,12 @@ def _reports(module: nn.Module) -> list:
 def _weight_bytes(module: nn.Module) -> tuple[int, int]:
     """(bytes with every quantized linear at its original dtype, bytes of every tensor held now)."""
     quantized = [m for m in module.modules() if isinstance(m, QuantizedLinear)]
-    own = {id(t) for m in quantized for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
-           if t is not getattr(m, "bias", None)}
+    own = {
+        id(t)
+        for m in quantized
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+        if t is not getattr(m, "bias", None)
+    }
     seen, before = set(), 0
     for t in (*module.parameters(), *module.buffers()):
         st = t.untyped_storage()
@@ -131,7 +153,7 @@ def summarize_component(name: str, component, *, linears_only: bool = False) -> 
         kernel = f"{r.lowering}/{r.downstream}"
         if kernel not in kernels:
             kernels.append(kernel)
-    if not reports:   # not compiled (yet): what its modules hold
+    if not reports:  # not compiled (yet): what its modules hold
         layers = [m for m in module.modules() if isinstance(m, QuantizedLinear) or is_plain_linear(m)]
         s.linear_total = len(layers)
         s.linear_weight_only = sum(isinstance(m, QuantizedLinear) and m.weight_only for m in layers)
@@ -149,12 +171,16 @@ def summary(pipe_or_model) -> Summary:
     components = getattr(pipe_or_model, "components", None)
     if isinstance(pipe_or_model, nn.Module) or not isinstance(components, dict):
         if not isinstance(pipe_or_model, nn.Module):
-            raise TypeError(f"fx_fp8.summary expects a diffusers pipeline or an nn.Module, got "
-                            f"{type(pipe_or_model).__name__}")
+            raise TypeError(
+                f"fx_fp8.summary expects a diffusers pipeline or an nn.Module, got {type(pipe_or_model).__name__}"
+            )
         return Summary([summarize_component("model", pipe_or_model)])
     linears_only = _linears_only(pipe_or_model)
-    return Summary(summarize_component(name, c, linears_only=name in linears_only)
-                   for name, c in components.items() if isinstance(c, nn.Module))
+    return Summary(
+        summarize_component(name, c, linears_only=name in linears_only)
+        for name, c in components.items()
+        if isinstance(c, nn.Module)
+    )
 
 
 def _linears_only(pipe) -> set:

@@ -1,5 +1,6 @@
 """A calibration's data: ActivationScales (static scales, per-channel maxima, per-step scales)
 and its JSON file, written and read back with every value checked."""
+
 from __future__ import annotations
 
 import functools
@@ -35,23 +36,30 @@ class ActivationScales(MappingABC):
     over all steps (what a static linear uses when no step is published).
     """
 
-    def __init__(self, scales: Mapping[str, float], channel_amax: Optional[Mapping[str, torch.Tensor]] = None, *,
-                 where: str = "activation_scales", step_groups=None,
-                 step_scales: Optional[Mapping[str, torch.Tensor]] = None):
+    def __init__(
+        self,
+        scales: Mapping[str, float],
+        channel_amax: Optional[Mapping[str, torch.Tensor]] = None,
+        *,
+        where: str = "activation_scales",
+        step_groups=None,
+        step_scales: Optional[Mapping[str, torch.Tensor]] = None,
+    ):
         self._scales = dict(scales)
         self._channel = dict(channel_amax) if channel_amax is not None else None
         self.where = where
         if (step_groups is None) != (step_scales is None):
-            raise ValueError(f"per-step activation scales in {where} need both {GROUPS_SECTION!r} and "
-                             f"{STEP_SECTION!r}")
+            raise ValueError(f"per-step activation scales in {where} need both {GROUPS_SECTION!r} and {STEP_SECTION!r}")
         self._groups = check_step_groups(step_groups, where) if step_groups is not None else None
         self._steps = None
         if step_scales is not None:
             self._steps = {str(n): _step_vector(n, v, len(self._groups), where) for n, v in step_scales.items()}
             if set(self._steps) != set(self._scales):
                 odd = sorted(set(self._steps) ^ set(self._scales))
-                raise ValueError(f"{STEP_SECTION!r} in {where} must name the same linears as its scales; these "
-                                 f"are in only one of them: {odd[:5]}")
+                raise ValueError(
+                    f"{STEP_SECTION!r} in {where} must name the same linears as its scales; these "
+                    f"are in only one of them: {odd[:5]}"
+                )
 
     # Mapping over the per-tensor scales
     def __getitem__(self, name):
@@ -99,10 +107,11 @@ class ActivationScales(MappingABC):
         grouped as calibrate's `step_groups` would have (an int n or groups like "0-4,5-9"), without
         running the model again: each group's scale is the largest of its steps'."""
         if self._groups is None or any(lo != hi for lo, hi in self._groups):
-            raise ValueError(f"regroup needs a calibration with one step per group (calibrate(..., per_step=True) "
-                             f"without step_groups); {self.where} has "
-                             + (f"step groups {format_step_groups(self._groups)}" if self._groups
-                                else "no per-step scales"))
+            raise ValueError(
+                f"regroup needs a calibration with one step per group (calibrate(..., per_step=True) "
+                f"without step_groups); {self.where} has "
+                + (f"step groups {format_step_groups(self._groups)}" if self._groups else "no per-step scales")
+            )
         seen = [lo for lo, _ in self._groups]
         groups = group_steps(seen, step_groups)
         index = [[i for i, s in enumerate(seen) if lo <= s <= hi] for lo, hi in groups]
@@ -141,8 +150,13 @@ def load_activation_scales(source) -> ActivationScales:
     if isinstance(source, Mapping):
         data = dict(source)
         if "format" in data:
-            return _parse(data.get("scales", {}), data.get(CHANNEL_SECTION), "activation_scales",
-                          data.get(GROUPS_SECTION), data.get(STEP_SECTION))
+            return _parse(
+                data.get("scales", {}),
+                data.get(CHANNEL_SECTION),
+                "activation_scales",
+                data.get(GROUPS_SECTION),
+                data.get(STEP_SECTION),
+            )
         return _parse(data, None, "activation_scales")
     path = os.fspath(source)
     if not os.path.isfile(path):
@@ -160,8 +174,9 @@ def _load_file(path: str, _mtime_ns: int, _size: int) -> ActivationScales:
             raise ValueError(f"{path!r} is not valid JSON: {e}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("scales"), Mapping):
         raise ValueError(f"{path!r} is not an fx_fp8 activation-scales file (format {FORMAT!r})")
-    return _parse(data["scales"], data.get(CHANNEL_SECTION), repr(path), data.get(GROUPS_SECTION),
-                  data.get(STEP_SECTION))
+    return _parse(
+        data["scales"], data.get(CHANNEL_SECTION), repr(path), data.get(GROUPS_SECTION), data.get(STEP_SECTION)
+    )
 
 
 def _parse(scales, channel, where: str, step_groups=None, step_scales=None) -> ActivationScales:
@@ -170,20 +185,24 @@ def _parse(scales, channel, where: str, step_groups=None, step_scales=None) -> A
     out = {}
     for name, value in scales.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"invalid activation scale {value!r} for {name!r} in {where}: "
-                             "expected a finite number > 0")
+            raise ValueError(
+                f"invalid activation scale {value!r} for {name!r} in {where}: expected a finite number > 0"
+            )
         out[str(name)] = float(value)
     per_channel = None
     if channel is not None:
         if not isinstance(channel, Mapping):
-            raise ValueError(f"invalid {CHANNEL_SECTION!r} section in {where}: expected a mapping "
-                             "{layer name: [max |x| per input channel]}")
+            raise ValueError(
+                f"invalid {CHANNEL_SECTION!r} section in {where}: expected a mapping "
+                "{layer name: [max |x| per input channel]}"
+            )
         per_channel = {str(name): _channel_vector(name, values, where) for name, values in channel.items()}
     if step_groups is not None and not isinstance(step_groups, (list, tuple)):
         raise ValueError(f"invalid {GROUPS_SECTION!r} section in {where}: expected a list of [first, last] steps")
     if step_scales is not None and not isinstance(step_scales, Mapping):
-        raise ValueError(f"invalid {STEP_SECTION!r} section in {where}: expected a mapping "
-                         "{layer name: [scale per step group]}")
+        raise ValueError(
+            f"invalid {STEP_SECTION!r} section in {where}: expected a mapping {{layer name: [scale per step group]}}"
+        )
     return ActivationScales(out, per_channel, where=where, step_groups=step_groups, step_scales=step_scales)
 
 
@@ -192,7 +211,8 @@ def _step_vector(name, values, n: int, where: str) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         t = values.detach().float().cpu().reshape(-1)
     elif isinstance(values, (list, tuple)) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
         t = torch.tensor([float(v) for v in values], dtype=torch.float32)
     else:
         raise ValueError(f"{bad}: expected a list of numbers (a scale per step group)")
@@ -209,7 +229,8 @@ def _channel_vector(name, values, where: str) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         t = values.detach().float().cpu()
     elif isinstance(values, (list, tuple)) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
         t = torch.tensor([float(v) for v in values], dtype=torch.float32)
     else:
         raise ValueError(f"{bad}: expected a list of numbers (max |x| per input channel)")

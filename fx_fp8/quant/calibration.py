@@ -19,6 +19,7 @@ This module collects the statistics (calibrate); the result and its file are in
 activation_scales, the step groups in step_groups, and what the linear pass and
 prepare_model take from a calibration in linear_scales.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
@@ -34,8 +35,14 @@ from fx_fp8.quant.rules import check_not_prepared, is_plain_linear
 from fx_fp8.steps import current_step
 
 
-def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *,
-              progress: bool = False, per_step: bool = False, step_groups=None) -> ActivationScales:
+def calibrate(
+    model: nn.Module,
+    run: Callable[[nn.Module], object] | Iterable,
+    *,
+    progress: bool = False,
+    per_step: bool = False,
+    step_groups=None,
+) -> ActivationScales:
     """Run the (uncompiled) model on a few real inputs and return per-linear scales
     (max |input| / 448) keyed by module name, with the per-input-channel maxima of |input|
     (`.channel_amax`, for quantization_config.smoothing_alpha).
@@ -72,16 +79,22 @@ def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *
             if per_step:
                 step = current_step()
                 if step is None:
-                    raise ValueError("calibrate(per_step=True): the model was called with no denoising step "
-                                     "published; run the pipeline inside `with fx_fp8.publish_steps(pipe):`, "
-                                     "or publish it with fx_fp8.set_step / fx_fp8.denoising_step")
+                    raise ValueError(
+                        "calibrate(per_step=True): the model was called with no denoising step "
+                        "published; run the pipeline inside `with fx_fp8.publish_steps(pipe):`, "
+                        "or publish it with fx_fp8.set_step / fx_fp8.denoising_step"
+                    )
                 steps = by_step.setdefault(name, {})
                 steps[step] = max(steps.get(step, 0.0), top)
+
         return hook
 
     model = unwrap_compiled(model)  # a torch.compile'd module: the names of the model it wraps
-    check_not_prepared(model, "it cannot be calibrated (its linears no longer see their original weights)",
-                       "calibrate the original model, then prepare it with that calibration")
+    check_not_prepared(
+        model,
+        "it cannot be calibrated (its linears no longer see their original weights)",
+        "calibrate the original model, then prepare it with that calibration",
+    )
     if step_groups is not None:  # a bad grouping fails before the (long) calibration run
         if isinstance(step_groups, bool) or not isinstance(step_groups, int):
             parse_step_groups(step_groups)
@@ -106,8 +119,10 @@ def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *
         for h in hooks:
             h.remove()
     if not amax:
-        raise ValueError("calibration saw no nn.Linear inputs (linears as fx_fp8.quant.rules.is_plain_linear "
-                         "defines them): did `run` call the model?")
+        raise ValueError(
+            "calibration saw no nn.Linear inputs (linears as fx_fp8.quant.rules.is_plain_linear "
+            "defines them): did `run` call the model?"
+        )
     scales = {name: max(v, 1e-12) / FP8_MAX for name, v in amax.items()}
     groups = per_layer = None
     if per_step:
@@ -116,7 +131,16 @@ def calibrate(model: nn.Module, run: Callable[[nn.Module], object] | Iterable, *
         for name, steps in by_step.items():
             # a group in which this layer ran on no step (a layer some steps skip): its all-steps maximum
             per_layer[name] = torch.tensor(
-                [max(max((v for s, v in steps.items() if lo <= s <= hi), default=amax[name]), 1e-12) / FP8_MAX
-                 for lo, hi in groups], dtype=torch.float32)
-    return ActivationScales(scales, {name: t.cpu() for name, t in channel.items()}, where="fx_fp8.calibrate",
-                            step_groups=groups, step_scales=per_layer)
+                [
+                    max(max((v for s, v in steps.items() if lo <= s <= hi), default=amax[name]), 1e-12) / FP8_MAX
+                    for lo, hi in groups
+                ],
+                dtype=torch.float32,
+            )
+    return ActivationScales(
+        scales,
+        {name: t.cpu() for name, t in channel.items()},
+        where="fx_fp8.calibrate",
+        step_groups=groups,
+        step_scales=per_layer,
+    )

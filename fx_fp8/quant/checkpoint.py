@@ -24,6 +24,7 @@ Prepared models are guarded (`guard`, called by prepare_model; fx_fp8/quant/stat
 layer's incoming entries before anything is copied, and QuantizedLinear re-quantizes
 full-precision weights with its own recipe (fx_fp8/quant/quantized_linear.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,10 @@ def _targets(obj) -> dict:
     found = {a: getattr(obj, a, None) for a in TRANSFORMER_ATTRS}
     found = {a: _unwrap(m) for a, m in found.items() if m is not None}
     if not found:
-        raise ValueError(f"save_quantized expects a prepared torch.nn.Module or a diffusers pipeline with a "
-                         f"{' or '.join(TRANSFORMER_ATTRS)}; got {type(obj).__name__}")
+        raise ValueError(
+            f"save_quantized expects a prepared torch.nn.Module or a diffusers pipeline with a "
+            f"{' or '.join(TRANSFORMER_ATTRS)}; got {type(obj).__name__}"
+        )
     for a, m in found.items():
         if not isinstance(m, nn.Module):
             raise ValueError(f"pipe.{a} is a {type(m).__name__}, not a torch.nn.Module")
@@ -89,15 +92,28 @@ def _bfl_record(name: str, layer: nn.Module, reason: Optional[str], where: str) 
     load_quantized needs to rebuild it around the saved weight and weight_scale."""
     n, k = layer.out_features, layer.in_features
     scale = getattr(layer, "weight_scale", None)
-    if layer.weight.dtype != torch.float8_e4m3fn or tuple(layer.weight.shape) != (n, k) or not isinstance(
-            scale, torch.Tensor) or scale.dtype != torch.float32 or tuple(scale.shape) != (n,):
-        raise ValueError(f"{where}: {name!r} is a BFLFP8RLinear whose tensors are not the fp8r layout (weight "
-                         f"{layer.weight.dtype} {list(layer.weight.shape)}, expected torch.float8_e4m3fn [{n}, {k}]; "
-                         f"weight_scale {getattr(scale, 'dtype', None)} {list(getattr(scale, 'shape', []))}, expected "
-                         f"torch.float32 [{n}]): it cannot be saved")
+    if (
+        layer.weight.dtype != torch.float8_e4m3fn
+        or tuple(layer.weight.shape) != (n, k)
+        or not isinstance(scale, torch.Tensor)
+        or scale.dtype != torch.float32
+        or tuple(scale.shape) != (n,)
+    ):
+        raise ValueError(
+            f"{where}: {name!r} is a BFLFP8RLinear whose tensors are not the fp8r layout (weight "
+            f"{layer.weight.dtype} {list(layer.weight.shape)}, expected torch.float8_e4m3fn [{n}, {k}]; "
+            f"weight_scale {getattr(scale, 'dtype', None)} {list(getattr(scale, 'shape', []))}, expected "
+            f"torch.float32 [{n}]): it cannot be saved"
+        )
     compute = getattr(layer, "compute_dtype", None)
-    return {"class": type(layer).__name__, "in_features": k, "out_features": n, "bias": layer.bias is not None,
-            "compute_dtype": dtype_name(compute) if isinstance(compute, torch.dtype) else None, "reason": reason}
+    return {
+        "class": type(layer).__name__,
+        "in_features": k,
+        "out_features": n,
+        "bias": layer.bias is not None,
+        "compute_dtype": dtype_name(compute) if isinstance(compute, torch.dtype) else None,
+        "reason": reason,
+    }
 
 
 def _ties(state: dict, where: str) -> dict:
@@ -116,9 +132,11 @@ def _ties(state: dict, where: str) -> dict:
         storages.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(key)
     overlapping = [keys for keys in storages.values() if len(keys) > 1]
     if overlapping:
-        raise ValueError(f"{where}: the state dict entries {', '.join(map(repr, overlapping[0]))} share memory without "
-                         "being the same tensor (views of one storage): save_quantized saves a tied tensor once, not "
-                         "parts of one; give each its own storage (.clone()) first")
+        raise ValueError(
+            f"{where}: the state dict entries {', '.join(map(repr, overlapping[0]))} share memory without "
+            "being the same tensor (views of one storage): save_quantized saves a tied tensor once, not "
+            "parts of one; give each its own storage (.clone()) first"
+        )
     return tied
 
 
@@ -126,9 +144,11 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     """(quantization record, tensors) of one prepared model, checked before anything is written."""
     layers = {n: flat_record(m) for n, m in module.named_modules() if isinstance(m, QuantizedLinear)}
     if not layers:
-        raise ValueError(f"nothing quantized to save in {where} ({type(module).__name__} has no QuantizedLinear): "
-                         "call fx_fp8.prepare_model(model, config) first (compile_pipeline prepares on the first "
-                         "call), or save the unquantized model with save_pretrained")
+        raise ValueError(
+            f"nothing quantized to save in {where} ({type(module).__name__} has no QuantizedLinear): "
+            "call fx_fp8.prepare_model(model, config) first (compile_pipeline prepares on the first "
+            "call), or save the unquantized model with save_pretrained"
+        )
     state = module.state_dict()
     for key, t in state.items():
         if t.is_meta:
@@ -141,13 +161,20 @@ def _describe(module: nn.Module, where: str) -> tuple[dict, dict]:
     bfl = {n: _bfl_record(n, m, reasons.get(n), where) for n, m in module.named_modules() if is_bfl_fp8r(m)}
     persistent = set(tensors)
     # buffers a model makes in __init__ and does not save (rotary tables): their dtype is restored on load
-    extra = {n: dtype_name(b.dtype) for n, b in module.named_buffers()
-             if n not in persistent and b.is_floating_point()}
-    record = {"format": FORMAT, "version": VERSION, "model_class": type(module).__name__,
-              "model_module": type(module).__module__, "diffusers_config": CONFIG_NAME if _has_config(module) else None,
-              "layers": layers, "native": native, "bfl_fp8r_native": bfl, "tied": tied,
-              "nonpersistent_buffer_dtypes": extra,
-              "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)}}
+    extra = {n: dtype_name(b.dtype) for n, b in module.named_buffers() if n not in persistent and b.is_floating_point()}
+    record = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_class": type(module).__name__,
+        "model_module": type(module).__module__,
+        "diffusers_config": CONFIG_NAME if _has_config(module) else None,
+        "layers": layers,
+        "native": native,
+        "bfl_fp8r_native": bfl,
+        "tied": tied,
+        "nonpersistent_buffer_dtypes": extra,
+        "tensor_digests": {"algorithm": DIGEST, "tensors": tensor_digests(tensors)},
+    }
     return record, tensors
 
 
@@ -196,8 +223,10 @@ def _staged(what: str, folder: str, write) -> None:
         write()
     except Exception as e:
         kind = OSError if isinstance(e, OSError) else ValueError
-        raise kind(f"save_quantized could not write {os.path.join(folder, what)!r} ({type(e).__name__}: {e}); "
-                   f"nothing in {folder!r} was replaced: what it held before still loads") from e
+        raise kind(
+            f"save_quantized could not write {os.path.join(folder, what)!r} ({type(e).__name__}: {e}); "
+            f"nothing in {folder!r} was replaced: what it held before still loads"
+        ) from e
 
 
 def _stage(module, record: dict, tensors: dict, staging: str, folder: str) -> None:
@@ -205,8 +234,13 @@ def _stage(module, record: dict, tensors: dict, staging: str, folder: str) -> No
     record) and the description, each complete before any of them replaces an old one."""
     from safetensors.torch import save_file
 
-    _staged(WEIGHTS_NAME, folder, lambda: save_file(tensors, os.path.join(staging, WEIGHTS_NAME),
-                                                    metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"}))
+    _staged(
+        WEIGHTS_NAME,
+        folder,
+        lambda: save_file(
+            tensors, os.path.join(staging, WEIGHTS_NAME), metadata={"format": "pt", "fx_fp8": f"{FORMAT} {VERSION}"}
+        ),
+    )
     if record["diffusers_config"]:
         _staged(CONFIG_NAME, folder, lambda: module.save_config(staging))
         record["config_digest"] = {"algorithm": DIGEST, "digest": config_digest(os.path.join(staging, CONFIG_NAME))}
@@ -243,9 +277,15 @@ def save_quantized(model_or_pipe, directory) -> str:
         for staging, _ in staged:
             shutil.rmtree(staging, ignore_errors=True)
     if is_pipe:
-        _write_json(os.path.join(directory, QUANT_NAME),
-                    {"format": FORMAT, "version": VERSION, "pipeline": type(model_or_pipe).__name__,
-                     "components": sorted(targets, key=TRANSFORMER_ATTRS.index)})
+        _write_json(
+            os.path.join(directory, QUANT_NAME),
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "pipeline": type(model_or_pipe).__name__,
+                "components": sorted(targets, key=TRANSFORMER_ATTRS.index),
+            },
+        )
     return directory
 
 
@@ -256,15 +296,17 @@ def _read_json(path: str):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise ValueError(f"cannot read {path!r}: {e} (the file is damaged or not what save_quantized wrote: save "
-                         "the model again)") from e
+        raise ValueError(
+            f"cannot read {path!r}: {e} (the file is damaged or not what save_quantized wrote: save the model again)"
+        ) from e
 
 
 def _read_record(folder: str) -> dict:
     path = os.path.join(folder, QUANT_NAME)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder!r} is not an fx_fp8 quantized checkpoint: no {QUANT_NAME} "
-                                "(write one with fx_fp8.save_quantized)")
+        raise FileNotFoundError(
+            f"{folder!r} is not an fx_fp8 quantized checkpoint: no {QUANT_NAME} (write one with fx_fp8.save_quantized)"
+        )
     record = _read_json(path)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not an fx_fp8 quantized-checkpoint description")
@@ -272,8 +314,10 @@ def _read_record(folder: str) -> dict:
         raise ValueError(f"{path!r} has format version {record.get('version')!r}; this fx_fp8 reads version {VERSION}")
     for key, kind in (("model_class", str), ("layers", dict), ("native", dict)):
         if not isinstance(record.get(key), kind):
-            raise ValueError(f"{path!r} is damaged: {key!r} is {type(record.get(key)).__name__}, expected "
-                             f"{kind.__name__} (save the model again)")
+            raise ValueError(
+                f"{path!r} is damaged: {key!r} is {type(record.get(key)).__name__}, expected "
+                f"{kind.__name__} (save the model again)"
+            )
     check_record(record, path, CONFIG_NAME)
     return record
 
@@ -285,8 +329,9 @@ def _read_tensors(path: str) -> dict:
     try:
         return load_file(path, device="cpu")
     except Exception as e:  # safetensors' own error type, OSError, ...: say which file
-        raise ValueError(f"cannot read {path!r}: {type(e).__name__}: {e} (the file is damaged or truncated: save "
-                         "the model again)") from e
+        raise ValueError(
+            f"cannot read {path!r}: {type(e).__name__}: {e} (the file is damaged or truncated: save the model again)"
+        ) from e
 
 
 def _verify(tensors: dict, record: dict, path: str) -> None:
@@ -295,24 +340,37 @@ def _verify(tensors: dict, record: dict, path: str) -> None:
     instead of computing NaN. After the structural checks (_plan), so those name the model's keys."""
     digests = record.get("tensor_digests")
     if digests is None:
-        warnings.warn(f"fx_fp8: {os.path.join(os.path.dirname(path), QUANT_NAME)!r} records no tensor digests "
-                      "(saved by an fx_fp8 before they were recorded): the bytes of its tensors are not verified; "
-                      "save the model again to record them", stacklevel=4)
+        warnings.warn(
+            f"fx_fp8: {os.path.join(os.path.dirname(path), QUANT_NAME)!r} records no tensor digests "
+            "(saved by an fx_fp8 before they were recorded): the bytes of its tensors are not verified; "
+            "save the model again to record them",
+            stacklevel=4,
+        )
         return
     quant_path = os.path.join(os.path.dirname(path), QUANT_NAME)
-    if not isinstance(digests, dict) or digests.get("algorithm") != DIGEST or not isinstance(digests.get("tensors"), dict):
-        raise ValueError(f"{quant_path!r} is damaged: its tensor_digests are not {DIGEST} digests (save the model again)")
+    if (
+        not isinstance(digests, dict)
+        or digests.get("algorithm") != DIGEST
+        or not isinstance(digests.get("tensors"), dict)
+    ):
+        raise ValueError(
+            f"{quant_path!r} is damaged: its tensor_digests are not {DIGEST} digests (save the model again)"
+        )
     recorded = digests["tensors"]
     if set(recorded) != set(tensors):
         extra, missing = sorted(set(tensors) - set(recorded)), sorted(set(recorded) - set(tensors))
-        raise ValueError(f"{path!r} does not hold the tensors {quant_path!r} describes (in the file only: "
-                         f"{some_names(extra) or 'none'}; described only: {some_names(missing) or 'none'}): the two files come "
-                         "from different saves")
+        raise ValueError(
+            f"{path!r} does not hold the tensors {quant_path!r} describes (in the file only: "
+            f"{some_names(extra) or 'none'}; described only: {some_names(missing) or 'none'}): the two files come "
+            "from different saves"
+        )
     bad = sorted(k for k, d in tensor_digests(tensors).items() if d != recorded[k])
     if bad:
-        raise ValueError(f"{path!r} is damaged: the bytes of {some_names(bad)} differ from those save_quantized wrote "
-                         f"(their {DIGEST} digests in {QUANT_NAME} do not match: the file was damaged, or is not "
-                         "the one saved with this description); save the model again")
+        raise ValueError(
+            f"{path!r} is damaged: the bytes of {some_names(bad)} differ from those save_quantized wrote "
+            f"(their {DIGEST} digests in {QUANT_NAME} do not match: the file was damaged, or is not "
+            "the one saved with this description); save the model again"
+        )
 
 
 def _model_class(record: dict, folder: str, model_class):
@@ -321,18 +379,24 @@ def _model_class(record: dict, folder: str, model_class):
             raise ValueError(f"{folder!r} holds a {record['model_class']}, not a {model_class.__name__}")
         return model_class
     if not record.get("diffusers_config"):
-        raise ValueError(f"{folder!r} holds a {record['model_class']} without a diffusers config.json: load it into "
-                         f"a model you build with load_quantized({folder!r}, model=module)")
+        raise ValueError(
+            f"{folder!r} holds a {record['model_class']} without a diffusers config.json: load it into "
+            f"a model you build with load_quantized({folder!r}, model=module)"
+        )
     import diffusers
 
     cls = getattr(diffusers, record["model_class"], None)
     if cls is None:
-        raise ValueError(f"diffusers has no class {record['model_class']!r} (model_class in "
-                         f"{os.path.join(folder, QUANT_NAME)!r}); pass model_class=")
+        raise ValueError(
+            f"diffusers has no class {record['model_class']!r} (model_class in "
+            f"{os.path.join(folder, QUANT_NAME)!r}); pass model_class="
+        )
     if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):  # DiffusionPipeline, a scheduler, ...
-        raise ValueError(f"{os.path.join(folder, QUANT_NAME)!r} is damaged: model_class is {record['model_class']!r}, "
-                         "which is not a diffusers model class (no ModelMixin); save the model again, or pass "
-                         "model_class=")
+        raise ValueError(
+            f"{os.path.join(folder, QUANT_NAME)!r} is damaged: model_class is {record['model_class']!r}, "
+            "which is not a diffusers model class (no ModelMixin); save the model again, or pass "
+            "model_class="
+        )
     return cls
 
 
@@ -355,21 +419,33 @@ def _verify_config(folder: str, record: dict, verify: bool) -> None:
     that computes something else."""
     path, quant_path = os.path.join(folder, CONFIG_NAME), os.path.join(folder, QUANT_NAME)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder!r}: no {CONFIG_NAME} (recorded in {quant_path!r}): the model cannot be "
-                                f"built; load it into a model you build with load_quantized({folder!r}, model=module)")
+        raise FileNotFoundError(
+            f"{folder!r}: no {CONFIG_NAME} (recorded in {quant_path!r}): the model cannot be "
+            f"built; load it into a model you build with load_quantized({folder!r}, model=module)"
+        )
     if not verify:
         return
     recorded = record.get("config_digest")
     if recorded is None:
-        warnings.warn(f"fx_fp8: {quant_path!r} records no digest of {CONFIG_NAME} (saved by an fx_fp8 before it was "
-                      f"recorded): {path!r} is not verified; save the model again to record it", stacklevel=4)
+        warnings.warn(
+            f"fx_fp8: {quant_path!r} records no digest of {CONFIG_NAME} (saved by an fx_fp8 before it was "
+            f"recorded): {path!r} is not verified; save the model again to record it",
+            stacklevel=4,
+        )
         return
-    if not isinstance(recorded, dict) or recorded.get("algorithm") != DIGEST or not isinstance(
-            recorded.get("digest"), str):
-        raise ValueError(f"{quant_path!r} is damaged: its config_digest is not a {DIGEST} digest (save the model again)")
+    if (
+        not isinstance(recorded, dict)
+        or recorded.get("algorithm") != DIGEST
+        or not isinstance(recorded.get("digest"), str)
+    ):
+        raise ValueError(
+            f"{quant_path!r} is damaged: its config_digest is not a {DIGEST} digest (save the model again)"
+        )
     if config_digest(path) != recorded["digest"]:
-        raise ValueError(f"{path!r} is not the {CONFIG_NAME} saved with {quant_path!r} (its {DIGEST} digest differs: "
-                         "edited, or copied from another save); put the saved one back or save the model again")
+        raise ValueError(
+            f"{path!r} is not the {CONFIG_NAME} saved with {quant_path!r} (its {DIGEST} digest differs: "
+            "edited, or copied from another save); put the saved one back or save the model again"
+        )
 
 
 def _build(cls, folder: str):
@@ -389,13 +465,20 @@ def some_names(names, n: int = 10) -> str:
 def _layer_mismatch(name: str, old, rec: dict, fits, purpose: str, kind: str) -> list:
     """[why the model's module `old` cannot take the recorded layer `rec`], or []."""
     if not fits(old):
-        return [f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
-                f"expected an nn.Linear {purpose}"]
-    if (old.in_features, old.out_features, old.bias is not None) != (rec["in_features"], rec["out_features"],
-                                                                     rec["bias"]):
-        return [f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
-                f"{old.bias is not None}), the checkpoint's {kind}{rec['in_features']}->{rec['out_features']} "
-                f"(bias {rec['bias']})"]
+        return [
+            f"{name!r}: the model has {type(old).__name__ if old is not None else 'no module'} there, "
+            f"expected an nn.Linear {purpose}"
+        ]
+    if (old.in_features, old.out_features, old.bias is not None) != (
+        rec["in_features"],
+        rec["out_features"],
+        rec["bias"],
+    ):
+        return [
+            f"{name!r}: the model's linear is {old.in_features}->{old.out_features} (bias "
+            f"{old.bias is not None}), the checkpoint's {kind}{rec['in_features']}->{rec['out_features']} "
+            f"(bias {rec['bias']})"
+        ]
     return []
 
 
@@ -411,8 +494,14 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
         expected.update(flat_tensor_shapes(name, rec))
     bfl = record.get("bfl_fp8r_native", {})
     for name, rec in bfl.items():
-        problems += _layer_mismatch(name, linears.get(name), rec, lambda m: isinstance(m, nn.Linear),
-                                    "to hold the checkpoint's BFL fp8r layer", "BFL fp8r layer ")
+        problems += _layer_mismatch(
+            name,
+            linears.get(name),
+            rec,
+            lambda m: isinstance(m, nn.Linear),
+            "to hold the checkpoint's BFL fp8r layer",
+            "BFL fp8r layer ",
+        )
         expected.update(_bfl_keys(name, rec))
     skip = {f"{n}.{p}" for n in (*layers, *bfl) for p in ("weight", "bias")}
     for key, t in model.state_dict(keep_vars=True).items():
@@ -426,35 +515,51 @@ def _plan(model: nn.Module, record: dict, tensors: dict, folder: str) -> list:
         problems.append(f"unexpected keys {where}: {some_names(unexpected)}")
     for key in sorted(set(expected) & set(tensors)):
         if tuple(tensors[key].shape) != expected[key]:
-            problems.append(f"{key!r} {where} has shape {list(tensors[key].shape)}, the model expects "
-                            f"{list(expected[key])}")
+            problems.append(
+                f"{key!r} {where} has shape {list(tensors[key].shape)}, the model expects {list(expected[key])}"
+            )
     for name, rec in layers.items():
         w = tensors.get(f"{name}.weight")
         if w is not None and dtype_name(w.dtype) != rec["weight_dtype"]:
-            problems.append(f"{name + '.weight'!r} {where} is {dtype_name(w.dtype)}, recorded as "
-                            f"{rec['weight_dtype']}")
+            problems.append(f"{name + '.weight'!r} {where} is {dtype_name(w.dtype)}, recorded as {rec['weight_dtype']}")
     for name in bfl:
         for key, want in ((f"{name}.weight", torch.float8_e4m3fn), (f"{name}.weight_scale", torch.float32)):
             if key in tensors and tensors[key].dtype != want:
-                problems.append(f"{key!r} {where} is {dtype_name(tensors[key].dtype)}, a BFL fp8r layer holds "
-                                f"{dtype_name(want)}")
+                problems.append(
+                    f"{key!r} {where} is {dtype_name(tensors[key].dtype)}, a BFL fp8r layer holds {dtype_name(want)}"
+                )
     if problems:
-        raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
-                         + "\n  ".join(problems))
+        raise ValueError(
+            f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  " + "\n  ".join(problems)
+        )
     for name, rec in layers.items():  # older records have no "weight_only": act_granularity says it
         if "weight_only" in rec and bool(rec["weight_only"]) != (rec["act_granularity"] == WEIGHT_ONLY):
-            problems.append(f"{name}: recorded weight_only={rec['weight_only']!r} with act_granularity "
-                            f"{rec['act_granularity']!r}")
+            problems.append(
+                f"{name}: recorded weight_only={rec['weight_only']!r} with act_granularity {rec['act_granularity']!r}"
+            )
     if problems:
-        raise ValueError(f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  "
-                         + "\n  ".join(problems))
+        raise ValueError(
+            f"cannot load the quantized checkpoint {folder!r} into {type(model).__name__}:\n  " + "\n  ".join(problems)
+        )
     plan = []
     for name, rec in layers.items():
         t = lambda k: tensors.get(f"{name}.{k}")  # noqa: E731
-        plan.append((name, linears[name], QuantizedLinear.from_plan(
-            stored_plan(rec), t("weight"), t("weight_scale"), t("bias"), orig_dtype=_dtype(rec["orig_dtype"], folder),
-            input_scale=t("input_scale"), input_smoothing=t("input_smoothing"),
-            input_step_scales=t("input_step_scales"))))
+        plan.append(
+            (
+                name,
+                linears[name],
+                QuantizedLinear.from_plan(
+                    stored_plan(rec),
+                    t("weight"),
+                    t("weight_scale"),
+                    t("bias"),
+                    orig_dtype=_dtype(rec["orig_dtype"], folder),
+                    input_scale=t("input_scale"),
+                    input_smoothing=t("input_smoothing"),
+                    input_step_scales=t("input_step_scales"),
+                ),
+            )
+        )
     for name, rec in bfl.items():
         plan.append((name, linears[name], _empty_bfl_layer(rec, folder)))
     return plan
@@ -477,8 +582,9 @@ def _empty_bfl_layer(rec: dict, folder: str) -> nn.Module:
     return layer.requires_grad_(False)
 
 
-def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None,
-                 verify: bool = True):
+def _load_folder(
+    folder: str, *, model_class=None, model: Optional[nn.Module] = None, device=None, dtype=None, verify: bool = True
+):
 
     record = _read_record(folder)
     path = os.path.join(folder, WEIGHTS_NAME)
@@ -492,8 +598,10 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
     else:
         model = _unwrap(model)
         if quantized_layers(model):
-            raise ValueError(f"load_quantized(model=...) expects an unprepared {type(model).__name__}; it already holds "
-                             f"quantized linears (first: {quantized_layers(model)[0]!r})")
+            raise ValueError(
+                f"load_quantized(model=...) expects an unprepared {type(model).__name__}; it already holds "
+                f"quantized linears (first: {quantized_layers(model)[0]!r})"
+            )
     raw = _read_tensors(path)  # views of the file's bytes
     # own, aligned storage: views into the file's buffer sit at any byte offset, and CPU matmul
     # kernels chosen by alignment would then round differently from the saved model's
@@ -505,15 +613,21 @@ def _load_folder(folder: str, *, model_class=None, model: Optional[nn.Module] = 
         frozen |= {f"{n}.{k}" for n in record.get("bfl_fp8r_native", {}) for k in ("weight", "weight_scale")}
         tensors = {k: t.to(dtype) if t.is_floating_point() and k not in frozen else t for k, t in tensors.items()}
         buffer_dtypes = {n: dtype for n in buffer_dtypes}
-        record = {**record, "layers": {n: {**r, "orig_dtype": dtype_name(dtype)} for n, r in record["layers"].items()},
-                  "bfl_fp8r_native": {n: {**r, "compute_dtype": dtype_name(dtype)}
-                                      for n, r in record.get("bfl_fp8r_native", {}).items()}}
+        record = {
+            **record,
+            "layers": {n: {**r, "orig_dtype": dtype_name(dtype)} for n, r in record["layers"].items()},
+            "bfl_fp8r_native": {
+                n: {**r, "compute_dtype": dtype_name(dtype)} for n, r in record.get("bfl_fp8r_native", {}).items()
+            },
+        }
     tied = record.get("tied", {})
     for alias, source in tied.items():
         if source not in tensors or alias in tensors:
-            raise ValueError(f"{os.path.join(folder, QUANT_NAME)!r} is damaged: tied[{alias!r}] is {source!r}, but "
-                             f"{path!r} {'holds no ' + repr(source) if source not in tensors else 'holds ' + repr(alias)}"
-                             " (the files come from different saves, or the description was edited)")
+            raise ValueError(
+                f"{os.path.join(folder, QUANT_NAME)!r} is damaged: tied[{alias!r}] is {source!r}, but "
+                f"{path!r} {'holds no ' + repr(source) if source not in tensors else 'holds ' + repr(alias)}"
+                " (the files come from different saves, or the description was edited)"
+            )
         tensors[alias] = tensors[source]
     plan = _plan(model, record, tensors, folder)  # structure first: missing / unexpected keys name the model's
     if verify:
@@ -551,11 +665,14 @@ def _check_dtype(dtype) -> None:
     if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
         raise TypeError(f"load_quantized: dtype={dtype!r} is a string: pass torch.{dtype.removeprefix('torch.')}")
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"load_quantized: dtype={dtype!r} is a {type(dtype).__name__}, not a torch.dtype: expected "
-                        + wanted)
-    raise TypeError(f"load_quantized: dtype={dtype} is not a dtype the model can compute in: expected {wanted}; as "
-                    "nn.Module.to, the non-quantized parameters take only floating dtypes (the quantized weights "
-                    "keep theirs)")
+        raise TypeError(
+            f"load_quantized: dtype={dtype!r} is a {type(dtype).__name__}, not a torch.dtype: expected " + wanted
+        )
+    raise TypeError(
+        f"load_quantized: dtype={dtype} is not a dtype the model can compute in: expected {wanted}; as "
+        "nn.Module.to, the non-quantized parameters take only floating dtypes (the quantized weights "
+        "keep theirs)"
+    )
 
 
 def _tie(model: nn.Module, tied: dict) -> None:
@@ -571,8 +688,16 @@ def _tie(model: nn.Module, tied: dict) -> None:
             holder._buffers[leaf] = value
 
 
-def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = None, pipe=None, device=None,
-                   dtype: Optional[torch.dtype] = None, verify: bool = True):
+def load_quantized(
+    directory,
+    model_class=None,
+    *,
+    model: Optional[nn.Module] = None,
+    pipe=None,
+    device=None,
+    dtype: Optional[torch.dtype] = None,
+    verify: bool = True,
+):
     """Load what save_quantized wrote, without re-quantizing.
 
     load_quantized(directory[, model_class]): build the model from its config.json (the class
@@ -609,24 +734,32 @@ def load_quantized(directory, model_class=None, *, model: Optional[nn.Module] = 
             check_index(index, index_path, TRANSFORMER_ATTRS)
     if pipe is None:
         if index is not None:
-            raise ValueError(f"{directory!r} holds a pipeline's transformers ({', '.join(index['components'])}): "
-                             f"pass pipe=, or load one of them, e.g. {os.path.join(directory, index['components'][0])!r}")
-        return _load_folder(directory, model_class=model_class, model=model, device=device, dtype=dtype,
-                            verify=verify)
+            raise ValueError(
+                f"{directory!r} holds a pipeline's transformers ({', '.join(index['components'])}): "
+                f"pass pipe=, or load one of them, e.g. {os.path.join(directory, index['components'][0])!r}"
+            )
+        return _load_folder(directory, model_class=model_class, model=model, device=device, dtype=dtype, verify=verify)
     if index is None:
-        raise ValueError(f"{directory!r} was not saved from a pipeline (no component index in {QUANT_NAME}); "
-                         "load it as a model and set it on the pipeline yourself")
+        raise ValueError(
+            f"{directory!r} was not saved from a pipeline (no component index in {QUANT_NAME}); "
+            "load it as a model and set it on the pipeline yourself"
+        )
     if getattr(pipe, "_fx_fp8", None) is not None:
-        raise ValueError(f"{type(pipe).__name__} is compiled by fx_fp8.compile_pipeline: call "
-                         "fx_fp8.restore_pipeline(pipe) first, load, then compile it again")
+        raise ValueError(
+            f"{type(pipe).__name__} is compiled by fx_fp8.compile_pipeline: call "
+            "fx_fp8.restore_pipeline(pipe) first, load, then compile it again"
+        )
     for attr in index["components"]:
         if attr not in TRANSFORMER_ATTRS or not hasattr(pipe, attr):
             raise ValueError(f"{type(pipe).__name__} has no {attr!r} to load {os.path.join(directory, attr)!r} into")
         if is_compiled_module(getattr(pipe, attr)):
             raise ValueError(f"pipe.{attr} is torch.compile'd: load into the uncompiled pipeline, then compile it")
-    loaded = {attr: _load_folder(os.path.join(directory, attr), model_class=model_class, device=device, dtype=dtype,
-                                 verify=verify)
-              for attr in index["components"]}
+    loaded = {
+        attr: _load_folder(
+            os.path.join(directory, attr), model_class=model_class, device=device, dtype=dtype, verify=verify
+        )
+        for attr in index["components"]
+    }
     for attr, m in loaded.items():
         setattr(pipe, attr, m)
     return pipe

@@ -2,6 +2,7 @@
 checked one by one before anything is built (a quantized layer's record: fx_fp8/quant/layer_record.py):
 a hand-edited or damaged description is a ValueError naming the file and the field, never a
 KeyError, an IndexError or diffusers' error about some other folder."""
+
 from __future__ import annotations
 
 from fx_fp8.quant.layer_record import Fields, check_flat
@@ -45,15 +46,20 @@ def check_record(record: dict, path: str, config_name: str) -> None:
         f.str(f"tied[{alias!r}]", source)
         if source == alias or source in tied:
             f.fail(f"tied[{alias!r}]", source, "the key of a tensor stored in the weights file (not an alias)")
-    for name, dtype in f.mapping("nonpersistent_buffer_dtypes", record.get("nonpersistent_buffer_dtypes"),
-                                 optional=True).items():
+    for name, dtype in f.mapping(
+        "nonpersistent_buffer_dtypes", record.get("nonpersistent_buffer_dtypes"), optional=True
+    ).items():
         f.dtype(f"nonpersistent_buffer_dtypes[{name!r}]", dtype)
 
 
 def check_index(index: dict, path: str, attrs: tuple) -> list:
     """The components of a pipeline's index: a non-empty list of distinct transformer attributes."""
     components = index.get("components")
-    if not isinstance(components, list) or not components or not all(
-            isinstance(c, str) and c in attrs for c in components) or len(set(components)) != len(components):
+    if (
+        not isinstance(components, list)
+        or not components
+        or not all(isinstance(c, str) and c in attrs for c in components)
+        or len(set(components)) != len(components)
+    ):
         Fields(repr(path)).fail("components", components, f"a non-empty list of distinct names among {list(attrs)}")
     return components

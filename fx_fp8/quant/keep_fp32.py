@@ -12,6 +12,7 @@ fx_fp8.quant.rules.TEXT_ENCODER_SENSITIVE_PATTERNS), which only a transformers m
 reason is a TextEncoderSensitive, which plan_linear reads as a sensitive layer's (so
 quantization_config.sensitive decides: weight-only by default).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,7 +28,9 @@ KEEP_ATTRS = ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict")
 
 def is_transformers_model(model) -> bool:
     """A transformers PreTrainedModel (found on the class's MRO: transformers itself is not imported)."""
-    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(model).__mro__)
+    return any(
+        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(model).__mro__
+    )
 
 
 def keep_in_fp32_names(model: nn.Module) -> tuple[str, ...]:
@@ -49,10 +52,12 @@ def keep_in_fp32_reason(keep: tuple[str, ...], name: str, model_cls: str) -> Opt
     hit = first_match(keep, name) if keep else None
     if hit is None:
         return None
-    if hit in TEXT_ENCODER_SENSITIVE_PATTERNS and first_match(keep[:keep.index(hit)], name) is None:
+    if hit in TEXT_ENCODER_SENSITIVE_PATTERNS and first_match(keep[: keep.index(hit)], name) is None:
         return text_encoder_sensitive_reason(name, model_cls)
-    return (f"{model_cls}._keep_in_fp32_modules names {hit!r}: the model's code relies on this layer's weight dtype "
-            "(transformers keeps it in float32), kept native (no setting changes it)")
+    return (
+        f"{model_cls}._keep_in_fp32_modules names {hit!r}: the model's code relies on this layer's weight dtype "
+        "(transformers keeps it in float32), kept native (no setting changes it)"
+    )
 
 
 def model_keep_reason(model, name: str) -> Optional[str]:

@@ -16,6 +16,7 @@ decides and builds one layer:
   the bytes of quantizing the layer whole; per-tensor scales need the whole layer at once.
 Nothing here imports diffusers.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,26 +41,36 @@ W8A8, WEIGHT_ONLY_KIND = "quantized", "weight_only"
 ROW_SLICES = 16
 SLICE_ELEMENTS = 2**20
 #: why load-time quantization never follows a tune table
-TABLE_NOT_APPLIED = ("M unknown at load time; planned by the rules (load without quantization_config, then "
-                     "fx_fp8.prepare_model(model, config, example_inputs=...) to follow it)")
+TABLE_NOT_APPLIED = (
+    "M unknown at load time; planned by the rules (load without quantization_config, then "
+    "fx_fp8.prepare_model(model, config, example_inputs=...) to follow it)"
+)
 
 
 def check_load_time_config(cfg: FP8Config) -> None:
     """Raise ValueError for settings that load-time quantization cannot honour, naming them."""
     qcfg = cfg.quantization_config
     if not cfg.linear_enabled:
-        raise ValueError("quantization is None: load-time quantization would quantize no linear; give "
-                         "quantization 'fp8' or 'int8' (or load the model without a quantization_config)")
+        raise ValueError(
+            "quantization is None: load-time quantization would quantize no linear; give "
+            "quantization 'fp8' or 'int8' (or load the model without a quantization_config)"
+        )
     if qcfg.activation_scheme == "static" or qcfg.smoothing_alpha is not None:
-        what = ("activation_scheme 'static'" if qcfg.activation_scheme == "static" else
-                f"smoothing_alpha {qcfg.smoothing_alpha:g}")
-        raise ValueError(f"quantization_config {what} needs a calibration of the loaded model, which load-time "
-                         "quantization does not have: load the model without quantization_config, run "
-                         "fx_fp8.calibrate, then fx_fp8.prepare_model(model, config)")
+        what = (
+            "activation_scheme 'static'"
+            if qcfg.activation_scheme == "static"
+            else f"smoothing_alpha {qcfg.smoothing_alpha:g}"
+        )
+        raise ValueError(
+            f"quantization_config {what} needs a calibration of the loaded model, which load-time "
+            "quantization does not have: load the model without quantization_config, run "
+            "fx_fp8.calibrate, then fx_fp8.prepare_model(model, config)"
+        )
 
 
-def layer_plan(name: str, in_features: int, out_features: int, dtype: torch.dtype, cfg: FP8Config,
-               device="cpu") -> LinearPlan:
+def layer_plan(
+    name: str, in_features: int, out_features: int, dtype: torch.dtype, cfg: FP8Config, device="cpu"
+) -> LinearPlan:
     """The plan of the linear `name` whose weight lives on `device`: prepare_model's, without
     example inputs (the sensitive layers found by name; a tune table that applies to `device` is not
     followed, M being unknown: the plan's reason says so)."""
@@ -69,12 +80,14 @@ def layer_plan(name: str, in_features: int, out_features: int, dtype: torch.dtyp
     plan = plan_linear(name, in_features, out_features, dtype, qcfg, lowering=lowering)
     # a tune table is looked up at the linear's token count M, which no checkpoint says: the rules' plan,
     # its reason saying the table was not applied (a guessed M would be a decision nobody measured)
-    return rules_plan(plan, qcfg, lowering, device, sensitive_reason(name) is not None, "load-time quantization",
-                      TABLE_NOT_APPLIED)
+    return rules_plan(
+        plan, qcfg, lowering, device, sensitive_reason(name) is not None, "load-time quantization", TABLE_NOT_APPLIED
+    )
 
 
-def layer_kind(name: str, in_features: int, out_features: int, dtype: torch.dtype,
-               cfg: FP8Config) -> tuple[str, Optional[str]]:
+def layer_kind(
+    name: str, in_features: int, out_features: int, dtype: torch.dtype, cfg: FP8Config
+) -> tuple[str, Optional[str]]:
     """("quantized" | "weight_only" | "native", why) of the linear `name` (layer_plan's kind)."""
     plan = layer_plan(name, in_features, out_features, dtype, cfg)
     return (W8A8 if plan.w8a8 else plan.kind), plan.reason
@@ -91,8 +104,9 @@ def slice_rows(weight_recipe: WeightRecipe, out_features: int, in_features: int,
     return max(unit, math.ceil(rows / unit) * unit)
 
 
-def quantize_by_rows(weight_recipe: WeightRecipe, weight: torch.Tensor, device=None,
-                     slices: int = ROW_SLICES) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_by_rows(
+    weight_recipe: WeightRecipe, weight: torch.Tensor, device=None, slices: int = ROW_SLICES
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(quantized weight, fp32 scale) on `device` (default: the weight's), the bytes of
     weight_recipe.quantize(weight), made from slices of rows moved to `device` one at a time."""
     if weight.dim() != 2:
@@ -104,15 +118,16 @@ def quantize_by_rows(weight_recipe: WeightRecipe, weight: torch.Tensor, device=N
     wq = torch.empty(weight.shape, dtype=METHODS[weight_recipe.method][0], device=device)
     scales = []
     for start in range(0, weight.shape[0], rows):
-        q, s = weight_recipe.quantize(weight[start:start + rows].to(device))
-        wq[start:start + q.shape[0]].copy_(q)
+        q, s = weight_recipe.quantize(weight[start : start + rows].to(device))
+        wq[start : start + q.shape[0]].copy_(q)
         scales.append(s)
         del q
     return wq, torch.cat(scales)
 
 
-def quantized_linear(weight: torch.Tensor, bias: Optional[torch.Tensor], plan: LinearPlan,
-                     device=None) -> QuantizedLinear:
+def quantized_linear(
+    weight: torch.Tensor, bias: Optional[torch.Tensor], plan: LinearPlan, device=None
+) -> QuantizedLinear:
     """The QuantizedLinear of one full-precision linear as its `plan` says, on `device`; its output
     dtype is the weight's (as prepare_model's). `bias` may still be on the meta device (loaded later)."""
     wq, ws = quantize_by_rows(plan.quantized_recipe(), weight, device)
@@ -129,8 +144,14 @@ def scale_shape(weight_recipe: WeightRecipe, out_features: int, in_features: int
     return (-(-out_features // br), -(-in_features // bc))
 
 
-def empty_quantized_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-                           weight_recipe: WeightRecipe, act_granularity: str) -> QuantizedLinear:
+def empty_quantized_linear(
+    in_features: int,
+    out_features: int,
+    bias: bool,
+    dtype: torch.dtype,
+    weight_recipe: WeightRecipe,
+    act_granularity: str,
+) -> QuantizedLinear:
     """A QuantizedLinear on the meta device, shaped for a checkpoint that holds the layer
     quantized by `weight_recipe` (the loader then sets its weight, weight_scale and bias)."""
     meta = torch.device("meta")

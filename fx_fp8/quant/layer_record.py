@@ -12,6 +12,7 @@ The layouts differ only where files already written differ: a recipe without a b
 weight_block [] (flat) or null (grouped). A damaged or hand-edited record is a ValueError naming
 the file, the field and the bad value (Fields), never a KeyError.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,16 @@ RECIPE_FIELDS = ("method", "weight_granularity", "weight_block", "act_granularit
 #: a layer's activation granularities (WEIGHT_ONLY: unquantized activations)
 ACT_GRANULARITIES = ("token", "tensor", "group", WEIGHT_ONLY)
 #: a flat record's fields: the layer's shape, its recipe, its dtypes, which activation buffers it holds
-FLAT_FIELDS = ("in_features", "out_features", "bias", *RECIPE_FIELDS, "weight_dtype", "orig_dtype", "input_scale",
-               "input_smoothing")
+FLAT_FIELDS = (
+    "in_features",
+    "out_features",
+    "bias",
+    *RECIPE_FIELDS,
+    "weight_dtype",
+    "orig_dtype",
+    "input_scale",
+    "input_smoothing",
+)
 #: flat fields older records lack (weight_only: act_granularity says it; input_step_groups: no per-step scales)
 FLAT_OPTIONAL_FIELDS = ("weight_only", "input_step_groups")
 #: a grouped entry's fields: one recipe and the names of its layers
@@ -93,9 +102,13 @@ class Fields:
             self.fail(field, value, f"an object with the keys {sorted(keys)}")
         missing, extra = keys - set(value), set(value) - keys - optional
         if missing or extra:
-            self.fail(field, value, f"an object with the keys {sorted(keys)}"
-                      + (f" (missing {sorted(missing)})" if missing else "")
-                      + (f" (unknown {sorted(extra)})" if extra else ""))
+            self.fail(
+                field,
+                value,
+                f"an object with the keys {sorted(keys)}"
+                + (f" (missing {sorted(missing)})" if missing else "")
+                + (f" (unknown {sorted(extra)})" if extra else ""),
+            )
         return value
 
 
@@ -116,13 +129,19 @@ def check_recipe(f: Fields, field: str, rec: dict, *, null_block: bool) -> None:
     """The RECIPE_FIELDS of the record `rec` (at `field`): a recipe fx_fp8 knows."""
     block = rec["weight_block"]
     if not (_ints(block) or (null_block and block is None)):
-        f.fail(f"{field}.weight_block", block,
-               f"a list of integers ({'null' if null_block else '[]'} unless weight_granularity is \"block\")")
+        f.fail(
+            f"{field}.weight_block",
+            block,
+            f"a list of integers ({'null' if null_block else '[]'} unless weight_granularity is \"block\")",
+        )
     try:
         WeightRecipe(rec["method"], rec["weight_granularity"], tuple(block or ()) or None)
     except (ValueError, TypeError) as e:
-        f.fail(f"{field}.method / weight_granularity / weight_block",
-               [rec["method"], rec["weight_granularity"], block], f"a weight recipe fx_fp8 knows ({e})")
+        f.fail(
+            f"{field}.method / weight_granularity / weight_block",
+            [rec["method"], rec["weight_granularity"], block],
+            f"a weight recipe fx_fp8 knows ({e})",
+        )
     if rec["act_granularity"] not in ACT_GRANULARITIES:
         f.fail(f"{field}.act_granularity", rec["act_granularity"], f"one of {list(ACT_GRANULARITIES)}")
 
@@ -139,11 +158,18 @@ def stored_plan(rec: dict) -> LinearPlan:
 
 # -- flat: one record per layer (save_quantized) ----------------------------------------------------------
 def flat_record(layer: QuantizedLinear) -> dict:
-    rec = {"in_features": layer.in_features, "out_features": layer.out_features, "bias": layer.bias is not None,
-           **recipe_record(layer, null_block=False), "weight_dtype": dtype_name(layer.weight.dtype),
-           "orig_dtype": dtype_name(layer.orig_dtype), "input_scale": layer.input_scale is not None,
-           "input_smoothing": layer.input_smoothing is not None, "weight_only": layer.weight_only,
-           "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None}
+    rec = {
+        "in_features": layer.in_features,
+        "out_features": layer.out_features,
+        "bias": layer.bias is not None,
+        **recipe_record(layer, null_block=False),
+        "weight_dtype": dtype_name(layer.weight.dtype),
+        "orig_dtype": dtype_name(layer.orig_dtype),
+        "input_scale": layer.input_scale is not None,
+        "input_smoothing": layer.input_smoothing is not None,
+        "weight_only": layer.weight_only,
+        "input_step_groups": list(layer.input_step_groups) if layer.input_step_groups is not None else None,
+    }
     return {key: rec[key] for key in (*FLAT_FIELDS, *FLAT_OPTIONAL_FIELDS)}
 
 
@@ -184,8 +210,10 @@ def grouped_records(layers: dict) -> list[dict]:
     for name, m in layers.items():
         extra = [k for k in QUANTIZED_TENSORS if k not in GROUPED_TENSORS and getattr(m, k) is not None]
         if extra:
-            raise ValueError(f"{name} holds {extra}: a config.json record of quantized layers covers dynamic "
-                             "activation scales only; save such a model with fx_fp8.save_quantized")
+            raise ValueError(
+                f"{name} holds {extra}: a config.json record of quantized layers covers dynamic "
+                "activation scales only; save such a model with fx_fp8.save_quantized"
+            )
         rec = recipe_record(m, null_block=True)
         key = tuple(tuple(v) if isinstance(v, list) else v for v in rec.values())
         groups.setdefault(key, (rec, []))[1].append(name)

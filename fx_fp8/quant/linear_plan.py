@@ -11,6 +11,7 @@ load-time quantizer (fx_fp8/quant/layer_quantize.py; on real modules), adopt_pre
 the tiny model's fake quantization. Each native reason is written here once, and says what the
 user can set to change it. QuantizedLinear.from_plan builds a prepared layer from a plan.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,13 @@ import torch
 from fx_fp8.config.patterns import first_match
 from fx_fp8.ops.formats import FLOAT_DTYPES, METHODS, WEIGHT_ONLY
 from fx_fp8.quant.activation_scales import load_activation_scales
-from fx_fp8.quant.linear_scales import (channel_stats, check_channel_amax, check_per_step_supported, method_scale,
-                                        step_scale_table)
+from fx_fp8.quant.linear_scales import (
+    channel_stats,
+    check_channel_amax,
+    check_per_step_supported,
+    method_scale,
+    step_scale_table,
+)
 from fx_fp8.quant.recipe import WeightRecipe
 from fx_fp8.quant.rules import TextEncoderSensitive, sensitive_reason
 
@@ -64,24 +70,25 @@ class LinearPlan:
     weight, unquantized activations) or "native"."""
 
     kind: str
-    reason: Optional[str] = None             # native: why, and what to set to change it; weight-only: why
-    recipe: Optional[WeightRecipe] = None    # how the weight is quantized (None: native, or weight-only
-                                             # planned without a lowering to store it for)
-    act: Optional[str] = None                # a QuantizedLinear's act_granularity: token / tensor / group / WEIGHT_ONLY
-    static: bool = False                     # activations quantized with a calibrated scale
-    static_scale: Optional[float] = None     # that scale in the method's range (unsmoothed layers)
-    step_scales: Optional[tuple] = None      # per-step scales: (flat step groups, [scale per group])
+    reason: Optional[str] = None  # native: why, and what to set to change it; weight-only: why
+    recipe: Optional[WeightRecipe] = None  # how the weight is quantized (None: native, or weight-only
+    # planned without a lowering to store it for)
+    act: Optional[str] = None  # a QuantizedLinear's act_granularity: token / tensor / group / WEIGHT_ONLY
+    static: bool = False  # activations quantized with a calibrated scale
+    static_scale: Optional[float] = None  # that scale in the method's range (unsmoothed layers)
+    step_scales: Optional[tuple] = None  # per-step scales: (flat step groups, [scale per group])
     smoothing_alpha: Optional[float] = None  # SmoothQuant alpha (with channel_amax)
     channel_amax: Optional[torch.Tensor] = field(default=None, compare=False)  # calibrated max |x| per channel
-    warning: Optional[str] = None            # the lowering's message when it runs a W8A8 layer weight-only
-    kernel: Optional[str] = None             # the candidate the tune table picked (fx-fp8 tune), when measured
-    measurement: Optional[str] = None        # the measurement that pick came from (the report's text)
+    warning: Optional[str] = None  # the lowering's message when it runs a W8A8 layer weight-only
+    kernel: Optional[str] = None  # the candidate the tune table picked (fx-fp8 tune), when measured
+    measurement: Optional[str] = None  # the measurement that pick came from (the report's text)
     timing: Optional[dict] = field(default=None, compare=False)  # {"pick": ms, "native": ms} of that measurement
 
     def __post_init__(self):
         if self.kind not in (NATIVE, WEIGHT_ONLY_KIND, *METHODS):
-            raise ValueError(f"unknown linear plan kind {self.kind!r}: expected native, weight_only or one of "
-                             f"{sorted(METHODS)}")
+            raise ValueError(
+                f"unknown linear plan kind {self.kind!r}: expected native, weight_only or one of {sorted(METHODS)}"
+            )
         if self.kind == NATIVE and not self.reason:
             raise ValueError("a native linear plan needs its reason")
 
@@ -100,8 +107,9 @@ class LinearPlan:
     def quantized_recipe(self) -> WeightRecipe:
         """The recipe of a quantized plan; a ValueError naming the kind (and why) for one without."""
         if self.recipe is None:
-            raise ValueError(f"a {self.kind!r} linear plan has no quantization recipe"
-                             + (f" ({self.reason})" if self.reason else ""))
+            raise ValueError(
+                f"a {self.kind!r} linear plan has no quantization recipe" + (f" ({self.reason})" if self.reason else "")
+            )
         return self.recipe
 
     @property
@@ -113,8 +121,13 @@ class LinearPlan:
     def stored(cls, recipe: WeightRecipe, act: str, step_groups=None) -> "LinearPlan":
         """The plan a layer was quantized with, read back from where it was stored (a quantized
         checkpoint's record): its recipe and act_granularity, its per-step scale groups."""
-        return cls(WEIGHT_ONLY_KIND if act == WEIGHT_ONLY else recipe.method, None, recipe, act,
-                   step_scales=(tuple(step_groups), None) if step_groups is not None else None)
+        return cls(
+            WEIGHT_ONLY_KIND if act == WEIGHT_ONLY else recipe.method,
+            None,
+            recipe,
+            act,
+            step_scales=(tuple(step_groups), None) if step_groups is not None else None,
+        )
 
 
 def native(reason: str) -> LinearPlan:
@@ -125,25 +138,43 @@ def _rule_reason(name: str, in_features: int, out_features: int, dtype, qcfg, wh
     """The native reasons every consumer shares: ignored_layers, sensitive, dtype, shape, size."""
     hit = first_match(qcfg.ignored_layers, name)
     if hit is not None:
-        return (f"ignored_layers pattern {hit!r} (remove it from quantization_config.ignored_layers to "
-                "quantize this layer)")
+        return (
+            f"ignored_layers pattern {hit!r} (remove it from quantization_config.ignored_layers to quantize this layer)"
+        )
     if why is not None and qcfg.sensitive == "native":
         return f"{why}; kept native (sensitive: weight_only, or fp8 / quantize_sensitive: true, quantizes it)"
     if dtype not in FLOAT_DTYPES:
         return f"weight dtype {dtype} not supported (load the model in float32, bfloat16 or float16 to quantize it)"
     if in_features % 16 or out_features % 16:
-        return (f"features {in_features}->{out_features} not multiples of 16 (FP8 matmul tiles; the layer's shape, "
-                "no setting changes it)")
+        return (
+            f"features {in_features}->{out_features} not multiples of 16 (FP8 matmul tiles; the layer's shape, "
+            "no setting changes it)"
+        )
     if min(in_features, out_features) < qcfg.min_features:
-        return (f"small layer ({in_features}->{out_features}, below min_features={qcfg.min_features}): "
-                "FP8 only costs time (lower quantization_config.min_features to quantize it)")
+        return (
+            f"small layer ({in_features}->{out_features}, below min_features={qcfg.min_features}): "
+            "FP8 only costs time (lower quantization_config.min_features to quantize it)"
+        )
     return None
 
 
-def plan_linear(name: str, in_features: int, out_features: int, dtype, qcfg, *, sensitive: Optional[str] = None,
-                enabled: bool = True, graph_reason: Optional[str] = None, calibration: Optional[Calibration] = None,
-                lowering=None, values: Optional[tuple] = None, lowering_config=None,
-                step_mode: Optional[str] = None, stored: Optional[WeightRecipe] = None) -> LinearPlan:
+def plan_linear(
+    name: str,
+    in_features: int,
+    out_features: int,
+    dtype,
+    qcfg,
+    *,
+    sensitive: Optional[str] = None,
+    enabled: bool = True,
+    graph_reason: Optional[str] = None,
+    calibration: Optional[Calibration] = None,
+    lowering=None,
+    values: Optional[tuple] = None,
+    lowering_config=None,
+    step_mode: Optional[str] = None,
+    stored: Optional[WeightRecipe] = None,
+) -> LinearPlan:
     """The plan of the linear `name` ([out_features, in_features] weight of `dtype`) under `qcfg`.
 
     `sensitive`: the structural reason the graph found (else the name patterns decide);
@@ -160,7 +191,7 @@ def plan_linear(name: str, in_features: int, out_features: int, dtype, qcfg, *, 
     if not enabled:
         return native(QUANTIZATION_OFF)
     if isinstance(graph_reason, TextEncoderSensitive):  # a text encoder's lm_head / vision tower: a sensitive
-        sensitive, graph_reason = graph_reason, None      # layer, which quantization_config.sensitive decides
+        sensitive, graph_reason = graph_reason, None  # layer, which quantization_config.sensitive decides
     why = sensitive_reason(name, sensitive) if qcfg.sensitive != "fp8" else None
     reason = _rule_reason(name, in_features, out_features, dtype, qcfg, why) or graph_reason
     if reason is not None:
@@ -169,11 +200,14 @@ def plan_linear(name: str, in_features: int, out_features: int, dtype, qcfg, *, 
     cal = calibration or Calibration()
     if not sensitive_wo:
         if cal.scales is not None and name not in cal.scales:
-            return native("no static activation scale for this layer (recalibrate with fx_fp8.calibrate, or use "
-                          "quantization_config.activation_scheme: dynamic)")
+            return native(
+                "no static activation scale for this layer (recalibrate with fx_fp8.calibrate, or use "
+                "quantization_config.activation_scheme: dynamic)"
+            )
         if cal.channel is not None and name not in cal.channel:
-            return native("no channel statistics for smoothing_alpha in the calibration (recalibrate with "
-                          "fx_fp8.calibrate)")
+            return native(
+                "no channel statistics for smoothing_alpha in the calibration (recalibrate with fx_fp8.calibrate)"
+            )
     if values is not None and lowering is not None:
         reason = lowering.linear_reason(values[0], values[1], lowering_config or qcfg)
         if reason is not None:
@@ -184,12 +218,17 @@ def plan_linear(name: str, in_features: int, out_features: int, dtype, qcfg, *, 
     w8a8_recipe = stored or WeightRecipe.w8a8(qcfg)
     if sensitive_wo:  # W8A16: the storage the device's weight-only matmul takes
         recipe = stored or (WeightRecipe.weight_only(qcfg, lowering) if lowering is not None else None)
-        return LinearPlan(WEIGHT_ONLY_KIND, f"{why}; weight-only (sensitive: weight_only): quantized weights, "
-                          "unquantized activations", recipe, WEIGHT_ONLY)
+        return LinearPlan(
+            WEIGHT_ONLY_KIND,
+            f"{why}; weight-only (sensitive: weight_only): quantized weights, unquantized activations",
+            recipe,
+            WEIGHT_ONLY,
+        )
     if step_mode == "weight_only":
         return LinearPlan(WEIGHT_ONLY_KIND, step_why, w8a8_recipe, WEIGHT_ONLY)
-    warning = lowering.weight_only(values[1], qcfg) if values is not None and lowering is not None and not stored \
-        else None
+    warning = (
+        lowering.weight_only(values[1], qcfg) if values is not None and lowering is not None and not stored else None
+    )
     if warning:
         return LinearPlan(WEIGHT_ONLY_KIND, None, w8a8_recipe, WEIGHT_ONLY, warning=warning)
     static = qcfg.activation_scheme == "static" and stored is None
@@ -201,6 +240,9 @@ def plan_linear(name: str, in_features: int, out_features: int, dtype, qcfg, *, 
         return dataclasses.replace(plan, smoothing_alpha=qcfg.smoothing_alpha, channel_amax=amax)
     if static and cal.scales is not None:
         method = plan.recipe.method
-        return dataclasses.replace(plan, static_scale=method_scale(cal.scales[name], method),
-                                   step_scales=step_scale_table(cal.scales, name, lambda v: method_scale(v, method)))
+        return dataclasses.replace(
+            plan,
+            static_scale=method_scale(cal.scales[name], method),
+            step_scales=step_scale_table(cal.scales, name, lambda v: method_scale(v, method)),
+        )
     return plan

@@ -1,5 +1,6 @@
 """Putting a quantized layer in a linear's place: the one way prepare_model, load_quantized,
 adopt_prequantized and load-time quantization change a model's module tree."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -7,8 +8,13 @@ from typing import Optional
 import torch.nn as nn
 
 #: the forward hooks a replaced module passes on to its replacement
-FORWARD_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
-                 "_forward_hooks_always_called")
+FORWARD_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module, old: Optional[nn.Module] = None) -> None:

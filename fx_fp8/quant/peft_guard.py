@@ -9,6 +9,7 @@ QuantizedLinear(...) is not supported". fx_fp8 wraps BaseTuner.inject_adapter on
 without QuantizedLinear goes through untouched; one whose QuantizedLinear layers the adapter targets
 raises PreparedModelAdapterError and is left as it was.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,10 +19,12 @@ from fx_fp8.after_import import call_after_import
 #: the PEFT module defining BaseTuner.inject_adapter
 TUNER_MODULE = "peft.tuners.tuners_utils"
 
-WHAT_WORKS = ("load the adapter before fx_fp8.prepare_model / compile_pipeline (it then quantizes the fused or "
-              "wrapped linears), or compile without preparing (compile_pipeline(pipe, prepare=False), or plain "
-              "torch.compile(backend=\"fp8\")), which keeps the full-precision weights LoRA needs; "
-              "fx_fp8.restore_pipeline(pipe) undoes a prepare")
+WHAT_WORKS = (
+    "load the adapter before fx_fp8.prepare_model / compile_pipeline (it then quantizes the fused or "
+    "wrapped linears), or compile without preparing (compile_pipeline(pipe, prepare=False), or plain "
+    "torch.compile(backend=\"fp8\")), which keeps the full-precision weights LoRA needs; "
+    "fx_fp8.restore_pipeline(pipe) undoes a prepare"
+)
 
 
 class PreparedModelAdapterError(ValueError):
@@ -50,7 +53,8 @@ def _guard(inject_adapter):
             raise PreparedModelAdapterError(
                 f"PEFT adapter {adapter_name!r} targets {len(hits)} linear(s) that fx_fp8.prepare_model replaced by "
                 f"QuantizedLinear ({', '.join(hits[:3])}{more}): they hold FP8/INT8 codes, not the full-precision weights an adapter "
-                f"wraps. {WHAT_WORKS[0].upper()}{WHAT_WORKS[1:]}")
+                f"wraps. {WHAT_WORKS[0].upper()}{WHAT_WORKS[1:]}"
+            )
         return inject_adapter(self, model, adapter_name, *args, **kwargs)
 
     guarded._fx_fp8_guard = True

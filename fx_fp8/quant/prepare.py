@@ -5,6 +5,7 @@ layers found by the graph's structure (fx_fp8/graph/sensitive.py) when example i
 are given: the model is traced once on them. That trace also gives each linear's token count M,
 at which the per-GPU tune table decides it as it does in the compiled graph (fx_fp8.quant.tuned_plan).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,10 @@ from fx_fp8.quant.weight_state import state_on
 #: compile_pipeline rebuilds over the new modules after preparing (fx_fp8/pipeline/offload.py)
 REBUILT_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
 #: why the tune table was not applied to a linear, by what prepare_model knows of its token count M
-NO_EXAMPLE_INPUTS = ("M unknown: prepare_model was given no example_inputs (give them, as compile_pipeline does, to "
-                     "follow the table); planned by the rules, and the compiled graph runs it as prepared")
+NO_EXAMPLE_INPUTS = (
+    "M unknown: prepare_model was given no example_inputs (give them, as compile_pipeline does, to "
+    "follow the table); planned by the rules, and the compiled graph runs it as prepared"
+)
 NOT_TRACED = "M unknown: not called by the forward traced on example_inputs; planned by the rules"
 SYMBOLIC = "M symbolic in the trace on example_inputs; planned by the rules"
 
@@ -51,8 +54,9 @@ def hooks_lost_by_replacing(module: nn.Module) -> list[str]:
     return [h for h in getattr(registry, "hooks", None) or {} if h not in REBUILT_HOOKS]
 
 
-def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensitive: Optional[dict] = None,
-                  **overrides) -> dict:
+def prepare_model(
+    model: nn.Module, config=None, *, example_inputs=None, sensitive: Optional[dict] = None, **overrides
+) -> dict:
     """Quantize eligible nn.Linear weights of `model` in place, freeing the originals.
 
     Uses the same plan as the linear pass (fx_fp8.quant.linear_plan: ignored_layers,
@@ -94,12 +98,24 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     started = time.perf_counter()  # progress log
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
-    result = {"quantized": [], "weight_only": [], "native": {}, "hooked": {}, "bytes_before": 0, "bytes_after": 0,
-              "method": qcfg.method, "tune_table": None}
+    result = {
+        "quantized": [],
+        "weight_only": [],
+        "native": {},
+        "hooked": {},
+        "bytes_before": 0,
+        "bytes_after": 0,
+        "method": qcfg.method,
+        "tune_table": None,
+    }
     if not cfg.linear_enabled:
         return result
-    check_not_prepared(model, "it cannot be prepared again", "prepare the original model once; compile a prepared "
-                       "model as it is (torch.compile(model, backend='fp8'), or compile_pipeline(pipe, prepare=False))")
+    check_not_prepared(
+        model,
+        "it cannot be prepared again",
+        "prepare the original model once; compile a prepared "
+        "model as it is (torch.compile(model, backend='fp8'), or compile_pipeline(pipe, prepare=False))",
+    )
     linears = [(n, m) for n, m in model.named_modules() if is_plain_linear(m)]
     warn_unmatched_patterns(qcfg.ignored_layers, [n for n, _ in linears], "prepare_model")  # before weights are freed
     traced = None  # {linear name: {(M, activation dtype)}} where a trace ran: the tune table's M
@@ -121,13 +137,25 @@ def prepare_model(model: nn.Module, config=None, *, example_inputs=None, sensiti
     told = result["tune_table"]
     if told and told["not_applied"]:  # not silent: the compiled graph may have followed the table
         name, why = next(iter(told["not_applied"].items()))
-        log.info("fx_fp8: prepare_model did not apply the tune table %s to %d linear(s) (%s: %s)", told["source"],
-                 len(told["not_applied"]), name, why)
+        log.info(
+            "fx_fp8: prepare_model did not apply the tune table %s to %d linear(s) (%s: %s)",
+            told["source"],
+            len(told["not_applied"]),
+            name,
+            why,
+        )
     return result
 
 
-def _plan_layers(model: nn.Module, cfg: FP8Config, linears: list, sensitive: dict, calibration: Calibration,
-                 result: dict, traced: Optional[dict]) -> tuple[list, list]:
+def _plan_layers(
+    model: nn.Module,
+    cfg: FP8Config,
+    linears: list,
+    sensitive: dict,
+    calibration: Calibration,
+    result: dict,
+    traced: Optional[dict],
+) -> tuple[list, list]:
     """[(name, linear, its QuantizedLinear)] and the hooked linears left as they are; fills
     result["native"] / ["hooked"] / ["tune_table"]. Reads the model, changes nothing in it."""
     qcfg = cfg.quantization_config
@@ -137,10 +165,17 @@ def _plan_layers(model: nn.Module, cfg: FP8Config, linears: list, sensitive: dic
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         w = module.weight
         lowering = get_lowering(resolve_lowering_name(cfg.lowering, w.device))
-        layer = plan_linear(name, module.in_features, module.out_features, w.dtype, qcfg,
-                            sensitive=sensitive.get(name), calibration=calibration,
-                            graph_reason=keep_in_fp32_reason(keep_fp32, name, type(model).__name__),
-                            lowering=lowering)
+        layer = plan_linear(
+            name,
+            module.in_features,
+            module.out_features,
+            w.dtype,
+            qcfg,
+            sensitive=sensitive.get(name),
+            calibration=calibration,
+            graph_reason=keep_in_fp32_reason(keep_fp32, name, type(model).__name__),
+            lowering=lowering,
+        )
         device = w.device
         if device not in tables:
             tables[device] = table_unapplied(qcfg, lowering, device)
@@ -154,7 +189,8 @@ def _plan_layers(model: nn.Module, cfg: FP8Config, linears: list, sensitive: dic
             result["hooked"][name] = (
                 f"carries diffusers hooks {hooks}: not replaced (the hooks would be lost); the backend quantizes it "
                 f"at compile time ({'weight-only' if layer.weight_only else qcfg.method}) and it keeps its "
-                "original weight")
+                "original weight"
+            )
             continue
         plan.append((name, module, _quantized_layer(name, module, layer)))
     return plan, hooked
@@ -167,8 +203,17 @@ def _follows_a_table(cfg: FP8Config, linears: list) -> bool:
     return any(table_unapplied(qcfg, get_lowering(resolve_lowering_name(cfg.lowering, d)), d) for d in devices)
 
 
-def _tuned(name: str, module: nn.Module, layer, qcfg, lowering, source: Optional[str], structural: Optional[str],
-           traced: Optional[dict], result: dict):
+def _tuned(
+    name: str,
+    module: nn.Module,
+    layer,
+    qcfg,
+    lowering,
+    source: Optional[str],
+    structural: Optional[str],
+    traced: Optional[dict],
+    result: dict,
+):
     """`layer` as the tune table (`source`: the one that applies to its device, None: none) has it at
     the M the trace on example_inputs saw (tuned_plan, the linear pass's step); the rules' plan where
     no table applies or M is unknown (result["tune_table"] says which and why)."""
@@ -177,17 +222,38 @@ def _tuned(name: str, module: nn.Module, layer, qcfg, lowering, source: Optional
         return layer
     told = result["tune_table"] = result["tune_table"] or {"source": source, "applied": [], "not_applied": {}}
     seen = sorted(traced.get(name, ()), key=str) if traced is not None else []
-    why = (NO_EXAMPLE_INPUTS if traced is None else NOT_TRACED if not seen
-           else SYMBOLIC if any(m is None for m, _ in seen) else None)
+    why = (
+        NO_EXAMPLE_INPUTS
+        if traced is None
+        else NOT_TRACED
+        if not seen
+        else SYMBOLIC
+        if any(m is None for m, _ in seen)
+        else None
+    )
     if why is None:
-        tuned = [tuned_plan(layer, qcfg, lowering, m=m, k=module.in_features, n=module.out_features, dtype=dtype,
-                            device=module.weight.device, has_bias=module.bias is not None, sensitive=sensitive)
-                 for m, dtype in seen]
+        tuned = [
+            tuned_plan(
+                layer,
+                qcfg,
+                lowering,
+                m=m,
+                k=module.in_features,
+                n=module.out_features,
+                dtype=dtype,
+                device=module.weight.device,
+                has_bias=module.bias is not None,
+                sensitive=sensitive,
+            )
+            for m, dtype in seen
+        ]
         if len({t.kind for t in tuned}) == 1:
             told["applied"].append(name)
             return tuned[0]
-        why = (f"called at M {', '.join(str(m) for m, _ in seen)}, where the table picks "
-               f"{' / '.join(t.kind for t in tuned)}: one prepared layer cannot run each; planned by the rules")
+        why = (
+            f"called at M {', '.join(str(m) for m, _ in seen)}, where the table picks "
+            f"{' / '.join(t.kind for t in tuned)}: one prepared layer cannot run each; planned by the rules"
+        )
     told["not_applied"][name] = why
     return layer
 
@@ -230,9 +296,12 @@ def _install(model: nn.Module, plan: list, hooked: list, result: dict) -> None:
         state_on(module, "weight", name).left_by_prepare = reason
     if result["hooked"]:
         names = list(result["hooked"])
-        warnings.warn(f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
-                      f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
-                      "and they keep their original weights", stacklevel=3)
+        warnings.warn(
+            f"fx_fp8: prepare_model left {len(names)} linear(s) carrying diffusers hooks unreplaced (the "
+            f"hooks would be lost): {', '.join(names[:8])}; the backend quantizes them at compile time "
+            "and they keep their original weights",
+            stacklevel=3,
+        )
 
 
 def _undo(model: nn.Module, replaced: list, was_guarded: bool) -> None:
@@ -253,22 +322,37 @@ def _quantized_layer(name: str, module: nn.Module, layer) -> QuantizedLinear:
     if layer.smoothing_alpha is not None:
         smoothing = group_smoothing([(layer.channel_amax, module.weight)], layer.smoothing_alpha, module.weight.device)
         if layer.static:
-            input_scale = torch.tensor(smoothed_static_scale(layer.channel_amax, smoothing.inverse, layer.recipe.method),
-                                       dtype=torch.float32, device=module.weight.device)
+            input_scale = torch.tensor(
+                smoothed_static_scale(layer.channel_amax, smoothing.inverse, layer.recipe.method),
+                dtype=torch.float32,
+                device=module.weight.device,
+            )
     wq, ws = layer.recipe.quantize(module.weight, smoothing)
-    return QuantizedLinear.from_plan(layer, wq, ws, module.bias, orig_dtype=module.weight.dtype,
-                                     input_scale=input_scale,
-                                     input_smoothing=smoothing.inverse if smoothing is not None else None)
+    return QuantizedLinear.from_plan(
+        layer,
+        wq,
+        ws,
+        module.bias,
+        orig_dtype=module.weight.dtype,
+        input_scale=input_scale,
+        input_smoothing=smoothing.inverse if smoothing is not None else None,
+    )
 
 
 def _split_inputs(example_inputs) -> tuple[tuple, dict]:
     """A tuple of arguments, a dict of keyword arguments, or (args, kwargs)."""
     if isinstance(example_inputs, dict):
         return (), example_inputs
-    if (isinstance(example_inputs, tuple) and len(example_inputs) == 2 and isinstance(example_inputs[0], (tuple, list))
-            and isinstance(example_inputs[1], dict)):
+    if (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[0], (tuple, list))
+        and isinstance(example_inputs[1], dict)
+    ):
         return tuple(example_inputs[0]), example_inputs[1]
     if isinstance(example_inputs, (tuple, list)):
         return tuple(example_inputs), {}
-    raise ValueError(f"invalid example_inputs of type {type(example_inputs).__name__}: expected a tuple of "
-                     "arguments, a dict of keyword arguments, or (args, kwargs)")
+    raise ValueError(
+        f"invalid example_inputs of type {type(example_inputs).__name__}: expected a tuple of "
+        "arguments, a dict of keyword arguments, or (args, kwargs)"
+    )

@@ -15,6 +15,7 @@ The backend rewrites layers that dequantize such weights in their forward (fx_fp
 prepare_model / compile_pipeline(prepare=False). Either way the report says where each weight
 came from (`weight_origin`, node meta `WEIGHT_ORIGIN`).
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional
@@ -30,6 +31,7 @@ MODELOPT_FP8 = "ModelOpt FP8 checkpoint"
 #: module classes whose forward dequantizes a pre-quantized weight, by class name (what Dynamo's
 #: nn_module_stack shows): the source the report names
 KNOWN_SOURCES = {"BFLFP8RLinear": BFL_FP8R}
+
 
 def describe_origin(source: str, weight_granularity: str, static_input: bool) -> str:
     """'BFL fp8r checkpoint (per-channel weight scales)', 'ModelOpt FP8 checkpoint (per-tensor
@@ -49,7 +51,7 @@ def weight_origin(module) -> Optional[str]:
 
 
 def scale_granularity(shape, out_features: int) -> Optional[str]:
-    """"tensor" for a scale of one element ([], [1], [1, 1]), "channel" for [N] / [N, 1], else None."""
+    """ "tensor" for a scale of one element ([], [1], [1, 1]), "channel" for [N] / [N, 1], else None."""
     shape = tuple(int(s) for s in shape)
     if shape in ((), (1,), (1, 1)):
         return "tensor"
@@ -89,8 +91,14 @@ def bad_scale(name: str, weight_scale, input_scale=None) -> Optional[str]:
         finite = torch.isfinite(s)
         nonfinite, nonpositive = int((~finite).sum()), int((finite & (s <= 0)).sum())
         if nonfinite or nonpositive:
-            found.append(f"{what}: " + ", ".join(f"{n} of {s.numel()} {kind}" for n, kind in (
-                (nonfinite, "not finite"), (nonpositive, "not positive")) if n))
+            found.append(
+                f"{what}: "
+                + ", ".join(
+                    f"{n} of {s.numel()} {kind}"
+                    for n, kind in ((nonfinite, "not finite"), (nonpositive, "not positive"))
+                    if n
+                )
+            )
     return f"{name} ({'; '.join(found)})" if found else None
 
 
@@ -100,9 +108,12 @@ def warn_bad_scales(found: list, where: str) -> None:
 
     if found:
         listed = ", ".join(found[:10]) + (f" (+{len(found) - 10} more)" if len(found) > 10 else "")
-        warnings.warn(f"fx_fp8: {where}: pre-quantized scales that are not finite and positive in {listed}: those "
-                      "layers compute NaN, zeros or sign-flipped outputs, as the checkpoint's own dequantizing "
-                      "forward does; the checkpoint is probably damaged", stacklevel=3)
+        warnings.warn(
+            f"fx_fp8: {where}: pre-quantized scales that are not finite and positive in {listed}: those "
+            "layers compute NaN, zeros or sign-flipped outputs, as the checkpoint's own dequantizing "
+            "forward does; the checkpoint is probably damaged",
+            stacklevel=3,
+        )
 
 
 def _is_bfl_fp8r(module: nn.Module) -> bool:
@@ -127,14 +138,22 @@ def _bfl_plan(name: str, module: nn.Module, problems: list) -> Optional[tuple]:
     if w.is_meta or (s is not None and s.is_meta):
         problems.append(f"{name}: BFLFP8RLinear whose weights were never loaded (meta tensors)")
     elif w.dtype != FP8_DTYPE or tuple(w.shape) != (n, k):
-        problems.append(f"{name}: BFLFP8RLinear weight {w.dtype} {list(w.shape)}, expected {FP8_DTYPE} "
-                        f"[{n}, {k}]")
+        problems.append(f"{name}: BFLFP8RLinear weight {w.dtype} {list(w.shape)}, expected {FP8_DTYPE} [{n}, {k}]")
     elif s is None or s.dtype != torch.float32 or tuple(s.shape) != (n,):
-        problems.append(f"{name}: BFLFP8RLinear weight_scale "
-                        f"{'missing' if s is None else f'{s.dtype} {list(s.shape)}'}, expected torch.float32 [{n}]")
+        problems.append(
+            f"{name}: BFLFP8RLinear weight_scale "
+            f"{'missing' if s is None else f'{s.dtype} {list(s.shape)}'}, expected torch.float32 [{n}]"
+        )
     else:
-        return (w, s, None, module.bias, getattr(module, "compute_dtype", None) or torch.bfloat16,
-                describe_origin(BFL_FP8R, "channel", False), "channel")
+        return (
+            w,
+            s,
+            None,
+            module.bias,
+            getattr(module, "compute_dtype", None) or torch.bfloat16,
+            describe_origin(BFL_FP8R, "channel", False),
+            "channel",
+        )
     return None
 
 
@@ -146,8 +165,11 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
     from fx_fp8.quant.rules import is_plain_linear
 
     if not is_plain_linear(module):
-        what = "no module of that name" if module is None else f"a {type(module).__name__} there" + (
-            " with its own forward" if isinstance(module, nn.Linear) else "")
+        what = (
+            "no module of that name"
+            if module is None
+            else f"a {type(module).__name__} there" + (" with its own forward" if isinstance(module, nn.Linear) else "")
+        )
         problems.append(f"{prefix}: the checkpoint quantizes it but the model has {what}")
         return None
     n, k = module.out_features, module.in_features
@@ -157,17 +179,23 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
         return None
     g = scale_granularity(s.shape, n)
     if g is None or s.dtype not in FLOAT_DTYPES:
-        problems.append(f"{prefix}: weight_scale {s.dtype} {list(s.shape)}: expected a float scale of shape [] / [1] "
-                        f"(per tensor) or [{n}] / [{n}, 1] (per channel); block scales are not supported")
+        problems.append(
+            f"{prefix}: weight_scale {s.dtype} {list(s.shape)}: expected a float scale of shape [] / [1] "
+            f"(per tensor) or [{n}] / [{n}, 1] (per channel); block scales are not supported"
+        )
         return None
     if i is not None and (i.numel() != 1 or i.dtype not in FLOAT_DTYPES):
-        problems.append(f"{prefix}: input_scale {i.dtype} {list(i.shape)}: expected one float (a static per-tensor "
-                        "activation scale)")
+        problems.append(
+            f"{prefix}: input_scale {i.dtype} {list(i.shape)}: expected one float (a static per-tensor "
+            "activation scale)"
+        )
         return None
     bias = sd.get(prefix + ".bias", module.bias)
     if bias is not None and (bias.is_meta or tuple(bias.shape) != (n,)):
-        problems.append(f"{prefix}: bias {'not loaded (meta tensor)' if bias.is_meta else list(bias.shape)}; give "
-                        f"{prefix}.bias in the state dict")
+        problems.append(
+            f"{prefix}: bias {'not loaded (meta tensor)' if bias.is_meta else list(bias.shape)}; give "
+            f"{prefix}.bias in the state dict"
+        )
         return None
     dtype = bias.dtype if bias is not None else module.weight.dtype
     if dtype not in FLOAT_DTYPES:
@@ -175,8 +203,7 @@ def _modelopt_plan(prefix: str, module: Optional[nn.Module], sd: Mapping, proble
     return w, s, i, bias, dtype, describe_origin(MODELOPT_FP8, g, i is not None), g
 
 
-def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Mapping] = None,
-                       **overrides) -> dict:
+def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Mapping] = None, **overrides) -> dict:
     """Swap a model's pre-quantized FP8 linears for QuantizedLinear modules holding the very same
     weight tensors (no copy, no re-quantization: the stored bytes are what the FP8 GEMMs read).
 
@@ -213,11 +240,14 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
     if not isinstance(model, nn.Module):
         raise ValueError(f"adopt_prequantized expects a torch.nn.Module, got {type(model).__name__}")
     if state_dict is not None and not isinstance(state_dict, Mapping):
-        raise ValueError(f"state_dict must be a mapping of tensors (a ModelOpt FP8 export), got "
-                         f"{type(state_dict).__name__}")
+        raise ValueError(
+            f"state_dict must be a mapping of tensors (a ModelOpt FP8 export), got {type(state_dict).__name__}"
+        )
     if isinstance(config, Mapping) and any(isinstance(v, torch.Tensor) for v in config.values()):
-        raise ValueError("adopt_prequantized: the second argument is the fx_fp8 config; pass a checkpoint's tensors "
-                         "as state_dict=...")
+        raise ValueError(
+            "adopt_prequantized: the second argument is the fx_fp8 config; pass a checkpoint's tensors "
+            "as state_dict=..."
+        )
     cfg = FP8Config.load(config, **overrides)
     qcfg = cfg.quantization_config
     model = unwrap_compiled(model)
@@ -238,21 +268,30 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
         plan = _modelopt_plan(prefix, modules.get(prefix), state_dict, problems)
         if plan is not None:
             plans[prefix] = plan
-            used += [k for k in (f"{prefix}.{s}" for s in ("weight", "weight_scale", "input_scale", "bias"))
-                     if k in state_dict]
+            used += [
+                k
+                for k in (f"{prefix}.{s}" for s in ("weight", "weight_scale", "input_scale", "bias"))
+                if k in state_dict
+            ]
     if problems:
-        raise ValueError("fx_fp8: adopt_prequantized found layers it cannot adopt (nothing was changed):\n  "
-                         + "\n  ".join(problems))
+        raise ValueError(
+            "fx_fp8: adopt_prequantized found layers it cannot adopt (nothing was changed):\n  " + "\n  ".join(problems)
+        )
     if cfg.linear_enabled:  # a typo here keeps nothing native, and a compile never sees the dequantized weights
-        warn_unmatched_patterns(qcfg.ignored_layers, [n for n, m in modules.items() if n in plans or is_plain_linear(m)
-                                                      or isinstance(m, QuantizedLinear)], "adopt_prequantized")
-    warn_bad_scales([b for name, p in plans.items() if (b := bad_scale(name, p[1], p[2])) is not None],
-                    "adopt_prequantized")
+        warn_unmatched_patterns(
+            qcfg.ignored_layers,
+            [n for n, m in modules.items() if n in plans or is_plain_linear(m) or isinstance(m, QuantizedLinear)],
+            "adopt_prequantized",
+        )
+    warn_bad_scales(
+        [b for name, p in plans.items() if (b := bad_scale(name, p[1], p[2])) is not None], "adopt_prequantized"
+    )
     swaps, kept, dequantized = [], {}, []
     for name, (w, s, i, bias, dtype, origin, g) in plans.items():
         module = modules[name]
-        plan = plan_linear(name, w.shape[1], w.shape[0], dtype, qcfg, enabled=cfg.linear_enabled,
-                           stored=WeightRecipe("fp8", g))
+        plan = plan_linear(
+            name, w.shape[1], w.shape[0], dtype, qcfg, enabled=cfg.linear_enabled, stored=WeightRecipe("fp8", g)
+        )
         hooks = _kept_reason(module)
         if plan.native or hooks:
             kept[name] = hooks or plan.reason
@@ -262,8 +301,15 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
                 kept[name] += f"; {origin} dequantized into its weight ({dtype})"
             continue
         input_scale = tensor_scale(i.detach()) if i is not None and not plan.weight_only else None
-        new = QuantizedLinear.from_plan(plan, w.detach(), canonical_weight_scale(s, g), bias, orig_dtype=dtype,
-                                        input_scale=input_scale, origin=origin)
+        new = QuantizedLinear.from_plan(
+            plan,
+            w.detach(),
+            canonical_weight_scale(s, g),
+            bias,
+            orig_dtype=dtype,
+            input_scale=input_scale,
+            origin=origin,
+        )
         swaps.append((name, module, new, origin))
     # every layer checked and built: only now change the model
     for module, weight, bias in dequantized:
@@ -275,6 +321,9 @@ def adopt_prequantized(model: nn.Module, config=None, *, state_dict: Optional[Ma
         new.accept_weight(name)
     if swaps:
         guard(model, kept)  # save_quantized records why the kept layers are full precision
-    return {"adopted": {name: origin for name, _, _, origin in swaps},
-            "weight_only": [name for name, _, new, _ in swaps if new.weight_only],
-            "kept": kept, "state_dict_keys": used}
+    return {
+        "adopted": {name: origin for name, _, _, origin in swaps},
+        "weight_only": [name for name, _, new, _ in swaps if new.weight_only],
+        "kept": kept,
+        "state_dict_keys": used,
+    }

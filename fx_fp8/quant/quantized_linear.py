@@ -14,6 +14,7 @@ once per compiled graph call (fx_fp8/quant/weight_feeds.py) and per eager call, 
 when the fingerprint moved, after a followed writer ran (fx_fp8/quant/weight_writers.py) or when
 `fx_fp8.refresh_weights` / compile_pipeline ask; a write raises naming the layer.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -44,10 +45,23 @@ class QuantizedLinear(nn.Module):
 
     _FROZEN_DTYPE = ("weight", "weight_scale", "input_scale", "input_smoothing", "input_step_scales")
 
-    def __init__(self, weight_q, weight_scale, bias, *, method, weight_granularity, weight_block, act_granularity,
-                 input_scale: Optional[torch.Tensor] = None, orig_dtype=torch.bfloat16,
-                 input_smoothing: Optional[torch.Tensor] = None, input_step_scales: Optional[torch.Tensor] = None,
-                 input_step_groups=None, origin: Optional[str] = None):
+    def __init__(
+        self,
+        weight_q,
+        weight_scale,
+        bias,
+        *,
+        method,
+        weight_granularity,
+        weight_block,
+        act_granularity,
+        input_scale: Optional[torch.Tensor] = None,
+        orig_dtype=torch.bfloat16,
+        input_smoothing: Optional[torch.Tensor] = None,
+        input_step_scales: Optional[torch.Tensor] = None,
+        input_step_groups=None,
+        origin: Optional[str] = None,
+    ):
         """`input_smoothing`: 1/s (fp32 [in_features]) when the weight was quantized as W * s
         (SmoothQuant): the input is multiplied by it before it is quantized.
         `input_step_scales` (fp32 [n_groups]) with `input_step_groups` (flat [first0, last0, ...]):
@@ -63,10 +77,14 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("input_scale", input_scale)
         self.register_buffer("input_smoothing", input_smoothing)
-        if (input_step_scales is None) != (input_step_groups is None) or (input_step_scales is not None and (
-                input_scale is None or 2 * input_step_scales.numel() != len(input_step_groups))):
-            raise ValueError(f"per-step input scales need input_scale, input_step_scales [n] and 2n step group "
-                             f"bounds; got input_step_groups={input_step_groups!r}")
+        if (input_step_scales is None) != (input_step_groups is None) or (
+            input_step_scales is not None
+            and (input_scale is None or 2 * input_step_scales.numel() != len(input_step_groups))
+        ):
+            raise ValueError(
+                f"per-step input scales need input_scale, input_step_scales [n] and 2n step group "
+                f"bounds; got input_step_groups={input_step_groups!r}"
+            )
         self.register_buffer("input_step_scales", input_step_scales)
         self.input_step_groups = tuple(int(v) for v in input_step_groups) if input_step_groups is not None else None
         self.method = method
@@ -77,9 +95,19 @@ class QuantizedLinear(nn.Module):
         self.origin = origin
 
     @classmethod
-    def from_plan(cls, plan, weight_q, weight_scale, bias, *, orig_dtype,
-                  input_scale: Optional[torch.Tensor] = None, input_smoothing: Optional[torch.Tensor] = None,
-                  input_step_scales: Optional[torch.Tensor] = None, origin: Optional[str] = None) -> "QuantizedLinear":
+    def from_plan(
+        cls,
+        plan,
+        weight_q,
+        weight_scale,
+        bias,
+        *,
+        orig_dtype,
+        input_scale: Optional[torch.Tensor] = None,
+        input_smoothing: Optional[torch.Tensor] = None,
+        input_step_scales: Optional[torch.Tensor] = None,
+        origin: Optional[str] = None,
+    ) -> "QuantizedLinear":
         """The prepared layer of a quantized (W8A8 or weight-only) `plan` (a LinearPlan: fx_fp8/quant/linear_plan.py):
         its recipe and activation scheme; its static scale and per-step scales unless given as
         tensors (a smoothed layer's scale, a checkpoint's buffers)."""
@@ -92,10 +120,21 @@ class QuantizedLinear(nn.Module):
             groups = plan.step_scales[0]
             if input_step_scales is None and plan.step_scales[1] is not None:
                 input_step_scales = torch.tensor(plan.step_scales[1], dtype=torch.float32, device=device)
-        return cls(weight_q, weight_scale, bias, method=r.method, weight_granularity=r.granularity,
-                   weight_block=r.block, act_granularity=plan.act, input_scale=input_scale, orig_dtype=orig_dtype,
-                   input_smoothing=input_smoothing, input_step_scales=input_step_scales, input_step_groups=groups,
-                   origin=origin)
+        return cls(
+            weight_q,
+            weight_scale,
+            bias,
+            method=r.method,
+            weight_granularity=r.granularity,
+            weight_block=r.block,
+            act_granularity=plan.act,
+            input_scale=input_scale,
+            orig_dtype=orig_dtype,
+            input_smoothing=input_smoothing,
+            input_step_scales=input_step_scales,
+            input_step_groups=groups,
+            origin=origin,
+        )
 
     @property
     def recipe(self) -> WeightRecipe:
@@ -130,7 +169,8 @@ class QuantizedLinear(nn.Module):
             raise RuntimeError(
                 f"fx_fp8: prepared layer {self.layer_name} holds a {w.dtype} weight: it was replaced through "
                 "`.data` after prepare_model. Load full-precision weights with model.load_state_dict(...) (prepared "
-                "layers re-quantize them), or fuse LoRA before prepare_model")
+                "layers re-quantize them), or fuse LoRA before prepare_model"
+            )
         accepted = self.__dict__.get(ACCEPTED_ATTR)
         if accepted is None:
             return
@@ -145,7 +185,8 @@ class QuantizedLinear(nn.Module):
         raise RuntimeError(
             f"fx_fp8: the quantized weight of prepared layer {self.layer_name} was written after prepare_model (its "
             "scales describe other bytes). Load full-precision weights with model.load_state_dict(...) (prepared "
-            "layers re-quantize them), fuse LoRA before prepare_model, or restore the model and prepare it again")
+            "layers re-quantize them), fuse LoRA before prepare_model, or restore the model and prepare it again"
+        )
 
     def forward(self, x):
         # Eagerly the lowering follows the device; under fx_fp8's backends the linear pass
@@ -155,12 +196,21 @@ class QuantizedLinear(nn.Module):
             self.check_weight()
         scale = self.input_scale
         if self.input_step_scales is not None:  # looked up from the published step per call (no recompile)
-            scale = torch.ops.fx_fp8.step_scale(self.input_step_scales, self.input_scale,
-                                                groups=list(self.input_step_groups))
+            scale = torch.ops.fx_fp8.step_scale(
+                self.input_step_scales, self.input_scale, groups=list(self.input_step_groups)
+            )
         return torch.ops.fx_fp8.quantized_linear(
-            x, self.weight, self.weight_scale, self.bias, scale, self.input_smoothing, method=self.method,
-            weight_granularity=self.weight_granularity, weight_block=self.weight_block,
-            act_granularity=self.act_granularity, lowering=resolve_lowering_name("auto", x.device),
+            x,
+            self.weight,
+            self.weight_scale,
+            self.bias,
+            scale,
+            self.input_smoothing,
+            method=self.method,
+            weight_granularity=self.weight_granularity,
+            weight_block=self.weight_block,
+            act_granularity=self.act_granularity,
+            lowering=resolve_lowering_name("auto", x.device),
         )
 
     def _apply(self, fn, recurse=True):
@@ -197,12 +247,17 @@ class QuantizedLinear(nn.Module):
         return self
 
     def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"{self.method} {self.weight_granularity} scales"
-                + (", weight-only" if self.weight_only else "")
-                + (", smoothed inputs" if self.input_smoothing is not None else "")
-                + (f", per-step input scales ({self.input_step_scales.numel()} step groups)"
-                   if self.input_step_scales is not None else ""))
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"{self.method} {self.weight_granularity} scales"
+            + (", weight-only" if self.weight_only else "")
+            + (", smoothed inputs" if self.input_smoothing is not None else "")
+            + (
+                f", per-step input scales ({self.input_step_scales.numel()} step groups)"
+                if self.input_step_scales is not None
+                else ""
+            )
+        )
 
     # -- loading state: a full-precision weight is re-quantized, a quantized one comes with its scale
     _FULL_PRECISION = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -212,32 +267,45 @@ class QuantizedLinear(nn.Module):
         name = prefix[:-1] or self.layer_name
         w, s = state_dict.get(prefix + "weight"), state_dict.get(prefix + "weight_scale")
         if w is None:
-            return None if s is None else (f"{name}: a weight_scale without its weight (the scale of a quantized "
-                                           "weight is only valid with that weight)")
+            return (
+                None
+                if s is None
+                else (
+                    f"{name}: a weight_scale without its weight (the scale of a quantized "
+                    "weight is only valid with that weight)"
+                )
+            )
         if tuple(w.shape) != (self.out_features, self.in_features):
-            return (f"{name}: weight of shape {list(w.shape)}, the layer is "
-                    f"[{self.out_features}, {self.in_features}]")
+            return f"{name}: weight of shape {list(w.shape)}, the layer is [{self.out_features}, {self.in_features}]"
         if w.dtype in self._FULL_PRECISION:
             if s is not None:
-                return (f"{name}: a full-precision ({w.dtype}) weight comes with a weight_scale; give the "
-                        "full-precision weight alone (it is re-quantized) or the quantized weight with its scale")
+                return (
+                    f"{name}: a full-precision ({w.dtype}) weight comes with a weight_scale; give the "
+                    "full-precision weight alone (it is re-quantized) or the quantized weight with its scale"
+                )
             smoothing = state_dict.get(prefix + "input_smoothing")
             if smoothing is not None and tuple(smoothing.shape) != (self.in_features,):
                 return f"{name}: input_smoothing of shape {list(smoothing.shape)}, expected [{self.in_features}]"
             return None
         if w.dtype != self.weight.dtype:
-            return (f"{name}: a {w.dtype} weight, the layer holds {self.weight.dtype} ({self.method}); "
-                    "load a full-precision weight to re-quantize it")
+            return (
+                f"{name}: a {w.dtype} weight, the layer holds {self.weight.dtype} ({self.method}); "
+                "load a full-precision weight to re-quantize it"
+            )
         if s is None:
-            return (f"{name}: {w.dtype} weight data without its weight_scale (quantized codes alone "
-                    "cannot be dequantized)")
+            return (
+                f"{name}: {w.dtype} weight data without its weight_scale (quantized codes alone cannot be dequantized)"
+            )
         if tuple(s.shape) != tuple(self.weight_scale.shape):
-            return (f"{name}: weight_scale of shape {list(s.shape)}, the layer's {self.weight_granularity} "
-                    f"scales are {list(self.weight_scale.shape)}")
+            return (
+                f"{name}: weight_scale of shape {list(s.shape)}, the layer's {self.weight_granularity} "
+                f"scales are {list(self.weight_scale.shape)}"
+            )
         return None
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         problem = self._check_incoming(state_dict, prefix)
         if problem:
             raise ValueError(f"fx_fp8: cannot load into prepared layer {problem}")
@@ -251,8 +319,9 @@ class QuantizedLinear(nn.Module):
             inverse = state_dict.get(prefix + "input_smoothing")
             wq, ws = self.recipe.quantize(w, Smoothing.from_inverse(inverse) if inverse is not None else None)
             state_dict[prefix + "weight"], state_dict[prefix + "weight_scale"] = wq, ws
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
         if w is not None and not self.weight.is_meta:  # new bytes and their scales, set together
             self.accept_weight(prefix[:-1])
 

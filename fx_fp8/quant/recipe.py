@@ -10,6 +10,7 @@ group_smoothing takes the (channel maxima, weight) pairs of the linears that sha
 activation quantization: prepare_model passes one layer (it sees no graph, so no groups), the
 linear pass the members of a group (they read one smoothed activation, so one s for all).
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,9 +33,9 @@ class Smoothing:
     multiplied by `factors` (s) before quantization, the activation by `inverse` (1/s)."""
 
     alpha: Optional[float]  # None: factors read back from a stored 1/s (a state-dict load)
-    factors: torch.Tensor   # s, fp32 [in_features], on the CPU
-    inverse: torch.Tensor   # 1/s, fp32 [in_features], on the weight's device
-    key: tuple              # ("smooth", alpha, digest of s): part of a quantized copy's cache key
+    factors: torch.Tensor  # s, fp32 [in_features], on the CPU
+    inverse: torch.Tensor  # 1/s, fp32 [in_features], on the weight's device
+    key: tuple  # ("smooth", alpha, digest of s): part of a quantized copy's cache key
 
     @classmethod
     def make(cls, factors: torch.Tensor, alpha: Optional[float], device=None) -> "Smoothing":
@@ -60,8 +61,10 @@ def group_smoothing(members: Iterable[tuple[torch.Tensor, torch.Tensor]], alpha:
         raise ValueError("group_smoothing needs at least one (channel maxima, weight) pair, got none")
     for amax, w in members:
         if w.dim() != 2 or amax.numel() != w.shape[1]:
-            raise ValueError(f"group_smoothing: channel maxima of {amax.numel()} values for a weight of shape "
-                             f"{list(w.shape)} (one value per input feature expected)")
+            raise ValueError(
+                f"group_smoothing: channel maxima of {amax.numel()} values for a weight of shape "
+                f"{list(w.shape)} (one value per input feature expected)"
+            )
     with torch.no_grad():
         amax = functools.reduce(torch.maximum, [a for a, _ in members])
         wmax = functools.reduce(torch.maximum, [w.detach().abs().amax(dim=0).float().cpu() for _, w in members])
@@ -90,8 +93,10 @@ class WeightRecipe:
             except TypeError:
                 block = ()
             if len(block) != 2 or min(block) < 1:
-                raise ValueError(f"weight granularity 'block' needs a block [rows, cols] of two positive integers, "
-                                 f"got {self.block!r}")
+                raise ValueError(
+                    f"weight granularity 'block' needs a block [rows, cols] of two positive integers, "
+                    f"got {self.block!r}"
+                )
         object.__setattr__(self, "block", block)  # tensor / channel scales have no block: one cache key
 
     @classmethod
@@ -118,8 +123,9 @@ class WeightRecipe:
             w = weight.detach()
             if smoothing is not None:
                 if smoothing.factors.numel() != w.shape[1]:
-                    raise ValueError(f"smoothing of {smoothing.factors.numel()} factors for a weight of shape "
-                                     f"{list(w.shape)}")
+                    raise ValueError(
+                        f"smoothing of {smoothing.factors.numel()} factors for a weight of shape {list(w.shape)}"
+                    )
                 w = w.float() * smoothing.factors.to(w.device)
             return quant.quantize_weight(w, self.granularity, self.block, self.method)
 

@@ -7,6 +7,7 @@ FakeTensor metadata) and by the tiny model's fake quantization, so the two never
 device is here. Every check reads shapes through fx_fp8.graph.shapes, so none of
 them specialises a symbolic size.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -31,16 +32,34 @@ from fx_fp8.ops.formats import FLOAT_DTYPES
 #: graph, uses these names only.
 SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
     # timestep / text / image input embedders
-    "time_text_embed", "timestep_embedder", "text_embedder", "context_embedder", "x_embedder",
-    "condition_embedder", "img_in", "txt_in", "t_embedder", "cap_embedder", "all_x_embedder",
-    "time_embedding", "time_proj",
+    "time_text_embed",
+    "timestep_embedder",
+    "text_embedder",
+    "context_embedder",
+    "x_embedder",
+    "condition_embedder",
+    "img_in",
+    "txt_in",
+    "t_embedder",
+    "cap_embedder",
+    "all_x_embedder",
+    "time_embedding",
+    "time_proj",
     # the original Wan layout (diffusers' WanAnimate2Transformer3DModel): embedders run in frames Dynamo
     # leaves eager, so the pieces the structural analysis sees hold no model output
-    "time_projection", "text_embedding", "img_emb",
+    "time_projection",
+    "text_embedding",
+    "img_emb",
     # adaLN modulation
-    "re:(.*\\.)?norm[^.]*\\.linear", "img_mod", "txt_mod", "adaLN_modulation",
+    "re:(.*\\.)?norm[^.]*\\.linear",
+    "img_mod",
+    "txt_mod",
+    "adaLN_modulation",
     # final projection / final layer
-    "re:proj_out", "re:norm_out(\\..*)?", "all_final_layer", "re:head\\.head",
+    "re:proj_out",
+    "re:norm_out(\\..*)?",
+    "all_final_layer",
+    "re:head\\.head",
     # text encoders' final projection (transformers' CLIPTextModelWithProjection)
     "re:text_projection",
 )
@@ -66,8 +85,11 @@ def text_encoder_sensitive_reason(name: str, model_cls: str) -> Optional[TextEnc
     hit = first_match(TEXT_ENCODER_SENSITIVE_PATTERNS, name)
     if hit is None:
         return None
-    what = ("output head lm_head (the final projection; a prompt embedding is the hidden states before it)"
-            if hit == TEXT_ENCODER_SENSITIVE_PATTERNS[0] else "vision tower visual.* (it runs on image inputs only)")
+    what = (
+        "output head lm_head (the final projection; a prompt embedding is the hidden states before it)"
+        if hit == TEXT_ENCODER_SENSITIVE_PATTERNS[0]
+        else "vision tower visual.* (it runs on image inputs only)"
+    )
     return TextEncoderSensitive(f"{model_cls}'s {what}: a text encoder's sensitive layer")
 
 
@@ -94,8 +116,10 @@ def check_not_prepared(model, action: str, hint: str) -> None:
 
     names = [n for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]
     if names:
-        raise ValueError(f"this model was already prepared by fx_fp8.prepare_model: {len(names)} linears are "
-                         f"QuantizedLinear modules (first: {names[:3]}), so {action}; {hint}")
+        raise ValueError(
+            f"this model was already prepared by fx_fp8.prepare_model: {len(names)} linears are "
+            f"QuantizedLinear modules (first: {names[:3]}), so {action}; {hint}"
+        )
 
 
 def sensitive_reason(name: str, sensitive: Optional[str] = None) -> Optional[str]:
@@ -134,7 +158,9 @@ def attention_call_reason(q, k, v, mask, *, dropout_p: float, is_causal: bool, e
     if mask is not None:
         target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if mask.dim() > 4 or not broadcasts_to(mask.shape, target):
-            return f"attention mask of shape ({', '.join(map(size_str, mask.shape))}) not broadcastable to (B, H, Sq, Sk)"
+            return (
+                f"attention mask of shape ({', '.join(map(size_str, mask.shape))}) not broadcastable to (B, H, Sq, Sk)"
+            )
         if mask.dtype != torch.bool and mask.dtype not in FLOAT_DTYPES:
             return f"attention mask dtype {mask.dtype} not supported"
     return None
@@ -154,5 +180,7 @@ def short_keys_reason(q, k, cfg) -> Optional[str]:
     num = round(cfg.min_kv_ratio * 1000)
     if known_true(s_k * 1000 >= s_q * num):
         return None
-    return (f"cross-attention (key length {size_str(s_k)} < {cfg.min_kv_ratio:g} x query length {size_str(s_q)}); "
-            "set attention.cross_attention: true to quantize it")
+    return (
+        f"cross-attention (key length {size_str(s_k)} < {cfg.min_kv_ratio:g} x query length {size_str(s_q)}); "
+        "set attention.cross_attention: true to quantize it"
+    )

@@ -3,6 +3,7 @@
 keys would load as garbage), and `load_state_dict` checks every quantized layer's incoming
 entries before anything is copied. The guard also records the linears prepare_model kept
 native, with the reason, for save_quantized."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,8 @@ class _RefuseSavePretrained:
             f"{type(self.module).__name__} holds {len(names)} quantized linear(s) (first: {names[0]!r}): "
             "save_pretrained would write FP8/INT8 codes under plain weight keys that from_pretrained loads as "
             f"garbage; use fx_fp8.save_quantized(model_or_pipe, {os.fspath(save_directory)!r}) and "
-            "fx_fp8.load_quantized to load it")
+            "fx_fp8.load_quantized to load it"
+        )
 
 
 def _check_quantized_state(module, state_dict, prefix, *_):
@@ -63,8 +65,11 @@ def guard(module: nn.Module, native: Optional[dict] = None, *, refuse_save_pretr
     module = unwrap_compiled(module)
     record = module.__dict__.setdefault(_PREPARED_ATTR, {"native": {}})
     record["native"].update(native or {})
-    if refuse_save_pretrained and callable(getattr(type(module), "save_pretrained", None)) and not isinstance(
-            module.__dict__.get("save_pretrained"), _RefuseSavePretrained):
+    if (
+        refuse_save_pretrained
+        and callable(getattr(type(module), "save_pretrained", None))
+        and not isinstance(module.__dict__.get("save_pretrained"), _RefuseSavePretrained)
+    ):
         module.__dict__["save_pretrained"] = _RefuseSavePretrained(module)
     if _HOOK_ATTR not in module.__dict__:
         module.__dict__[_HOOK_ATTR] = module.register_load_state_dict_pre_hook(_check_quantized_state)

@@ -6,6 +6,7 @@ may keep a linear the rules quantize native, or make it weight-only, at the line
 The linear pass knows M from the graph; prepare_model from its trace on example_inputs, and not at
 all without them (nor does the load-time quantizer): `table_unapplied` is then what they say instead.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,23 +27,39 @@ def plan_kind(plan: LinearPlan) -> str:
     return "native" if plan.native else "weight_only" if plan.weight_only else "quantized"
 
 
-def tuned_plan(plan: LinearPlan, qcfg, lowering, *, m: Optional[int], k: int, n: int, dtype: str, device,
-               has_bias: bool, sensitive: bool) -> LinearPlan:
+def tuned_plan(
+    plan: LinearPlan,
+    qcfg,
+    lowering,
+    *,
+    m: Optional[int],
+    k: int,
+    n: int,
+    dtype: str,
+    device,
+    has_bias: bool,
+    sensitive: bool,
+) -> LinearPlan:
     """`plan` as the tune table of `device` has it at M `m` (None: unknown), K `k`, N `n`, activations
     of `dtype` ("bfloat16"): kept, or made native or weight-only (the storage `lowering`'s W8A16
     takes), its reason and `measurement` saying what was measured (fx_fp8.ops.tune_table.shape_decision;
     kernel rules, an explicit sensitive: fp8 for a `sensitive` layer and native plans are left as they are)."""
     ran = plan_kind(plan)
-    kind, why, timing = tune_table.shape_decision(ran, plan.reason, m, k, n, dtype, device, has_bias, qcfg,
-                                                  lowering.name, sensitive)
+    kind, why, timing = tune_table.shape_decision(
+        ran, plan.reason, m, k, n, dtype, device, has_bias, qcfg, lowering.name, sensitive
+    )
     if kind == ran:
-        return plan if why == plan.reason else dataclasses.replace(plan, reason=why, measurement=why,
-                                                                   timing=timing or None)
+        return (
+            plan
+            if why == plan.reason
+            else dataclasses.replace(plan, reason=why, measurement=why, timing=timing or None)
+        )
     if kind == "native":
         return dataclasses.replace(native(why), measurement=why, timing=timing)
     # the table picked weight-only where the rules planned W8A8: the storage the device's W8A16 takes
-    return LinearPlan("weight_only", why, WeightRecipe.weight_only(qcfg, lowering), WEIGHT_ONLY,
-                      measurement=why, timing=timing)
+    return LinearPlan(
+        "weight_only", why, WeightRecipe.weight_only(qcfg, lowering), WEIGHT_ONLY, measurement=why, timing=timing
+    )
 
 
 def table_unapplied(qcfg, lowering, device) -> Optional[str]:

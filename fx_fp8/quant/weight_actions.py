@@ -9,6 +9,7 @@ decisions alike. The pass never writes a weight's state itself.
   calibrated channel maxima and their own weights; each member's W * s quantized, and with
   static scales the smoothed activation's scale attached.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,9 @@ def attach_static_scale(st, value: float, steps, device) -> None:
     """A linear's calibrated activation scale (and its per-step scales: (flat step groups,
     [scale per group]), linear_scales.step_scale_table) on its weight's state."""
     st.input_scale = torch.tensor(value, dtype=torch.float32, device=device)
-    st.input_step_scales = None if steps is None else (
-        tuple(steps[0]), torch.tensor(steps[1], dtype=torch.float32, device=device))
+    st.input_step_scales = (
+        None if steps is None else (tuple(steps[0]), torch.tensor(steps[1], dtype=torch.float32, device=device))
+    )
     st.generation += 1  # new tensors: feeders look them up again
 
 
@@ -61,8 +63,12 @@ def apply(action, inputs: list, module_of: Callable[[str], str], resolver, calib
         if action.static:
             method = action.recipe.method
             scales = calibration.scales
-            attach_static_scale(st, method_scale(scales[module], method),
-                                step_scale_table(scales, module, lambda v: method_scale(v, method)), weight.device)
+            attach_static_scale(
+                st,
+                method_scale(scales[module], method),
+                step_scale_table(scales, module, lambda v: method_scale(v, method)),
+                weight.device,
+            )
         return {action.slot: copy}
     if not isinstance(action, SmoothingAction):
         raise TypeError(f"unknown weight action {action!r}")
@@ -76,6 +82,7 @@ def apply(action, inputs: list, module_of: Callable[[str], str], resolver, calib
         st.generation += 1
         out[slot] = st.copy(weight, action.recipe, sm, check_bytes=True)
         if action.static:
-            attach_static_scale(st, smoothed_static_scale(amax[module], sm.inverse, action.recipe.method), None,
-                                weight.device)
+            attach_static_scale(
+                st, smoothed_static_scale(amax[module], sm.inverse, action.recipe.method), None, weight.device
+            )
     return out

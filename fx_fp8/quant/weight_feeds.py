@@ -12,6 +12,7 @@ were not written (fx_fp8/quant/quantized_linear.py), and returns the tensors to 
 linear inside the graph, and the appended tensors keep their addresses (CUDA graphs record
 them as static inputs).
 """
+
 from __future__ import annotations
 
 import weakref
@@ -37,9 +38,9 @@ class Feed:
     """An appended graph input, derived per call from the weight at input `slot`."""
 
     slot: int
-    kind: str                                  # one of KINDS
-    recipe: Optional[WeightRecipe] = None      # wq / ws: the copy's recipe
-    alpha: Optional[float] = None              # the smoothing the copy (or 1/s) belongs to
+    kind: str  # one of KINDS
+    recipe: Optional[WeightRecipe] = None  # wq / ws: the copy's recipe
+    alpha: Optional[float] = None  # the smoothing the copy (or 1/s) belongs to
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -67,8 +68,8 @@ class FeedPlan:
         self.fake_mode = fake_mode
         self.feeds: list[Feed] = []
         self.nodes: dict[Feed, torch.fx.Node] = {}
-        self.examples: list[torch.Tensor] = []     # the planning instance's tensors (real)
-        self.prepared: list[int] = []              # input slots of prepared layers' weights (checked per call)
+        self.examples: list[torch.Tensor] = []  # the planning instance's tensors (real)
+        self.prepared: list[int] = []  # input slots of prepared layers' weights (checked per call)
 
     def placeholder(self, feed: Feed, example: torch.Tensor, hint: str) -> torch.fx.Node:
         """The placeholder of `feed` (appended once), with `example` as its value."""
@@ -78,7 +79,7 @@ class FeedPlan:
         last = self.nodes[self.feeds[-1]] if self.feeds else [n for n in self.graph.nodes if n.op == "placeholder"][-1]
         with self.graph.inserting_after(last):
             node = self.graph.placeholder(f"fx_fp8_{feed.kind}_{hint}")
-        node._dynamo_source = None                 # AOTAutograd reads it on every placeholder
+        node._dynamo_source = None  # AOTAutograd reads it on every placeholder
         node.meta["tensor_dict"] = dict(STATIC_INPUT)
         if self.fake_mode is not None:
             fake = self.fake_mode.from_tensor(example, static_shapes=True)
@@ -112,7 +113,9 @@ class Resolver:
     of the model holds, e.g. a tensor passed as an argument)."""
 
     def __init__(self, model):
-        self._model = weakref.ref(model) if isinstance(model, torch.nn.Module) else None  # compiled graphs outlive models
+        self._model = (
+            weakref.ref(model) if isinstance(model, torch.nn.Module) else None
+        )  # compiled graphs outlive models
         self.orphans: dict[int, WeightState] = {}
 
     def model(self):
@@ -180,7 +183,8 @@ class Feeder:
                 raise RuntimeError(
                     f"fx_fp8: a compiled graph was called with a weight its model instance does not hold (input "
                     f"{slot}, shape {list(weight.shape)}; its quantized copy belongs to another module). Call the "
-                    "compiled model itself (its dispatch picks each instance's copies), or compile this model again")
+                    "compiled model itself (its dispatch picks each instance's copies), or compile this model again"
+                )
             entry[1:] = self._resolve(slot, weight)  # a parameter moved to another module of the model
             return entry[1]()
         return st

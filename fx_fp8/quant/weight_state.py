@@ -22,6 +22,7 @@ call do it for the weights they run, each compiled graph after a followed writer
 copy_to / restore, PEFT's merge / unmerge: fx_fp8/quant/weight_writers.py), and
 `fx_fp8.refresh_weights(model)` on request.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ def _digest_words(weight: torch.Tensor) -> torch.Tensor:
     mult = _MULTIPLIERS.get(data.device)
     if mult is None:
         gen = torch.Generator().manual_seed(0x5EED)
-        mult = torch.randint(-2**62, 2**62, (_DIGEST_ROW,), generator=gen, dtype=torch.int64) * 2 + 1
+        mult = torch.randint(-(2**62), 2**62, (_DIGEST_ROW,), generator=gen, dtype=torch.int64) * 2 + 1
         mult = _MULTIPLIERS[data.device] = mult.to(data.device)
     rows = (words * mult).sum(dim=1)
     index = torch.arange(rows.numel(), device=data.device, dtype=torch.int64) * 2 + 1
@@ -108,14 +109,19 @@ class QuantizedCopy:
     smoothing: Optional[Smoothing]
     wq: torch.Tensor
     ws: torch.Tensor
-    quantizations: int = 1        # how often it was (re)made
+    quantizations: int = 1  # how often it was (re)made
 
     def refresh(self, weight: torch.Tensor) -> None:
         """Re-quantize from `weight`: in place where shapes, dtypes and device agree (the
         addresses a CUDA graph recorded stay valid), else new tensors."""
         wq, ws = _quantize(self.recipe, weight, self.smoothing)
         if (wq.shape, wq.dtype, wq.device, ws.shape, ws.device) == (
-                self.wq.shape, self.wq.dtype, self.wq.device, self.ws.shape, self.ws.device):
+            self.wq.shape,
+            self.wq.dtype,
+            self.wq.device,
+            self.ws.shape,
+            self.ws.device,
+        ):
             self.wq.copy_(wq)
             self.ws.copy_(ws)
         else:
@@ -132,18 +138,24 @@ class WeightState:
     """What fx_fp8 derived from one weight of a module: its quantized copies are of the bytes
     the weight held at `source` (fingerprint) / `source_digest`."""
 
-    name: str = ""                                   # the owning linear's name, for messages
-    copies: dict = field(default_factory=dict)       # recipe key (+ smoothing key) -> QuantizedCopy
-    smoothing: dict = field(default_factory=dict)    # alpha -> Smoothing of the weight's group
-    input_scale: Optional[torch.Tensor] = None       # calibrated static activation scale (fp32 [])
-    input_step_scales: Optional[tuple] = None        # per-step scales: (flat step groups, fp32 [n_groups])
-    left_by_prepare: str = ""                        # why prepare_model left its linear unreplaced (hooks)
+    name: str = ""  # the owning linear's name, for messages
+    copies: dict = field(default_factory=dict)  # recipe key (+ smoothing key) -> QuantizedCopy
+    smoothing: dict = field(default_factory=dict)  # alpha -> Smoothing of the weight's group
+    input_scale: Optional[torch.Tensor] = None  # calibrated static activation scale (fp32 [])
+    input_step_scales: Optional[tuple] = None  # per-step scales: (flat step groups, fp32 [n_groups])
+    left_by_prepare: str = ""  # why prepare_model left its linear unreplaced (hooks)
     source: Optional[tuple] = None
     source_digest: Optional[str] = None
-    generation: int = 0                              # bumped whenever a copy's tensors may be new objects
+    generation: int = 0  # bumped whenever a copy's tensors may be new objects
 
-    def copy(self, weight: torch.Tensor, recipe: WeightRecipe, smoothing: Optional[Smoothing] = None, *,
-             check_bytes: bool = False) -> QuantizedCopy:
+    def copy(
+        self,
+        weight: torch.Tensor,
+        recipe: WeightRecipe,
+        smoothing: Optional[Smoothing] = None,
+        *,
+        check_bytes: bool = False,
+    ) -> QuantizedCopy:
         """The copy of `weight` by `recipe` (and smoothing), made now if missing, current (by
         fingerprint; with check_bytes, as at compile time, by a digest of the bytes too)."""
         self.sync(weight, check_bytes=check_bytes and bool(self.copies))

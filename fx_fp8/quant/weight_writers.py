@@ -15,6 +15,7 @@ The wrappers are installed by `follow_writers()` (the backend calls it when it c
 prepare_model when it prepares): on the classes already imported, and, through an import hook, on
 those imported later. They call the original method and count; nothing else changes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,5 +76,3 @@ def _wrap(module) -> None:
 def follow_writers() -> None:
     """Wrap the writers whose modules are imported, and those imported from now on (idempotent)."""
     call_after_import(WRITERS, _wrap, once=False)
-
-

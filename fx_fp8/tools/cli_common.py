@@ -1,6 +1,7 @@
 """What every `fx-fp8` command shares: bad input as UsageError (exit status 2, one line on
 stderr), checked before the work starts (config, model source, sizes, output paths), and strict
 JSON output."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,9 @@ def _choose_config(args, source) -> str:
     --library-default; else the library's default. Sets args.config to it; returns how the output
     names it."""
     if args.library_default and args.config is not None:
-        raise UsageError(f"--library-default and --config {args.config!r} both say which config to start from: "
-                         "give one of them")
+        raise UsageError(
+            f"--library-default and --config {args.config!r} both say which config to start from: give one of them"
+        )
     if args.config is not None:
         return f"--config {args.config}"
     own = None if args.library_default else source.own_config()

@@ -4,6 +4,7 @@ Flag names follow vLLM-Omni (`--quantization fp8`, `--diffusion-kv-cache-dtype f
 `--diffusion-kv-cache-skip-steps 0,1`, ...). Every FP8 flag defaults to "unset":
 only the flags a user types override the `--config` YAML.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,36 +33,79 @@ FLAG_TO_KEY = {
 def add_fp8_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """--config, --quantization, --ignored-layers, --diffusion-kv-cache-*, --lowering, --downstream, --backend."""
     g = parser.add_argument_group("FP8 (vLLM-Omni names; unset flags leave the --config YAML as it is)")
-    g.add_argument("--config", metavar="YAML", default=None,
-                   help="FP8 config: a flat YAML or a vLLM-Omni stage config (stage_args[*].engine_args)")
-    g.add_argument("--quantization", choices=["fp8", "int8", "none"], default=None,
-                   help="W8A8 linears (default when no FP8 flag and no --config is given: fp8 linears and fp8 attention)")
-    g.add_argument("--ignored-layers", metavar="PATTERNS", default=None,
-                   help="comma-separated module-name patterns kept native (a comma inside {...}, [...] or (...) "
-                        "stays in its pattern: 're:blocks\\.[0-9]{1,2}\\..*' is one); the known-sensitive layers "
-                        "(embedders, adaLN modulation, final projection) are treated as --sensitive says "
-                        "(weight-only by default)")
-    g.add_argument("--quantize-sensitive", action="store_true", default=None,
-                   help="also quantize the known-sensitive layers (everything eligible except --ignored-layers); "
-                        "the same as --sensitive fp8")
-    g.add_argument("--sensitive", choices=["native", "weight_only", "fp8"], default=None,
-                   help="how the known-sensitive layers run: native, weight_only (W8A16, the default) or fp8")
-    g.add_argument("--quantization-skip-steps", metavar="SEL", default=None,
-                   help="denoising steps whose linears do not run W8A8, e.g. '0,1,28,29' or 'first:2,last:2' "
-                        "(quantization_config.skip_steps)")
-    g.add_argument("--quantization-skip-steps-mode", choices=["weight_only", "native"], default=None,
-                   help="what the linears run on those steps: weight_only (W8A16, default) or native")
-    g.add_argument("--diffusion-kv-cache-dtype", choices=["fp8", "auto", "none"], default=None,
-                   help="fp8 = FP8 attention (Q/K/V quantized); auto/none = native attention")
-    g.add_argument("--diffusion-kv-cache-skip-steps", metavar="SEL", default=None,
-                   help="denoising steps whose attention stays native, e.g. '0,1', '0-3,27' or 'first:2,last:2' "
-                        "(last:k counts from the run's end)")
-    g.add_argument("--diffusion-kv-cache-skip-layers", metavar="SEL", default=None,
-                   help="transformer layers whose attention stays native, e.g. '0,1,57'")
-    g.add_argument("--lowering", choices=list(LOWERINGS), default=None,
-                   help="FP8 kernels: auto (from the device), reference (CPU), cuda, npu")
-    g.add_argument("--downstream", choices=list(DOWNSTREAMS), default=None,
-                   help="compiler after the FP8 passes")
+    g.add_argument(
+        "--config",
+        metavar="YAML",
+        default=None,
+        help="FP8 config: a flat YAML or a vLLM-Omni stage config (stage_args[*].engine_args)",
+    )
+    g.add_argument(
+        "--quantization",
+        choices=["fp8", "int8", "none"],
+        default=None,
+        help="W8A8 linears (default when no FP8 flag and no --config is given: fp8 linears and fp8 attention)",
+    )
+    g.add_argument(
+        "--ignored-layers",
+        metavar="PATTERNS",
+        default=None,
+        help="comma-separated module-name patterns kept native (a comma inside {...}, [...] or (...) "
+        "stays in its pattern: 're:blocks\\.[0-9]{1,2}\\..*' is one); the known-sensitive layers "
+        "(embedders, adaLN modulation, final projection) are treated as --sensitive says "
+        "(weight-only by default)",
+    )
+    g.add_argument(
+        "--quantize-sensitive",
+        action="store_true",
+        default=None,
+        help="also quantize the known-sensitive layers (everything eligible except --ignored-layers); "
+        "the same as --sensitive fp8",
+    )
+    g.add_argument(
+        "--sensitive",
+        choices=["native", "weight_only", "fp8"],
+        default=None,
+        help="how the known-sensitive layers run: native, weight_only (W8A16, the default) or fp8",
+    )
+    g.add_argument(
+        "--quantization-skip-steps",
+        metavar="SEL",
+        default=None,
+        help="denoising steps whose linears do not run W8A8, e.g. '0,1,28,29' or 'first:2,last:2' "
+        "(quantization_config.skip_steps)",
+    )
+    g.add_argument(
+        "--quantization-skip-steps-mode",
+        choices=["weight_only", "native"],
+        default=None,
+        help="what the linears run on those steps: weight_only (W8A16, default) or native",
+    )
+    g.add_argument(
+        "--diffusion-kv-cache-dtype",
+        choices=["fp8", "auto", "none"],
+        default=None,
+        help="fp8 = FP8 attention (Q/K/V quantized); auto/none = native attention",
+    )
+    g.add_argument(
+        "--diffusion-kv-cache-skip-steps",
+        metavar="SEL",
+        default=None,
+        help="denoising steps whose attention stays native, e.g. '0,1', '0-3,27' or 'first:2,last:2' "
+        "(last:k counts from the run's end)",
+    )
+    g.add_argument(
+        "--diffusion-kv-cache-skip-layers",
+        metavar="SEL",
+        default=None,
+        help="transformer layers whose attention stays native, e.g. '0,1,57'",
+    )
+    g.add_argument(
+        "--lowering",
+        choices=list(LOWERINGS),
+        default=None,
+        help="FP8 kernels: auto (from the device), reference (CPU), cuda, npu",
+    )
+    g.add_argument("--downstream", choices=list(DOWNSTREAMS), default=None, help="compiler after the FP8 passes")
     g.add_argument("--backend", choices=["fp8", "fp8_npu"], default="fp8", help="torch.compile backend")
     return parser
 
@@ -73,13 +117,20 @@ CLI_DTYPES = ("float32", "bfloat16", "float16", "auto")
 def add_device_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """--device, --dtype: where the `fx-fp8` commands load the model and run it (CPU float32 by default)."""
     g = parser.add_argument_group("where it runs")
-    g.add_argument("--device", default="cpu",
-                   help="device the model is loaded on and run on: cpu (default), cuda, cuda:1, npu, auto (cuda, "
-                        "then npu, then cpu). FP8 numbers on CPU come from the reference lowering: they say "
-                        "nothing about GPU speed")
-    g.add_argument("--dtype", choices=CLI_DTYPES, default="float32",
-                   help="dtype the model is loaded in (default float32; auto = bfloat16 on an accelerator, "
-                        "float32 on CPU); a GPU user wants --device cuda --dtype bfloat16")
+    g.add_argument(
+        "--device",
+        default="cpu",
+        help="device the model is loaded on and run on: cpu (default), cuda, cuda:1, npu, auto (cuda, "
+        "then npu, then cpu). FP8 numbers on CPU come from the reference lowering: they say "
+        "nothing about GPU speed",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=CLI_DTYPES,
+        default="float32",
+        help="dtype the model is loaded in (default float32; auto = bfloat16 on an accelerator, "
+        "float32 on CPU); a GPU user wants --device cuda --dtype bfloat16",
+    )
     return parser
 
 
@@ -116,18 +167,37 @@ def add_pipeline_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parallel_config / cache_backend / cache_config, if any)."""
     g = parser.add_argument_group(
         "multiple devices and cache acceleration (vLLM-Omni names; with a degree > 1, launch with "
-        "`torchrun --nproc-per-node ULYSSES*RING ...`)")
-    g.add_argument("--ulysses-degree", type=_positive_int, default=None, metavar="N",
-                   help="Ulysses sequence parallelism over N processes (diffusers' ContextParallelConfig)")
-    g.add_argument("--ring-degree", type=_positive_int, default=None, metavar="N",
-                   help="ring attention over N processes; each partial attention is FP8 with its log-sum-exp")
-    g.add_argument("--cache-backend", default=None, metavar="NAME",
-                   help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks), cache_dit (the cache-dit "
-                        f"package: {install_hint('cache-dit')}); none to disable. tea_cache is not available")
-    g.add_argument("--cache-config", default=None, metavar="JSON",
-                   help='the cache backend\'s settings as a JSON object, e.g. \'{"threshold": 0.1}\' '
-                        "(first_block_cache), '{\"cache_interval\": 3}' (taylorseer), "
-                        "'{\"mag_ratios\": \"flux\"}' (mag_cache), '{\"Fn_compute_blocks\": 1, \"residual_diff_threshold\": 0.24}' (cache_dit)")
+        "`torchrun --nproc-per-node ULYSSES*RING ...`)"
+    )
+    g.add_argument(
+        "--ulysses-degree",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="Ulysses sequence parallelism over N processes (diffusers' ContextParallelConfig)",
+    )
+    g.add_argument(
+        "--ring-degree",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="ring attention over N processes; each partial attention is FP8 with its log-sum-exp",
+    )
+    g.add_argument(
+        "--cache-backend",
+        default=None,
+        metavar="NAME",
+        help="first_block_cache, taylorseer or mag_cache (diffusers' cache hooks), cache_dit (the cache-dit "
+        f"package: {install_hint('cache-dit')}); none to disable. tea_cache is not available",
+    )
+    g.add_argument(
+        "--cache-config",
+        default=None,
+        metavar="JSON",
+        help='the cache backend\'s settings as a JSON object, e.g. \'{"threshold": 0.1}\' '
+        "(first_block_cache), '{\"cache_interval\": 3}' (taylorseer), "
+        "'{\"mag_ratios\": \"flux\"}' (mag_cache), '{\"Fn_compute_blocks\": 1, \"residual_diff_threshold\": 0.24}' (cache_dit)",
+    )
     return parser
 
 
@@ -149,8 +219,10 @@ def pipeline_options_from_args(args: argparse.Namespace, *, num_inference_steps:
     parallel = None
     if getattr(args, "ulysses_degree", None) is not None or getattr(args, "ring_degree", None) is not None:
         base = PipelineOptions.load(getattr(args, "config", None)).parallel
-        parallel = {"ulysses_degree": args.ulysses_degree if args.ulysses_degree is not None else base.ulysses_degree,
-                    "ring_degree": args.ring_degree if args.ring_degree is not None else base.ring_degree}
+        parallel = {
+            "ulysses_degree": args.ulysses_degree if args.ulysses_degree is not None else base.ulysses_degree,
+            "ring_degree": args.ring_degree if args.ring_degree is not None else base.ring_degree,
+        }
     backend = getattr(args, "cache_backend", None)
     cache_config = getattr(args, "cache_config", None)
     if cache_config is not None:
@@ -161,8 +233,13 @@ def pipeline_options_from_args(args: argparse.Namespace, *, num_inference_steps:
     if backend is not None and canonical_cache_backend(backend) is None:
         backend, cache_config = "none", {}
     defaults = {"num_inference_steps": num_inference_steps} if num_inference_steps else None
-    return PipelineOptions.load(getattr(args, "config", None), parallel_config=parallel, cache_backend=backend,
-                                cache_config=cache_config, cache_defaults=defaults)
+    return PipelineOptions.load(
+        getattr(args, "config", None),
+        parallel_config=parallel,
+        cache_backend=backend,
+        cache_config=cache_config,
+        cache_defaults=defaults,
+    )
 
 
 def describe_pipeline_options(opts) -> str:
@@ -177,13 +254,22 @@ def describe_pipeline_options(opts) -> str:
     return "; ".join(parts) if parts else "no context parallelism, no cache"
 
 
-def add_generation_flags(parser: argparse.ArgumentParser, *, default_model: Optional[str] = None, video: bool = False,
-                         default_size: int = 32, default_steps: Optional[int] = None,
-                         prompt_help: str = "the text prompt") -> argparse.ArgumentParser:
+def add_generation_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    default_model: Optional[str] = None,
+    video: bool = False,
+    default_size: int = 32,
+    default_steps: Optional[int] = None,
+    prompt_help: str = "the text prompt",
+) -> argparse.ArgumentParser:
     """--model, --prompt, --height, --width, [--num-frames], --num-inference-steps, --seed, --device, --dtype, --output."""
     g = parser.add_argument_group("generation")
-    g.add_argument("--model", default=default_model,
-                   help="a local diffusers folder (model_index.json)" + (f"; default: {default_model}" if default_model else ""))
+    g.add_argument(
+        "--model",
+        default=default_model,
+        help="a local diffusers folder (model_index.json)" + (f"; default: {default_model}" if default_model else ""),
+    )
     g.add_argument("--prompt", default=None, help=prompt_help)
     g.add_argument("--height", type=int, default=default_size)
     g.add_argument("--width", type=int, default=default_size)
@@ -192,11 +278,18 @@ def add_generation_flags(parser: argparse.ArgumentParser, *, default_model: Opti
     g.add_argument("--num-inference-steps", type=int, default=default_steps)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto", help="auto (cuda, then npu, then cpu), cpu, cuda, npu, ...")
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                   help="auto = bfloat16 on accelerators, float32 on CPU")
-    g.add_argument("--output", default=None,
-                   help="where to write the result: a file name, or a folder (an existing one, or a name ending "
-                        "with '/') that gets the default file name")
+    g.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="auto = bfloat16 on accelerators, float32 on CPU",
+    )
+    g.add_argument(
+        "--output",
+        default=None,
+        help="where to write the result: a file name, or a folder (an existing one, or a name ending "
+        "with '/') that gets the default file name",
+    )
     return parser
 
 
@@ -216,11 +309,12 @@ def check_output_dir(flag: str, path, *, named=None) -> None:
     if not base.is_dir():
         raise ValueError(f"cannot write {flag} {named!r}: {str(base)!r} is a file, not a folder")
     try:
-        with tempfile.TemporaryFile(dir=base):   # a real probe: permissions, read-only file systems, root
+        with tempfile.TemporaryFile(dir=base):  # a real probe: permissions, read-only file systems, root
             pass
     except OSError as e:
-        raise ValueError(f"cannot write {flag} {named!r}: {str(base)!r} is not writable "
-                         f"({e.strerror or type(e).__name__})") from None
+        raise ValueError(
+            f"cannot write {flag} {named!r}: {str(base)!r} is not writable ({e.strerror or type(e).__name__})"
+        ) from None
 
 
 def check_output_file(flag: str, path, suffixes=None, kind: str = "file") -> None:
@@ -287,8 +381,10 @@ def check_device(name: str) -> None:
 
     if name.split(":")[0] == "npu":
         if not npu_available():
-            raise ValueError(f"--device {name!r}: no Ascend NPU here (torch_npu not importable or no device); "
-                             "use --device cpu or auto")
+            raise ValueError(
+                f"--device {name!r}: no Ascend NPU here (torch_npu not importable or no device); "
+                "use --device cpu or auto"
+            )
         return
     try:
         device = torch.device(name)
@@ -296,11 +392,14 @@ def check_device(name: str) -> None:
         raise ValueError(f"invalid --device {name!r}: {str(e).strip().splitlines()[0]}") from None
     if device.type == "cuda":
         if torch.version.cuda is None and torch.version.hip is None:
-            raise ValueError(f"--device {name!r}: this torch ({torch.__version__}) was built without CUDA; use "
-                             "--device cpu, or install a CUDA build of torch")
+            raise ValueError(
+                f"--device {name!r}: this torch ({torch.__version__}) was built without CUDA; use "
+                "--device cpu, or install a CUDA build of torch"
+            )
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name!r}: no CUDA device is visible (torch.cuda.is_available() is False); "
-                             "use --device cpu")
+            raise ValueError(
+                f"--device {name!r}: no CUDA device is visible (torch.cuda.is_available() is False); use --device cpu"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     elif device.type == "mps" and not torch.backends.mps.is_available():

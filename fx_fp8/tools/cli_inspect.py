@@ -1,14 +1,25 @@
 """`fx-fp8 inspect` and `fx-fp8 dump`: compile the transformer on example inputs and show (or
 write) what fx_fp8 did with every attention and linear node, and the graphs before and after
 each pass."""
+
 from __future__ import annotations
 
 import re
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import (PROG, Placement, UsageError, _check_dir, _check_source, _choose_config, _config,
-                                     _placement, _source, to_json)
+from fx_fp8.tools.cli_common import (
+    PROG,
+    Placement,
+    UsageError,
+    _check_dir,
+    _check_source,
+    _choose_config,
+    _config,
+    _placement,
+    _source,
+    to_json,
+)
 
 
 def _mib(n: int) -> str:
@@ -19,9 +30,16 @@ def _mib(n: int) -> str:
 DEFAULT_STEPS = 8
 
 
-def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: bool = False,
-                       steps: int = DEFAULT_STEPS, placement: Placement = None,
-                       config_source: str = "the library default") -> dict:
+def compile_and_report(
+    source,
+    config,
+    *,
+    backend: str = "fp8",
+    dump_graphs: bool = False,
+    steps: int = DEFAULT_STEPS,
+    placement: Placement = None,
+    config_source: str = "the library default",
+) -> dict:
     """Compile the transformer, loaded in `placement`'s dtype on its device (CPU float32 when None),
     on example inputs (fullgraph) and collect what fx_fp8 did. The call is published as step 0 of a
     run of `steps` steps (step selectors counting from the end need the run's number of steps)."""
@@ -49,8 +67,11 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
             if not fullgraph:
                 raise
             # e.g. Z-Image's rotary cache (`with torch.device(...)`): report every graph instead
-            print(f"{PROG}: note: {source.class_name} has graph breaks ({str(e).splitlines()[0]}); "
-                  "compiled without fullgraph", file=sys.stderr)
+            print(
+                f"{PROG}: note: {source.class_name} has graph breaks ({str(e).splitlines()[0]}); "
+                "compiled without fullgraph",
+                file=sys.stderr,
+            )
             torch._dynamo.reset()
             fx_fp8.clear_reports()
     reports = fx_fp8.get_reports()
@@ -73,20 +94,26 @@ def compile_and_report(source, config, *, backend: str = "fp8", dump_graphs: boo
         "config_source": config_source,
         "config": config.to_dict(),
         "graphs": [dict(r.to_dict(), graph_index=i) for i, r in enumerate(reports)],
-        "component_summary": [component.__dict__.copy()],   # fx_fp8.summary's row (plain path: FP8 copies kept)
+        "component_summary": [component.__dict__.copy()],  # fx_fp8.summary's row (plain path: FP8 copies kept)
         "summary": {
             "graphs": len(reports),
             "step_variants": [r.step_variant or "single" for r in reports],
             "steps": steps,  # the run the step selectors are placed in
             "skipped_steps": _skipped_steps(config, steps),
-            "nodes": totals,   # over the graphs that run on non-skipped steps
+            "nodes": totals,  # over the graphs that run on non-skipped steps
             # the tune table's measured ms of every measured node: what it picked, and native
-            "tuned": {"nodes": len(timed), "predicted_ms": sum(t["pick"] or t["native"] for t in timed),
-                      "native_ms": sum(t["native"] for t in timed),
-                      "lowerings": sorted({r.lowering for r in primary})},
-            "weights": {"model_bytes_before": bytes_before,
-                        "model_bytes_after": bytes_before - q_before + q_after,
-                        "quantized_linear_bytes_before": q_before, "quantized_linear_bytes_after": q_after},
+            "tuned": {
+                "nodes": len(timed),
+                "predicted_ms": sum(t["pick"] or t["native"] for t in timed),
+                "native_ms": sum(t["native"] for t in timed),
+                "lowerings": sorted({r.lowering for r in primary}),
+            },
+            "weights": {
+                "model_bytes_before": bytes_before,
+                "model_bytes_after": bytes_before - q_before + q_after,
+                "quantized_linear_bytes_before": q_before,
+                "quantized_linear_bytes_after": q_after,
+            },
         },
     }
     graphs = {i: getattr(r, "graphs", None) for i, r in enumerate(reports)}
@@ -109,44 +136,60 @@ def _check_steps(args) -> None:
 
 
 def _rows(graph: dict) -> list[tuple]:
-    return [(e["module"], "" if e["layer"] is None else e["layer"], e["op"], e["action"], e["reason"], e["shapes"])
-            for e in graph["entries"]]
+    return [
+        (e["module"], "" if e["layer"] is None else e["layer"], e["op"], e["action"], e["reason"], e["shapes"])
+        for e in graph["entries"]
+    ]
 
 
 def format_inspect(data: dict) -> str:
     from tabulate import tabulate
 
-    out = [f"model: {data['model']} ({data['class']})",
-           f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}"]
+    out = [
+        f"model: {data['model']} ({data['class']})",
+        f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}",
+    ]
     graphs = data["graphs"]
     shown = [g for g in graphs if g["step_variant"] in (None, "fp8")]
     for g in shown:
         variant = g["step_variant"] or "single"
-        out.append(f"\ngraph {g['graph_index']} (step variant: {variant}; lowering {g['lowering']}, "
-                   f"downstream {g['downstream']}; layers {g['layer_map']})")
-        out.append(tabulate(_rows(g), headers=["module", "layer", "op", "action", "reason", "shapes"])
-                   if g["entries"] else "(no attention or linear nodes)")
+        out.append(
+            f"\ngraph {g['graph_index']} (step variant: {variant}; lowering {g['lowering']}, "
+            f"downstream {g['downstream']}; layers {g['layer_map']})"
+        )
+        out.append(
+            tabulate(_rows(g), headers=["module", "layer", "op", "action", "reason", "shapes"])
+            if g["entries"]
+            else "(no attention or linear nodes)"
+        )
     s = data["summary"]
     out.append("\nsummary")
     actions = sorted({a for c in s["nodes"].values() for a in c}, key=lambda a: (a == "native", a))
-    out.append(tabulate([(op, *(c.get(a, 0) for a in actions)) for op, c in s["nodes"].items()],
-                        headers=["op", *actions]))
+    out.append(
+        tabulate([(op, *(c.get(a, 0) for a in actions)) for op, c in s["nodes"].items()], headers=["op", *actions])
+    )
     w = s["weights"]
-    out.append(f"weights: model {_mib(w['model_bytes_before'])} -> {_mib(w['model_bytes_after'])} with prepare_model "
-               f"(quantized linears {_mib(w['quantized_linear_bytes_before'])} -> "
-               f"{_mib(w['quantized_linear_bytes_after'])})")
+    out.append(
+        f"weights: model {_mib(w['model_bytes_before'])} -> {_mib(w['model_bytes_after'])} with prepare_model "
+        f"(quantized linears {_mib(w['quantized_linear_bytes_before'])} -> "
+        f"{_mib(w['quantized_linear_bytes_after'])})"
+    )
     out.append(_predicted_line(s.get("tuned")))
     line = f"graphs: {s['graphs']} (step variants: {', '.join(s['step_variants'])})"
     for g in graphs:
         if g not in shown:
             c = g["summary"]
-            parts = [f"{op} " + " / ".join(f"{n} {a}" for a, n in c[op].items() if n or a in ("fp8", "native"))
-                     for op in ("attention", "linear")]
+            parts = [
+                f"{op} " + " / ".join(f"{n} {a}" for a, n in c[op].items() if n or a in ("fp8", "native"))
+                for op in ("attention", "linear")
+            ]
             line += f"; variant {g['step_variant']} (skipped steps): {', '.join(parts)}"
     out.append(line)
     if s.get("skipped_steps"):
-        out.append(f"skipped steps in a run of {s['steps']} (--steps): "
-                   + "; ".join(f"{op} {sel or 'none'}" for op, sel in s["skipped_steps"].items()))
+        out.append(
+            f"skipped steps in a run of {s['steps']} (--steps): "
+            + "; ".join(f"{op} {sel or 'none'}" for op, sel in s["skipped_steps"].items())
+        )
     for note in sorted({n for g in shown for n in g["notes"]}):
         out.append(f"note: {note}")
     return "\n".join(out)
@@ -157,16 +200,20 @@ def _predicted_line(tuned) -> str:
     if not tuned or not tuned["nodes"]:
         if "cuda" in (tuned or {}).get("lowerings", []):
             return "predicted total: no node measured on this GPU (fx-fp8 tune)"
-        return "predicted total: none (no tune table applies to this lowering; quantization_config.tune_table names one)"
+        return (
+            "predicted total: none (no tune table applies to this lowering; quantization_config.tune_table names one)"
+        )
     p, n = tuned["predicted_ms"], tuned["native_ms"]
-    return (f"predicted total (fx-fp8 tune table): {p:.3f} ms over {tuned['nodes']} measured linears, native "
-            f"{n:.3f} ms ({n / p:.2f}x)")
+    return (
+        f"predicted total (fx-fp8 tune table): {p:.3f} ms over {tuned['nodes']} measured linears, native "
+        f"{n:.3f} ms ({n / p:.2f}x)"
+    )
 
 
 def _inputs(args):
     """(source, config, where it came from, placement): every input checked before the work starts."""
     source = _source(args)
-    config_source = _choose_config(args, source)   # the same rule as compare and sensitivity
+    config_source = _choose_config(args, source)  # the same rule as compare and sensitivity
     config = _config(args)
     _check_steps(args)
     placement = _placement(args)
@@ -179,15 +226,21 @@ def format_summary(data: dict) -> str:
     from fx_fp8.pipeline.summary import ComponentSummary, Summary
 
     rows = Summary(ComponentSummary(**row) for row in data["component_summary"])
-    return "\n".join([f"model: {data['model']} ({data['class']})",
-                      f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}",
-                      "", rows.table()])
+    return "\n".join(
+        [
+            f"model: {data['model']} ({data['class']})",
+            f"ran on: device {data['device']}, dtype {data['dtype']}; config: {data['config_source']}",
+            "",
+            rows.table(),
+        ]
+    )
 
 
 def cmd_inspect(args) -> int:
     source, config, config_source, placement = _inputs(args)
-    data, _ = compile_and_report(source, config, backend=args.backend, steps=args.steps, placement=placement,
-                                 config_source=config_source)
+    data, _ = compile_and_report(
+        source, config, backend=args.backend, steps=args.steps, placement=placement, config_source=config_source
+    )
     if args.summary:
         keep = ("model", "class", "device", "dtype", "config_source", "component_summary")
         print(to_json({k: data[k] for k in keep}) if args.format == "json" else format_summary(data))
@@ -222,8 +275,15 @@ def _remove_previous_dump(out: Path) -> int:
 def cmd_dump(args) -> int:
     source, config, config_source, placement = _inputs(args)
     _check_dir("--out", args.out)
-    data, graphs = compile_and_report(source, config, backend=args.backend, dump_graphs=True, steps=args.steps,
-                                      placement=placement, config_source=config_source)
+    data, graphs = compile_and_report(
+        source,
+        config,
+        backend=args.backend,
+        dump_graphs=True,
+        steps=args.steps,
+        placement=placement,
+        config_source=config_source,
+    )
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     removed = _remove_previous_dump(out)
@@ -233,7 +293,9 @@ def cmd_dump(args) -> int:
     for i, g in enumerate(data["graphs"]):
         stages = graphs.get(i)
         if not stages:
-            raise RuntimeError("the backend attached no graph dumps (report.graphs): fx_fp8.compile.backend lacks dump_graphs?")
+            raise RuntimeError(
+                "the backend attached no graph dumps (report.graphs): fx_fp8.compile.backend lacks dump_graphs?"
+            )
         folder = out / f"graph{i}_{g['step_variant'] or 'single'}"
         folder.mkdir(exist_ok=True)
         for j, (stage, code) in enumerate(stages.items()):
@@ -246,6 +308,8 @@ def cmd_dump(args) -> int:
     print(f"ran on: {placement.describe()}; config: {config_source}", file=sys.stderr)
     for p in written:
         print(p)
-    print(f"{len(written)} files in {out} (TORCH_LOGS=\"+fx_fp8\" prints the same graphs through PyTorch logging)",
-          file=sys.stderr)
+    print(
+        f"{len(written)} files in {out} (TORCH_LOGS=\"+fx_fp8\" prints the same graphs through PyTorch logging)",
+        file=sys.stderr,
+    )
     return 0

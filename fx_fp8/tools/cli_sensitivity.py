@@ -1,12 +1,23 @@
 """`fx-fp8 sensitivity`: per-block / per-step FP8 sensitivity, the search, and the recommended
 YAML (the search itself: fx_fp8.tools.sensitivity)."""
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from fx_fp8.tools.cli_common import (UsageError, _check_dir, _check_file, _check_sizes, _check_source, _choose_config,
-                                     _config, _placement, _source, to_json)
+from fx_fp8.tools.cli_common import (
+    UsageError,
+    _check_dir,
+    _check_file,
+    _check_sizes,
+    _check_source,
+    _choose_config,
+    _config,
+    _placement,
+    _source,
+    to_json,
+)
 
 SENSITIVITY_HELP = """\
 Measure how much FP8 in each block's attention, each block's linears and each
@@ -40,21 +51,22 @@ def cmd_sensitivity(args) -> int:
     from fx_fp8.tools.sensitivity_chart import save_chart
 
     source = _source(args)
-    config_source = _choose_config(args, source)   # the same rule as compare, inspect and dump
+    config_source = _choose_config(args, source)  # the same rule as compare, inspect and dump
     config = _config(args)
     _check_sizes(args)
-    edges = _step_edges(args, config, config_source)   # before the model loads: bad flags fail fast
+    edges = _step_edges(args, config, config_source)  # before the model loads: bad flags fail fast
     placement = _placement(args)
     try:
         import matplotlib  # noqa: F401  (the chart)
     except ImportError:
         from fx_fp8.install_hint import install_hint
 
-        raise UsageError("sensitivity draws its chart with matplotlib, which is not installed: "
-                         f"{install_hint('cli')}") from None
+        raise UsageError(
+            f"sensitivity draws its chart with matplotlib, which is not installed: {install_hint('cli')}"
+        ) from None
     _check_source(source, pipeline=True, args=args)
     try:
-        source.check_full_precision("sensitivity")   # it measures FP8 against the model's own precision
+        source.check_full_precision("sensitivity")  # it measures FP8 against the model's own precision
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     out = Path(args.out).expanduser()
@@ -62,50 +74,81 @@ def cmd_sensitivity(args) -> int:
     chart_path = Path(args.chart).expanduser() if args.chart else out / "sensitivity.png"
     _check_dir("--out", args.out)
     _check_file("--yaml" if args.yaml else "--out", args.yaml or yaml_path, kind="YAML")
-    _check_file("--chart" if args.chart else "--out", args.chart or chart_path, cli_flags.chart_suffixes(),
-                kind="chart")
+    _check_file(
+        "--chart" if args.chart else "--out", args.chart or chart_path, cli_flags.chart_suffixes(), kind="chart"
+    )
     try:
-        run = source.load_pipeline(prompts=args.prompts, height=args.height, width=args.width, seed=args.seed,
-                                   dtype=placement.dtype, device=placement.device)
+        run = source.load_pipeline(
+            prompts=args.prompts,
+            height=args.height,
+            width=args.width,
+            seed=args.seed,
+            dtype=placement.dtype,
+            device=placement.device,
+        )
     except ModelSourceError as e:
         raise UsageError(str(e)) from None
     for p in (yaml_path, chart_path, out / "sensitivity.json"):
         p.parent.mkdir(parents=True, exist_ok=True)
-    print(f"sensitivity of {source.spec}: {len(run.labels)} sample(s) x {args.steps} steps at {args.height}x{args.width}, "
-          f"target {args.target_psnr:g} dB (PSNR of the final latents vs native)", file=sys.stderr, flush=True)
+    print(
+        f"sensitivity of {source.spec}: {len(run.labels)} sample(s) x {args.steps} steps at {args.height}x{args.width}, "
+        f"target {args.target_psnr:g} dB (PSNR of the final latents vs native)",
+        file=sys.stderr,
+        flush=True,
+    )
     print(f"ran on: {placement.describe()}; config: {config_source}")
-    res = run_sensitivity(run, config, steps=args.steps, target_psnr=args.target_psnr, yaml_path=yaml_path,
-                          verify=not args.no_verify, step_policy=bool(edges), step_edges=edges or (1,))
+    res = run_sensitivity(
+        run,
+        config,
+        steps=args.steps,
+        target_psnr=args.target_psnr,
+        yaml_path=yaml_path,
+        verify=not args.no_verify,
+        step_policy=bool(edges),
+        step_edges=edges or (1,),
+    )
     save_chart(res, chart_path)
     (out / "sensitivity.json").write_text(to_json(res.to_dict()))
 
     total = res.all_fp8.mse or 1.0
     native = set(res.native_items)
-    rows = [(i.label, f"{i.psnr:.2f}", f"{100 * i.mse / total:.1f}", "native" if i.label in native else "fp8")
-            for i in res.ranking()]
+    rows = [
+        (i.label, f"{i.psnr:.2f}", f"{100 * i.mse / total:.1f}", "native" if i.label in native else "fp8")
+        for i in res.ranking()
+    ]
     print("ranking (one item in FP8 at a time; lower PSNR = more sensitive):")
     print(tabulate(rows, headers=["item", "PSNR alone (dB)", "MSE % of all-FP8", "recommended"]))
     if res.step_candidates:
         chosen = res.step_policy.label if res.step_policy is not None else None
-        rows = [(c.label, f"{c.psnr:.2f}", f"{100 * c.fp8_work_fraction:.0f}", "chosen" if c.label == chosen else "")
-                for c in res.step_candidates]
+        rows = [
+            (c.label, f"{c.psnr:.2f}", f"{100 * c.fp8_work_fraction:.0f}", "chosen" if c.label == chosen else "")
+            for c in res.step_candidates
+        ]
         print("\nstep policies (first and last k steps in higher precision):")
         print(tabulate(rows, headers=["policy", "PSNR (dB)", "FP8 FLOPs kept %", ""]))
     cfg = res.recommended
     qc = cfg.quantization_config
     print(f"\nall FP8:            {res.all_fp8.psnr:.2f} dB")
     if edges:
-        print(f"step policy:        {res.step_policy.label if res.step_policy is not None else 'none'} "
-              f"(diffusion_kv_cache_skip_steps '{cfg.diffusion_kv_cache_skip_steps}', quantization_config.skip_steps "
-              f"'{qc.skip_steps}', skip_steps_mode {qc.skip_steps_mode})")
-    print(f"recommended config: skip layers '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_layers)))}', "
-          f"skip steps '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_steps)))}', ignored_layers "
-          f"{list(cfg.quantization_config.ignored_layers) if cfg.quantization_config.ignored_layers is not None else 'defaults'}")
+        print(
+            f"step policy:        {res.step_policy.label if res.step_policy is not None else 'none'} "
+            f"(diffusion_kv_cache_skip_steps '{cfg.diffusion_kv_cache_skip_steps}', quantization_config.skip_steps "
+            f"'{qc.skip_steps}', skip_steps_mode {qc.skip_steps_mode})"
+        )
+    print(
+        f"recommended config: skip layers '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_layers)))}', "
+        f"skip steps '{','.join(map(str, sorted(cfg.diffusion_kv_cache_skip_steps)))}', ignored_layers "
+        f"{list(cfg.quantization_config.ignored_layers) if cfg.quantization_config.ignored_layers is not None else 'defaults'}"
+    )
     print(f"predicted PSNR:     {res.predicted_psnr:.2f} dB")
-    print(f"re-measured PSNR:   {res.measured_psnr:.2f} dB ({'meets' if res.measured_psnr >= res.target_psnr else 'MISSES'} "
-          f"the {res.target_psnr:g} dB target)")
-    print(f"FP8 kept:           {100 * res.fp8_work_fraction:.1f}% of the all-FP8 FLOPs "
-          f"({len(res.native_items)} of {len(res.items)} items native)")
+    print(
+        f"re-measured PSNR:   {res.measured_psnr:.2f} dB ({'meets' if res.measured_psnr >= res.target_psnr else 'MISSES'} "
+        f"the {res.target_psnr:g} dB target)"
+    )
+    print(
+        f"FP8 kept:           {100 * res.fp8_work_fraction:.1f}% of the all-FP8 FLOPs "
+        f"({len(res.native_items)} of {len(res.items)} items native)"
+    )
     runs = len(res.items) + 2 + len(res.history) - 1 + sum(1 for c in res.step_candidates if c.seconds > 0)
     print(f"measurements:       {runs} runs in {res.seconds:.1f} s")
     print(f"wrote {yaml_path} (use: --config {yaml_path}), {chart_path}, {out / 'sensitivity.json'}")
@@ -127,11 +170,18 @@ def _step_edges(args, config, config_source: str = "") -> tuple:
         check_step_edges(edges, args.steps)
     except ValueError as e:
         raise UsageError(f"invalid --step-policy {args.step_policy!r}: {e}") from None
-    for key, sel in (("--diffusion-kv-cache-skip-steps", config.diffusion_kv_cache_skip_steps),
-                     ("--quantization-skip-steps", config.quantization_config.skip_steps)):
+    for key, sel in (
+        ("--diffusion-kv-cache-skip-steps", config.diffusion_kv_cache_skip_steps),
+        ("--quantization-skip-steps", config.quantization_config.skip_steps),
+    ):
         if sel:
-            where = (" (it comes from the model's own config: --library-default starts from the library's)"
-                     if "the model's own" in config_source else "")
-            raise UsageError(f"--step-policy searches the step policy itself: drop {key} {str(sel)!r} "
-                             f"(or the YAML key) from the base config{where}")
+            where = (
+                " (it comes from the model's own config: --library-default starts from the library's)"
+                if "the model's own" in config_source
+                else ""
+            )
+            raise UsageError(
+                f"--step-policy searches the step policy itself: drop {key} {str(sel)!r} "
+                f"(or the YAML key) from the base config{where}"
+            )
     return edges

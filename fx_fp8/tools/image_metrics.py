@@ -4,6 +4,7 @@ Images are RGB in [0, 1]: PIL images, numpy arrays (H, W, 3) / (H, W) as float i
 [0, 1] or uint8, or torch tensors (H, W, 3) or (3, H, W). No dependency beyond
 numpy (and PIL for PNGs).
 """
+
 from __future__ import annotations
 
 import math
@@ -64,7 +65,7 @@ def psnr(a, b) -> float:
 
 def _gaussian(size: int, sigma: float) -> np.ndarray:
     r = np.arange(size, dtype=np.float64) - (size - 1) / 2
-    g = np.exp(-(r ** 2) / (2 * sigma ** 2))
+    g = np.exp(-(r**2) / (2 * sigma**2))
     return g / g.sum()
 
 
@@ -72,8 +73,8 @@ def _filter(img: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Separable 'valid' filtering of an (H, W, C) image."""
     n = len(g)
     h, w = img.shape[0] - n + 1, img.shape[1] - n + 1
-    rows = sum(g[i] * img[i:i + h] for i in range(n))
-    return sum(g[j] * rows[:, j:j + w] for j in range(n))
+    rows = sum(g[i] * img[i : i + h] for i in range(n))
+    return sum(g[j] * rows[:, j : j + w] for j in range(n))
 
 
 def ssim(a, b, *, window: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> float:
@@ -83,7 +84,7 @@ def ssim(a, b, *, window: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA) -> float
     size = min(window, x.shape[0], x.shape[1])
     size -= (size + 1) % 2  # odd
     g = _gaussian(size, sigma)
-    c1, c2 = _K1 ** 2, _K2 ** 2
+    c1, c2 = _K1**2, _K2**2
     mx, my = _filter(x, g), _filter(y, g)
     sxx = _filter(x * x, g) - mx * mx
     syy = _filter(y * y, g) - my * my

@@ -12,6 +12,7 @@ in-place ops) add nothing. Storage made without a torch op (safetensors' memory-
 torch.frombuffer) is not counted: on the CPU a checkpoint is read through such a map, and what is
 counted is what loading allocates on top of it.
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,8 +36,11 @@ class TensorMemoryTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor) and t.device.type == self.device_type}
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and t.device.type == self.device_type
+        }
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == self.device_type:
                 self._track(t.untyped_storage(), inputs)
@@ -59,4 +63,3 @@ class TensorMemoryTracker(TorchDispatchMode):
             if ptr in self._tracked:
                 self._tracked.discard(ptr)
                 self.live -= size
-

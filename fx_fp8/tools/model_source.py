@@ -14,6 +14,7 @@ from the transformer's config, and builds a runnable pipeline (`PipelineRun`)
 for `compare` and `sensitivity`. Bad input raises ModelSourceError (a
 ValueError) whose message is one line naming the bad value.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,13 +62,13 @@ def _read_json(path: Path) -> dict:
 
 @dataclass
 class ModelSource:
-    spec: str                      # what the user typed
-    kind: str                      # "tiny" | "family" | "pipeline_dir" | "transformer_dir"
-    class_name: str                # the transformer's diffusers class
-    path: Optional[Path] = None    # folder holding the transformer's config.json
+    spec: str  # what the user typed
+    kind: str  # "tiny" | "family" | "pipeline_dir" | "transformer_dir"
+    class_name: str  # the transformer's diffusers class
+    path: Optional[Path] = None  # folder holding the transformer's config.json
     pipeline_path: Optional[Path] = None
     family: Optional[str] = None
-    quantized: str = ""            # quantized_folders.folder_quantization of the transformer folder
+    quantized: str = ""  # quantized_folders.folder_quantization of the transformer folder
 
     def describe(self) -> str:
         where = f" ({self.path})" if self.path else ""
@@ -89,8 +90,9 @@ class ModelSource:
                 with _quiet_loading():
                     model = load_transformer_folder(self.path, cls, dtype)
             except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
-                raise ModelSourceError(f"cannot load the {self.class_name} in {str(self.path)!r}: {_first_line(e)}"
-                                       ) from None
+                raise ModelSourceError(
+                    f"cannot load the {self.class_name} in {str(self.path)!r}: {_first_line(e)}"
+                ) from None
             return model.eval()
 
     def example_inputs(self, model: torch.nn.Module, *, batch: int = 1, seed: int = 0) -> dict:
@@ -134,15 +136,18 @@ class ModelSource:
         """Raise ModelSourceError if the transformer's weights are already quantized (`command`
         needs the full-precision model)."""
         if self.quantized:
-            raise ModelSourceError(f"{command} needs full-precision weights: the transformer in {str(self.path)!r} "
-                                   f"is already quantized ({self.quantized}); give the original model")
+            raise ModelSourceError(
+                f"{command} needs full-precision weights: the transformer in {str(self.path)!r} "
+                f"is already quantized ({self.quantized}); give the original model"
+            )
 
     def check_pipeline(self) -> None:
         """Raise ModelSourceError unless load_pipeline can work (a pipeline, not a lone transformer)."""
         if self.kind == "transformer_dir":
             raise ModelSourceError(
                 f"{str(self.path)!r} is a transformer folder: compare/sensitivity need a pipeline folder "
-                "(with model_index.json), 'tiny' or a family name")
+                "(with model_index.json), 'tiny' or a family name"
+            )
         if self.kind == "pipeline_dir":
             self.check_transformer(example_inputs=False)
 
@@ -155,7 +160,7 @@ class ModelSource:
     def size_rule(self) -> "SizeRule":
         """The heights and widths the pipeline can make (see SizeRule), from the configs alone."""
         if self.kind == "tiny":
-            return SizeRule(multiple=4, minimum=16)   # TinyShapesPipeline: Flux-packed 2x2 patches in pixel space
+            return SizeRule(multiple=4, minimum=16)  # TinyShapesPipeline: Flux-packed 2x2 patches in pixel space
         if self.kind == "family":
             return FAMILY_SIZE_RULES[self.family]
         if self.kind != "pipeline_dir":
@@ -180,8 +185,16 @@ class ModelSource:
                 raise ModelSourceError(f"invalid --{name} {v} for {self.spec} ({self.class_name}): expected {what}")
 
     # -- pipeline ----------------------------------------------------------
-    def load_pipeline(self, *, prompts: int = 2, height: int = 32, width: int = 32, seed: int = 0,
-                      dtype: torch.dtype = torch.float32, device: str = "cpu") -> "PipelineRun":
+    def load_pipeline(
+        self,
+        *,
+        prompts: int = 2,
+        height: int = 32,
+        width: int = 32,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ) -> "PipelineRun":
         """A pipeline in `dtype` on `device`, plus the calls that make `prompts` samples (same seeds every run)."""
         run = self._load_pipeline(prompts=prompts, height=height, width=width, seed=seed, dtype=dtype)
         if str(device) != "cpu" or dtype != torch.float32:
@@ -209,21 +222,30 @@ class ModelSource:
                 name = self.spec if self.spec.lower().startswith("wan2.2") else self.family
                 pipe, kwargs = model_zoo.build_tiny_pipeline(name, height=height, width=width, seed=seed)
                 # random embeddings stand for prompts: one call per sample, different noise seeds
-                return PipelineRun(pipe, [dict(kwargs)] * prompts, [seed + i for i in range(prompts)],
-                                   labels=[f"{self.family} sample {i}" for i in range(prompts)])
+                return PipelineRun(
+                    pipe,
+                    [dict(kwargs)] * prompts,
+                    [seed + i for i in range(prompts)],
+                    labels=[f"{self.family} sample {i}" for i in range(prompts)],
+                )
             from fx_fp8.tools.quantized_folders import load_pipeline_folder
 
             try:
                 with _quiet_loading():
                     pipe = load_pipeline_folder(self.pipeline_path, dtype)
             except Exception as e:  # noqa: BLE001 - say which folder failed, in one line
-                raise ModelSourceError(f"cannot load the pipeline in {str(self.pipeline_path)!r}: "
-                                       f"{_first_line(e)}") from None
+                raise ModelSourceError(
+                    f"cannot load the pipeline in {str(self.pipeline_path)!r}: {_first_line(e)}"
+                ) from None
             pipe.set_progress_bar_config(disable=True)
             texts = ["a photo of a cat", "a red car in the rain", "a mountain lake at dawn", "a bowl of fruit"]
             texts = (texts * prompts)[:prompts]
-            return PipelineRun(pipe, [dict(prompt=t, height=height, width=width) for t in texts],
-                               [seed + i for i in range(prompts)], labels=texts)
+            return PipelineRun(
+                pipe,
+                [dict(prompt=t, height=height, width=width) for t in texts],
+                [seed + i for i in range(prompts)],
+                labels=texts,
+            )
 
 
 def _on_device(value, device):
@@ -261,8 +283,9 @@ class PipelineRun:
                 out.append((name, m))
         return out
 
-    def run(self, steps: int, *, output_type: str = "latent", publish: bool = True
-            ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def run(
+        self, steps: int, *, output_type: str = "latent", publish: bool = True
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(final latents, images or None) of every call, concatenated along the batch.
 
         publish: publish the denoising step to fx_fp8 (see publish_steps) so
@@ -277,9 +300,14 @@ class PipelineRun:
                 box["latents"] = kw["latents"]
                 return {}
 
-            with (publish_steps(self.pipe) if publish else contextlib.nullcontext()):  # as compile_pipeline does
-                out = self.pipe(**call, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
-                                output_type=output_type, callback_on_step_end=grab)
+            with publish_steps(self.pipe) if publish else contextlib.nullcontext():  # as compile_pipeline does
+                out = self.pipe(
+                    **call,
+                    num_inference_steps=steps,
+                    generator=torch.Generator().manual_seed(seed),
+                    output_type=output_type,
+                    callback_on_step_end=grab,
+                )
             result = out.frames if hasattr(out, "frames") else out.images
             # on CPU in float32, whatever the pipeline ran on: the metrics compare them there
             if output_type == "latent":
@@ -337,8 +365,9 @@ def _check_weights(folder: Optional[Path]) -> None:
     if folder is None:
         return
     if not any(any(folder.glob(p)) for p in _WEIGHT_PATTERNS):
-        raise ModelSourceError(f"folder {str(folder)!r} has config.json but no weights "
-                               "(no *.safetensors or *.bin file)")
+        raise ModelSourceError(
+            f"folder {str(folder)!r} has config.json but no weights (no *.safetensors or *.bin file)"
+        )
 
 
 def _check_component_weights(pipeline: Optional[Path]) -> None:
@@ -357,8 +386,10 @@ def _check_component_weights(pipeline: Optional[Path]) -> None:
 
 
 def _no_builder_message(name: str, where: Optional[Path]) -> str:
-    return (f"no example-input builder for transformer class {name!r} in {str(where)!r} "
-            f"(inspect/dump know: {', '.join(sorted(_INPUT_BUILDERS))})")
+    return (
+        f"no example-input builder for transformer class {name!r} in {str(where)!r} "
+        f"(inspect/dump know: {', '.join(sorted(_INPUT_BUILDERS))})"
+    )
 
 
 def _spatial_patch(class_name: str, transformer: dict) -> int:
@@ -374,8 +405,8 @@ def _spatial_patch(class_name: str, transformer: dict) -> int:
 def _vae_factor(vae: dict) -> int:
     """Image pixels per latent pixel, as the pipelines compute their vae_scale_factor."""
     if vae.get("_class_name") == "AutoencoderKLWan" or "scale_factor_spatial" in vae:
-        return int(vae.get("scale_factor_spatial") or 8)      # WanPipeline: vae.config.scale_factor_spatial
-    if vae.get("_class_name") == "AutoencoderKLQwenImage":    # QwenImagePipeline: 2 ** len(temperal_downsample)
+        return int(vae.get("scale_factor_spatial") or 8)  # WanPipeline: vae.config.scale_factor_spatial
+    if vae.get("_class_name") == "AutoencoderKLQwenImage":  # QwenImagePipeline: 2 ** len(temperal_downsample)
         return 2 ** len(vae.get("temperal_downsample") or [False, True, True])
     return 2 ** (len(vae.get("block_out_channels") or [0, 0, 0, 0]) - 1)
 
@@ -397,24 +428,27 @@ def size_rule(class_name: str, transformer: dict, vae: dict) -> SizeRule:
     multiple = per_token
     max_tokens = (None, None)
     if class_name == "WanTransformer3DModel":
-        multiple = math.lcm(per_token, 16)    # WanPipeline.check_inputs: "have to be divisible by 16"
+        multiple = math.lcm(per_token, 16)  # WanPipeline.check_inputs: "have to be divisible by 16"
         rope = transformer.get("rope_max_seq_len", 1024)
-        max_tokens = (rope, rope)             # rotary tables of rope_max_seq_len positions per axis
+        max_tokens = (rope, rope)  # rotary tables of rope_max_seq_len positions per axis
     elif class_name == "SD3Transformer2DModel" and transformer.get("pos_embed_max_size"):
         n = transformer["pos_embed_max_size"]
-        max_tokens = (n, n)                   # cropped positional embedding
+        max_tokens = (n, n)  # cropped positional embedding
     elif class_name == "ZImageTransformer2DModel" and transformer.get("axes_lens"):
         lens = transformer["axes_lens"]
-        max_tokens = (lens[1], lens[2])       # rotary tables per axis (frame, height, width)
+        max_tokens = (lens[1], lens[2])  # rotary tables per axis (frame, height, width)
     top = [None if n is None else (n * per_token) // multiple * multiple for n in max_tokens]
     return SizeRule(multiple=multiple, minimum=multiple, max_height=top[0], max_width=top[1])
 
 
 #: size_rule of the families' tiny pipelines, from their configs in the registry without building
 #: anything (tests check it against the built pipelines' configs)
-FAMILY_SIZE_RULES = {name: size_rule(model_zoo.MODELS[name].class_name, dict(model_zoo.MODELS[name].config),
-                                     dict(model_zoo.MODELS[name].family.vae))
-                     for name in model_zoo.FAMILIES}
+FAMILY_SIZE_RULES = {
+    name: size_rule(
+        model_zoo.MODELS[name].class_name, dict(model_zoo.MODELS[name].config), dict(model_zoo.MODELS[name].family.vae)
+    )
+    for name in model_zoo.FAMILIES
+}
 
 
 def resolve_model(spec: str) -> ModelSource:
@@ -425,8 +459,13 @@ def resolve_model(spec: str) -> ModelSource:
     if spec.lower() == "tiny":
         from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
-        return ModelSource(spec="tiny", kind="tiny", class_name="FluxTransformer2DModel",
-                           path=TINY_MODEL_DIR / "transformer", pipeline_path=TINY_MODEL_DIR)
+        return ModelSource(
+            spec="tiny",
+            kind="tiny",
+            class_name="FluxTransformer2DModel",
+            path=TINY_MODEL_DIR / "transformer",
+            pipeline_path=TINY_MODEL_DIR,
+        )
     path = Path(spec).expanduser()
     if path.exists():
         return _from_folder(spec, path)
@@ -435,8 +474,10 @@ def resolve_model(spec: str) -> ModelSource:
         return ModelSource(spec=spec, kind="family", class_name=model_zoo.MODELS[family].class_name, family=family)
     if os.sep in spec or spec.startswith((".", "~")) or (os.altsep and os.altsep in spec):
         raise ModelSourceError(f"model folder not found: {spec!r}")
-    raise ModelSourceError(f"unknown model {spec!r}: expected 'tiny', a family ({', '.join(model_zoo.FAMILIES)}) "
-                           "or a local diffusers folder (no such folder)")
+    raise ModelSourceError(
+        f"unknown model {spec!r}: expected 'tiny', a family ({', '.join(model_zoo.FAMILIES)}) "
+        "or a local diffusers folder (no such folder)"
+    )
 
 
 def _from_folder(spec: str, path: Path) -> ModelSource:
@@ -446,8 +487,10 @@ def _from_folder(spec: str, path: Path) -> ModelSource:
         index = _read_json(path / "model_index.json")
         sub = path / "transformer"
         if "transformer" not in index or not (sub / "config.json").is_file():
-            raise ModelSourceError(f"folder {spec!r} holds no transformer (model_index.json has no 'transformer' "
-                                   "or transformer/config.json is missing)")
+            raise ModelSourceError(
+                f"folder {spec!r} holds no transformer (model_index.json has no 'transformer' "
+                "or transformer/config.json is missing)"
+            )
         cls = _read_json(sub / "config.json").get("_class_name")
         if not cls:
             raise ModelSourceError(f"{str(sub / 'config.json')!r} has no _class_name")
@@ -455,33 +498,47 @@ def _from_folder(spec: str, path: Path) -> ModelSource:
 
         if path.resolve() == TINY_MODEL_DIR.resolve():
             return resolve_model("tiny")
-        if index.get("_class_name") == "TinyShapesPipeline":  # a copy of the tiny model (e.g. its transformer quantized)
-            return ModelSource(spec=spec, kind="tiny", class_name=cls, path=sub, pipeline_path=path,
-                               quantized=folder_quantization(sub))
-        return ModelSource(spec=spec, kind="pipeline_dir", class_name=cls, path=sub, pipeline_path=path,
-                           quantized=folder_quantization(sub))
+        if (
+            index.get("_class_name") == "TinyShapesPipeline"
+        ):  # a copy of the tiny model (e.g. its transformer quantized)
+            return ModelSource(
+                spec=spec, kind="tiny", class_name=cls, path=sub, pipeline_path=path, quantized=folder_quantization(sub)
+            )
+        return ModelSource(
+            spec=spec,
+            kind="pipeline_dir",
+            class_name=cls,
+            path=sub,
+            pipeline_path=path,
+            quantized=folder_quantization(sub),
+        )
     if is_save_quantized_pipeline(path):
-        raise ModelSourceError(f"folder {spec!r} holds only a pipeline's transformers (written by "
-                               f"fx_fp8.save_quantized): give one of them ({str(path / 'transformer')!r}), or a "
-                               "pipeline folder whose transformer/ is such a folder")
+        raise ModelSourceError(
+            f"folder {spec!r} holds only a pipeline's transformers (written by "
+            f"fx_fp8.save_quantized): give one of them ({str(path / 'transformer')!r}), or a "
+            "pipeline folder whose transformer/ is such a folder"
+        )
     if (path / "config.json").is_file():
         cls = _read_json(path / "config.json").get("_class_name")
         if not cls:
             raise ModelSourceError(f"folder {spec!r} holds no transformer (config.json has no _class_name)")
         if "Transformer" not in cls and "DiT" not in cls:
             raise ModelSourceError(f"folder {spec!r} holds a {cls}, not a transformer")
-        return ModelSource(spec=spec, kind="transformer_dir", class_name=cls, path=path,
-                           quantized=folder_quantization(path))
-    raise ModelSourceError(f"folder {spec!r} holds no transformer (no model_index.json with a transformer/ "
-                           "subfolder, no config.json)")
+        return ModelSource(
+            spec=spec, kind="transformer_dir", class_name=cls, path=path, quantized=folder_quantization(path)
+        )
+    raise ModelSourceError(
+        f"folder {spec!r} holds no transformer (no model_index.json with a transformer/ subfolder, no config.json)"
+    )
 
 
 # -- example inputs from a transformer config ------------------------------
 # The families' input makers (fx_fp8.tools.model_zoo), driven by the loaded transformer's config;
 # small token grids: inspection needs the graph, not realistic resolutions.
 
-_INPUT_BUILDERS: dict[str, Callable] = {model_zoo.MODELS[f].class_name: model_zoo.MODELS[f].family.inputs
-                                        for f in model_zoo.FAMILIES}
+_INPUT_BUILDERS: dict[str, Callable] = {
+    model_zoo.MODELS[f].class_name: model_zoo.MODELS[f].family.inputs for f in model_zoo.FAMILIES
+}
 #: sizes other than the makers' defaults: Flux as the shipped tiny model's 32x32 image (16x16 packed tokens)
 _FOLDER_SIZES: dict[str, dict] = {"FluxTransformer2DModel": dict(side=16)}
 #: the shipped tiny model (a Flux): its 32x32 image, its 8-token prompts

@@ -11,6 +11,7 @@ load_pipeline_folder builds such transformers first and hands them to the pipeli
 from_pretrained. A transformer that is already quantized is compiled as it is
 (compile_pipeline(prepare=False)); it has no full-precision weights to compare against.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,9 @@ def load_pipeline_folder(folder, dtype: torch.dtype = torch.float32, pipeline_cl
     """The pipeline in `folder` (offline), its save_quantized transformers loaded by load_quantized."""
     if pipeline_class is None:
         from diffusers import DiffusionPipeline as pipeline_class
-    return pipeline_class.from_pretrained(os.fspath(folder), torch_dtype=dtype, local_files_only=True,
-                                          **saved_quantized_transformers(folder, dtype))
+    return pipeline_class.from_pretrained(
+        os.fspath(folder), torch_dtype=dtype, local_files_only=True, **saved_quantized_transformers(folder, dtype)
+    )
 
 
 def prepared_transformers(pipe) -> list[str]:
@@ -89,5 +91,8 @@ def prepared_transformers(pipe) -> list[str]:
     or prepared): compile them with compile_pipeline(prepare=False)."""
     from fx_fp8.quant.state_guard import quantized_layers
 
-    return [a for a in TRANSFORMER_ATTRS
-            if isinstance(getattr(pipe, a, None), torch.nn.Module) and quantized_layers(getattr(pipe, a))]
+    return [
+        a
+        for a in TRANSFORMER_ATTRS
+        if isinstance(getattr(pipe, a, None), torch.nn.Module) and quantized_layers(getattr(pipe, a))
+    ]

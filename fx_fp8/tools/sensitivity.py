@@ -39,6 +39,7 @@ sensitivity_items (items, measurements, the result, the config of a native set),
 sensitivity_search (the error model and the greedy choice), sensitivity_steps (step
 policies) and sensitivity_chart (the chart).
 """
+
 from __future__ import annotations
 
 import sys
@@ -49,8 +50,16 @@ import torch
 
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.tools.image_metrics import psnr_db  # the one PSNR
-from fx_fp8.tools.sensitivity_items import (Item, Measurement, SensitivityResult, config_for, items_from_reports,
-                                            layer_lists, num_layers, only_config)
+from fx_fp8.tools.sensitivity_items import (
+    Item,
+    Measurement,
+    SensitivityResult,
+    config_for,
+    items_from_reports,
+    layer_lists,
+    num_layers,
+    only_config,
+)
 from fx_fp8.tools.sensitivity_search import ErrorModel, greedy
 from fx_fp8.tools.sensitivity_steps import check_step_edges, measure_step_policies
 
@@ -66,7 +75,7 @@ class SwappableBackend:
     """
 
     def __init__(self):
-        self.slots: list[list] = []   # [gm, example_inputs, compiled callable]
+        self.slots: list[list] = []  # [gm, example_inputs, compiled callable]
         self.config: Optional[FP8Config] = None
 
     def __call__(self, gm, example_inputs, **_):
@@ -94,13 +103,24 @@ def resolve_step_selectors(config: FP8Config, steps: int) -> FP8Config:
     attention, linears = config.diffusion_kv_cache_skip_steps, config.quantization_config.skip_steps
     if not attention.last and not linears.last:
         return config
-    return config.replace(diffusion_kv_cache_skip_steps=str(attention.resolve(steps)),
-                          quantization_config={"skip_steps": str(linears.resolve(steps))})
+    return config.replace(
+        diffusion_kv_cache_skip_steps=str(attention.resolve(steps)),
+        quantization_config={"skip_steps": str(linears.resolve(steps))},
+    )
 
 
-def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float = 30.0,
-                    log: Optional[Callable[[str], None]] = None, verify: bool = True,
-                    yaml_path=None, step_policy: bool = False, step_edges=(1, 2)) -> SensitivityResult:
+def run_sensitivity(
+    run,
+    base_config=None,
+    *,
+    steps: int = 8,
+    target_psnr: float = 30.0,
+    log: Optional[Callable[[str], None]] = None,
+    verify: bool = True,
+    yaml_path=None,
+    step_policy: bool = False,
+    step_edges=(1, 2),
+) -> SensitivityResult:
     """Measure per-item sensitivity on `run` (a model_source.PipelineRun) and search the config.
 
     base_config: the starting config (what "all FP8" means); items already native there stay so.
@@ -115,12 +135,20 @@ def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float
         raise ValueError("nothing to search: the config has both FP8 attention and FP8 linears off")
     if step_policy:
         edges = check_step_edges(step_edges, steps)
-        given = {k: v for k, v in (("diffusion_kv_cache_skip_steps", base.diffusion_kv_cache_skip_steps),
-                                   ("quantization_config.skip_steps", base.quantization_config.skip_steps)) if v}
+        given = {
+            k: v
+            for k, v in (
+                ("diffusion_kv_cache_skip_steps", base.diffusion_kv_cache_skip_steps),
+                ("quantization_config.skip_steps", base.quantization_config.skip_steps),
+            )
+            if v
+        }
         if given:
-            raise ValueError(f"the step-policy search starts from no step policy, but the base config has "
-                             f"{', '.join(f'{k}: {str(v)!r}' for k, v in given.items())}: remove it or search "
-                             f"without the step policy")
+            raise ValueError(
+                f"the step-policy search starts from no step policy, but the base config has "
+                f"{', '.join(f'{k}: {str(v)!r}' for k, v in given.items())}: remove it or search "
+                f"without the step policy"
+            )
     else:
         edges = ()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -128,8 +156,10 @@ def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float
 
     def note(label: str, seconds: float, psnr: float, extra: str = "") -> None:
         count[0] += 1
-        log(f"[{time.perf_counter() - t_start:7.1f}s] #{count[0]:<3d} {label:<44s} PSNR {psnr:6.2f} dB "
-            f"({seconds:.1f}s){extra}")
+        log(
+            f"[{time.perf_counter() - t_start:7.1f}s] #{count[0]:<3d} {label:<44s} PSNR {psnr:6.2f} dB "
+            f"({seconds:.1f}s){extra}"
+        )
 
     def say(message: str) -> None:  # a decision, not a measurement: no run number
         log(f"[{time.perf_counter() - t_start:7.1f}s] {message}")
@@ -151,8 +181,9 @@ def run_sensitivity(run, base_config=None, *, steps: int = 8, target_psnr: float
         torch._dynamo.reset()
 
 
-def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path, originals,
-            step_edges=()) -> SensitivityResult:
+def _search(
+    run, backend, base, steps, target, note, t_start, verify, yaml_path, originals, step_edges=()
+) -> SensitivityResult:
     from fx_fp8.report import clear_reports, get_reports
 
     def measure(config, label, predicted=None, extra="") -> Measurement:
@@ -196,8 +227,9 @@ def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path,
         it.mse, it.psnr, it.seconds = m.mse, m.psnr, m.seconds
 
     linear_off = list(base.quantization_config.skip_steps) if base.linear_step_skips else []
-    model = ErrorModel(items, steps, attention_steps_off=list(base.diffusion_kv_cache_skip_steps),
-                       linear_steps_off=linear_off)
+    model = ErrorModel(
+        items, steps, attention_steps_off=list(base.diffusion_kv_cache_skip_steps), linear_steps_off=linear_off
+    )
     raw_all = model.raw(set())
     model.gamma = start.mse / raw_all if raw_all > 0 else 1.0
     predict = lambda native: psnr_db(model.gamma * model.raw(native), peak)  # noqa: E731
@@ -228,10 +260,22 @@ def _search(run, backend, base, steps, target, note, t_start, verify, yaml_path,
         measured_psnr = check.psnr
     all_work = model.full_work()
     return SensitivityResult(
-        target_psnr=target, peak=peak, steps=steps, num_layers=layers, items=items, all_fp8=all_fp8,
-        recommended=config, native_items=[i.label for i in native], predicted_psnr=predicted_psnr,
-        measured_psnr=measured_psnr, fp8_work_fraction=model.work(chosen) / all_work if all_work else 0.0,
-        history=history, seconds=time.perf_counter() - t_start, step_policy=policy, step_candidates=candidates)
+        target_psnr=target,
+        peak=peak,
+        steps=steps,
+        num_layers=layers,
+        items=items,
+        all_fp8=all_fp8,
+        recommended=config,
+        native_items=[i.label for i in native],
+        predicted_psnr=predicted_psnr,
+        measured_psnr=measured_psnr,
+        fp8_work_fraction=model.work(chosen) / all_work if all_work else 0.0,
+        history=history,
+        seconds=time.perf_counter() - t_start,
+        step_policy=policy,
+        step_candidates=candidates,
+    )
 
 
 def _verify(run, yaml_path, steps, reference, peak, originals, note) -> Measurement:

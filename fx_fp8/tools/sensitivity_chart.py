@@ -1,5 +1,6 @@
 """The sensitivity chart (`fx-fp8 sensitivity` writes it as sensitivity.png): PSNR with one item
 in FP8, per block and per step. Needs matplotlib (the `cli` extra)."""
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,12 @@ def save_chart(result: SensitivityResult, path, title: str = "") -> None:
     by_kind = {k: [i for i in result.items if i.kind == k] for k in ITEM_KINDS}
     layers = sorted({i.index for k in ("attention_layer", "linears_block") for i in by_kind[k]})
     steps_ = by_kind["attention_step"]
-    fig, axes = plt.subplots(1, 2 if steps_ else 1, figsize=(11 if steps_ else 7, 4),
-                             gridspec_kw={"width_ratios": [max(len(layers), 1), max(len(steps_), 1) * 0.7]} if steps_ else None)
+    fig, axes = plt.subplots(
+        1,
+        2 if steps_ else 1,
+        figsize=(11 if steps_ else 7, 4),
+        gridspec_kw={"width_ratios": [max(len(layers), 1), max(len(steps_), 1) * 0.7]} if steps_ else None,
+    )
     axes = list(axes) if steps_ else [axes]
     finite = [i.psnr for i in result.items if math.isfinite(i.psnr)]
     top = (max(finite) if finite else 60.0) + 5
@@ -34,14 +39,19 @@ def save_chart(result: SensitivityResult, path, title: str = "") -> None:
         ax.bar(x, v, width, color=color, hatch="//" if it.label in native else None, edgecolor="black", linewidth=0.5)
 
     w = 0.4
-    for kind, dx, color, name in (("attention_layer", -w / 2, "tab:blue", "attention"),
-                                  ("linears_block", w / 2, "tab:orange", "linears")):
+    for kind, dx, color, name in (
+        ("attention_layer", -w / 2, "tab:blue", "attention"),
+        ("linears_block", w / 2, "tab:orange", "linears"),
+    ):
         for it in by_kind[kind]:
             bar(axes[0], layers.index(it.index) + dx, it, color, w)
     from matplotlib.patches import Patch
 
-    handles = [Patch(color="tab:blue", label="attention"), Patch(color="tab:orange", label="linears"),
-               Patch(facecolor="white", edgecolor="black", hatch="//", label="kept native")]
+    handles = [
+        Patch(color="tab:blue", label="attention"),
+        Patch(color="tab:orange", label="linears"),
+        Patch(facecolor="white", edgecolor="black", hatch="//", label="kept native"),
+    ]
     axes[0].set_xticks(range(len(layers)), [str(l) for l in layers])
     axes[0].set_xlabel("layer / block")
     axes[0].set_ylabel("PSNR with only this in FP8 (dB)\nlower = more sensitive")
@@ -54,9 +64,13 @@ def save_chart(result: SensitivityResult, path, title: str = "") -> None:
     for ax in axes:
         ax.axhline(result.target_psnr, color="red", linestyle="--", linewidth=1)
         ax.set_ylim(0, top)
-    fig.suptitle(title or f"FP8 sensitivity: all-FP8 {result.all_fp8.psnr:.1f} dB -> recommended "
-                          f"{result.measured_psnr:.1f} dB (target {result.target_psnr:g} dB, red), "
-                          f"{100 * result.fp8_work_fraction:.0f}% of FP8 FLOPs kept", fontsize=10)
+    fig.suptitle(
+        title
+        or f"FP8 sensitivity: all-FP8 {result.all_fp8.psnr:.1f} dB -> recommended "
+        f"{result.measured_psnr:.1f} dB (target {result.target_psnr:g} dB, red), "
+        f"{100 * result.fp8_work_fraction:.0f}% of FP8 FLOPs kept",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

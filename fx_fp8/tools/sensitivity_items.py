@@ -5,6 +5,7 @@ An item is what goes into FP8 or stays native as one unit: the attention of one 
 steps), the attention of one denoising step (all layers), the FP8 linears of one block, or the
 FP8 linears outside the blocks (see fx_fp8.tools.sensitivity for the method).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,12 +23,12 @@ ITEM_KINDS = ("attention_layer", "attention_step", "linears_block", "linears_oth
 
 @dataclass
 class Item:
-    kind: str                  # one of ITEM_KINDS
-    index: Optional[int]       # layer or step index (None for linears_other)
+    kind: str  # one of ITEM_KINDS
+    index: Optional[int]  # layer or step index (None for linears_other)
     label: str
     mse: float = float("nan")  # error of the final latents with only this item in FP8
     psnr: float = float("nan")
-    work: float = 0.0          # FP8 FLOPs per step this item covers (attention_step: all layers)
+    work: float = 0.0  # FP8 FLOPs per step this item covers (attention_step: all layers)
     seconds: float = 0.0
 
 
@@ -43,19 +44,19 @@ class Measurement:
 @dataclass
 class SensitivityResult:
     target_psnr: float
-    peak: float                           # value range of the native latents (PSNR peak)
+    peak: float  # value range of the native latents (PSNR peak)
     steps: int
     num_layers: int
     items: list[Item]
     all_fp8: Measurement
     recommended: FP8Config
-    native_items: list[str]               # labels of the items kept native, in the order chosen
+    native_items: list[str]  # labels of the items kept native, in the order chosen
     predicted_psnr: float
     measured_psnr: float
-    fp8_work_fraction: float              # FP8 FLOPs kept by the recommendation / all-FP8
+    fp8_work_fraction: float  # FP8 FLOPs kept by the recommendation / all-FP8
     history: list[Measurement] = field(default_factory=list)
     seconds: float = 0.0
-    step_policy: Optional[StepPolicy] = None               # the policy the layer search started from
+    step_policy: Optional[StepPolicy] = None  # the policy the layer search started from
     step_candidates: list[StepPolicy] = field(default_factory=list)  # every policy measured
 
     def ranking(self) -> list[Item]:
@@ -122,8 +123,11 @@ def items_from_reports(reports, base: FP8Config, steps: int) -> list[Item]:
     items = [Item("attention_layer", l, f"attention layer {l}", work=w) for l, w in sorted(att_work.items())]
     if att_work:
         total = sum(att_work.values())
-        items += [Item("attention_step", s, f"attention step {s}", work=total)
-                  for s in range(steps) if s not in base.diffusion_kv_cache_skip_steps]
+        items += [
+            Item("attention_step", s, f"attention step {s}", work=total)
+            for s in range(steps)
+            if s not in base.diffusion_kv_cache_skip_steps
+        ]
     items += [Item("linears_block", l, f"linears block {l}", work=w) for l, w in sorted(lin_work.items())]
     if other["names"]:
         it = Item("linears_other", None, "linears outside blocks", work=other["work"])
@@ -149,7 +153,9 @@ def config_for(base: FP8Config, native: set, items: list[Item], lists) -> FP8Con
         elif kind == "linears_other":
             other = next(i for i in items if i.kind == "linears_other")
             patterns += [f"re:{re.escape(n)}" for n in other.modules]  # type: ignore[attr-defined]
-    overrides = dict(diffusion_kv_cache_skip_layers=sorted(skip_layers), diffusion_kv_cache_skip_steps=sorted(skip_steps))
+    overrides = dict(
+        diffusion_kv_cache_skip_layers=sorted(skip_layers), diffusion_kv_cache_skip_steps=sorted(skip_steps)
+    )
     if patterns:
         overrides["ignored_layers"] = list(base.quantization_config.ignored_layers) + patterns
     return base.replace(**overrides)

@@ -1,5 +1,6 @@
 """The sensitivity search's model and choice: an additive error model over the measured items
 and the greedy choice of items to keep native (method in fx_fp8.tools.sensitivity)."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -41,8 +42,9 @@ class ErrorModel:
 
     def work(self, native: set) -> float:
         """FP8 FLOPs over the whole run that stay FP8."""
-        live_steps = sum(1 for s in range(self.steps)
-                         if ("attention_step", s) not in native and s not in self.attention_steps_off)
+        live_steps = sum(
+            1 for s in range(self.steps) if ("attention_step", s) not in native and s not in self.attention_steps_off
+        )
         lin_steps = self.steps - len(self.linear_steps_off & set(range(self.steps)))
         total = sum(it.work * live_steps for l, it in self.att.items() if ("attention_layer", l) not in native)
         total += sum(it.work * lin_steps for i, it in self.lin.items() if ("linears_block", i) not in native)

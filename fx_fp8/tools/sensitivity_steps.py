@@ -1,6 +1,7 @@
 """Step policies for the sensitivity search: the first and last k denoising steps in higher
 precision, their FP8 FLOPs, measuring them and choosing one (`fx-fp8 sensitivity --step-policy`;
 method in fx_fp8.tools.sensitivity)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,11 +14,12 @@ from fx_fp8.config.fp8_config import FP8Config
 class StepPolicy:
     """One candidate step policy: the steps whose attention runs native and whose linears run
     `linear_mode` (weight_only: FP8 weights, high-precision activations; native)."""
+
     label: str
     attention_steps: list[int]
     linear_steps: list[int]
-    linear_mode: str                      # "weight_only" | "native" ("" when no linear step is skipped)
-    fp8_work_fraction: float              # FP8 FLOPs it keeps / all-FP8 (from the report's FLOPs)
+    linear_mode: str  # "weight_only" | "native" ("" when no linear step is skipped)
+    fp8_work_fraction: float  # FP8 FLOPs it keeps / all-FP8 (from the report's FLOPs)
     mse: float = float("nan")
     psnr: float = float("nan")
     seconds: float = 0.0
@@ -40,8 +42,10 @@ def check_step_edges(step_edges, steps: int) -> list[int]:
         edges.append(k)
     usable = sorted({k for k in edges if 2 * k < steps})
     if not usable:
-        raise ValueError(f"step_edges {list(step_edges)}: with {steps} steps the first and last k steps leave "
-                         f"no FP8 step for any k given (k must be < {steps / 2:g})")
+        raise ValueError(
+            f"step_edges {list(step_edges)}: with {steps} steps the first and last k steps leave "
+            f"no FP8 step for any k given (k must be < {steps / 2:g})"
+        )
     return usable
 
 
@@ -50,8 +54,9 @@ def edge_steps(k: int, steps: int) -> list[int]:
     return sorted(set(range(k)) | set(range(steps - k, steps)))
 
 
-def step_policy_candidates(base: FP8Config, steps: int, step_edges, attention_per_step: float,
-                           linear_per_step: float) -> list[StepPolicy]:
+def step_policy_candidates(
+    base: FP8Config, steps: int, step_edges, attention_per_step: float, linear_per_step: float
+) -> list[StepPolicy]:
     """Policies over the first/last k steps for the features `base` has on: attention native,
     linears weight-only, linears native, and attention native with either linear mode.
     *_per_step: FP8 FLOPs per step of the FP8 attention / W8A8 linears (from the report)."""
@@ -67,8 +72,9 @@ def step_policy_candidates(base: FP8Config, steps: int, step_edges, attention_pe
             for mode in ("weight_only", "native"):
                 shapes.append((f"linears {mode.replace('_', '-')} on steps {text}", [], sel, mode))
                 if base.attention_enabled and attention_per_step > 0:
-                    shapes.append((f"attention native + linears {mode.replace('_', '-')} on steps {text}", sel, sel,
-                                   mode))
+                    shapes.append(
+                        (f"attention native + linears {mode.replace('_', '-')} on steps {text}", sel, sel, mode)
+                    )
         for label, att, lin, mode in shapes:
             kept = attention_per_step * (steps - len(att)) + linear_per_step * (steps - len(lin))
             out.append(StepPolicy(label, att, lin, mode, kept / full if full else 0.0))
@@ -92,15 +98,22 @@ def measure_step_policies(reports, base, steps, target, step_edges, all_fp8, mea
         note.say("step policy: all FP8 already meets the target, no step policy needed")
         return None, candidates
     for c in candidates:
-        m = measure(base.replace(**c.overrides()), f"step policy: {c.label}",
-                    extra=f"  (keeps {100 * c.fp8_work_fraction:.0f}% of FP8 FLOPs)")
+        m = measure(
+            base.replace(**c.overrides()),
+            f"step policy: {c.label}",
+            extra=f"  (keeps {100 * c.fp8_work_fraction:.0f}% of FP8 FLOPs)",
+        )
         c.mse, c.psnr, c.seconds = m.mse, m.psnr, m.seconds
     chosen = choose_step_policy(candidates, target)
     if chosen is None:
         best = max(candidates, key=lambda c: c.psnr)
-        note.say(f"step policy: none meets the {target:g} dB target alone (best: {best.label}, {best.psnr:.2f} dB); "
-                 f"the layer search starts from all FP8 without one")
+        note.say(
+            f"step policy: none meets the {target:g} dB target alone (best: {best.label}, {best.psnr:.2f} dB); "
+            f"the layer search starts from all FP8 without one"
+        )
     else:
-        note.say(f"step policy chosen: {chosen.label}, PSNR {chosen.psnr:.2f} dB, keeps "
-                 f"{100 * chosen.fp8_work_fraction:.0f}% of FP8 FLOPs (meets the target)")
+        note.say(
+            f"step policy chosen: {chosen.label}, PSNR {chosen.psnr:.2f} dB, keeps "
+            f"{100 * chosen.fp8_work_fraction:.0f}% of FP8 FLOPs (meets the target)"
+        )
     return chosen, candidates

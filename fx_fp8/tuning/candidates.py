@@ -16,6 +16,7 @@ own tile form for the shape). A weight-only-role (sensitive) linear gets native 
 weight-only forms. Attention: native (BF16 SDPA), every kernel the lowering can run (CUDA: triton,
 cudnn), and the reference lowering for the error bar.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -38,7 +39,11 @@ LINEAR_CONFIGS = {
     "weight_only_fp8": ({"method": "fp8", "sensitive": "weight_only", "weight_only_method": "fp8"}, "proj_out"),
 }
 #: attention candidate -> attention config overrides (None: attention native)
-ATTENTION_CONFIGS = {"native": None, "triton": {"kernel": "triton"}, "cudnn": {"kernel": "cudnn", "granularity": "tensor"}}
+ATTENTION_CONFIGS = {
+    "native": None,
+    "triton": {"kernel": "triton"},
+    "cudnn": {"kernel": "cudnn", "granularity": "tensor"},
+}
 
 
 def linear_candidates(shape: LinearShape, device: torch.device) -> list[str]:
@@ -90,9 +95,9 @@ ERR_ROWS, ERR_HEADS = 1024, 2
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative Frobenius error of y against ref (ref may cover only y's leading rows / heads)."""
     if y.dim() == 4:
-        y = y[:, :ref.shape[1], :ref.shape[2]]
+        y = y[:, : ref.shape[1], : ref.shape[2]]
     else:
-        y = y[:ref.shape[0]]
+        y = y[: ref.shape[0]]
     ref = ref.double()
     return float((y.double() - ref).norm() / ref.norm().clamp_min(1e-30))
 
@@ -124,10 +129,19 @@ def candidate_base(config):
     weight-only storage and attention recipe kept; what names layers or steps of the model (step
     and layer selectors, calibrated static scales and smoothing, ignored_layers) dropped: a one-op
     model has none of those layers, and a static scale is per layer (runs measure dynamic ones)."""
-    return config.replace(diffusion_kv_cache_skip_steps=None, diffusion_kv_cache_skip_layers=None,
-                          quantization_config={"skip_steps": None, "activation_scheme": "dynamic",
-                                               "activation_scales": None, "smoothing_alpha": None,
-                                               "ignored_layers": [], "kernel": "rules", "tune_table": None})
+    return config.replace(
+        diffusion_kv_cache_skip_steps=None,
+        diffusion_kv_cache_skip_layers=None,
+        quantization_config={
+            "skip_steps": None,
+            "activation_scheme": "dynamic",
+            "activation_scales": None,
+            "smoothing_alpha": None,
+            "ignored_layers": [],
+            "kernel": "rules",
+            "tune_table": None,
+        },
+    )
 
 
 def measure_linear(shape: LinearShape, base_config, device, timer, seed: int = 0) -> dict:
@@ -137,7 +151,7 @@ def measure_linear(shape: LinearShape, base_config, device, timer, seed: int = 0
     gen = torch.Generator(device="cpu").manual_seed(seed)
     lin = nn.Linear(shape.k, shape.n, bias=shape.bias)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(shape.n, shape.k, generator=gen) / shape.k ** 0.5)
+        lin.weight.copy_(torch.randn(shape.n, shape.k, generator=gen) / shape.k**0.5)
         if shape.bias:
             lin.bias.copy_(torch.randn(shape.n, generator=gen) * 0.1)
     lin = lin.to(device=device, dtype=dtype)
@@ -154,6 +168,7 @@ def measure_linear(shape: LinearShape, base_config, device, timer, seed: int = 0
                 return _Fn(module, (x,)), base_config.replace(quantization=None, diffusion_kv_cache_dtype=None)
             over = dict(qc, min_features=0)
             return _Fn(module, (x,)), base_config.replace(quantization=qc["method"], quantization_config=over)
+
         cells[name] = _run(name, build, timer, ref, "linear", expect_native=qc is None)
     return cells
 
@@ -164,8 +179,10 @@ def measure_attention(shape: AttentionShape, base_config, device, timer, seed: i
     base_config = candidate_base(base_config)
     dtype = getattr(torch, shape.dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    q, k, v = (torch.randn(1, shape.bh, s, shape.d, generator=gen).to(device=device, dtype=dtype)
-               for s in (shape.s_q, shape.s_k, shape.s_k))
+    q, k, v = (
+        torch.randn(1, shape.bh, s, shape.d, generator=gen).to(device=device, dtype=dtype)
+        for s in (shape.s_q, shape.s_k, shape.s_k)
+    )
     h, n = ERR_HEADS, ERR_ROWS
     ref = F.scaled_dot_product_attention(q[:, :h, :n].double(), k[:, :h].double(), v[:, :h].double())
     reference = base_config.replace(quantization=None, lowering="reference", downstream="eager")
@@ -177,13 +194,21 @@ def measure_attention(shape: AttentionShape, base_config, device, timer, seed: i
             if name == "reference":
                 return _Fn(_Attention(), (q, k, v)), reference
             if over is None:
-                return _Fn(_Attention(), (q, k, v)), base_config.replace(quantization=None,
-                                                                          diffusion_kv_cache_dtype=None)
+                return _Fn(_Attention(), (q, k, v)), base_config.replace(
+                    quantization=None, diffusion_kv_cache_dtype=None
+                )
             return _Fn(_Attention(), (q, k, v)), base_config.replace(quantization=None, attention=over)
+
         cells[name] = _run(name, build, timer, ref, "attention", expect_native=over is None and name != "reference")
     if "reference" in cells:
         return cells, cells["reference"].get("err")
     # on a GPU the reference lowering is only the error bar an FP8 kernel is held to (attention_table.BAR)
-    bar = _run("reference", lambda: (_Fn(_Attention(), (q, k, v)), reference), lambda fn: 0.0, ref, "attention",
-               expect_native=False)
+    bar = _run(
+        "reference",
+        lambda: (_Fn(_Attention(), (q, k, v)), reference),
+        lambda fn: 0.0,
+        ref,
+        "attention",
+        expect_native=False,
+    )
     return cells, bar.get("err")

@@ -7,6 +7,7 @@ where the rules quantize it W8A8, "weight_only" for a sensitive layer the rules 
 attention's batch x heads, query and key lengths and head dim. Linears the rules keep native
 (ignored_layers, small layers, odd shapes) have no candidate and are left out.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """benchmarks/attention_kernels.py --dry-run: every row and candidate of the GPU probe runs (or says why it
 is skipped) on CPU at tiny shapes, with fx_fp8's kernels in the Triton interpreter, and writes its JSON."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,14 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "attention_kernels.py")
 
 def test_dry_run_runs_every_row(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it itself
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out-dir", str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--dry-run", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import attention_kernels as ak
@@ -35,13 +42,15 @@ def test_dry_run_runs_every_row(tmp_path):
             assert "error" not in c, (name, c)
             if name in ak.GPU_ONLY:
                 assert c["skipped"] == "needs a GPU", (name, c)
-        for name in ("triton", "triton_kernel", "triton_qtma") + (() if r["inputs"] != "gaussian" else
-                                                                  ("triton_m64n128",)):
+        for name in ("triton", "triton_kernel", "triton_qtma") + (
+            () if r["inputs"] != "gaussian" else ("triton_m64n128",)
+        ):
             # fx_fp8's kernels ran in the interpreter (the candidate tile too), as accurate as ref
             c = r["cells"][name]
             assert c["ms"] > 0 and c["err"] < 1.1 * r["ref_err"], (name, c, r["ref_err"])
-        assert all("ms" in r["cells"][n] for n in ("triton_prepass", "triton_prepass_one_launch",
-                                                   "triton_prepass_narrow"))
+        assert all(
+            "ms" in r["cells"][n] for n in ("triton_prepass", "triton_prepass_one_launch", "triton_prepass_narrow")
+        )
     variants = [r for r in res["rows"] if (r["d"], r["s"], r["mask"]) == ak.DRY_VARIANT_ROW]
     assert len(variants) == 1
     for name, *_ in ak.VARIANTS:
@@ -55,8 +64,9 @@ def test_table_refuses_a_dry_run(tmp_path):
     results = {"meta": {"device": "CPU dry run (Triton interpreter; timings meaningless)"}, "rows": []}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(results))
-    proc = subprocess.run([sys.executable, SCRIPT, "--table-from", str(path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--table-from", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode != 0 and "dry run" in proc.stderr
 
 

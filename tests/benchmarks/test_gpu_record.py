@@ -2,6 +2,7 @@
 junit reports, and the docs show it as generated: the outcome table and the `cuda` tests no GPU has
 run (collected ids minus the record's) in README.md and docs/cuda.md are what the script renders
 now; gpu_run.sh's pytest step writes the junit report and merges it."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,15 +37,38 @@ def test_junit_testcases_become_node_ids_and_outcomes():
 
 
 def test_a_new_run_replaces_its_tests_rows_on_that_gpu_and_clears_their_notes():
-    old = [dict(test="tests/ops/test_cuda_lowering.py::test_b", gpu="H200", torch="2.11", date="2026-12-04",
-                outcome="failed", source="RESULTS.md", note="bound moved: to be confirmed"),
-           dict(test="tests/ops/test_cuda_lowering.py::test_b", gpu="H100", torch="2.11", date="2026-12-04",
-                outcome="passed", source="RESULTS.md", note="")]
-    rows = gpu_record.merge(old, {"tests/ops/test_cuda_lowering.py::test_b": "passed",
-                                  "tests/pipeline/test_offload.py::test_d": "skipped"},
-                            gpu="H200", torch="2.13", date="2026-12-08", source="junit")
+    old = [
+        dict(
+            test="tests/ops/test_cuda_lowering.py::test_b",
+            gpu="H200",
+            torch="2.11",
+            date="2026-12-04",
+            outcome="failed",
+            source="RESULTS.md",
+            note="bound moved: to be confirmed",
+        ),
+        dict(
+            test="tests/ops/test_cuda_lowering.py::test_b",
+            gpu="H100",
+            torch="2.11",
+            date="2026-12-04",
+            outcome="passed",
+            source="RESULTS.md",
+            note="",
+        ),
+    ]
+    rows = gpu_record.merge(
+        old,
+        {"tests/ops/test_cuda_lowering.py::test_b": "passed", "tests/pipeline/test_offload.py::test_d": "skipped"},
+        gpu="H200",
+        torch="2.13",
+        date="2026-12-08",
+        source="junit",
+    )
     assert sorted((r["gpu"], r["outcome"], r["note"], r["torch"]) for r in rows) == [
-        ("H100", "passed", "", "2.11"), ("H200", "passed", "", "2.13")]  # a skip is not a run
+        ("H100", "passed", "", "2.11"),
+        ("H200", "passed", "", "2.13"),
+    ]  # a skip is not a run
     with pytest.raises(ValueError, match="--date"):
         gpu_record.merge([], {}, gpu="H200", torch="2.13", date="yesterday", source="junit")
     with pytest.raises(ValueError, match="--gpu"):
@@ -57,14 +81,25 @@ def test_the_seeded_record_is_the_h200_run_results_md_reports():
     assert len(h200) == 45 and sum(r["outcome"] == "passed" for r in h200) == 43
     assert all("RESULTS.md" in r["source"] for r in h200)
     failed = {r["test"].split("::")[1]: r["note"] for r in h200 if r["outcome"] == "failed"}
-    assert set(failed) == {"test_cudnn_fp8_attention_on_gpu",
-                           "test_loading_onto_a_gpu_holds_the_quantized_model_and_less_than_one_bf16_layer"}
+    assert set(failed) == {
+        "test_cudnn_fp8_attention_on_gpu",
+        "test_loading_onto_a_gpu_holds_the_quantized_model_and_less_than_one_bf16_layer",
+    }
     assert all("to be confirmed by a GPU run" in note for note in failed.values())
 
 
 def test_a_listed_test_that_ran_leaves_the_never_run_list():
-    record = [dict(test="tests/test_cuda_lowering.py::test_a[1]", gpu="H200", torch="2.11", date="2026-12-04",
-                   outcome="passed", source="s", note="")]
+    record = [
+        dict(
+            test="tests/test_cuda_lowering.py::test_a[1]",
+            gpu="H200",
+            torch="2.11",
+            date="2026-12-04",
+            outcome="passed",
+            source="s",
+            note="",
+        )
+    ]
     collected = ["tests/ops/test_cuda_lowering.py::test_a[1]", "tests/ops/test_cuda_lowering.py::test_a[2]"]
     assert gpu_record.never_ran(record, collected) == ["tests/ops/test_cuda_lowering.py::test_a[2]"]
     block = gpu_record.render(record, collected)
@@ -83,13 +118,31 @@ def test_real_junit_output_round_trips(tmp_path):
     """pytest's own junit writer, on a throwaway test file: the ids come back as pytest names them."""
     folder = tmp_path / "tests" / "ops"
     folder.mkdir(parents=True)
-    (folder / "test_tiny.py").write_text("import pytest\n\n@pytest.mark.parametrize('n', [1, 2])\n"
-                                         "def test_n(n):\n    assert n == 1\n")
+    (folder / "test_tiny.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_n(n):\n    assert n == 1\n"
+    )
     xml = tmp_path / "junit.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                    "--junitxml", str(xml), "tests/ops/test_tiny.py"], cwd=tmp_path, capture_output=True)
-    assert gpu_record.junit_outcomes(xml.read_text()) == {"tests/ops/test_tiny.py::test_n[1]": "passed",
-                                                          "tests/ops/test_tiny.py::test_n[2]": "failed"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "--junitxml",
+            str(xml),
+            "tests/ops/test_tiny.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    assert gpu_record.junit_outcomes(xml.read_text()) == {
+        "tests/ops/test_tiny.py::test_n[1]": "passed",
+        "tests/ops/test_tiny.py::test_n[2]": "failed",
+    }
 
 
 def test_the_docs_show_the_record_and_the_never_run_list_as_generated():
@@ -100,5 +153,6 @@ def test_the_docs_show_the_record_and_the_never_run_list_as_generated():
         block = gpu_record.render(record, collected, list_never_ran=doc in gpu_record.FULL)
         assert "cuda` tests no GPU has run" in block and f"{len(missing)} of {len(collected)}" in block
         text = doc.read_text()
-        assert block in text, (f"{doc.relative_to(ROOT)} does not show the current GPU record: "
-                               "run `python benchmarks/gpu_record.py docs`")
+        assert block in text, (
+            f"{doc.relative_to(ROOT)} does not show the current GPU record: run `python benchmarks/gpu_record.py docs`"
+        )

@@ -1,6 +1,7 @@
 """benchmarks/tune_run.py --dry-run on CPU: the Wan-14B step's code path at tiny width (the script
 gpu_run.sh's `tune` step runs on a GPU): a summary per model, its table written and parseable, and
 --compare's fixed configurations against auto."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,24 @@ SCRIPT = ROOT / "benchmarks" / "tune_run.py"
 
 def test_dry_run_tunes_the_wan_shapes_writes_their_table_and_compares_auto(tmp_path):
     results = tmp_path / "RESULTS.md"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--only", "wan", "--compare", "--out-dir", str(tmp_path),
-                           "--results", str(results)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--dry-run",
+            "--only",
+            "wan",
+            "--compare",
+            "--out-dir",
+            str(tmp_path),
+            "--results",
+            str(results),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "== wan: tune took" in proc.stdout and "CPU dry run: CPU timings, not a GPU's" in proc.stdout
     # --compare: the fixed configurations and auto, timed alike, and auto's predicted total

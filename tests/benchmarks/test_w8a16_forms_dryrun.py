@@ -1,5 +1,6 @@
 """benchmarks/w8a16_forms.py --dry-run: every row runs on CPU (Triton's interpreter), both kernel forms
 appear, every quantized row is as exact as the old tile, and --out appends a dated section."""
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_dry_run_prints_every_row_and_appends_a_section(tmp_path):
     out = tmp_path / "R.md"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "w8a16_forms.py"), "--dry-run",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "w8a16_forms.py"), "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in proc.stdout.splitlines()
-            if ln.startswith("| M")]
+    rows = [
+        [c.strip() for c in ln.strip().strip("|").split("|")] for ln in proc.stdout.splitlines() if ln.startswith("| M")
+    ]
     kernels = [r[2] for r in rows]
     assert sum(k.startswith("F.linear") for k in kernels) == 4  # one BF16 row per (shape, M)
     assert sum(k.startswith("old tile") for k in kernels) == 8  # 2 shapes x (M1: 3 storages, M2: 1)

@@ -1,4 +1,5 @@
 """The fp8 / fp8_npu Dynamo backends: entry points, options, feature switches, downstream compilers."""
+
 import json
 import subprocess
 import sys
@@ -84,20 +85,26 @@ def summary_for(block, **compile_kw):
 def test_no_options_applies_both(block):
     report, out = summary_for(block)
     # the default runs the sensitive final projection weight-only
-    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0, "weight-only": 1}}
+    assert report.summary() == {
+        "attention": {"fp8": 1, "native": 0},
+        "linear": {"fp8": 2, "native": 0, "weight-only": 1},
+    }
     assert (report.backend, report.lowering, report.downstream) == ("fp8", "reference", "eager")
     assert 1e-4 < rel_err(out, block[0](block[1]).detach()) < 0.05
 
 
-@pytest.mark.parametrize("options, attention, linear", [
-    ({"diffusion_kv_cache_dtype": None}, 0, 2),
-    ({"diffusion_kv_cache_dtype": "auto"}, 0, 2),
-    ({"quantization": None}, 1, 0),
-    ({"quantization": None, "diffusion_kv_cache_dtype": None}, 0, 0),
-    ({"kv_cache_dtype": "fp8"}, 1, 0),           # legacy key: attention-only opt-in
-    ({"config": FP8Config.from_kwargs(quantization=None)}, 1, 0),
-    ({"config": {"diffusion_kv_cache_dtype": None}}, 0, 2),
-])
+@pytest.mark.parametrize(
+    "options, attention, linear",
+    [
+        ({"diffusion_kv_cache_dtype": None}, 0, 2),
+        ({"diffusion_kv_cache_dtype": "auto"}, 0, 2),
+        ({"quantization": None}, 1, 0),
+        ({"quantization": None, "diffusion_kv_cache_dtype": None}, 0, 0),
+        ({"kv_cache_dtype": "fp8"}, 1, 0),  # legacy key: attention-only opt-in
+        ({"config": FP8Config.from_kwargs(quantization=None)}, 1, 0),
+        ({"config": {"diffusion_kv_cache_dtype": None}}, 0, 2),
+    ],
+)
 def test_feature_switches_through_options(block, options, attention, linear):
     report, out = summary_for(block, options=options)
     assert report.count("attention", "fp8") == attention and report.count("linear", "fp8") == linear
@@ -108,7 +115,9 @@ def test_feature_switches_through_options(block, options, attention, linear):
 
 def test_config_yaml_path_option(block, tmp_path):
     path = tmp_path / "fp8.yaml"
-    FP8Config.from_kwargs(diffusion_kv_cache_dtype="fp8", attention={"granularity": "head", "hadamard": False}).to_yaml(path)
+    FP8Config.from_kwargs(diffusion_kv_cache_dtype="fp8", attention={"granularity": "head", "hadamard": False}).to_yaml(
+        path
+    )
     report, _ = summary_for(block, options={"config": str(path)})
     (entry,) = [e for e in report.entries if e.op == "attention"]
     assert entry.action == "fp8" and entry.reason == "reference: head scales"
@@ -116,15 +125,23 @@ def test_config_yaml_path_option(block, tmp_path):
 
 
 def test_any_config_key_through_options(block):
-    report, _ = summary_for(block, options={"quantization_config": {"weight_block_size": [64, 64]}, "ignored_layers": ["to_out"]})
+    report, _ = summary_for(
+        block, options={"quantization_config": {"weight_block_size": [64, 64]}, "ignored_layers": ["to_out"]}
+    )
     got = {e.module: (e.action, e.reason) for e in report.entries if e.op == "linear"}
-    assert got["to_out"] == ("native", "ignored_layers pattern 'to_out' (remove it from quantization_config.ignored_layers to quantize this layer)")
+    assert got["to_out"] == (
+        "native",
+        "ignored_layers pattern 'to_out' (remove it from quantization_config.ignored_layers to quantize this layer)",
+    )
     assert got["to_qkv"][0] == "fp8" and "block [64, 64]" in got["to_qkv"][1]
 
 
 def test_unknown_option_did_you_mean(block):
     m, x = block
-    with pytest.raises(Exception, match=r"unknown config key 'diffusion_kv_cache_skip_step' \(did you mean 'diffusion_kv_cache_skip_steps'\?\)"):
+    with pytest.raises(
+        Exception,
+        match=r"unknown config key 'diffusion_kv_cache_skip_step' \(did you mean 'diffusion_kv_cache_skip_steps'\?\)",
+    ):
         torch.compile(m, backend="fp8", options={"diffusion_kv_cache_skip_step": "0"})(x)
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"invalid diffusion_kv_cache_dtype 'fp16'"):
@@ -135,7 +152,10 @@ def test_dump_graphs_option(block):
     report, _ = summary_for(block, options={"dump_graphs": True})
     stages = list(report.graphs)
     assert stages == ["before", "after_fp8_attention", "after_prequantized_linear", "after_quantized_linear"]
-    assert "fp8_attention" not in report.graphs["before"] and "fx_fp8.fp8_attention" in report.graphs["after_fp8_attention"]
+    assert (
+        "fp8_attention" not in report.graphs["before"]
+        and "fx_fp8.fp8_attention" in report.graphs["after_fp8_attention"]
+    )
 
 
 def test_report_serialises(block):
@@ -150,7 +170,10 @@ def test_report_serialises(block):
 def test_downstream_compilers(block, downstream):
     report, out = summary_for(block, options={"downstream": downstream})
     assert report.downstream == downstream
-    assert report.summary() == {"attention": {"fp8": 1, "native": 0}, "linear": {"fp8": 2, "native": 0, "weight-only": 1}}
+    assert report.summary() == {
+        "attention": {"fp8": 1, "native": 0},
+        "linear": {"fp8": 2, "native": 0, "weight-only": 1},
+    }
     if downstream == "inductor":
         _, eager_out = summary_for(block, options={"downstream": "eager"})
         # same custom ops, opaque to Inductor: the numerics match the eager downstream

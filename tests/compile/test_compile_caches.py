@@ -2,6 +2,7 @@
 FP8 on hits both, and torch.compiler.save_cache_artifacts() / load_cache_artifacts() carry them
 to another process. AOTAutograd refuses (bypasses) a graph with a method call on a node that
 has no `example_value`; the passes give every node they insert one."""
+
 import json
 import os
 import subprocess
@@ -58,8 +59,14 @@ WORKER = textwrap.dedent("""
 
 def _run(tmp_path, cache: str, action: str) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / cache), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "artifacts.bin"), action],
-                         env=env, capture_output=True, text=True, cwd=os.path.dirname(toy_models.__file__), timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER, str(tmp_path / "artifacts.bin"), action],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(toy_models.__file__),
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

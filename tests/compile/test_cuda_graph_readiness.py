@@ -2,6 +2,7 @@
 instance choice happens in Python, outside any compiled (and, on a GPU, captured) graph, and
 each step variant is its own Inductor compile (its own cudagraph tree on a GPU). On CPU
 Inductor skips the capture itself; what a GPU run must confirm is in the README."""
+
 import pytest
 import torch
 
@@ -76,7 +77,7 @@ def test_parameters_and_appended_weights_are_static_inputs_of_the_compiled_graph
     model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
     with torch.no_grad():
         torch.compile(model, backend="fp8", options={"downstream": "inductor"})(torch.randn(4, 64))
-    (names, static), = seen
+    ((names, static),) = seen
     fed = [i for i, n in enumerate(names) if n.startswith("fx_fp8_")]
     params = [i for i, n in enumerate(names) if "weight" in n or "bias" in n and not n.startswith("fx_fp8_")]
     assert len(fed) == 4 and len(params) == 4

@@ -4,6 +4,7 @@ fails at record time ("tensors in the cudagraph pool not tracked as outputs"); r
 deterministic; a weight written between replays must be followed (its quantized copy is
 rewritten in place, outside the graph, so the recorded address stays valid). Marked cuda:
 skipped without a GPU (the CPU side of the same contract is tests/compile/test_cuda_graph_readiness.py)."""
+
 from __future__ import annotations
 
 import warnings
@@ -28,8 +29,12 @@ def _flux():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("flux").to("cuda", torch.bfloat16)
-    kw = {k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.to("cuda"))
-          if isinstance(v, torch.Tensor) else v for k, v in example_inputs("flux", model).items()}
+    kw = {
+        k: (v.to("cuda", torch.bfloat16) if v.is_floating_point() else v.to("cuda"))
+        if isinstance(v, torch.Tensor)
+        else v
+        for k, v in example_inputs("flux", model).items()
+    }
     return model, kw
 
 
@@ -61,7 +66,7 @@ def test_reduce_overhead_records_replays_and_follows_a_weight_write(prepared):
         return
     layer = model.get_submodule(TARGET)
     with torch.no_grad():
-        layer.weight.mul_(-2.0)           # in place on the parameter: its quantized copy is rewritten in place
+        layer.weight.mul_(-2.0)  # in place on the parameter: its quantized copy is rewritten in place
         after = _replays(compiled, kw, 2)
     torch._dynamo.reset()
     with torch.no_grad():
@@ -80,8 +85,9 @@ def test_compile_pipeline_with_reduce_overhead(prepare):
     kwargs = {k: v.to("cuda", torch.bfloat16) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
     def run():
-        out = pipe(**kwargs, num_inference_steps=3, output_type="latent",
-                   generator=torch.Generator("cuda").manual_seed(0)).images
+        out = pipe(
+            **kwargs, num_inference_steps=3, output_type="latent", generator=torch.Generator("cuda").manual_seed(0)
+        ).images
         return out.clone()
 
     with torch.no_grad():

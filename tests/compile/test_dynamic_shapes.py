@@ -1,6 +1,7 @@
 """No shape specialisation: new resolutions compile no more graphs than Dynamo's own eager
 backend, attention stays FP8 under dynamic=True, and scalars Dynamo lifts into graph inputs
 (dropout_p, scale) are read as values, not as nodes."""
+
 import pytest
 import torch
 import torch.nn.functional as F

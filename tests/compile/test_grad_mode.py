@@ -1,6 +1,7 @@
 """Grad mode: models straight from from_pretrained have parameters that require grad. Compiling
 and running them with grad enabled works with every downstream compiler (the FP8 nodes are
 inference-only); only an actual .backward() through a quantized node is an error, and it says so."""
+
 import pytest
 import torch
 import torch.nn as nn
@@ -25,9 +26,16 @@ class Block(nn.Module):
 def test_compiles_and_runs_with_grad_enabled(downstream):
     m, x = Block(), torch.randn(1, 64, 64)
     assert all(p.requires_grad for p in m.parameters()) and torch.is_grad_enabled()
-    compiled = torch.compile(m, backend="fp8", options={
-        "downstream": downstream, "diffusion_kv_cache_dtype": "fp8", "quantization": "fp8",
-        "quantization_config": {"quantize_sensitive": True}})
+    compiled = torch.compile(
+        m,
+        backend="fp8",
+        options={
+            "downstream": downstream,
+            "diffusion_kv_cache_dtype": "fp8",
+            "quantization": "fp8",
+            "quantization_config": {"quantize_sensitive": True},
+        },
+    )
     out = compiled(x)
     ref = m(x)
     assert float((out - ref).norm() / ref.norm()) < 0.05

@@ -1,5 +1,6 @@
 """The `inductor_options` backend option: Inductor config patches for every graph fx_fp8 hands to
 Inductor (what torch.compile(backend="inductor", options=...) takes), on top of the mode's."""
+
 from __future__ import annotations
 
 import re
@@ -37,8 +38,12 @@ def test_the_patches_reach_compile_fx_on_top_of_the_mode(monkeypatch):
 
     monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
     torch._dynamo.reset()
-    opts = {"diffusion_kv_cache_dtype": None, "quantization": None, "mode": "max-autotune-no-cudagraphs",
-            "inductor_options": {"size_asserts": False}}
+    opts = {
+        "diffusion_kv_cache_dtype": None,
+        "quantization": None,
+        "mode": "max-autotune-no-cudagraphs",
+        "inductor_options": {"size_asserts": False},
+    }
     torch.compile(torch.nn.Linear(8, 8), backend="fp8", options=opts)(torch.randn(2, 8))
     assert seen == [{**torch._inductor.list_mode_options("max-autotune-no-cudagraphs"), "size_asserts": False}]
 
@@ -55,25 +60,31 @@ def test_the_patches_reach_inductor_and_select_it_as_downstream(downstream_compi
 
 
 def test_unknown_settings_and_wrong_types_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"unknown Inductor setting 'cpp_wraper' in inductor_options \(did you mean "
-                                         r"'cpp_wrapper'\?\): the settings are torch._inductor.config's keys"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown Inductor setting 'cpp_wraper' in inductor_options \(did you mean "
+        r"'cpp_wrapper'\?\): the settings are torch._inductor.config's keys",
+    ):
         check_inductor_options({"cpp_wraper": True})
-    with pytest.raises(ValueError, match="inductor_options must be a mapping of Inductor settings to values, got "
-                                         "list"):
+    with pytest.raises(ValueError, match="inductor_options must be a mapping of Inductor settings to values, got list"):
         check_inductor_options(["cpp_wrapper"])
     assert check_inductor_options(None) == {}
     assert check_inductor_options({"triton.multi_kernel": 1}) == {"triton.multi_kernel": 1}
     m = ModulatedBlock()
     torch._dynamo.reset()
     with pytest.raises(Exception, match="unknown Inductor setting 'no_such_knob'"):  # through torch.compile too
-        torch.compile(m, backend="fp8", options={"inductor_options": {"no_such_knob": 1}})(torch.randn(1, 16, 128),
-                                                                                            torch.randn(1, 128))
+        torch.compile(m, backend="fp8", options={"inductor_options": {"no_such_knob": 1}})(
+            torch.randn(1, 16, 128), torch.randn(1, 128)
+        )
 
 
 def test_a_downstream_that_is_not_inductor_is_refused():
     eager = FP8Config.from_kwargs(downstream="eager")
-    with pytest.raises(ValueError, match=r"inductor_options \['cpp_wrapper'\] configure Inductor, but downstream is "
-                                         r"'eager'"):
+    with pytest.raises(
+        ValueError,
+        match=r"inductor_options \['cpp_wrapper'\] configure Inductor, but downstream is "
+        r"'eager'",
+    ):
         choose_downstream(eager, "reference", None, {"cpp_wrapper": True})
     assert choose_downstream(eager, "reference", None, {}) == "eager"
     assert choose_downstream(FP8Config(), "reference", None, {"cpp_wrapper": True}) == "inductor"
@@ -84,8 +95,11 @@ def test_patches_go_on_top_of_the_mode():
     mode = torch._inductor.list_mode_options("max-autotune-no-cudagraphs")
     assert inductor_patches("max-autotune-no-cudagraphs") == mode
     key = next(iter(mode))
-    assert inductor_patches("max-autotune-no-cudagraphs", {key: "mine", "cpp_wrapper": True}) == \
-        {**mode, key: "mine", "cpp_wrapper": True}
+    assert inductor_patches("max-autotune-no-cudagraphs", {key: "mine", "cpp_wrapper": True}) == {
+        **mode,
+        key: "mine",
+        "cpp_wrapper": True,
+    }
     assert inductor_patches(None, None) == {}
 
 
@@ -120,8 +134,12 @@ def test_every_graph_gets_the_patches_with_dynamic_shapes_a_graph_break_and_a_ho
     torch._dynamo.reset()
     torch.manual_seed(0)
     m = _BrokenWithHook()
-    compiled = torch.compile(m, backend="fp8", dynamic=True,
-                             options={"diffusion_kv_cache_dtype": None, "inductor_options": {"size_asserts": False}})
+    compiled = torch.compile(
+        m,
+        backend="fp8",
+        dynamic=True,
+        options={"diffusion_kv_cache_dtype": None, "inductor_options": {"size_asserts": False}},
+    )
     counts = []
     with torch.no_grad():
         for tokens in (5, 9):  # the pieces are symbolic in the token count: no recompile
@@ -150,8 +168,9 @@ def test_zoo_models_compiled_regionally_with_dynamic_shapes_get_the_patches_in_e
     kw = make_inputs(name, model)
     with torch.no_grad():
         native = output_tensor(model(**kw))
-        model.compile_repeated_blocks(backend="fp8", dynamic=True,
-                                      options={"inductor_options": {"size_asserts": False}})
+        model.compile_repeated_blocks(
+            backend="fp8", dynamic=True, options={"inductor_options": {"size_asserts": False}}
+        )
         out = output_tensor(model(**kw))
     assert seen  # not vacuous: all() of nothing is True
     assert seen and all(p == {"size_asserts": False} for p in seen), seen

@@ -5,6 +5,7 @@ and gets the per-weight work (quantized copy, static scale) done on its own weig
 here also runs the passes for each reused instance (option check_reuse, here from FX_FP8_CHECK_REUSE) and fails on any
 difference; each fact that can differ gets a block that differs, with its report row and the
 kernel that really runs for it."""
+
 import warnings
 
 import pytest
@@ -115,12 +116,12 @@ def test_an_ignored_layer_pattern(pattern, native, plans, kernels):
     for i in range(BLOCKS):
         e = entries[f"blocks.{i}.fc1"]
         ignored = f"ignored_layers pattern {pattern!r} (remove it from quantization_config.ignored_layers to quantize this layer)"
-        assert (e.action, e.reason) == (("native", ignored) if i in native else
-                                        ("fp8", e.reason)), (i, e.reason)
+        assert (e.action, e.reason) == (("native", ignored) if i in native else ("fp8", e.reason)), (i, e.reason)
         assert (f"blocks.{i}.fc1" in _fp8_linears(model, kernels)) == (i not in native)
     # one pattern naming every block: one plan; naming one block: that block plans on its own
-    assert plans(model) == ({"passes": 1, "reused": BLOCKS - 1} if len(native) == BLOCKS else
-                     {"passes": 2, "reused": BLOCKS - 2})
+    assert plans(model) == (
+        {"passes": 1, "reused": BLOCKS - 1} if len(native) == BLOCKS else {"passes": 2, "reused": BLOCKS - 2}
+    )
 
 
 def test_a_pattern_for_one_block_is_not_warned_about_but_a_typo_is(plans):
@@ -140,8 +141,11 @@ def test_static_scales_are_each_instances_own(plans, kernels, monkeypatch):
     # without the check (its passes would attach the scales too): the reuse alone must attach them
     monkeypatch.setenv(CHECK_REUSE_ENV, "0")
     model, kw = regional_toy(), toy_inputs()
-    scales = {f"blocks.{i}.{p}": 0.01 * (i + 1) + 0.001 * j
-              for i in range(BLOCKS) for j, p in enumerate(("q", "k", "v", "o", "fc1", "fc2"))}
+    scales = {
+        f"blocks.{i}.{p}": 0.01 * (i + 1) + 0.001 * j
+        for i in range(BLOCKS)
+        for j, p in enumerate(("q", "k", "v", "o", "fc1", "fc2"))
+    }
     del scales["blocks.3.fc1"]  # block 3 has no calibrated scale for fc1: native there, and only there
     _run(model, kw, quantization_config={"activation_scheme": "static", "activation_scales": scales})
     entries = linear_rows(fx_fp8.get_reports(model))
@@ -194,4 +198,5 @@ def test_a_warning_that_names_no_layer_is_carried_to_every_instance(plans, kerne
     assert plans(model) == {"passes": 1, "reused": BLOCKS - 1}
     assert sum("no FP8 matrix units here (test)" in str(w.message) for w in caught) == 1  # once per model
     assert not kernels["scaled_mm"] and {id(w) for w in kernels["weight_only_linear"]} >= {
-        id(c.wq) for i in range(BLOCKS) for c in state_of(model, model.blocks[i].fc1.weight).copies.values()}
+        id(c.wq) for i in range(BLOCKS) for c in state_of(model, model.blocks[i].fc1.weight).copies.values()
+    }

@@ -1,4 +1,5 @@
 """Two instances of one class share a Dynamo graph: each must still use its own weights."""
+
 import warnings
 
 import pytest
@@ -22,8 +23,10 @@ def test_second_instance_uses_its_own_fp8_weights(static):
     options = {}
     if static:
         # one file for both experts would mix their scales: calibrate each on its own
-        options = [{"quantization_config": {"activation_scheme": "static",
-                                            "activation_scales": fx_fp8.calibrate(e, [kw])}} for e in experts]
+        options = [
+            {"quantization_config": {"activation_scheme": "static", "activation_scales": fx_fp8.calibrate(e, [kw])}}
+            for e in experts
+        ]
     compiled = []
     with torch.no_grad():
         for i, expert in enumerate(experts):

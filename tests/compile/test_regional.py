@@ -1,6 +1,7 @@
 """Regional compilation (each block compiled on its own, as diffusers' compile_repeated_blocks
 does): every block gets the one-graph compile's decisions, instances that decide alike share
 one downstream compile, and the instance is known from its parameters, not from the stack."""
+
 import pytest
 import torch
 import torch.nn as nn

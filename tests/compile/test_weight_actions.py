@@ -2,6 +2,7 @@
 (fx_fp8/quant/weight_actions.py) and the graph plan applies every one of them, for the instance
 whose passes ran and for each instance that reuses its decisions alike; a group's smoothing is
 an action too (never a placeholder the reuse has to refuse)."""
+
 import torch
 
 import fx_fp8
@@ -43,9 +44,16 @@ def test_a_groups_smoothing_is_an_action_the_graph_plan_applies(monkeypatch):
     seen = recorded_actions(monkeypatch)
     m, x = TwoLinears(relu=False).eval(), torch.randn(8, 64)
     calibration = fx_fp8.calibrate(m, [(x,)])
-    compiled = torch.compile(m, backend="fp8", options={
-        "lowering": "reference", "downstream": "eager", "quantization": "int8",
-        "quantization_config": {"activation_scales": calibration, "smoothing_alpha": 0.5, "sensitive": "native"}})
+    compiled = torch.compile(
+        m,
+        backend="fp8",
+        options={
+            "lowering": "reference",
+            "downstream": "eager",
+            "quantization": "int8",
+            "quantization_config": {"activation_scales": calibration, "smoothing_alpha": 0.5, "sensitive": "native"},
+        },
+    )
     with torch.no_grad():
         compiled(x)
     actions = [a for _, a in seen]

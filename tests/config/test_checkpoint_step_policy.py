@@ -2,6 +2,7 @@
 diffusion_step_policy, the schema vLLM-Omni and diffusers read from Cosmos3 ModelOpt checkpoints,
 becomes fx_fp8's linear step policy (W8A16 on the first / last steps); malformed or inexpressible
 policies fail closed naming the field; a tiny checkpoint written here carries one."""
+
 from __future__ import annotations
 
 import copy
@@ -17,9 +18,17 @@ import fx_fp8
 from fx_fp8.compile.stored_config import StoredConfigConflict, stored_config
 from fx_fp8.config.checkpoint_step_policy import CheckpointStepPolicyError, read_step_policy
 
-POLICY = {"schema_version": 1, "type": "first_last_n", "index_space": "denoising_loop_iteration",
-          "scope": ["transformer"], "default_mode": "native", "first_steps": {"count": 1, "mode": "a16"},
-          "last_steps": {"count": 2, "mode": "a16"}, "overlap": "a16", "reasoner": "a16"}
+POLICY = {
+    "schema_version": 1,
+    "type": "first_last_n",
+    "index_space": "denoising_loop_iteration",
+    "scope": ["transformer"],
+    "default_mode": "native",
+    "first_steps": {"count": 1, "mode": "a16"},
+    "last_steps": {"count": 2, "mode": "a16"},
+    "overlap": "a16",
+    "reasoner": "a16",
+}
 
 
 def _with(**changes) -> dict:
@@ -33,26 +42,31 @@ def _with(**changes) -> dict:
 
 
 def test_the_policy_becomes_fx_fp8s_linear_step_policy():
-    assert read_step_policy(_with()) == {"quantization_skip_steps": "first:1,last:2",
-                                         "quantization_skip_steps_mode": "weight_only"}
+    assert read_step_policy(_with()) == {
+        "quantization_skip_steps": "first:1,last:2",
+        "quantization_skip_steps_mode": "weight_only",
+    }
     assert read_step_policy(_with(first_steps={"count": 0, "mode": "a16"}))["quantization_skip_steps"] == "last:2"
-    assert read_step_policy(_with(scope=["text_encoder"])) is None   # another component's
+    assert read_step_policy(_with(scope=["text_encoder"])) is None  # another component's
     assert read_step_policy({"quant_algo": "FP8"}) is None and read_step_policy(None) is None
 
 
-@pytest.mark.parametrize("changes, needle", [
-    ({"type": "every_n"}, "type = 'every_n': expected 'first_last_n'"),
-    ({"default_mode": "a16"}, "default_mode = 'a16'"),
-    ({"overlap": "native"}, "overlap = 'native'"),
-    ({"index_space": "timestep"}, "index_space = 'timestep'"),
-    ({"first_steps": {"count": 2, "mode": "native"}}, "first_steps.mode = 'native'"),
-    ({"last_steps": {"count": -1, "mode": "a16"}}, "last_steps.count = -1"),
-    ({"schema_version": 2}, "schema_version = 2"),
-    ({"scope": []}, "scope = []"),
-    ({"reasoner": "fp4"}, "reasoner = 'fp4'"),
-    ({"overlap": None}, "missing fields ['overlap']"),
-    ({"stride": 2}, "unknown fields ['stride']"),
-])
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        ({"type": "every_n"}, "type = 'every_n': expected 'first_last_n'"),
+        ({"default_mode": "a16"}, "default_mode = 'a16'"),
+        ({"overlap": "native"}, "overlap = 'native'"),
+        ({"index_space": "timestep"}, "index_space = 'timestep'"),
+        ({"first_steps": {"count": 2, "mode": "native"}}, "first_steps.mode = 'native'"),
+        ({"last_steps": {"count": -1, "mode": "a16"}}, "last_steps.count = -1"),
+        ({"schema_version": 2}, "schema_version = 2"),
+        ({"scope": []}, "scope = []"),
+        ({"reasoner": "fp4"}, "reasoner = 'fp4'"),
+        ({"overlap": None}, "missing fields ['overlap']"),
+        ({"stride": 2}, "unknown fields ['stride']"),
+    ],
+)
 def test_a_policy_fx_fp8_cannot_express_fails_closed_naming_the_field(changes, needle):
     with pytest.raises(CheckpointStepPolicyError) as e:
         read_step_policy(_with(**changes))
@@ -81,7 +95,7 @@ def _variants(compiled, steps=4) -> dict:
 
 
 def test_a_checkpoint_of_another_method_runs_its_policy_and_an_option_cannot_silently_replace_it():
-    model = _Linears(_with())   # a ModelOpt-style config.json section
+    model = _Linears(_with())  # a ModelOpt-style config.json section
     assert _variants(torch.compile(model, backend="fp8")) == {"fp8": ["fp8"], "linear_weight_only": ["weight-only"]}
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"diffusion_step_policy asks for 'first:1,last:2'.*options ask for '0'"):
@@ -100,7 +114,7 @@ def test_a_tiny_fx_fp8_checkpoint_with_a_policy(tmp_path):
         loaded = FluxTransformer2DModel.from_pretrained(tmp_path / "bf16", quantization_config=fx_fp8.DiffusersConfig())
         loaded.save_pretrained(tmp_path / "fp8")
         config = json.loads((tmp_path / "fp8" / "config.json").read_text())
-        config["quantization_config"]["runtime"] = _with()["runtime"]   # as ModelOpt's exporter adds it
+        config["quantization_config"]["runtime"] = _with()["runtime"]  # as ModelOpt's exporter adds it
         (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
         model = FluxTransformer2DModel.from_pretrained(tmp_path / "fp8").eval()
     qc = stored_config(model).quantization_config
@@ -111,7 +125,11 @@ def test_a_tiny_fx_fp8_checkpoint_with_a_policy(tmp_path):
             with fx_fp8.denoising_step(step, total=4):
                 compiled(**example_inputs("flux", model))
     variants = {r.step_variant: {e.action for e in r.entries if e.op == "linear"} for r in fx_fp8.get_reports(compiled)}
-    assert set(variants) == {"fp8", "linear_weight_only"} and "fp8" not in variants["linear_weight_only"] and "fp8" in variants["fp8"]
-    model.save_pretrained(tmp_path / "again")   # the runtime section survives a save
+    assert (
+        set(variants) == {"fp8", "linear_weight_only"}
+        and "fp8" not in variants["linear_weight_only"]
+        and "fp8" in variants["fp8"]
+    )
+    model.save_pretrained(tmp_path / "again")  # the runtime section survives a save
     again = json.loads((tmp_path / "again" / "config.json").read_text())["quantization_config"]
     assert again["runtime"] == _with()["runtime"]

@@ -1,5 +1,6 @@
 """The component map (vLLM-Omni's per-component `quantization` mapping, fx_fp8/config/components.py):
 which config each pipeline component gets, and the errors for malformed specs."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,10 @@ def test_plain_config_means_the_transformers():
 
 def test_map_scopes_linears_and_keeps_attention_for_transformers(tmp_path):
     path = tmp_path / "stage.yaml"
-    path.write_text("diffusion_kv_cache_dtype: fp8\nquantization:\n  transformer: fp8\n"
-                    "  text_encoder: {quant_method: int8, ignored_layers: [fc2]}\n  text_encoder_2: null\n")
+    path.write_text(
+        "diffusion_kv_cache_dtype: fp8\nquantization:\n  transformer: fp8\n"
+        "  text_encoder: {quant_method: int8, ignored_layers: [fc2]}\n  text_encoder_2: null\n"
+    )
     scoped = ComponentConfigs.split(str(path), {})
     t = scoped.transformer_config("transformer")
     assert t.attention_enabled and t.quantization == "fp8"
@@ -38,13 +41,16 @@ def test_default_covers_unnamed_transformers_and_override_map():
     assert scoped.transformer_config("transformer_2").quantization == "int8"
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"text_encoder": {"ignored_layers": ["x"]}}, "text_encoder .* has no method"),
-    ({"text_encoder": {"method": "fp8", "quant_method": "int8"}}, "disagree"),
-    ({"text_encoder": 8}, "invalid quantization=.text_encoder 8"),
-    ({"default": "fp8"}, "names no component"),
-    ({"text_encoder": "fp4"}, "fp4"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"text_encoder": {"ignored_layers": ["x"]}}, "text_encoder .* has no method"),
+        ({"text_encoder": {"method": "fp8", "quant_method": "int8"}}, "disagree"),
+        ({"text_encoder": 8}, "invalid quantization=.text_encoder 8"),
+        ({"default": "fp8"}, "names no component"),
+        ({"text_encoder": "fp4"}, "fp4"),
+    ],
+)
 def test_bad_specs_name_the_value(spec, message):
     with pytest.raises(ValueError, match=message):
         scoped = ComponentConfigs.split(None, {"quantization": spec})
@@ -68,7 +74,7 @@ def test_keys_match_as_vllm_omni_prefixes_longest_first():
     begins the name wins, no dot boundary; wildcard keys are fnmatch patterns tried first."""
     keys = ["text_encoder", "text_encoder_2", "transformer", "t"]
     assert matching_key("text_encoder", keys) == "text_encoder"
-    assert matching_key("text_encoder_2", keys) == "text_encoder_2"      # longest wins, whatever the order
+    assert matching_key("text_encoder_2", keys) == "text_encoder_2"  # longest wins, whatever the order
     assert matching_key("text_encoder_3", keys) == "text_encoder"
     assert matching_key("transformer_2", keys) == "transformer"
     assert matching_key("tokenizer", keys) == "t"
@@ -79,9 +85,11 @@ def test_keys_match_as_vllm_omni_prefixes_longest_first():
     assert matching_key("text_encoder_2", ["text_encoder_2", "text_encoder_?"]) == "text_encoder_?"
     assert matching_key("text_encoder_2", ["text_*", "text_encoder_*"]) == "text_encoder_*"  # longest pattern
     assert matching_key("vae", ["text_*"]) is None
-    scoped = ComponentConfigs.split(None, {"quantization": {"text_encoder": "fp8", "text_encoder_2": None,
-                                                            "transformer_2": "int8", "default": "fp8"}})
+    scoped = ComponentConfigs.split(
+        None,
+        {"quantization": {"text_encoder": "fp8", "text_encoder_2": None, "transformer_2": "int8", "default": "fp8"}},
+    )
     assert scoped.component_config("text_encoder_3").quantization == "fp8"
     assert not scoped.component_config("text_encoder_2").linear_enabled
     assert scoped.transformer_config("transformer_2").quantization == "int8"
-    assert scoped.transformer_config("transformer").quantization == "fp8"   # default: no key begins it
+    assert scoped.transformer_config("transformer").quantization == "fp8"  # default: no key begins it

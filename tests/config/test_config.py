@@ -1,4 +1,5 @@
 """FP8Config: construction from kwargs / YAML / mappings, validation messages, round trips."""
+
 import warnings
 
 import pytest
@@ -17,26 +18,32 @@ def test_defaults_turn_both_features_on():
     assert qc.ignored_layers == () and qc.quantize_sensitive is False and qc.method == "fp8"
 
 
-@pytest.mark.parametrize("kw, attention, linear", [
-    ({"quantization": None}, True, False),
-    ({"diffusion_kv_cache_dtype": None}, False, True),
-    ({"diffusion_kv_cache_dtype": "auto"}, False, True),
-    ({"diffusion_kv_cache_dtype": "None"}, False, True),
-    ({"quantization": "fp8"}, False, True),               # one opt-in: the other stays off (vLLM-Omni)
-    ({"diffusion_kv_cache_dtype": "fp8"}, True, False),
-    ({"diffusion_kv_cache_dtype": "fp8", "quantization": "fp8"}, True, True),
-    ({"diffusion_kv_cache_dtype": None, "quantization": None}, False, False),
-])
+@pytest.mark.parametrize(
+    "kw, attention, linear",
+    [
+        ({"quantization": None}, True, False),
+        ({"diffusion_kv_cache_dtype": None}, False, True),
+        ({"diffusion_kv_cache_dtype": "auto"}, False, True),
+        ({"diffusion_kv_cache_dtype": "None"}, False, True),
+        ({"quantization": "fp8"}, False, True),  # one opt-in: the other stays off (vLLM-Omni)
+        ({"diffusion_kv_cache_dtype": "fp8"}, True, False),
+        ({"diffusion_kv_cache_dtype": "fp8", "quantization": "fp8"}, True, True),
+        ({"diffusion_kv_cache_dtype": None, "quantization": None}, False, False),
+    ],
+)
 def test_feature_switches(kw, attention, linear):
     cfg = FP8Config.from_kwargs(**kw)
     assert (cfg.attention_enabled, cfg.linear_enabled) == (attention, linear)
 
 
-@pytest.mark.parametrize("key, hint", [
-    ("diffusion_kv_cache_skip_step", "diffusion_kv_cache_skip_steps"),
-    ("quantisation", "quantization"),
-    ("ignored_layer", "ignored_layers"),
-])
+@pytest.mark.parametrize(
+    "key, hint",
+    [
+        ("diffusion_kv_cache_skip_step", "diffusion_kv_cache_skip_steps"),
+        ("quantisation", "quantization"),
+        ("ignored_layer", "ignored_layers"),
+    ],
+)
 def test_unknown_top_key_did_you_mean(key, hint):
     with pytest.raises(ValueError) as e:
         FP8Config.from_kwargs(**{key: "0"})
@@ -44,35 +51,47 @@ def test_unknown_top_key_did_you_mean(key, hint):
 
 
 def test_unknown_nested_keys_did_you_mean():
-    with pytest.raises(ValueError, match=r"unknown key 'activation_schem' in quantization_config \(did you mean 'activation_scheme'\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown key 'activation_schem' in quantization_config \(did you mean 'activation_scheme'\?\)",
+    ):
         FP8Config.from_kwargs(quantization_config={"activation_schem": "dynamic"})
     with pytest.raises(ValueError, match=r"'hadamrd' in attention \(did you mean 'hadamard'\?\)"):
         FP8Config.from_kwargs(attention={"hadamrd": True})
 
 
-@pytest.mark.parametrize("kw, needle", [
-    ({"diffusion_kv_cache_dtype": "fp16"}, "invalid diffusion_kv_cache_dtype 'fp16'"),
-    ({"quantization": "awq"}, "invalid quantization 'awq'"),
-    ({"quantization_config": {"method": "nf4"}}, "invalid quantization_config.method 'nf4'"),
-    ({"quantization_config": {"weight_block_size": [128]}}, "invalid weight_block_size [128]"),
-    ({"quantization_config": {"weight_block_size": [128, 0]}}, "invalid weight_block_size 0"),
-    ({"quantization_config": {"weight_block_size": "128x128"}}, "invalid weight_block_size '128x128'"),
-    ({"quantization_config": {"weight_granularity": "row"}}, "invalid quantization_config.weight_granularity 'row'"),
-    ({"quantization_config": {"activation_scheme": "static"}}, "activation_scheme 'static' needs activation_scales"),
-    ({"quantization_config": {"activation_scales": 3}}, "invalid activation_scales 3"),
-    ({"quantization_config": {"min_features": -1}}, "invalid quantization_config.min_features -1"),
-    ({"quantization_config": {"ignored_layers": ["re:(unclosed"]}}, "'re:(unclosed'"),
-    ({"quantization_config": {"ignored_layers": [3]}}, "invalid ignored_layers [3]"),
-    ({"attention": {"granularity": "token"}}, "invalid attention.granularity 'token'"),
-    ({"attention": {"q_block": 0}}, "invalid attention.q_block 0"),
-    ({"attention": {"hadamard": "yes"}}, "invalid attention.hadamard 'yes'"),
-    ({"attention": {"p_scale": 1000}}, "invalid attention.p_scale 1000"),
-    ({"attention": "block"}, "invalid attention 'block'"),
-    ({"lowering": "tpu"}, "invalid lowering 'tpu'"),
-    ({"downstream": "tensorrt"}, "invalid downstream 'tensorrt'"),
-    ({"diffusion_kv_cache_skip_steps": "0,a"}, "invalid token 'a' in diffusion_kv_cache_skip_steps '0,a'"),
-    ({"diffusion_kv_cache_skip_layers": "2-1"}, "invalid token '2-1' in diffusion_kv_cache_skip_layers '2-1'"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"diffusion_kv_cache_dtype": "fp16"}, "invalid diffusion_kv_cache_dtype 'fp16'"),
+        ({"quantization": "awq"}, "invalid quantization 'awq'"),
+        ({"quantization_config": {"method": "nf4"}}, "invalid quantization_config.method 'nf4'"),
+        ({"quantization_config": {"weight_block_size": [128]}}, "invalid weight_block_size [128]"),
+        ({"quantization_config": {"weight_block_size": [128, 0]}}, "invalid weight_block_size 0"),
+        ({"quantization_config": {"weight_block_size": "128x128"}}, "invalid weight_block_size '128x128'"),
+        (
+            {"quantization_config": {"weight_granularity": "row"}},
+            "invalid quantization_config.weight_granularity 'row'",
+        ),
+        (
+            {"quantization_config": {"activation_scheme": "static"}},
+            "activation_scheme 'static' needs activation_scales",
+        ),
+        ({"quantization_config": {"activation_scales": 3}}, "invalid activation_scales 3"),
+        ({"quantization_config": {"min_features": -1}}, "invalid quantization_config.min_features -1"),
+        ({"quantization_config": {"ignored_layers": ["re:(unclosed"]}}, "'re:(unclosed'"),
+        ({"quantization_config": {"ignored_layers": [3]}}, "invalid ignored_layers [3]"),
+        ({"attention": {"granularity": "token"}}, "invalid attention.granularity 'token'"),
+        ({"attention": {"q_block": 0}}, "invalid attention.q_block 0"),
+        ({"attention": {"hadamard": "yes"}}, "invalid attention.hadamard 'yes'"),
+        ({"attention": {"p_scale": 1000}}, "invalid attention.p_scale 1000"),
+        ({"attention": "block"}, "invalid attention 'block'"),
+        ({"lowering": "tpu"}, "invalid lowering 'tpu'"),
+        ({"downstream": "tensorrt"}, "invalid downstream 'tensorrt'"),
+        ({"diffusion_kv_cache_skip_steps": "0,a"}, "invalid token 'a' in diffusion_kv_cache_skip_steps '0,a'"),
+        ({"diffusion_kv_cache_skip_layers": "2-1"}, "invalid token '2-1' in diffusion_kv_cache_skip_layers '2-1'"),
+    ],
+)
 def test_bad_values_name_the_value(kw, needle):
     with pytest.raises(ValueError) as e:
         FP8Config.from_kwargs(**kw)
@@ -105,13 +124,18 @@ def test_legacy_keys_as_overrides_of_a_config():
     assert cfg.diffusion_kv_cache_skip_steps == {3}
 
 
-@pytest.mark.parametrize("build", [
-    lambda **kw: FP8Config.from_kwargs(**kw),
-    lambda **kw: FP8Config.load(FP8Config(diffusion_kv_cache_dtype=None), **kw),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda **kw: FP8Config.from_kwargs(**kw),
+        lambda **kw: FP8Config.load(FP8Config(diffusion_kv_cache_dtype=None), **kw),
+    ],
+)
 def test_explicit_none_next_to_a_legacy_value_counts_as_not_given(build):
     # argparse-built dicts carry None for every flag: the legacy flag the user did give wins
-    cfg = build(diffusion_kv_cache_dtype=None, kv_cache_dtype="fp8", kv_cache_skip_steps="0", diffusion_kv_cache_skip_steps=None)
+    cfg = build(
+        diffusion_kv_cache_dtype=None, kv_cache_dtype="fp8", kv_cache_skip_steps="0", diffusion_kv_cache_skip_steps=None
+    )
     assert cfg.attention_enabled and cfg.diffusion_kv_cache_skip_steps == {0}
 
 
@@ -130,15 +154,18 @@ def test_defaults_token_is_accepted_and_changes_nothing():
     assert not QuantizationConfig(ignored_layers=["@defaults"]).quantize_sensitive
 
 
-@pytest.mark.parametrize("build", [
-    lambda: FP8Config.from_kwargs(quantization="fp8", ignored_layers=None),
-    lambda: FP8Config.from_kwargs(quantization="fp8", ignored_layers=[]),
-    lambda: FP8Config.from_kwargs(quantization="fp8", quantization_config={"ignored_layers": None}),
-    lambda: FP8Config.from_mapping({"quantization": "fp8", "ignored_layers": None}),
-    lambda: FP8Config.from_mapping({"quantization": "fp8", "quantization_config": {"ignored_layers": None}}),
-    lambda: FP8Config.load(FP8Config.from_kwargs(quantization="fp8", ignored_layers=["a"]), ignored_layers=None),
-    lambda: FP8Config.load(None, quantization="fp8", ignored_layers=None),
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: FP8Config.from_kwargs(quantization="fp8", ignored_layers=None),
+        lambda: FP8Config.from_kwargs(quantization="fp8", ignored_layers=[]),
+        lambda: FP8Config.from_kwargs(quantization="fp8", quantization_config={"ignored_layers": None}),
+        lambda: FP8Config.from_mapping({"quantization": "fp8", "ignored_layers": None}),
+        lambda: FP8Config.from_mapping({"quantization": "fp8", "quantization_config": {"ignored_layers": None}}),
+        lambda: FP8Config.load(FP8Config.from_kwargs(quantization="fp8", ignored_layers=["a"]), ignored_layers=None),
+        lambda: FP8Config.load(None, quantization="fp8", ignored_layers=None),
+    ],
+)
 def test_ignored_layers_none_means_the_same_everywhere(build):
     qc = build().quantization_config
     assert qc.ignored_layers == () and not qc.quantize_sensitive
@@ -147,7 +174,9 @@ def test_ignored_layers_none_means_the_same_everywhere(build):
 def test_quantization_config_as_a_method_string_and_alone():
     cfg = FP8Config.from_kwargs(quantization_config="fp8")  # vLLM-Omni's tests pass it so
     assert cfg.linear_enabled and cfg.quantization_config.method == "fp8" and not cfg.attention_enabled
-    alone = FP8Config.from_kwargs(quantization_config={"ignored_layers": ["img_mlp"]})  # its t2i script's --ignored-layers
+    alone = FP8Config.from_kwargs(
+        quantization_config={"ignored_layers": ["img_mlp"]}
+    )  # its t2i script's --ignored-layers
     assert alone.linear_enabled and not alone.attention_enabled
     int8 = FP8Config.from_kwargs(quantization_config={"method": "int8"})
     assert int8.quantization == "int8" and int8.quantization_config.method == "int8"
@@ -171,11 +200,17 @@ def test_attention_granularity_case_is_normalised():
 
 def test_flat_yaml(tmp_path):
     path = tmp_path / "fp8.yaml"
-    path.write_text(yaml.safe_dump({
-        "diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0,1", "quantization": "fp8",
-        "quantization_config": {"ignored_layers": ["img_mlp"], "weight_block_size": [128, 128]},
-        "attention": {"granularity": "head", "hadamard": False},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "diffusion_kv_cache_dtype": "fp8",
+                "diffusion_kv_cache_skip_steps": "0,1",
+                "quantization": "fp8",
+                "quantization_config": {"ignored_layers": ["img_mlp"], "weight_block_size": [128, 128]},
+                "attention": {"granularity": "head", "hadamard": False},
+            }
+        )
+    )
     cfg = FP8Config.from_yaml(path)
     assert cfg.diffusion_kv_cache_skip_steps == {0, 1} and cfg.attention.granularity == "head"
     assert cfg.quantization_config.weight_granularity == "block"
@@ -184,12 +219,26 @@ def test_flat_yaml(tmp_path):
 
 def test_stage_config_yaml(tmp_path):
     path = tmp_path / "stage.yaml"
-    path.write_text(yaml.safe_dump({"stage_args": [
-        {"stage_id": 0, "stage_type": "llm", "engine_args": {"quantization": "awq-not-ours"}},
-        {"stage_id": 1, "stage_type": "diffusion", "engine_args": {
-            "model": "Qwen/Qwen-Image", "diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0-1",
-            "quantization": "fp8", "quantization_config": {"ignored_layers": ["img_mlp"]}}},
-    ]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "stage_args": [
+                    {"stage_id": 0, "stage_type": "llm", "engine_args": {"quantization": "awq-not-ours"}},
+                    {
+                        "stage_id": 1,
+                        "stage_type": "diffusion",
+                        "engine_args": {
+                            "model": "Qwen/Qwen-Image",
+                            "diffusion_kv_cache_dtype": "fp8",
+                            "diffusion_kv_cache_skip_steps": "0-1",
+                            "quantization": "fp8",
+                            "quantization_config": {"ignored_layers": ["img_mlp"]},
+                        },
+                    },
+                ]
+            }
+        )
+    )
     with pytest.warns(UserWarning, match=r"engine_args keys not used by fx_fp8: \['model'\]"):
         cfg = FP8Config.from_yaml(path)
     assert cfg.attention_enabled and cfg.linear_enabled and cfg.diffusion_kv_cache_skip_steps == {0, 1}
@@ -220,15 +269,38 @@ def test_yaml_errors(tmp_path):
         FP8Config.from_yaml(typo)
 
 
-@pytest.mark.parametrize("kw", [
-    {},
-    {"quantization": None},
-    {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0,1,4-6", "diffusion_kv_cache_skip_layers": [0, 9]},
-    {"quantization": "fp8", "quantization_config": {"ignored_layers": ["img_mlp", "re:.*proj"], "weight_block_size": [64, 128],
-                                                    "activation_scheme": "static", "activation_scales": {"a": 0.5}}},
-    {"attention": {"granularity": "tensor", "hadamard": False, "smooth_k": False, "p_scale": 224.0, "cross_attention": True},
-     "lowering": "reference", "downstream": "inductor"},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"quantization": None},
+        {
+            "diffusion_kv_cache_dtype": "fp8",
+            "diffusion_kv_cache_skip_steps": "0,1,4-6",
+            "diffusion_kv_cache_skip_layers": [0, 9],
+        },
+        {
+            "quantization": "fp8",
+            "quantization_config": {
+                "ignored_layers": ["img_mlp", "re:.*proj"],
+                "weight_block_size": [64, 128],
+                "activation_scheme": "static",
+                "activation_scales": {"a": 0.5},
+            },
+        },
+        {
+            "attention": {
+                "granularity": "tensor",
+                "hadamard": False,
+                "smooth_k": False,
+                "p_scale": 224.0,
+                "cross_attention": True,
+            },
+            "lowering": "reference",
+            "downstream": "inductor",
+        },
+    ],
+)
 def test_to_dict_round_trip(kw, tmp_path):
     cfg = FP8Config.from_kwargs(**kw)
     assert FP8Config.from_kwargs(**cfg.to_dict()) == cfg

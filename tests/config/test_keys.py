@@ -1,6 +1,7 @@
 """normalise_keys (fx_fp8/config/keys.py): the key rules FP8Config.from_kwargs and replace share,
 written once, so both entry points take the same spellings and refuse bad keys with the same
 messages; vLLM-Omni's quantize_sensitive becomes `sensitive` there."""
+
 import pytest
 import yaml
 
@@ -14,21 +15,39 @@ ENTRY_POINTS = {
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
-@pytest.mark.parametrize("kw, message", [
-    ({"cache_backend": "tea_cache"}, r"'cache_backend' is a pipeline option, not an FP8 option: pass it to fx_fp8.compile_pipeline"),
-    ({"quantization": {"transformer": "fp8"}}, r"quantization \{'transformer': 'fp8'\} maps pipeline components"),
-    ({"kv_cache_dtyp": "fp8"}, r"unknown config key 'kv_cache_dtyp' \(did you mean 'kv_cache_dtype'\?\)"),
-    ({"quantisation": "fp8"}, r"unknown config key 'quantisation' \(did you mean 'quantization'\?\)"),
-    ({"quantization": "fp8", "quantization_config": "int8"}, "quantization 'fp8' disagrees with quantization_config.method 'int8'"),
-    ({"ignored_layers": ["a"], "quantization_config": {"ignored_layers": ["b"]}},
-     r"ignored_layers given twice with different values: \['a'\] and quantization_config.ignored_layers=\['b'\]"),
-    ({"quantization_skip_steps": "0-3", "quantization_config": {"skip_steps": "0-2"}},
-     "quantization_skip_steps '0-3' disagrees with quantization_config.skip_steps '0-2'"),
-    ({"quantization_config": {"quantize_sensitive": True, "sensitive": "native"}},
-     r"quantize_sensitive: true \(a synonym of sensitive: fp8\) disagrees with quantization_config.sensitive 'native'"),
-    ({"quantization_config": {"quantize_sensitive": "yes"}}, "invalid quantization_config.quantize_sensitive 'yes'"),
-    ({"quantization_config": 5}, "invalid quantization_config 5: expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (
+            {"cache_backend": "tea_cache"},
+            r"'cache_backend' is a pipeline option, not an FP8 option: pass it to fx_fp8.compile_pipeline",
+        ),
+        ({"quantization": {"transformer": "fp8"}}, r"quantization \{'transformer': 'fp8'\} maps pipeline components"),
+        ({"kv_cache_dtyp": "fp8"}, r"unknown config key 'kv_cache_dtyp' \(did you mean 'kv_cache_dtype'\?\)"),
+        ({"quantisation": "fp8"}, r"unknown config key 'quantisation' \(did you mean 'quantization'\?\)"),
+        (
+            {"quantization": "fp8", "quantization_config": "int8"},
+            "quantization 'fp8' disagrees with quantization_config.method 'int8'",
+        ),
+        (
+            {"ignored_layers": ["a"], "quantization_config": {"ignored_layers": ["b"]}},
+            r"ignored_layers given twice with different values: \['a'\] and quantization_config.ignored_layers=\['b'\]",
+        ),
+        (
+            {"quantization_skip_steps": "0-3", "quantization_config": {"skip_steps": "0-2"}},
+            "quantization_skip_steps '0-3' disagrees with quantization_config.skip_steps '0-2'",
+        ),
+        (
+            {"quantization_config": {"quantize_sensitive": True, "sensitive": "native"}},
+            r"quantize_sensitive: true \(a synonym of sensitive: fp8\) disagrees with quantization_config.sensitive 'native'",
+        ),
+        (
+            {"quantization_config": {"quantize_sensitive": "yes"}},
+            "invalid quantization_config.quantize_sensitive 'yes'",
+        ),
+        ({"quantization_config": 5}, "invalid quantization_config 5: expected a mapping"),
+    ],
+)
 def test_both_entry_points_refuse_alike(entry, kw, message):
     with pytest.raises(ValueError, match=message):
         ENTRY_POINTS[entry](**kw)
@@ -62,10 +81,16 @@ def test_quantize_sensitive_is_folded_into_sensitive_at_the_door():
     assert native.replace(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
 
 
-@pytest.mark.parametrize("quantize_sensitive, sensitive, expected", [
-    (True, "fp8", "fp8"), (False, "weight_only", "weight_only"), (False, "native", "native"),
-    (True, None, "fp8"), (False, None, "weight_only"),  # written before `sensitive` existed
-])
+@pytest.mark.parametrize(
+    "quantize_sensitive, sensitive, expected",
+    [
+        (True, "fp8", "fp8"),
+        (False, "weight_only", "weight_only"),
+        (False, "native", "native"),
+        (True, None, "fp8"),
+        (False, None, "weight_only"),  # written before `sensitive` existed
+    ],
+)
 def test_a_yaml_saved_with_quantize_sensitive_still_loads(tmp_path, quantize_sensitive, sensitive, expected):
     data = FP8Config().to_dict()
     qc = data["quantization_config"]

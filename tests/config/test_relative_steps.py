@@ -1,5 +1,6 @@
 """Step selectors relative to the run ("first:2,last:2"), the run's number of steps published next
 to the step, and the shipped tiny model's own config (its step policy)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,11 +28,20 @@ def _load(path: str, name: str):
 
 
 # -- grammar -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, total, expected", [
-    ("first:2,last:2", 10, {0, 1, 8, 9}), ("first:2,last:2", 30, {0, 1, 28, 29}), ("0,last:3", 10, {0, 7, 8, 9}),
-    ("last:1", 4, {3}), ("first:3", 10, {0, 1, 2}), ("first:2, 5-6 ,last:2", 10, {0, 1, 5, 6, 8, 9}),
-    ("first:2,last:2", 3, {0, 1, 2}), ("last:12", 10, set(range(10))), ("first:1,first:3,last:2,last:1", 10, {0, 1, 2, 8, 9}),
-])
+@pytest.mark.parametrize(
+    "text, total, expected",
+    [
+        ("first:2,last:2", 10, {0, 1, 8, 9}),
+        ("first:2,last:2", 30, {0, 1, 28, 29}),
+        ("0,last:3", 10, {0, 7, 8, 9}),
+        ("last:1", 4, {3}),
+        ("first:3", 10, {0, 1, 2}),
+        ("first:2, 5-6 ,last:2", 10, {0, 1, 5, 6, 8, 9}),
+        ("first:2,last:2", 3, {0, 1, 2}),
+        ("last:12", 10, set(range(10))),
+        ("first:1,first:3,last:2,last:1", 10, {0, 1, 2, 8, 9}),
+    ],
+)
 def test_relative_tokens_resolve_with_the_total(text, total, expected):
     sel = parse_selector(text, what=ATTN, relative=True)
     assert sel.resolve(total) == expected
@@ -64,17 +74,25 @@ def test_config_keys_take_relative_tokens_and_round_trip():
     assert str(config_from_args(args).diffusion_kv_cache_skip_steps) == "first:1,last:1"
 
 
-@pytest.mark.parametrize("key, kwargs", [
-    ("diffusion_kv_cache_skip_steps", lambda v: dict(diffusion_kv_cache_skip_steps=v)),
-    ("quantization_config.skip_steps", lambda v: dict(quantization_config={"skip_steps": v})),
-    ("quantization_skip_steps", lambda v: dict(quantization_skip_steps=v)),
-])
-@pytest.mark.parametrize("bad, says", [
-    ("first:2,lats:2", "unknown relative token 'lats' (did you mean 'last'?)"),
-    ("first:0", "first:k with k an integer >= 1"), ("last:x", "last:k with k an integer >= 1"),
-    ("last:", "last:k with k an integer >= 1"), ("last:-1", "last:k with k an integer >= 1"),
-    ("middle:2", "unknown relative token 'middle'"),
-])
+@pytest.mark.parametrize(
+    "key, kwargs",
+    [
+        ("diffusion_kv_cache_skip_steps", lambda v: dict(diffusion_kv_cache_skip_steps=v)),
+        ("quantization_config.skip_steps", lambda v: dict(quantization_config={"skip_steps": v})),
+        ("quantization_skip_steps", lambda v: dict(quantization_skip_steps=v)),
+    ],
+)
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("first:2,lats:2", "unknown relative token 'lats' (did you mean 'last'?)"),
+        ("first:0", "first:k with k an integer >= 1"),
+        ("last:x", "last:k with k an integer >= 1"),
+        ("last:", "last:k with k an integer >= 1"),
+        ("last:-1", "last:k with k an integer >= 1"),
+        ("middle:2", "unknown relative token 'middle'"),
+    ],
+)
 def test_bad_relative_tokens_name_the_key_and_the_token(key, kwargs, bad, says):
     with pytest.raises(ValueError) as e:
         FP8Config.from_kwargs(**kwargs(bad))
@@ -85,8 +103,11 @@ def test_bad_relative_tokens_name_the_key_and_the_token(key, kwargs, bad, says):
 
 
 def test_layer_selectors_refuse_relative_tokens():
-    with pytest.raises(ValueError, match=r"invalid token 'last:2' in diffusion_kv_cache_skip_layers 'last:2': "
-                                         r"first:k / last:k select denoising steps only"):
+    with pytest.raises(
+        ValueError,
+        match=r"invalid token 'last:2' in diffusion_kv_cache_skip_layers 'last:2': "
+        r"first:k / last:k select denoising steps only",
+    ):
         FP8Config.from_kwargs(diffusion_kv_cache_skip_layers="last:2")
 
 
@@ -108,16 +129,29 @@ def test_step_variants_of_relative_selectors():
     assert variants(quantization_skip_steps="last:2") == {"fp8", "linear_weight_only"}
     # the same relative steps for both: no step runs only one of them
     assert variants(diffusion_kv_cache_skip_steps="first:2,last:2", quantization_skip_steps="first:2,last:2") == {
-        "fp8", "native+linear_weight_only"}
+        "fp8",
+        "native+linear_weight_only",
+    }
     # last:2 vs absolute 8-9: the same steps in a 10-step run, apart in others
     assert variants(diffusion_kv_cache_skip_steps="last:2", quantization_skip_steps="8-9") == {
-        "fp8", "native", "native+linear_weight_only", "linear_weight_only"}
+        "fp8",
+        "native",
+        "native+linear_weight_only",
+        "linear_weight_only",
+    }
     # last:3 always covers last:1's step; first:1 never reaches past step 0
     assert variants(diffusion_kv_cache_skip_steps="last:3", quantization_skip_steps="last:1") == {
-        "fp8", "native", "native+linear_weight_only"}
+        "fp8",
+        "native",
+        "native+linear_weight_only",
+    }
     # a huge absolute range next to last:k: ranges, never steps
     assert step_patterns(parse_selector("0-1000000000"), parse_selector("last:1", relative=True)) == {
-        (True, False), (True, True), (False, True), (False, False)}
+        (True, False),
+        (True, True),
+        (False, True),
+        (False, False),
+    }
 
 
 # -- publishing the total ------------------------------------------------------------------------
@@ -131,10 +165,12 @@ def test_set_step_and_denoising_step_publish_the_total():
         assert (fx_fp8.current_step(), steps.current_total()) == (1, 30)
     assert (fx_fp8.current_step(), steps.current_total()) == (4, None)
     fx_fp8.set_step(None)
-    for bad, says in (((10, 10), "invalid denoising step 10 for total=10: steps of a 10-step run are 0-9"),
-                      ((0, 0), "invalid number of denoising steps total=0"),
-                      ((None, 5), "total=5 given without a step"),
-                      ((0, True), "invalid number of denoising steps total=True")):
+    for bad, says in (
+        ((10, 10), "invalid denoising step 10 for total=10: steps of a 10-step run are 0-9"),
+        ((0, 0), "invalid number of denoising steps total=0"),
+        ((None, 5), "total=5 given without a step"),
+        ((0, True), "invalid number of denoising steps total=True"),
+    ):
         with pytest.raises(ValueError, match=says):
             fx_fp8.set_step(bad[0], total=bad[1])
         with pytest.raises(ValueError, match=says):
@@ -247,8 +283,11 @@ def test_a_run_whose_scheduler_disagrees_with_its_steps_warns():
     last steps; the run says so."""
     pipe = _Pipeline()
     with fx_fp8.publish_steps(pipe):
-        with pytest.warns(RuntimeWarning, match=r"made 3 scheduler steps but its scheduler gave 5 as the run's number "
-                                                r"of steps"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=r"made 3 scheduler steps but its scheduler gave 5 as the run's number "
+            r"of steps",
+        ):
             pipe.transformer.forward = lambda x: (steps.current_total(), x)[1]  # a selector reads the total
             pipe(num_inference_steps=5, start=2, tell_scheduler=False)
         with warnings.catch_warnings():
@@ -259,8 +298,11 @@ def test_a_run_whose_scheduler_disagrees_with_its_steps_warns():
 def test_a_scheduler_without_timesteps_is_a_clear_error():
     from fx_fp8.pipeline.step_publishing import scheduler_total
 
-    with pytest.raises(ValueError, match=r"_Scheduler.timesteps \(None\) gives no number of steps .* "
-                                         r"fx_fp8.set_step\(i, total=N\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"_Scheduler.timesteps \(None\) gives no number of steps .* "
+        r"fx_fp8.set_step\(i, total=N\)",
+    ):
         scheduler_total(_Scheduler())
     s = _Scheduler()
     s.set_timesteps(10)
@@ -315,7 +357,10 @@ def test_the_main_example_uses_the_models_own_config(tmp_path, monkeypatch, caps
     assert _example_config(monkeypatch, ["--library-default"]) == FP8Config()
     # flags apply on top of the model's config, as on top of --config
     cfg = _example_config(monkeypatch, ["--quantization-skip-steps", "last:1"])
-    assert str(cfg.diffusion_kv_cache_skip_steps) == "first:2,last:2" and str(cfg.quantization_config.skip_steps) == "last:1"
+    assert (
+        str(cfg.diffusion_kv_cache_skip_steps) == "first:2,last:2"
+        and str(cfg.quantization_config.skip_steps) == "last:1"
+    )
     flat = os.path.join(ROOT, "examples", "configs", "fp8_flat.yaml")
     assert _example_config(monkeypatch, ["--config", flat]) == FP8Config.load(flat)
     with pytest.raises(AssertionError):  # main(argv) returned 2: one line on stderr, before any model loads
@@ -329,12 +374,25 @@ def test_tiny_quality_measures_the_shipped_config_by_default(monkeypatch):
 
     def fake_evaluate(cfg, cases, steps_, native, backend):
         seen.append(cfg)
-        return {name: dict(psnr=30.0, psnr_min=30.0, ssim=0.97, ssim_min=0.97, seconds=0.0, attn="4/4",
-                           linear="34/48", fp8_flops=0.84) for name in cases}
+        return {
+            name: dict(
+                psnr=30.0,
+                psnr_min=30.0,
+                ssim=0.97,
+                ssim_min=0.97,
+                seconds=0.0,
+                attn="4/4",
+                linear="34/48",
+                fp8_flops=0.84,
+            )
+            for name in cases
+        }
 
     monkeypatch.setattr(tq, "evaluate", fake_evaluate)
     monkeypatch.setattr(tq, "generate", lambda pipe, cases, steps_: [None] * len(cases))
-    monkeypatch.setattr(tq, "load_tiny_pipeline", lambda: type("P", (), {"set_progress_bar_config": lambda *a, **k: None})())
+    monkeypatch.setattr(
+        tq, "load_tiny_pipeline", lambda: type("P", (), {"set_progress_bar_config": lambda *a, **k: None})()
+    )
     assert tq.main(["--num-prompts", "1"]) == 0
     assert seen[-1] == FP8Config.load(TINY_MODEL_CONFIG)
     assert tq.main(["--num-prompts", "1", "--library-default"]) == 0
@@ -343,7 +401,8 @@ def test_tiny_quality_measures_the_shipped_config_by_default(monkeypatch):
     assert tq.main(["--num-prompts", "1", "--step-policies"]) == 0
     assert not seen[-4].has_step_skips
     assert tq.with_resolved_steps("x", FP8Config.load(TINY_MODEL_CONFIG), 10) == (
-        "x (attention native on first:2,last:2 = 0-1,8-9)")
+        "x (attention native on first:2,last:2 = 0-1,8-9)"
+    )
     with pytest.raises(SystemExit):
         tq.main(["--library-default", "--config", str(TINY_MODEL_CONFIG)])
 
@@ -381,8 +440,14 @@ def test_compile_pipeline_publishes_the_total_to_a_cfg_batch():
     with torch.no_grad():
         pipe(**kwargs, num_inference_steps=6, output_type="latent")
     assert seen == [(i, 6) for i in range(6)]
-    assert [v for (v,) in fx_fp8.pipeline_state(pipe).step_variants()] == ["native", "native", "fp8", "fp8",
-                                                                           "native", "native"]
+    assert [v for (v,) in fx_fp8.pipeline_state(pipe).step_variants()] == [
+        "native",
+        "native",
+        "fp8",
+        "fp8",
+        "native",
+        "native",
+    ]
 
 
 @pytest.mark.slow
@@ -397,7 +462,9 @@ def test_wan22_experts_see_one_total():
         pipe(**kwargs, num_inference_steps=5, output_type="latent")
     calls = fx_fp8.pipeline_state(pipe).calls
     assert {c.transformer for c in calls} == {"transformer", "transformer_2"}
-    assert [(c.step, c.variant) for c in calls] == [(s, "native" if s >= 3 else "fp8") for s in range(5) for _ in (0, 1)]
+    assert [(c.step, c.variant) for c in calls] == [
+        (s, "native" if s >= 3 else "fp8") for s in range(5) for _ in (0, 1)
+    ]
 
 
 @pytest.mark.slow
@@ -408,8 +475,12 @@ def test_the_shipped_config_runs_native_attention_on_the_first_and_last_two_step
     pipe.set_progress_bar_config(disable=True)
     fx_fp8.compile_pipeline(pipe, TINY_MODEL_CONFIG)
     for num_steps, native in ((10, [0, 1, 8, 9]), (6, [0, 1, 4, 5])):  # one compile: the selector resolves per run
-        pipe("a red circle on a blue background", num_inference_steps=num_steps,
-             generator=torch.Generator().manual_seed(0), output_type="np")
+        pipe(
+            "a red circle on a blue background",
+            num_inference_steps=num_steps,
+            generator=torch.Generator().manual_seed(0),
+            output_type="np",
+        )
         per_step = fx_fp8.pipeline_state(pipe).step_variants()
         assert len(per_step) == num_steps
         assert [i for i, vs in enumerate(per_step) if vs == ["native"]] == native
@@ -421,9 +492,14 @@ def test_the_sensitivity_search_resolves_a_relative_base_config_on_its_steps():
     step count (without resolving, its step items could not be counted at all)."""
     from fx_fp8.tools.sensitivity import resolve_step_selectors
 
-    base = fx_fp8.FP8Config.load({"diffusion_kv_cache_dtype": "fp8", "quantization": "fp8",
-                                  "diffusion_kv_cache_skip_steps": "first:1,last:2",
-                                  "quantization_config": {"skip_steps": "last:1"}})
+    base = fx_fp8.FP8Config.load(
+        {
+            "diffusion_kv_cache_dtype": "fp8",
+            "quantization": "fp8",
+            "diffusion_kv_cache_skip_steps": "first:1,last:2",
+            "quantization_config": {"skip_steps": "last:1"},
+        }
+    )
     resolved = resolve_step_selectors(base, 8)
     assert list(resolved.diffusion_kv_cache_skip_steps) == [0, 6, 7]
     assert list(resolved.quantization_config.skip_steps) == [7]

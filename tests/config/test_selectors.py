@@ -1,20 +1,41 @@
 """Step / layer selectors: "0,1,4-6", lists of ints, and clear errors for bad input."""
+
 import pytest
 
 from fx_fp8.config.selectors import format_selector, parse_selector
 
 
-@pytest.mark.parametrize("value, expected", [
-    (None, set()), ("", set()), ("  ", set()), (3, {3}), ("0", {0}), ("0,1", {0, 1}),
-    ("0, 1 ,4-6", {0, 1, 4, 5, 6}), ("2-2", {2}), ([0, 3, "5-6"], {0, 3, 5, 6}), ((1, 1), {1}),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, set()),
+        ("", set()),
+        ("  ", set()),
+        (3, {3}),
+        ("0", {0}),
+        ("0,1", {0, 1}),
+        ("0, 1 ,4-6", {0, 1, 4, 5, 6}),
+        ("2-2", {2}),
+        ([0, 3, "5-6"], {0, 3, 5, 6}),
+        ((1, 1), {1}),
+    ],
+)
 def test_parse_valid(value, expected):
     assert parse_selector(value) == frozenset(expected)
 
 
-@pytest.mark.parametrize("text, token", [
-    ("a", "a"), ("3-1", "3-1"), ("-1", "-1"), ("1-", "1-"), ("1.5", "1.5"), ("0,x-2", "x"), ("1,-3", "-3"),
-])
+@pytest.mark.parametrize(
+    "text, token",
+    [
+        ("a", "a"),
+        ("3-1", "3-1"),
+        ("-1", "-1"),
+        ("1-", "1-"),
+        ("1.5", "1.5"),
+        ("0,x-2", "x"),
+        ("1,-3", "-3"),
+    ],
+)
 def test_bad_token_quotes_token_and_selector(text, token):
     with pytest.raises(ValueError) as e:
         parse_selector(text, what="diffusion_kv_cache_skip_steps")

@@ -1,6 +1,7 @@
 """One step policy for attention and linears (quantization_config.skip_steps next to
 diffusion_kv_cache_skip_steps), weight-only (W8A16) linears, and the choice of how the sensitive
 layers run (quantization_config.sensitive)."""
+
 from __future__ import annotations
 
 import json
@@ -69,16 +70,19 @@ def test_flat_keyword_is_no_opt_in_and_agrees_with_the_nested_key():
 
 def test_yaml_and_cli_flags(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("quantization_config:\n  skip_steps: 0-1,28-29\n  skip_steps_mode: weight_only\n"
-                    "  sensitive: fp8\ndiffusion_kv_cache_skip_steps: 0-1\n")
+    path.write_text(
+        "quantization_config:\n  skip_steps: 0-1,28-29\n  skip_steps_mode: weight_only\n"
+        "  sensitive: fp8\ndiffusion_kv_cache_skip_steps: 0-1\n"
+    )
     cfg = FP8Config.from_yaml(path)
     assert cfg.quantization_config.skip_steps == Selector([(0, 1), (28, 29)])
     assert cfg.quantization_config.sensitive == "fp8" and cfg.quantization_config.quantize_sensitive
     import argparse
 
     parser = add_fp8_flags(argparse.ArgumentParser())
-    args = parser.parse_args(["--quantization-skip-steps", "0,29", "--quantization-skip-steps-mode", "native",
-                              "--sensitive", "native"])
+    args = parser.parse_args(
+        ["--quantization-skip-steps", "0,29", "--quantization-skip-steps-mode", "native", "--sensitive", "native"]
+    )
     cfg = config_from_args(args)
     assert cfg.quantization_config.skip_steps == Selector.of([0, 29])
     assert cfg.quantization_config.skip_steps_mode == "native" and cfg.quantization_config.sensitive == "native"
@@ -91,20 +95,28 @@ def test_sensitive_choice_and_its_synonym():
 
     assert QuantizationConfig().sensitive == fx_fp8.config.quantization.DEFAULT_SENSITIVE
     # quantize_sensitive is read as sensitive where a config comes in; the dataclass holds sensitive alone
-    assert FP8Config.from_kwargs(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
+    assert (
+        FP8Config.from_kwargs(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
+    )
     assert FP8Config(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
     assert QuantizationConfig(sensitive="FP8").quantize_sensitive is True
     assert QuantizationConfig(sensitive="native").quantize_sensitive is False
     for build in (FP8Config.from_kwargs, FP8Config().replace, FP8Config):
-        with pytest.raises(ValueError, match="quantize_sensitive: true .* disagrees with quantization_config.sensitive 'native'"):
+        with pytest.raises(
+            ValueError, match="quantize_sensitive: true .* disagrees with quantization_config.sensitive 'native'"
+        ):
             build(quantization_config={"quantize_sensitive": True, "sensitive": "native"})
     with pytest.raises(ValueError, match=r"quantization_config\.sensitive 'bf16'"):
         QuantizationConfig(sensitive="bf16")
     # an override replaces the base's setting, in either spelling
     base = FP8Config.from_kwargs(quantization_config={"sensitive": "weight_only"})
     assert base.replace(quantization_config={"quantize_sensitive": True}).quantization_config.sensitive == "fp8"
-    assert FP8Config.from_kwargs(quantization_config={"quantize_sensitive": True}).replace(
-        quantization_config={"sensitive": "native"}).quantization_config.sensitive == "native"
+    assert (
+        FP8Config.from_kwargs(quantization_config={"quantize_sensitive": True})
+        .replace(quantization_config={"sensitive": "native"})
+        .quantization_config.sensitive
+        == "native"
+    )
 
 
 # -- 2. one policy, few graphs ------------------------------------------------------------------
@@ -123,17 +135,33 @@ def test_step_variants_are_a_closed_set_from_the_selectors():
     assert variants(quantization_skip_steps="0,1") == ("fp8", "linear_weight_only")
     # the same steps for both: no step runs only one of them
     assert variants(diffusion_kv_cache_skip_steps="0-1", quantization_skip_steps="0-1") == (
-        "fp8", "native+linear_weight_only")
+        "fp8",
+        "native+linear_weight_only",
+    )
     assert set(variants(diffusion_kv_cache_skip_steps="0-1", quantization_skip_steps="0-1,28-29")) == {
-        "fp8", "native+linear_weight_only", "linear_weight_only"}
+        "fp8",
+        "native+linear_weight_only",
+        "linear_weight_only",
+    }
     assert set(variants(diffusion_kv_cache_skip_steps="0-3", quantization_skip_steps="2-5")) == {
-        "fp8", "native", "native+linear_weight_only", "linear_weight_only"}
+        "fp8",
+        "native",
+        "native+linear_weight_only",
+        "linear_weight_only",
+    }
     # a gap of the linear selector inside an attention range is found without expanding the ranges
     assert set(variants(diffusion_kv_cache_skip_steps="0-1000000000", quantization_skip_steps="0-5,7-1000000000")) == {
-        "fp8", "native", "native+linear_weight_only"}
+        "fp8",
+        "native",
+        "native+linear_weight_only",
+    }
     # a feature that is off selects nothing
-    assert variants(diffusion_kv_cache_dtype=None, quantization="fp8", diffusion_kv_cache_skip_steps="0",
-                    quantization_skip_steps="3") == ("fp8", "linear_weight_only")
+    assert variants(
+        diffusion_kv_cache_dtype=None,
+        quantization="fp8",
+        diffusion_kv_cache_skip_steps="0",
+        quantization_skip_steps="3",
+    ) == ("fp8", "linear_weight_only")
 
 
 def test_each_step_runs_its_variant_and_only_used_variants_are_compiled(downstream_compiles):
@@ -143,8 +171,9 @@ def test_each_step_runs_its_variant_and_only_used_variants_are_compiled(downstre
     kw = example_inputs("flux", model)
     ref = run(model, kw)
     # attention 0-3, linears 2-5: four variants possible; steps 0, 6, 7 use two of them
-    compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0-3",
-                                                            "quantization_skip_steps": "2-5"})
+    compiled = torch.compile(
+        model, backend="fp8", options={"diffusion_kv_cache_skip_steps": "0-3", "quantization_skip_steps": "2-5"}
+    )
     outs = {}
     for step in (0, 6, 7, 0):
         with fx_fp8.denoising_step(step):
@@ -159,9 +188,13 @@ def test_each_step_runs_its_variant_and_only_used_variants_are_compiled(downstre
     r = reports["native+linear_weight_only"]
     assert r.count("attention", "fp8") == 0 and r.count("linear", "fp8") == 0
     assert r.count("linear", "weight-only") == reports["fp8"].count("linear", "fp8") + reports["fp8"].count(
-        "linear", "weight-only")
-    assert all("skip_steps" in e.reason for e in r.entries if e.op == "linear" and e.action == "weight-only"
-               and "sensitive" not in e.reason)
+        "linear", "weight-only"
+    )
+    assert all(
+        "skip_steps" in e.reason
+        for e in r.entries
+        if e.op == "linear" and e.action == "weight-only" and "sensitive" not in e.reason
+    )
     lw = reports["linear_weight_only"]
     assert lw.count("attention", "fp8") == reports["fp8"].count("attention", "fp8") > 0
     # weight-only steps are closer to native than W8A8 ones
@@ -173,9 +206,15 @@ def test_native_mode_keeps_linears_native_and_prepared_layers_say_why():
     torch._dynamo.reset()
     model = flux()
     kw = example_inputs("flux", model)
-    compiled = torch.compile(model, backend="fp8", options={
-        "diffusion_kv_cache_dtype": None, "quantization": "fp8",
-        "quantization_config": {"skip_steps": "0", "skip_steps_mode": "native", "sensitive": "native"}})
+    compiled = torch.compile(
+        model,
+        backend="fp8",
+        options={
+            "diffusion_kv_cache_dtype": None,
+            "quantization": "fp8",
+            "quantization_config": {"skip_steps": "0", "skip_steps_mode": "native", "sensitive": "native"},
+        },
+    )
     with fx_fp8.denoising_step(0):
         out = run(compiled, kw)
     assert torch.allclose(out, run(model, kw), atol=1e-5)  # nothing quantized runs on step 0
@@ -185,15 +224,21 @@ def test_native_mode_keeps_linears_native_and_prepared_layers_say_why():
     torch._dynamo.reset()
     model = flux()
     fx_fp8.prepare_model(model, quantization="fp8")
-    compiled = torch.compile(model, backend="fp8", options={
-        "quantization": "fp8", "quantization_config": {"skip_steps": "0", "skip_steps_mode": "native"}})
+    compiled = torch.compile(
+        model,
+        backend="fp8",
+        options={"quantization": "fp8", "quantization_config": {"skip_steps": "0", "skip_steps_mode": "native"}},
+    )
     with pytest.warns(UserWarning, match="they run weight-only on the skipped steps"), fx_fp8.denoising_step(0):
         run(compiled, kw)
     (r,) = [r for r in fx_fp8.get_reports(compiled) if r.step_variant == "linear_native"]
     rows = [e for e in r.entries if e.op == "linear" and e.action != "native"]
     assert any(True for e in rows if 'sensitive' not in e.reason)  # not vacuous: all() of nothing is True
-    assert rows and all(e.action == "weight-only" and "prepared, so weight-only" in e.reason for e in rows
-                        if "sensitive" not in e.reason)
+    assert rows and all(
+        e.action == "weight-only" and "prepared, so weight-only" in e.reason
+        for e in rows
+        if "sensitive" not in e.reason
+    )
 
 
 def test_unpublished_step_warns_and_runs_the_skipped_variant():
@@ -232,10 +277,13 @@ def test_a_whole_run_recompiles_nothing_after_the_first_steps_of_each_variant(na
         per_step.append((counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())))
         return {}
 
-    pipe(**dict(kwargs, num_inference_steps=steps, output_type="latent"), generator=torch.Generator().manual_seed(0),
-         callback_on_step_end=callback)
+    pipe(
+        **dict(kwargs, num_inference_steps=steps, output_type="latent"),
+        generator=torch.Generator().manual_seed(0),
+        callback_on_step_end=callback,
+    )
     variants = pipeline_state(pipe).step_variants()
-    expected = (["native+linear_weight_only"] * 2 + ["fp8"] * 26 + ["linear_weight_only"] * 2)
+    expected = ["native+linear_weight_only"] * 2 + ["fp8"] * 26 + ["linear_weight_only"] * 2
     assert [set(v) for v in variants] == [{e} for e in expected]
     calls = 2 if name == "wan2.2" else 1  # Wan's CFG calls the transformer twice per step
     assert all(len(v) == calls for v in variants)
@@ -259,8 +307,9 @@ def test_sensitive_weight_only_prepares_w8a16_layers_at_half_the_bytes(tmp_path)
     kw = example_inputs("flux", model, dtype=torch.bfloat16)
     ref = run(model, kw)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    result = fx_fp8.prepare_model(model, example_inputs=kw, quantization="fp8",
-                                  quantization_config={"sensitive": "weight_only"})
+    result = fx_fp8.prepare_model(
+        model, example_inputs=kw, quantization="fp8", quantization_config={"sensitive": "weight_only"}
+    )
     assert result["weight_only"], "the tiny Flux has adaLN modulation linears"
     for name in result["weight_only"]:
         layer = model.get_submodule(name)
@@ -274,8 +323,9 @@ def test_sensitive_weight_only_prepares_w8a16_layers_at_half_the_bytes(tmp_path)
     assert rel_err(out, ref) < 0.05
     # the compiled form runs fx_fp8::weight_only_linear and says weight-only
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8",
-                                                            "quantization_config": {"sensitive": "weight_only"}})
+    compiled = torch.compile(
+        model, backend="fp8", options={"quantization": "fp8", "quantization_config": {"sensitive": "weight_only"}}
+    )
     assert torch.allclose(run(compiled, kw).float(), out.float(), atol=2e-2, rtol=2e-2)
     (report,) = fx_fp8.get_reports(compiled)
     rows = {e.module: e for e in report.entries if e.op == "linear"}
@@ -288,7 +338,8 @@ def test_sensitive_weight_only_prepares_w8a16_layers_at_half_the_bytes(tmp_path)
     assert {n for n, r in record["layers"].items() if r["weight_only"]} == set(result["weight_only"])
     loaded = fx_fp8.load_quantized(tmp_path)
     assert {n for n, m in loaded.named_modules() if isinstance(m, QuantizedLinear) and m.weight_only} == set(
-        result["weight_only"])
+        result["weight_only"]
+    )
     assert torch.equal(run(loaded, kw), out)
 
 
@@ -300,8 +351,15 @@ def test_sensitive_modes_at_compile_time():
     errors, actions = {}, {}
     for mode in ("native", "weight_only", "fp8"):
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend="fp8", options={
-            "diffusion_kv_cache_dtype": None, "quantization": "fp8", "quantization_config": {"sensitive": mode}})
+        compiled = torch.compile(
+            model,
+            backend="fp8",
+            options={
+                "diffusion_kv_cache_dtype": None,
+                "quantization": "fp8",
+                "quantization_config": {"sensitive": mode},
+            },
+        )
         errors[mode] = rel_err(run(compiled, kw), ref)
         (report,) = fx_fp8.get_reports(compiled)
         actions[mode] = {e.module: e.action for e in report.entries if e.op == "linear"}
@@ -329,9 +387,11 @@ def test_npu_weight_only_runs_the_weight_quant_matmul_within_its_contract():
             out = low.weight_only_linear(x, wq, ws, b, method="int8", weight_granularity="channel", weight_block=None)
             assert sim.calls["npu_weight_quant_batchmatmul"] == 1
             assert sim.last_kwargs["npu_weight_quant_batchmatmul"]["bias_dtype"] == (
-                torch.float32 if dtype == torch.bfloat16 else torch.float16)
-            ref = get_lowering("reference").weight_only_linear(x, wq, ws, b, method="int8",
-                                                                weight_granularity="channel", weight_block=None)
+                torch.float32 if dtype == torch.bfloat16 else torch.float16
+            )
+            ref = get_lowering("reference").weight_only_linear(
+                x, wq, ws, b, method="int8", weight_granularity="channel", weight_block=None
+            )
             assert out.dtype == dtype and rel_err(out, ref) < 1e-2
             # the simulator refuses what the contract does not take: FP8 weights, a wrong scale dtype
             kw = npu_calls.weight_quant_call_kwargs(x, wq, ws, b)

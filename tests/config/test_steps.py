@@ -1,4 +1,5 @@
 """diffusion_kv_cache_skip_steps: two compiled variants, one Dynamo graph, picked per step."""
+
 import warnings
 
 import pytest

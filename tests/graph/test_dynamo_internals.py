@@ -1,5 +1,6 @@
 """The internals fx_fp8 depends on (fx_fp8/graph/dynamo_internals.py), checked on the installed
 torch: a torch release that changes one of them fails here, by name, before it mis-names layers."""
+
 import io
 import pathlib
 import tokenize
@@ -13,17 +14,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_installed_torch_is_in_the_checked_range():
-    assert di.torch_supported(), (f"torch {torch.__version__} is outside {di.SUPPORTED_TORCH}: run this file and "
-                                  "tests/graph/test_names.py on it, then widen SUPPORTED_TORCH")
+    assert di.torch_supported(), (
+        f"torch {torch.__version__} is outside {di.SUPPORTED_TORCH}: run this file and "
+        "tests/graph/test_names.py on it, then widen SUPPORTED_TORCH"
+    )
     low, high = di.SUPPORTED_TORCH
     text = (ROOT / "pyproject.toml").read_text()
-    assert f'"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"' in text, \
+    assert f'"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"' in text, (
         "pyproject's torch range and SUPPORTED_TORCH disagree"
+    )
 
 
 def test_dynamo_source_spellings():
-    assert di.split_source("L['self'].__dict__['_modules']['transformer_blocks'].0.attn") == \
-        ("L:self", "transformer_blocks.0.attn")
+    assert di.split_source("L['self'].__dict__['_modules']['transformer_blocks'].0.attn") == (
+        "L:self",
+        "transformer_blocks.0.attn",
+    )
     assert di.split_source("L['self'].transformer_blocks[3].ff") == ("L:self", "transformer_blocks.3.ff")
     assert di.split_source("getattr(L['self'].blocks, '2')") == ("L:self", "blocks.2")
 
@@ -108,7 +114,8 @@ def test_a_trace_on_the_private_forward_code_leaves_the_class_code_without_cache
     with di.forward_on_private_code(model):
         assert "forward" in vars(model)
         torch.compile(model, backend=lambda gm, _: seen.append(gm) or gm.forward, **di.isolated_compile_kwargs())(
-            torch.randn(2, 4))
+            torch.randn(2, 4)
+        )
     assert "forward" not in vars(model) and len(seen) == 1  # traced, then the class's forward again
     assert _debug_get_cache_entry_list(_Outer.forward.__code__) == []
 
@@ -116,8 +123,18 @@ def test_a_trace_on_the_private_forward_code_leaves_the_class_code_without_cache
 def test_no_other_module_reads_frames_or_dynamo_internals():
     """The one-place rule, checked on the source: frame walks, the traced-frame API, tracing
     contexts, fake-tensor classes and code-object copies appear only in dynamo_internals.py."""
-    forbidden = ("_getframe", "f_locals", "f_back", "current_tx", "InstructionTranslator", "TracingContext",
-                 "torch._guards", "_subclasses.fake_tensor", "OptimizedModule", "__code__")
+    forbidden = (
+        "_getframe",
+        "f_locals",
+        "f_back",
+        "current_tx",
+        "InstructionTranslator",
+        "TracingContext",
+        "torch._guards",
+        "_subclasses.fake_tensor",
+        "OptimizedModule",
+        "__code__",
+    )
     offenders = []
     for path in list((ROOT / "fx_fp8").rglob("*.py")) + list((ROOT / "passes").rglob("*.py")):
         if path.name == "dynamo_internals.py":

@@ -1,6 +1,7 @@
 """Names belong to the model, not to the graph piece: module names, layer indices and the
 sensitive-layer defaults resolve to the model's own named_modules() whatever wraps it
 (graph breaks, diffusers hooks); what cannot be resolved is said, never silently ignored."""
+
 import warnings
 
 import pytest
@@ -13,8 +14,12 @@ from fx_fp8.graph.dynamo_internals import split_source
 from fx_fp8.graph.names import normalize_module_path
 from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs
 
-LAYERS = {"transformer_blocks.0.attn": 0, "transformer_blocks.1.attn": 1,
-          "single_transformer_blocks.0.attn": 2, "single_transformer_blocks.1.attn": 3}
+LAYERS = {
+    "transformer_blocks.0.attn": 0,
+    "transformer_blocks.1.attn": 1,
+    "single_transformer_blocks.0.attn": 2,
+    "single_transformer_blocks.1.attn": 3,
+}
 
 
 @pytest.fixture
@@ -55,20 +60,36 @@ def check_model_names(compiled, skipped):
     lin = linear_rows(compiled)
     # the sensitive defaults find the model's conditioning and final layers, whatever piece they
     # were compiled in (layers Dynamo runs eagerly between pieces have no row)
-    sensitive = [n for n in ("proj_out", "norm_out.linear", "x_embedder", "context_embedder",
-                             "time_text_embed.timestep_embedder.linear_1", "transformer_blocks.1.norm1.linear")
-                 if n in lin]
+    sensitive = [
+        n
+        for n in (
+            "proj_out",
+            "norm_out.linear",
+            "x_embedder",
+            "context_embedder",
+            "time_text_embed.timestep_embedder.linear_1",
+            "transformer_blocks.1.norm1.linear",
+        )
+        if n in lin
+    ]
     assert "norm_out.linear" in sensitive and "transformer_blocks.1.norm1.linear" in sensitive
-    for name in sensitive:   # weight-only by default (native where too small or not a multiple of 16)
-        assert lin[name].action in ("weight-only", "native") and "sensitive" in lin[name].reason \
-            or "multiples of 16" in lin[name].reason or "small layer" in lin[name].reason, (name, lin[name].reason)
+    for name in sensitive:  # weight-only by default (native where too small or not a multiple of 16)
+        assert (
+            lin[name].action in ("weight-only", "native")
+            and "sensitive" in lin[name].reason
+            or "multiples of 16" in lin[name].reason
+            or "small layer" in lin[name].reason
+        ), (name, lin[name].reason)
     assert lin["norm_out.linear"].action == "weight-only"
     assert lin["transformer_blocks.1.attn.to_q"].action == "fp8"
     assert all(e.name_resolved for e in lin.values())
 
 
 def test_split_source_spellings():
-    assert split_source("L['self'].__dict__['_modules']['transformer_blocks'].0.attn") == ("L:self", "transformer_blocks.0.attn")
+    assert split_source("L['self'].__dict__['_modules']['transformer_blocks'].0.attn") == (
+        "L:self",
+        "transformer_blocks.0.attn",
+    )
     assert split_source("L['s'].m.blocks[0].to_qkv") == ("L:s", "m.blocks.0.to_qkv")
     assert split_source("G['orig'].__self__.attn") == ("G:orig", "__self__.attn")
     assert normalize_module_path("getattr(L['self'].blocks, '3').attn") == "blocks.3.attn"

@@ -1,6 +1,7 @@
 """One index answers which module of a model holds a tensor: its name in the model and the
 (module, attribute) holding it, found by identity, kept per model without keeping the model
 alive, and built again when a lookup misses or finds a stale entry."""
+
 import gc
 import weakref
 
@@ -27,8 +28,11 @@ class Tied(nn.Module):
 def test_a_tensor_held_twice_belongs_to_its_first_holder():
     model = Tied()
     owners = TensorOwners()
-    first = [n for n, m in model.named_modules(remove_duplicate=False)
-             if any(p is model.head.weight for p in m._parameters.values())]
+    first = [
+        n
+        for n, m in model.named_modules(remove_duplicate=False)
+        if any(p is model.head.weight for p in m._parameters.values())
+    ]
     assert first == ["head", "tail"]
     assert owners.name(model, model.head.weight) == "head"
     assert owners.holding(model, model.tail.weight) == (model.head, "weight")

@@ -1,4 +1,5 @@
 """Reports carry shapes and FLOPs as numbers (dims, flops), and the tools read those numbers."""
+
 import math
 
 import pytest
@@ -26,8 +27,9 @@ def test_entries_carry_dims_and_flops_from_the_graph():
     torch._dynamo.reset()
     fx_fp8.clear_reports()
     model = _Block()
-    compiled = torch.compile(model, backend="fp8", options={"diffusion_kv_cache_dtype": "fp8",
-                                                             "quantization": "fp8", "downstream": "eager"})
+    compiled = torch.compile(
+        model, backend="fp8", options={"diffusion_kv_cache_dtype": "fp8", "quantization": "fp8", "downstream": "eager"}
+    )
     with torch.no_grad():
         compiled(torch.randn(2, 40, 64))
     entries = {(e.op, e.module): e for r in fx_fp8.get_reports(compiled) for e in r.entries}
@@ -53,8 +55,13 @@ def test_node_flops_unknown_sizes_and_bad_op():
     assert dims_of(torch.empty(3, 4), 1.0) == [[3, 4], None]
     e = ReportEntry("linear", "m", None, "fp8", "", dims=[[5, 8], [4, 8]])
     assert e.flops == 2.0 * 5 * 4 * 8
-    r = CompileReport("fp8", "cpu", "inductor", None, entries=[e, ReportEntry("linear", "n", None, "native", "",
-                                                                              dims=[[5, 8], [4, 8]])])
+    r = CompileReport(
+        "fp8",
+        "cpu",
+        "inductor",
+        None,
+        entries=[e, ReportEntry("linear", "n", None, "native", "", dims=[[5, 8], [4, 8]])],
+    )
     assert r.flops() == e.flops and math.isclose(r.flops(("fp8", "native")), 2 * e.flops)
 
 
@@ -65,9 +72,16 @@ def test_sensitivity_and_tiny_quality_read_the_numbers_not_the_strings():
 
     assert not hasattr(sens, "_flops")  # no parser of the display strings left
     # an entry whose display string says nothing: the work comes from its numbers alone
-    r = CompileReport("fp8", "cpu", "inductor", None, entries=[
-        ReportEntry("linear", "blocks.0.ff", 0, "fp8", "", shapes="?", dims=[[1, 10, 8], [16, 8]]),
-        ReportEntry("attention", "blocks.0.attn", 0, "fp8", "", shapes="?", dims=[[1, 2, 10, 4]] * 3)])
+    r = CompileReport(
+        "fp8",
+        "cpu",
+        "inductor",
+        None,
+        entries=[
+            ReportEntry("linear", "blocks.0.ff", 0, "fp8", "", shapes="?", dims=[[1, 10, 8], [16, 8]]),
+            ReportEntry("attention", "blocks.0.attn", 0, "fp8", "", shapes="?", dims=[[1, 2, 10, 4]] * 3),
+        ],
+    )
     items = {(i.kind, i.index): i.work for i in _items([r], FP8Config(), steps=2)}
     assert items[("linears_block", 0)] == 2.0 * 10 * 16 * 8
     assert items[("attention_layer", 0)] == 2.0 * 2 * 10 * 10 * 8

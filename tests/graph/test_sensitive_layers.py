@@ -6,6 +6,7 @@ The expected layers of each zoo model were read from the diffusers 0.42 sources 
 as `named_modules()` spells them), not taken from what the analysis returns. The fast part uses
 a toy DiT whose module names match no pattern, and PRX; the zoo and family sweeps are slow.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,9 +36,12 @@ def native_reason(name, in_features, out_features, dtype, qcfg, sensitive=None):
     plan = plan_linear(name, in_features, out_features, dtype, qcfg, sensitive=sensitive)
     return plan.reason if plan.native else None
 
+
 #: attention projections: never sensitive
-QKV = re.compile(r"(^|\.)(to_q|to_k|to_v|to_qkv|to_kv|to_query|to_key|to_value|add_[qkv]_proj|[qkv]_proj|"
-                 r"img_qkv_proj|txt_kv_proj|to_q_t|to_k_t|to_v_t|q|k|v)$")
+QKV = re.compile(
+    r"(^|\.)(to_q|to_k|to_v|to_qkv|to_kv|to_query|to_key|to_value|add_[qkv]_proj|[qkv]_proj|"
+    r"img_qkv_proj|txt_kv_proj|to_q_t|to_k_t|to_v_t|q|k|v)$"
+)
 
 
 def linear_entries(compiled) -> dict:
@@ -90,8 +94,14 @@ def check_decisions(model, entries: dict, expected: dict, token: list) -> None:
     assert not [n for n, e in entries.items() if QKV.search(n) and structural(e)]
 
 
-TOY_EXPECTED = {"t_fc1": TC, "t_fc2": TC, "p_fc": TC, "final_ada": MOD, "head": FIN,
-                **{f"blocks.{i}.ada": MOD for i in range(2)}}
+TOY_EXPECTED = {
+    "t_fc1": TC,
+    "t_fc2": TC,
+    "p_fc": TC,
+    "final_ada": MOD,
+    "head": FIN,
+    **{f"blocks.{i}.ada": MOD for i in range(2)},
+}
 TOY_TOKEN = [f"blocks.{i}.{p}" for i in range(2) for p in ("q", "k", "v", "o", "fc1", "fc2")]
 
 
@@ -111,7 +121,7 @@ def test_the_analysis_finds_the_toy_structure_on_its_dynamo_graph():
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(toy(), backend=cap, fullgraph=True)(**toy_inputs())
-    (gm, _), = cap.graphs
+    ((gm, _),) = cap.graphs
     found = {module_name(node): why for node, why in find_sensitive_linears(gm).items()}
     assert found == TOY_EXPECTED
 
@@ -130,13 +140,21 @@ def test_toy_structure_keeps_conditioning_modulation_and_final_native():
     compiled, _ = compile_run(model, kw, quantization_config={"quantize_sensitive": True})
     entries = linear_entries(compiled)
     assert all(structural(e) is None for e in entries.values())
-    assert {n for n in ("t_fc1", "t_fc2", "p_fc", "final_ada", "blocks.0.ada") if entries[n].action == "fp8"} == \
-        {"t_fc1", "t_fc2", "p_fc", "final_ada", "blocks.0.ada"}
+    assert {n for n in ("t_fc1", "t_fc2", "p_fc", "final_ada", "blocks.0.ada") if entries[n].action == "fp8"} == {
+        "t_fc1",
+        "t_fc2",
+        "p_fc",
+        "final_ada",
+        "blocks.0.ada",
+    }
     # ignored_layers is still checked first
     torch._dynamo.reset()
     compiled, _ = compile_run(model, kw, ignored_layers=["blocks.0.ada", "blocks.1.q"])
     entries = linear_entries(compiled)
-    assert entries["blocks.0.ada"].reason == "ignored_layers pattern 'blocks.0.ada' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    assert (
+        entries["blocks.0.ada"].reason
+        == "ignored_layers pattern 'blocks.0.ada' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    )
     assert entries["blocks.1.q"].action == "native" and structural(entries["blocks.1.ada"]) == MOD
 
 
@@ -157,8 +175,9 @@ def test_dynamic_shapes_give_the_same_decisions():
 
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(model, backend="fp8", options={"quantization": "fp8", "quantization_config": NATIVE_SENSITIVE},
-                             dynamic=True)
+    compiled = torch.compile(
+        model, backend="fp8", options={"quantization": "fp8", "quantization_config": NATIVE_SENSITIVE}, dynamic=True
+    )
     with torch.no_grad():
         for batch, side in ((2, 8), (3, 6)):  # batch and tokens symbolic; no recompile
             kw = toy_inputs(batch=batch, side=side)
@@ -246,7 +265,7 @@ class Readout(nn.Module):
 
     def __init__(self, dim: int, channels: int):
         super().__init__()
-        self.table = nn.Parameter(torch.randn(2, dim) / dim ** 0.5)
+        self.table = nn.Parameter(torch.randn(2, dim) / dim**0.5)
         self.out = nn.Linear(dim, channels)
 
     def forward(self, h, c):
@@ -279,8 +298,16 @@ def test_which_graph_pieces_can_hold_the_model_output():
     from fx_fp8.graph.sensitive import holds_model_output
 
     gm = torch.fx.symbolic_trace(nn.Linear(4, 4))
-    want = {None: True, "": True, "head": True, "final_layer": True,  # the model, a direct child
-            "blocks.3": False, "blocks.3.attn": False, "head.proj": False, "3": False}  # blocks, grandchildren
+    want = {
+        None: True,
+        "": True,
+        "head": True,
+        "final_layer": True,  # the model, a direct child
+        "blocks.3": False,
+        "blocks.3.attn": False,
+        "head.proj": False,
+        "3": False,
+    }  # blocks, grandchildren
     for instance, holds in want.items():
         gm.meta[INSTANCE_KEY] = instance
         assert holds_model_output(gm) is holds, instance
@@ -311,84 +338,191 @@ def _emb(prefix: str) -> dict:
 #: read from diffusers 0.42: model -> ({module: reason}, [token-stream linears])
 ZOO_EXPECTED: dict[str, tuple[dict, list]] = {
     # MLPEmbedder time_in, Modulation.lin per block, FinalLayer(adaLN_modulation, linear)
-    "prx": ({"time_in.in_layer": TC, "time_in.out_layer": TC, "blocks.0.modulation.lin": MOD,
-             "blocks.1.modulation.lin": MOD, "final_layer.adaLN_modulation.1": MOD, "final_layer.linear": FIN},
-            ["blocks.0.attention.img_qkv_proj", "blocks.0.attention.txt_kv_proj", "blocks.0.gate_proj",
-             "blocks.1.down_proj", "blocks.1.attention.to_out.0"]),
+    "prx": (
+        {
+            "time_in.in_layer": TC,
+            "time_in.out_layer": TC,
+            "blocks.0.modulation.lin": MOD,
+            "blocks.1.modulation.lin": MOD,
+            "final_layer.adaLN_modulation.1": MOD,
+            "final_layer.linear": FIN,
+        },
+        [
+            "blocks.0.attention.img_qkv_proj",
+            "blocks.0.attention.txt_kv_proj",
+            "blocks.0.gate_proj",
+            "blocks.1.down_proj",
+            "blocks.1.attention.to_out.0",
+        ],
+    ),
     # TimestepEmbedding time_step_proj, AdaLayerNormZero norm1(_context), AuraFlowPreFinalBlock norm_out
-    "auraflow": ({**_emb("time_step_proj"), "joint_transformer_blocks.0.norm1.linear": MOD,
-                  "joint_transformer_blocks.0.norm1_context.linear": MOD,
-                  "single_transformer_blocks.0.norm1.linear": MOD, "norm_out.linear": MOD, "proj_out": FIN},
-                 ["joint_transformer_blocks.0.attn.to_q", "joint_transformer_blocks.0.attn.add_k_proj",
-                  "joint_transformer_blocks.0.ff.linear_1", "single_transformer_blocks.0.ff.out_projection"]),
+    "auraflow": (
+        {
+            **_emb("time_step_proj"),
+            "joint_transformer_blocks.0.norm1.linear": MOD,
+            "joint_transformer_blocks.0.norm1_context.linear": MOD,
+            "single_transformer_blocks.0.norm1.linear": MOD,
+            "norm_out.linear": MOD,
+            "proj_out": FIN,
+        },
+        [
+            "joint_transformer_blocks.0.attn.to_q",
+            "joint_transformer_blocks.0.attn.add_k_proj",
+            "joint_transformer_blocks.0.ff.linear_1",
+            "single_transformer_blocks.0.ff.out_projection",
+        ],
+    ),
     # Flux2TimestepGuidanceEmbeddings, three shared Flux2Modulation, AdaLayerNormContinuous norm_out
-    "flux2": ({**_emb("time_guidance_embed.timestep_embedder"), **_emb("time_guidance_embed.guidance_embedder"),
-               "double_stream_modulation_img.linear": MOD, "double_stream_modulation_txt.linear": MOD,
-               "single_stream_modulation.linear": MOD, "norm_out.linear": MOD, "proj_out": FIN},
-              ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_v_proj",
-               "transformer_blocks.0.ff.linear_in", "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
-               "single_transformer_blocks.0.attn.to_out"]),
+    "flux2": (
+        {
+            **_emb("time_guidance_embed.timestep_embedder"),
+            **_emb("time_guidance_embed.guidance_embedder"),
+            "double_stream_modulation_img.linear": MOD,
+            "double_stream_modulation_txt.linear": MOD,
+            "single_stream_modulation.linear": MOD,
+            "norm_out.linear": MOD,
+            "proj_out": FIN,
+        },
+        [
+            "transformer_blocks.0.attn.to_q",
+            "transformer_blocks.0.attn.add_v_proj",
+            "transformer_blocks.0.ff.linear_in",
+            "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+            "single_transformer_blocks.0.attn.to_out",
+        ],
+    ),
     # Ideogram4EmbedScalar t_embedding, adaln_proj, per-block adaln_modulation, Ideogram4FinalLayer
-    "ideogram4": ({"t_embedding.mlp_in": TC, "t_embedding.mlp_out": TC, "adaln_proj": TC,
-                   "layers.0.adaln_modulation": MOD, "final_layer.adaln_modulation": MOD, "final_layer.linear": FIN},
-                  ["layers.0.attention.to_q", "layers.0.attention.to_v", "layers.0.feed_forward.w1",
-                   "layers.0.feed_forward.w2"]),
+    "ideogram4": (
+        {
+            "t_embedding.mlp_in": TC,
+            "t_embedding.mlp_out": TC,
+            "adaln_proj": TC,
+            "layers.0.adaln_modulation": MOD,
+            "final_layer.adaln_modulation": MOD,
+            "final_layer.linear": FIN,
+        },
+        ["layers.0.attention.to_q", "layers.0.attention.to_v", "layers.0.feed_forward.w1", "layers.0.feed_forward.w2"],
+    ),
     # Krea2TimestepEmbedding time_embed, time_mod_proj (shared, + per-block tables), Krea2FinalLayer
-    "krea2": ({**_emb("time_embed"), "time_mod_proj": MOD, "final_layer.linear": FIN},
-              ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_gate", "transformer_blocks.0.ff.up",
-               "text_fusion.refiner_blocks.0.attn.to_q"]),
+    "krea2": (
+        {**_emb("time_embed"), "time_mod_proj": MOD, "final_layer.linear": FIN},
+        [
+            "transformer_blocks.0.attn.to_q",
+            "transformer_blocks.0.attn.to_gate",
+            "transformer_blocks.0.ff.up",
+            "text_fusion.refiner_blocks.0.attn.to_q",
+        ],
+    ),
     # AudioDiTTimestepEmbedding time_mlp, global AudioDiTAdaLNMLP, AudioDiTAdaLayerNormZeroFinal norm_out
-    "longcat-audio": ({"time_embed.time_mlp.0": TC, "time_embed.time_mlp.2": TC, "adaln_global_mlp.mlp.1": MOD,
-                       "norm_out.linear": MOD, "proj_out": FIN},
-                      ["blocks.0.self_attn.to_q", "blocks.0.self_attn.to_k", "input_embed.proj.2",
-                       "text_embed.proj.2"]),
+    "longcat-audio": (
+        {
+            "time_embed.time_mlp.0": TC,
+            "time_embed.time_mlp.2": TC,
+            "adaln_global_mlp.mlp.1": MOD,
+            "norm_out.linear": MOD,
+            "proj_out": FIN,
+        },
+        ["blocks.0.self_attn.to_q", "blocks.0.self_attn.to_k", "input_embed.proj.2", "text_embed.proj.2"],
+    ),
     # to_timestep_embed, to_global_embed (pooled global condition), global_cond_embedder -> 6 * dim
-    "stable-audio3": ({"to_timestep_embed.0": TC, "to_timestep_embed.2": TC, "to_global_embed.0": TC,
-                       "to_global_embed.2": TC, "global_cond_embedder.0": TC, "global_cond_embedder.2": MOD,
-                       "proj_out": FIN},
-                      ["transformer_blocks.0.self_attn.to_qkv", "transformer_blocks.0.cross_attn.to_q",
-                       "transformer_blocks.0.ff.proj_in", "to_cond_embed.2"]),
+    "stable-audio3": (
+        {
+            "to_timestep_embed.0": TC,
+            "to_timestep_embed.2": TC,
+            "to_global_embed.0": TC,
+            "to_global_embed.2": TC,
+            "global_cond_embedder.0": TC,
+            "global_cond_embedder.2": MOD,
+            "proj_out": FIN,
+        },
+        [
+            "transformer_blocks.0.self_attn.to_qkv",
+            "transformer_blocks.0.cross_attn.to_q",
+            "transformer_blocks.0.ff.proj_in",
+            "to_cond_embed.2",
+        ],
+    ),
     # two AceStepTimestepEmbedding (linear_1, linear_2, time_proj); the output layer is a ConvTranspose1d
-    "ace-step": ({**_emb("time_embed"), "time_embed.time_proj": MOD, **_emb("time_embed_r"),
-                  "time_embed_r.time_proj": MOD},
-                 ["layers.0.self_attn.to_q", "layers.0.cross_attn.to_q", "layers.0.mlp.gate_proj",
-                  "layers.1.mlp.down_proj"]),
+    "ace-step": (
+        {**_emb("time_embed"), "time_embed.time_proj": MOD, **_emb("time_embed_r"), "time_embed_r.time_proj": MOD},
+        ["layers.0.self_attn.to_q", "layers.0.cross_attn.to_q", "layers.0.mlp.gate_proj", "layers.1.mlp.down_proj"],
+    ),
     # AdaLayerNormSingle time_embed (emb.timestep_embedder, linear), proj_out
-    "ltx-video": ({**_emb("time_embed.emb.timestep_embedder"), "time_embed.linear": MOD, "proj_out": FIN},
-                  ["transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn2.to_k",
-                   "transformer_blocks.0.ff.net.2"]),
-    "pixart": ({**_emb("adaln_single.emb.timestep_embedder"), "adaln_single.linear": MOD, "proj_out": FIN},
-               ["transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn2.to_v", "transformer_blocks.0.ff.net.2"]),
+    "ltx-video": (
+        {**_emb("time_embed.emb.timestep_embedder"), "time_embed.linear": MOD, "proj_out": FIN},
+        ["transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn2.to_k", "transformer_blocks.0.ff.net.2"],
+    ),
+    "pixart": (
+        {**_emb("adaln_single.emb.timestep_embedder"), "adaln_single.linear": MOD, "proj_out": FIN},
+        ["transformer_blocks.0.attn1.to_q", "transformer_blocks.0.attn2.to_v", "transformer_blocks.0.ff.net.2"],
+    ),
     # ChromaApproximator distilled_guidance_layer: its out_proj emits every block's modulation
-    "chroma": ({"distilled_guidance_layer.in_proj": TC, **_emb("distilled_guidance_layer.layers.0"),
-                "distilled_guidance_layer.out_proj": MOD, "proj_out": FIN},
-               ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_q_proj",
-                "single_transformer_blocks.0.proj_mlp", "single_transformer_blocks.0.attn.to_k"]),
+    "chroma": (
+        {
+            "distilled_guidance_layer.in_proj": TC,
+            **_emb("distilled_guidance_layer.layers.0"),
+            "distilled_guidance_layer.out_proj": MOD,
+            "proj_out": FIN,
+        },
+        [
+            "transformer_blocks.0.attn.to_q",
+            "transformer_blocks.0.attn.add_q_proj",
+            "single_transformer_blocks.0.proj_mlp",
+            "single_transformer_blocks.0.attn.to_k",
+        ],
+    ),
     # Kandinsky5TimeEmbeddings, pooled Kandinsky5TextEmbeddings, Kandinsky5Modulation per block, OutLayer
-    "kandinsky5": ({"time_embeddings.in_layer": TC, "time_embeddings.out_layer": TC,
-                    "pooled_text_embeddings.in_layer": TC, "text_transformer_blocks.0.text_modulation.out_layer": MOD,
-                    "visual_transformer_blocks.0.visual_modulation.out_layer": MOD,
-                    "out_layer.modulation.out_layer": MOD, "out_layer.out_layer": FIN},
-                   ["visual_transformer_blocks.0.self_attention.to_query",
-                    "visual_transformer_blocks.0.feed_forward.in_layer"]),
+    "kandinsky5": (
+        {
+            "time_embeddings.in_layer": TC,
+            "time_embeddings.out_layer": TC,
+            "pooled_text_embeddings.in_layer": TC,
+            "text_transformer_blocks.0.text_modulation.out_layer": MOD,
+            "visual_transformer_blocks.0.visual_modulation.out_layer": MOD,
+            "out_layer.modulation.out_layer": MOD,
+            "out_layer.out_layer": FIN,
+        },
+        ["visual_transformer_blocks.0.self_attention.to_query", "visual_transformer_blocks.0.feed_forward.in_layer"],
+    ),
     # already covered by names: the structural reason is reported instead
-    "cogvideox": ({**_emb("time_embedding"), "transformer_blocks.0.norm1.linear": MOD,
-                   "transformer_blocks.0.norm2.linear": MOD, "norm_out.linear": MOD, "proj_out": FIN},
-                  ["transformer_blocks.0.attn1.to_q", "transformer_blocks.0.ff.net.2"]),
-    "hunyuan-video": ({**_emb("time_text_embed.timestep_embedder"), **_emb("time_text_embed.text_embedder"),
-                       **_emb("time_text_embed.guidance_embedder"),
-                       **_emb("context_embedder.time_text_embed.timestep_embedder"),
-                       **_emb("context_embedder.time_text_embed.text_embedder"),  # mean-pooled text
-                       "context_embedder.token_refiner.refiner_blocks.0.norm_out.linear": MOD,
-                       "transformer_blocks.0.norm1.linear": MOD, "transformer_blocks.0.norm1_context.linear": MOD,
-                       "single_transformer_blocks.0.norm.linear": MOD, "norm_out.linear": MOD, "proj_out": FIN},
-                      ["transformer_blocks.0.attn.to_q", "single_transformer_blocks.0.proj_mlp"]),
+    "cogvideox": (
+        {
+            **_emb("time_embedding"),
+            "transformer_blocks.0.norm1.linear": MOD,
+            "transformer_blocks.0.norm2.linear": MOD,
+            "norm_out.linear": MOD,
+            "proj_out": FIN,
+        },
+        ["transformer_blocks.0.attn1.to_q", "transformer_blocks.0.ff.net.2"],
+    ),
+    "hunyuan-video": (
+        {
+            **_emb("time_text_embed.timestep_embedder"),
+            **_emb("time_text_embed.text_embedder"),
+            **_emb("time_text_embed.guidance_embedder"),
+            **_emb("context_embedder.time_text_embed.timestep_embedder"),
+            **_emb("context_embedder.time_text_embed.text_embedder"),  # mean-pooled text
+            "context_embedder.token_refiner.refiner_blocks.0.norm_out.linear": MOD,
+            "transformer_blocks.0.norm1.linear": MOD,
+            "transformer_blocks.0.norm1_context.linear": MOD,
+            "single_transformer_blocks.0.norm.linear": MOD,
+            "norm_out.linear": MOD,
+            "proj_out": FIN,
+        },
+        ["transformer_blocks.0.attn.to_q", "single_transformer_blocks.0.proj_mlp"],
+    ),
 }
 #: names the name patterns alone missed (models outside the known families): kept native now
-MISSED_BEFORE = {"prx": "time_in.in_layer", "auraflow": "time_step_proj.linear_2",
-                 "flux2": "single_stream_modulation.linear", "ideogram4": "layers.0.adaln_modulation",
-                 "krea2": "time_mod_proj", "longcat-audio": "time_embed.time_mlp.0",
-                 "stable-audio3": "global_cond_embedder.2", "ace-step": "time_embed.linear_1"}
+MISSED_BEFORE = {
+    "prx": "time_in.in_layer",
+    "auraflow": "time_step_proj.linear_2",
+    "flux2": "single_stream_modulation.linear",
+    "ideogram4": "layers.0.adaln_modulation",
+    "krea2": "time_mod_proj",
+    "longcat-audio": "time_embed.time_mlp.0",
+    "stable-audio3": "global_cond_embedder.2",
+    "ace-step": "time_embed.linear_1",
+}
 
 
 def _zoo_case(name: str, *, dynamic=False):
@@ -427,8 +561,9 @@ def test_zoo_dynamic_same_decisions(name):
     _, _, static, _ = _zoo_case(name)
     torch._dynamo.reset()
     _, _, dynamic, _ = _zoo_case(name, dynamic=True)
-    assert {n: (e.action, structural(e)) for n, e in dynamic.items()} == \
-        {n: (e.action, structural(e)) for n, e in static.items()}
+    assert {n: (e.action, structural(e)) for n, e in dynamic.items()} == {
+        n: (e.action, structural(e)) for n, e in static.items()
+    }
 
 
 # -- the five known families keep today's decisions ---------------------------------------------
@@ -445,13 +580,17 @@ def test_families_keep_todays_native_set(family):
     entries = linear_entries(compiled)
     native = {n for n, e in entries.items() if e.action == "native"}
     assert native and len(native) < len(entries)
-    assert not differences(f"{family}'s native linears", native, NATIVE_LINEARS[family]), \
-        differences(f"{family}'s native linears", native, NATIVE_LINEARS[family])
+    assert not differences(f"{family}'s native linears", native, NATIVE_LINEARS[family]), differences(
+        f"{family}'s native linears", native, NATIVE_LINEARS[family]
+    )
     # and the rule that decides them agrees with the report
     qcfg = FP8Config.from_kwargs(quantization="fp8", quantization_config=NATIVE_SENSITIVE).quantization_config
     modules = dict(model.named_modules())
-    assert native == {n for n in entries if native_reason(n, modules[n].in_features, modules[n].out_features,
-                                                          modules[n].weight.dtype, qcfg) is not None}
+    assert native == {
+        n
+        for n in entries
+        if native_reason(n, modules[n].in_features, modules[n].out_features, modules[n].weight.dtype, qcfg) is not None
+    }
     # the structure agrees with the names: every structural find is a listed layer
     assert all(first_match(SENSITIVE_LAYER_PATTERNS, n) for n, e in entries.items() if structural(e))
     assert sum(1 for e in entries.values() if structural(e)) >= 4

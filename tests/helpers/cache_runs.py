@@ -1,5 +1,6 @@
 """Runs of a tiny pipeline under a cache (diffusers' hooks or cache-dit), with each block's runs
 counted, so that the cache tests compare FP8 with the cache-only native run the same way."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """What several test files read off outputs and reports: relative errors, the structural reasons of
 the sensitive-layer analysis, a report's linear rows, and which linears are big enough to quantize."""
+
 from __future__ import annotations
 
 import torch.nn as nn

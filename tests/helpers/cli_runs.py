@@ -1,5 +1,6 @@
 """`fx-fp8` in-process for the CLI tests: exit status and output of one command, strict JSON,
 the one-line error, and a fixture that fails a command which starts working before refusing."""
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ def one_error_line(err: str) -> str:
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if a command loads a model: its bad input must be found before any work."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the command started working before rejecting its input")
 

@@ -29,6 +29,7 @@ GLOO_SOCKET_IFNAME=lo where a loopback interface of that name exists), bounded b
 every process is killed and reaped however the test ends. Each process runs one function of a
 test module (loaded by path) and writes its JSON-able result to a file the test reads.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,24 +51,26 @@ _SHIM_LIB = None  # the torch.library registration (kept alive for the process)
 def cpu_flash_attention(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
     """aten::_scaled_dot_product_flash_attention on CPU tensors (see the module docstring, shim 2)."""
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=None, scale=scale)
+        query, key, value, dropout_p, is_causal, attn_mask=None, scale=scale
+    )
     empty = query.new_empty(0, dtype=torch.int32)
     rng = query.new_empty(0, dtype=torch.int64)
-    return (out, lse.float(), empty, empty, query.shape[2], key.shape[2], rng, rng,
-            query.new_empty(0))
+    return (out, lse.float(), empty, empty, query.shape[2], key.shape[2], rng, rng, query.new_empty(0))
 
 
 def install_cpu_shims() -> None:
     """Shims 1 and 2 of the module docstring, for this process (idempotent)."""
     global _SHIM_LIB
     if torch.accelerator.device_count() == 0 and not getattr(torch.accelerator.device_count, "_cp_shim", False):
+
         def device_count() -> int:
             return 1
 
         device_count._cp_shim = True
         torch.accelerator.device_count = device_count
     if _SHIM_LIB is None and not torch._C._dispatch_has_kernel_for_dispatch_key(
-            "aten::_scaled_dot_product_flash_attention", "CPU"):
+        "aten::_scaled_dot_product_flash_attention", "CPU"
+    ):
         _SHIM_LIB = torch.library.Library("aten", "IMPL")
         _SHIM_LIB.impl("_scaled_dot_product_flash_attention", cpu_flash_attention, "CPU")
 
@@ -115,9 +118,17 @@ def _loopback_ifname() -> str | None:
 
 
 def worker_env(rank: int, world_size: int, port: int) -> dict:
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
     ifname = _loopback_ifname()
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
@@ -152,11 +163,26 @@ def _launch(module_path, function: str, nprocs: int, timeout: float, args, tmp_p
     procs: list[subprocess.Popen] = []
     try:
         for r in range(nprocs):
-            cmd = [sys.executable, os.path.abspath(__file__), "run", os.fspath(module_path), function,
-                   json.dumps(args or {}), os.fspath(outs[r])]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "run",
+                os.fspath(module_path),
+                function,
+                json.dumps(args or {}),
+                os.fspath(outs[r]),
+            ]
             with open(logs[r], "w") as log:
-                procs.append(subprocess.Popen(cmd, env=worker_env(r, nprocs, port), stdout=log,
-                                              stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=worker_env(r, nprocs, port),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=os.getcwd(),
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + timeout
         codes: list = [None] * nprocs
         while any(c is None for c in codes):
@@ -164,7 +190,7 @@ def _launch(module_path, function: str, nprocs: int, timeout: float, args, tmp_p
                 if codes[i] is None:
                     codes[i] = p.poll()
             if any(c not in (None, 0) for c in codes):
-                break   # one failed: the others would wait for it in a collective
+                break  # one failed: the others would wait for it in a collective
             if time.monotonic() > deadline:
                 raise LaunchError(f"{function}: timed out after {timeout:.0f} s\n" + _tails(logs))
             time.sleep(0.1)

@@ -1,4 +1,5 @@
 """The repository's examples/*.py scripts, loaded as modules (examples/ is not a package)."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -11,6 +11,7 @@ When a rule changes on purpose, regenerate the lists from the product and review
 * RULES_PICK_FLUX[kind]: the kind of each linear the diffusers quantizer gives the one-layer bf16
   Flux with `ignored_layers: ["re:.*\\.to_v"]` (tests/pipeline/test_diffusers_quantizer.py).
 """
+
 from __future__ import annotations
 
 import pprint
@@ -23,83 +24,101 @@ from pathlib import Path
 REGENERATE = "PYTHONPATH=. python tests/helpers/expected_layers.py"
 
 # BEGIN GENERATED
-NATIVE_LINEARS = {'flux': ['context_embedder',
-          'norm_out.linear',
-          'proj_out',
-          'single_transformer_blocks.0.norm.linear',
-          'single_transformer_blocks.1.norm.linear',
-          'time_text_embed.text_embedder.linear_1',
-          'time_text_embed.text_embedder.linear_2',
-          'time_text_embed.timestep_embedder.linear_1',
-          'time_text_embed.timestep_embedder.linear_2',
-          'transformer_blocks.0.norm1.linear',
-          'transformer_blocks.0.norm1_context.linear',
-          'transformer_blocks.1.norm1.linear',
-          'transformer_blocks.1.norm1_context.linear',
-          'x_embedder'],
- 'qwen-image': ['img_in',
-                'norm_out.linear',
-                'proj_out',
-                'time_text_embed.timestep_embedder.linear_1',
-                'time_text_embed.timestep_embedder.linear_2',
-                'transformer_blocks.0.img_mod.1',
-                'transformer_blocks.0.txt_mod.1',
-                'transformer_blocks.1.img_mod.1',
-                'transformer_blocks.1.txt_mod.1',
-                'txt_in'],
- 'sd3': ['context_embedder',
-         'norm_out.linear',
-         'proj_out',
-         'time_text_embed.text_embedder.linear_1',
-         'time_text_embed.text_embedder.linear_2',
-         'time_text_embed.timestep_embedder.linear_1',
-         'time_text_embed.timestep_embedder.linear_2',
-         'transformer_blocks.0.norm1.linear',
-         'transformer_blocks.0.norm1_context.linear',
-         'transformer_blocks.1.norm1.linear',
-         'transformer_blocks.1.norm1_context.linear'],
- 'wan': ['condition_embedder.text_embedder.linear_1',
-         'condition_embedder.text_embedder.linear_2',
-         'condition_embedder.time_embedder.linear_1',
-         'condition_embedder.time_embedder.linear_2',
-         'condition_embedder.time_proj',
-         'proj_out'],
- 'z-image': ['all_final_layer.2-1.adaLN_modulation.1',
-             'all_final_layer.2-1.linear',
-             'all_x_embedder.2-1',
-             'cap_embedder.1',
-             'layers.0.adaLN_modulation.0',
-             'layers.1.adaLN_modulation.0',
-             'noise_refiner.0.adaLN_modulation.0',
-             't_embedder.mlp.0',
-             't_embedder.mlp.2']}
-RULES_PICK_FLUX = {'fp8': ['single_transformer_blocks.0.attn.to_k',
-         'single_transformer_blocks.0.attn.to_q',
-         'single_transformer_blocks.0.proj_mlp',
-         'single_transformer_blocks.0.proj_out',
-         'transformer_blocks.0.attn.add_k_proj',
-         'transformer_blocks.0.attn.add_q_proj',
-         'transformer_blocks.0.attn.add_v_proj',
-         'transformer_blocks.0.attn.to_add_out',
-         'transformer_blocks.0.attn.to_k',
-         'transformer_blocks.0.attn.to_out.0',
-         'transformer_blocks.0.attn.to_q',
-         'transformer_blocks.0.ff.net.0.proj',
-         'transformer_blocks.0.ff.net.2',
-         'transformer_blocks.0.ff_context.net.0.proj',
-         'transformer_blocks.0.ff_context.net.2'],
- 'native': ['single_transformer_blocks.0.attn.to_v', 'transformer_blocks.0.attn.to_v'],
- 'weight_only': ['context_embedder',
-                 'norm_out.linear',
-                 'proj_out',
-                 'single_transformer_blocks.0.norm.linear',
-                 'time_text_embed.text_embedder.linear_1',
-                 'time_text_embed.text_embedder.linear_2',
-                 'time_text_embed.timestep_embedder.linear_1',
-                 'time_text_embed.timestep_embedder.linear_2',
-                 'transformer_blocks.0.norm1.linear',
-                 'transformer_blocks.0.norm1_context.linear',
-                 'x_embedder']}
+NATIVE_LINEARS = {
+    'flux': [
+        'context_embedder',
+        'norm_out.linear',
+        'proj_out',
+        'single_transformer_blocks.0.norm.linear',
+        'single_transformer_blocks.1.norm.linear',
+        'time_text_embed.text_embedder.linear_1',
+        'time_text_embed.text_embedder.linear_2',
+        'time_text_embed.timestep_embedder.linear_1',
+        'time_text_embed.timestep_embedder.linear_2',
+        'transformer_blocks.0.norm1.linear',
+        'transformer_blocks.0.norm1_context.linear',
+        'transformer_blocks.1.norm1.linear',
+        'transformer_blocks.1.norm1_context.linear',
+        'x_embedder',
+    ],
+    'qwen-image': [
+        'img_in',
+        'norm_out.linear',
+        'proj_out',
+        'time_text_embed.timestep_embedder.linear_1',
+        'time_text_embed.timestep_embedder.linear_2',
+        'transformer_blocks.0.img_mod.1',
+        'transformer_blocks.0.txt_mod.1',
+        'transformer_blocks.1.img_mod.1',
+        'transformer_blocks.1.txt_mod.1',
+        'txt_in',
+    ],
+    'sd3': [
+        'context_embedder',
+        'norm_out.linear',
+        'proj_out',
+        'time_text_embed.text_embedder.linear_1',
+        'time_text_embed.text_embedder.linear_2',
+        'time_text_embed.timestep_embedder.linear_1',
+        'time_text_embed.timestep_embedder.linear_2',
+        'transformer_blocks.0.norm1.linear',
+        'transformer_blocks.0.norm1_context.linear',
+        'transformer_blocks.1.norm1.linear',
+        'transformer_blocks.1.norm1_context.linear',
+    ],
+    'wan': [
+        'condition_embedder.text_embedder.linear_1',
+        'condition_embedder.text_embedder.linear_2',
+        'condition_embedder.time_embedder.linear_1',
+        'condition_embedder.time_embedder.linear_2',
+        'condition_embedder.time_proj',
+        'proj_out',
+    ],
+    'z-image': [
+        'all_final_layer.2-1.adaLN_modulation.1',
+        'all_final_layer.2-1.linear',
+        'all_x_embedder.2-1',
+        'cap_embedder.1',
+        'layers.0.adaLN_modulation.0',
+        'layers.1.adaLN_modulation.0',
+        'noise_refiner.0.adaLN_modulation.0',
+        't_embedder.mlp.0',
+        't_embedder.mlp.2',
+    ],
+}
+RULES_PICK_FLUX = {
+    'fp8': [
+        'single_transformer_blocks.0.attn.to_k',
+        'single_transformer_blocks.0.attn.to_q',
+        'single_transformer_blocks.0.proj_mlp',
+        'single_transformer_blocks.0.proj_out',
+        'transformer_blocks.0.attn.add_k_proj',
+        'transformer_blocks.0.attn.add_q_proj',
+        'transformer_blocks.0.attn.add_v_proj',
+        'transformer_blocks.0.attn.to_add_out',
+        'transformer_blocks.0.attn.to_k',
+        'transformer_blocks.0.attn.to_out.0',
+        'transformer_blocks.0.attn.to_q',
+        'transformer_blocks.0.ff.net.0.proj',
+        'transformer_blocks.0.ff.net.2',
+        'transformer_blocks.0.ff_context.net.0.proj',
+        'transformer_blocks.0.ff_context.net.2',
+    ],
+    'native': ['single_transformer_blocks.0.attn.to_v', 'transformer_blocks.0.attn.to_v'],
+    'weight_only': [
+        'context_embedder',
+        'norm_out.linear',
+        'proj_out',
+        'single_transformer_blocks.0.norm.linear',
+        'time_text_embed.text_embedder.linear_1',
+        'time_text_embed.text_embedder.linear_2',
+        'time_text_embed.timestep_embedder.linear_1',
+        'time_text_embed.timestep_embedder.linear_2',
+        'transformer_blocks.0.norm1.linear',
+        'transformer_blocks.0.norm1_context.linear',
+        'x_embedder',
+    ],
+}
 # END GENERATED
 
 
@@ -108,8 +127,10 @@ def differences(name: str, got, pinned) -> str:
     got, pinned = set(got), set(pinned)
     if got == pinned:
         return ""
-    return (f"{name}: not the pinned layers (tests/helpers/expected_layers.py); new: {sorted(got - pinned)}, "
-            f"missing: {sorted(pinned - got)}. If a rule changed on purpose, regenerate: {REGENERATE}")
+    return (
+        f"{name}: not the pinned layers (tests/helpers/expected_layers.py); new: {sorted(got - pinned)}, "
+        f"missing: {sorted(pinned - got)}. If a rule changed on purpose, regenerate: {REGENERATE}"
+    )
 
 
 def _quiet(fn, *args, **kwargs):
@@ -130,11 +151,13 @@ def native_linears(family: str) -> list[str]:
     kw = example_inputs(family, model)
     with torch.no_grad():
         model(**kw)
-        compiled = torch.compile(model, backend="fp8", options={
-            "quantization": "fp8", "quantization_config": {"sensitive": "native"}})
+        compiled = torch.compile(
+            model, backend="fp8", options={"quantization": "fp8", "quantization_config": {"sensitive": "native"}}
+        )
         compiled(**kw)
-    return sorted({e.module for r in fx_fp8.get_reports(compiled) for e in r.entries
-                   if e.op == "linear" and e.action == "native"})
+    return sorted(
+        {e.module for r in fx_fp8.get_reports(compiled) for e in r.entries if e.op == "linear" and e.action == "native"}
+    )
 
 
 def rules_pick_flux() -> dict[str, list[str]]:
@@ -150,8 +173,12 @@ def rules_pick_flux() -> dict[str, list[str]]:
     model = _quiet(build_tiny_transformer, "flux", layers=1, dtype=torch.bfloat16)
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
-        loaded = _quiet(FluxTransformer2DModel.from_pretrained, folder, torch_dtype=torch.bfloat16,
-                        quantization_config=fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"]))
+        loaded = _quiet(
+            FluxTransformer2DModel.from_pretrained,
+            folder,
+            torch_dtype=torch.bfloat16,
+            quantization_config=fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"]),
+        )
     kinds: dict[str, list[str]] = {"fp8": [], "weight_only": [], "native": []}
     for n, m in loaded.named_modules():
         if isinstance(m, QuantizedLinear):
@@ -166,15 +193,21 @@ def main() -> None:
 
     native = {f: native_linears(f) for f in FAMILIES}
     pick = rules_pick_flux()
-    body = (f"NATIVE_LINEARS = {pprint.pformat(native, width=110, sort_dicts=True)}\n"
-            f"RULES_PICK_FLUX = {pprint.pformat(pick, width=110, sort_dicts=True)}\n")
+    body = (
+        f"NATIVE_LINEARS = {pprint.pformat(native, width=110, sort_dicts=True)}\n"
+        f"RULES_PICK_FLUX = {pprint.pformat(pick, width=110, sort_dicts=True)}\n"
+    )
     path = Path(__file__)
     text = path.read_text()
-    text = re.sub(r"(# BEGIN GENERATED\n).*?(# END GENERATED\n)", lambda m: m.group(1) + body + m.group(2),
-                  text, flags=re.S)
+    text = re.sub(
+        r"(# BEGIN GENERATED\n).*?(# END GENERATED\n)", lambda m: m.group(1) + body + m.group(2), text, flags=re.S
+    )
     path.write_text(text)
-    print(f"wrote {path}: {sum(map(len, native.values()))} native linears over {len(native)} families, "
-          f"{ {k: len(v) for k, v in pick.items()} }", file=sys.stderr)
+    print(
+        f"wrote {path}: {sum(map(len, native.values()))} native linears over {len(native)} families, "
+        f"{ {k: len(v) for k, v in pick.items()} }",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

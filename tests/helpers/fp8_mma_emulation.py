@@ -17,6 +17,7 @@ published figure, gives the same growth about 25 % lower.
 `install(bits, chunk)` patches the interpreter's dot builder for FP8 operands with an fp32
 accumulator (the case the hardware truncates); other dots stay exact.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ CHUNK = 32
 def truncate(x: np.ndarray, bits: int) -> np.ndarray:
     """x rounded toward zero to `bits` significant bits (float64 in, float64 out; 0 stays 0)."""
     mant, exp = np.frexp(np.asarray(x, dtype=np.float64))  # x = mant * 2**exp, |mant| in [0.5, 1)
-    scale = float(2 ** bits)
+    scale = float(2**bits)
     return np.ldexp(np.trunc(mant * scale) / scale, exp)
 
 
@@ -40,7 +41,7 @@ def emulated_dot(a: np.ndarray, b: np.ndarray, c: np.ndarray, bits: int = BITS, 
     acc = np.asarray(c, dtype=np.float64)
     a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     for k0 in range(0, a64.shape[-1], chunk):
-        acc = truncate(acc + a64[..., k0:k0 + chunk] @ b64[..., k0:k0 + chunk, :], bits)
+        acc = truncate(acc + a64[..., k0 : k0 + chunk] @ b64[..., k0 : k0 + chunk, :], bits)
     return acc.astype(np.float32)
 
 

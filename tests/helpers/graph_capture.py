@@ -1,6 +1,7 @@
 """Test helpers: a Dynamo backend that keeps each graph it is given (names resolved as the
 fx_fp8 backends resolve them) and runs it natively; fx_fp8's backend on a stored graph; and a
 tiny model of each family traced once, to run the passes on."""
+
 import warnings
 
 import torch
@@ -57,7 +58,7 @@ def traced(family):
         with torch.no_grad():
             model(**kw)  # warm lazy caches (Z-Image RoPE) so the model traces to one graph
             native = output_tensor(torch.compile(model, backend=cap, fullgraph=True)(**kw))
-        (gm, inputs), = cap.graphs
+        ((gm, inputs),) = cap.graphs
         nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LINEAR_TARGETS]
         modules = dict(model.named_modules())
         linears = {module_name(n): modules[module_name(n)] for n in nodes}

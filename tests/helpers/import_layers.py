@@ -8,6 +8,7 @@ with a literal head, or a module-level name (or a subscript of one) bound to str
 tuple / list of them. A dynamic import whose target cannot be read that way is reported as
 unresolved: the checker does not guess.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,10 @@ def _runtime_nodes(tree):
         node = stack.pop()
         yield node
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING":
+            if (
+                isinstance(child, ast.If)
+                and getattr(child.test, "id", getattr(child.test, "attr", None)) == "TYPE_CHECKING"
+            ):
                 stack.extend(child.orelse)
                 continue
             stack.append(child)
@@ -61,8 +65,13 @@ def _module_strings(tree) -> dict[str, set[str]]:
             targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             targets, value = [node.target], node.value
-        items = (value.values if isinstance(value, ast.Dict)
-                 else value.elts if isinstance(value, (ast.Tuple, ast.List, ast.Set)) else [value])
+        items = (
+            value.values
+            if isinstance(value, ast.Dict)
+            else value.elts
+            if isinstance(value, (ast.Tuple, ast.List, ast.Set))
+            else [value]
+        )
         strings = {v.value for v in items if isinstance(v, ast.Constant) and isinstance(v.value, str)}
         for t in targets:
             if isinstance(t, ast.Name) and strings:
@@ -91,15 +100,16 @@ def _is_dynamic_import(node) -> bool:
         return False
     f = node.func
     return (isinstance(f, ast.Name) and f.id in DYNAMIC_IMPORTERS) or (
-        isinstance(f, ast.Attribute) and f.attr in DYNAMIC_IMPORTERS)
+        isinstance(f, ast.Attribute) and f.attr in DYNAMIC_IMPORTERS
+    )
 
 
 @dataclass
 class Scan:
     modules: dict[str, Path]
-    graph: dict[str, set[str]] = field(default_factory=dict)        # every import (functions included)
+    graph: dict[str, set[str]] = field(default_factory=dict)  # every import (functions included)
     import_time: dict[str, set[str]] = field(default_factory=dict)  # what runs when the module loads
-    unresolved: list[str] = field(default_factory=list)             # dynamic imports the checker cannot read
+    unresolved: list[str] = field(default_factory=list)  # dynamic imports the checker cannot read
 
     def resolve(self, name: str) -> str:
         """The module an imported dotted name refers to (a name imported from a module: that module)."""
@@ -215,10 +225,21 @@ def import_cycles(s: Scan) -> list[list[str]]:
 
 
 def top_level_modules(s: Scan, package: Path) -> list[str]:
-    return sorted(n for n in s.modules if n.count(".") == 1 and s.modules[n].name != "__init__.py"
-                  and n != f"{ROOT_PACKAGE}.__main__" and s.modules[n].parent == package)
+    return sorted(
+        n
+        for n in s.modules
+        if n.count(".") == 1
+        and s.modules[n].name != "__init__.py"
+        and n != f"{ROOT_PACKAGE}.__main__"
+        and s.modules[n].parent == package
+    )
 
 
 def imports_between(s: Scan, importer_prefix: str, imported_prefix: str) -> list[str]:
-    return sorted(f"{m} -> {t}" for m in s.graph if m.startswith(importer_prefix)
-                  for t in s.graph[m] if t.startswith(imported_prefix))
+    return sorted(
+        f"{m} -> {t}"
+        for m in s.graph
+        if m.startswith(importer_prefix)
+        for t in s.graph[m]
+        if t.startswith(imported_prefix)
+    )

@@ -15,6 +15,7 @@ are left out (`mem.mapped` says how many were).
         model = load(...)
     mem.peak, mem.net   # bytes
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,8 +37,11 @@ class AllocatorPeak:
 
     def __exit__(self, *exc) -> None:
         self._prof.__exit__(*exc)
-        memory = sorted((e.start_ns(), e.nbytes()) for e in self._prof.profiler.kineto_results.events()
-                        if e.name() == "[memory]" and e.device_type().name == "CPU")
+        memory = sorted(
+            (e.start_ns(), e.nbytes())
+            for e in self._prof.profiler.kineto_results.events()
+            if e.name() == "[memory]" and e.device_type().name == "CPU"
+        )
         live = 0
         maps, unmaps = collections.Counter(self._mapped_sizes), collections.Counter()
         for _, nbytes in memory:

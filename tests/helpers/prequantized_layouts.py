@@ -8,6 +8,7 @@ and the modules that hold them (docs/prequantized.md).
   to +-448). ModelOptLayoutLinear holds it and dequantizes in its forward as ModelOpt's FP8QTensor
   does (`q.to(dtype) * scale.to(dtype)`), fake-quantizing its input with the static scale.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -73,7 +74,7 @@ def float_stack(dims=(64, 96, 64), dtype=torch.bfloat16, seed=0) -> Stack:
     for k, n in zip(dims[:-1], dims[1:]):
         lin = nn.Linear(k, n)
         with torch.no_grad():
-            lin.weight.copy_(torch.randn(n, k, generator=g) / k ** 0.5)
+            lin.weight.copy_(torch.randn(n, k, generator=g) / k**0.5)
             lin.bias.copy_(torch.randn(n, generator=g) * 0.1)
         layers.append(lin.to(dtype))
     return Stack(*layers)
@@ -84,8 +85,11 @@ def input_amax(model: nn.Module, x: torch.Tensor) -> dict:
     seen, hooks = {}, []
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
-            hooks.append(m.register_forward_pre_hook(
-                lambda mod, args, name=name: seen.__setitem__(name, float(args[0].abs().amax()))))
+            hooks.append(
+                m.register_forward_pre_hook(
+                    lambda mod, args, name=name: seen.__setitem__(name, float(args[0].abs().amax()))
+                )
+            )
     with torch.no_grad():
         model(x)
     for h in hooks:
@@ -93,8 +97,7 @@ def input_amax(model: nn.Module, x: torch.Tensor) -> dict:
     return seen
 
 
-def modelopt_state_dict(model: nn.Module, *, per_channel: bool, static_x=None, scale_shape=None,
-                        names=None) -> dict:
+def modelopt_state_dict(model: nn.Module, *, per_channel: bool, static_x=None, scale_shape=None, names=None) -> dict:
     """The ModelOpt FP8 export of `model`'s linears (all, or `names`): {name.weight, name.weight_scale,
     name.input_scale (with `static_x`, calibrated on it), name.bias} plus every other tensor as is."""
     amax = input_amax(model, static_x) if static_x is not None else {}
@@ -109,9 +112,17 @@ def modelopt_state_dict(model: nn.Module, *, per_channel: bool, static_x=None, s
 
 def modelopt_stack(sd: dict, n_layers: int) -> Stack:
     """A Stack of ModelOptLayoutLinear modules holding the export `sd` (the very tensors)."""
-    return Stack(*[ModelOptLayoutLinear(sd[f"layers.{i}.weight"], sd[f"layers.{i}.weight_scale"],
-                                        sd.get(f"layers.{i}.bias"), sd.get(f"layers.{i}.input_scale"))
-                   for i in range(n_layers)])
+    return Stack(
+        *[
+            ModelOptLayoutLinear(
+                sd[f"layers.{i}.weight"],
+                sd[f"layers.{i}.weight_scale"],
+                sd.get(f"layers.{i}.bias"),
+                sd.get(f"layers.{i}.input_scale"),
+            )
+            for i in range(n_layers)
+        ]
+    )
 
 
 def bfl_checkpoint(model: nn.Module, names=None) -> dict:
@@ -152,11 +163,15 @@ def bfl_flux(tmp_path, dtype=torch.bfloat16):
         warnings.simplefilter("ignore")
         model = build_tiny_transformer("flux")
     model.save_config(tmp_path)
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
-             and n.startswith(("transformer_blocks.", "single_transformer_blocks."))]
+    names = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and n.startswith(("transformer_blocks.", "single_transformer_blocks."))
+    ]
     sd = bfl_checkpoint(model.to(dtype), names)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = FluxTransformer2DModel.from_single_file(
-            sd, config=str(tmp_path), quantization_config=BFLQuantizationConfig(compute_dtype=dtype), torch_dtype=dtype)
+            sd, config=str(tmp_path), quantization_config=BFLQuantizationConfig(compute_dtype=dtype), torch_dtype=dtype
+        )
     return loaded.eval(), sd

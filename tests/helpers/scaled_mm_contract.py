@@ -21,6 +21,7 @@ Values: the operands dequantized with their scales (float64), multiplied, the bi
 once to out_dtype. Every call is recorded (`ScaledMM.calls`): which recipe, out_dtype, bias dtype,
 use_fast_accum, so a test can check the flags a graph passes, not only its values.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ class ScaledMMContractError(RuntimeError):
 
 @dataclass
 class Call:
-    recipe: str              # "tensorwise", "rowwise" or "block_1x128_128x128"
+    recipe: str  # "tensorwise", "rowwise" or "block_1x128_128x128"
     m: int
     k: int
     n: int
@@ -70,26 +71,37 @@ def recipe_of(a, b, scale_a, scale_b) -> str:
     m, k = a.shape
     n = b.shape[1]
     kb, nb = math.ceil(k / BLOCK), math.ceil(n / BLOCK)
-    _need(scale_a.dtype == torch.float32 and scale_b.dtype == torch.float32,
-          f"scales must be float32 for FP8 operands, got {scale_a.dtype} and {scale_b.dtype}")
+    _need(
+        scale_a.dtype == torch.float32 and scale_b.dtype == torch.float32,
+        f"scales must be float32 for FP8 operands, got {scale_a.dtype} and {scale_b.dtype}",
+    )
     if scale_a.numel() == 1 and scale_b.numel() == 1:
         return "tensorwise"
-    _need(scale_a.dim() == 2 and scale_b.dim() == 2,
-          f"non-tensor-wise scales must be 2-D, got shapes {tuple(scale_a.shape)} and {tuple(scale_b.shape)}")
+    _need(
+        scale_a.dim() == 2 and scale_b.dim() == 2,
+        f"non-tensor-wise scales must be 2-D, got shapes {tuple(scale_a.shape)} and {tuple(scale_b.shape)}",
+    )
     if tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
-        _need(scale_a.is_contiguous() and scale_b.is_contiguous(),
-              f"row-wise scales must be contiguous, got strides {scale_a.stride()} and {scale_b.stride()}")
+        _need(
+            scale_a.is_contiguous() and scale_b.is_contiguous(),
+            f"row-wise scales must be contiguous, got strides {scale_a.stride()} and {scale_b.stride()}",
+        )
         return "rowwise"
     sbt = scale_b.t()
-    if (_size_stride(scale_a, 0, m, 1) and _size_stride(scale_a, 1, kb, m)
-            and _size_stride(sbt, 0, nb, kb) and _size_stride(sbt, 1, kb, 1)):
+    if (
+        _size_stride(scale_a, 0, m, 1)
+        and _size_stride(scale_a, 1, kb, m)
+        and _size_stride(sbt, 0, nb, kb)
+        and _size_stride(sbt, 1, kb, 1)
+    ):
         return "block_1x128_128x128"
     raise ScaledMMContractError(
         "torch._scaled_mm (CUDA) would refuse this call: invalid scaling configuration for "
         f"a {tuple(a.shape)} x {tuple(b.shape)} product: scale_a {tuple(scale_a.shape)} strides {scale_a.stride()}, "
         f"scale_b {tuple(scale_b.shape)} strides {scale_b.stride()} (tensor-wise: both one element; row-wise: "
         f"scale_a ({m}, 1), scale_b (1, {n}); block 1x128 x 128x128: scale_a ({m}, {kb}) strides (1, {m}), "
-        f"scale_b ({kb}, {nb}) with scale_b.t() row-major)")
+        f"scale_b ({kb}, {nb}) with scale_b.t() row-major)"
+    )
 
 
 def _dequantized(t: torch.Tensor, scale: torch.Tensor, recipe: str, side: str) -> torch.Tensor:
@@ -114,8 +126,7 @@ class ScaledMM:
         self.calls: list[Call] = []
         self.__name__ = self.__qualname__ = "scaled_mm_stand_in"  # what torch.fx's codegen names a target by
 
-    def __call__(self, a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                 use_fast_accum=False):
+    def __call__(self, a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
         _need(a.dim() == 2 and b.dim() == 2, f"operands must be 2-D, got {a.dim()}-D and {b.dim()}-D")
         _need(a.shape[1] == b.shape[0], f"shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied")
         _need(a.dtype in FP8 and b.dtype in FP8, f"operands must be float8, got {a.dtype} and {b.dtype}")
@@ -126,26 +137,37 @@ class ScaledMM:
         n = b.shape[1]
         _need(k % 16 == 0, f"K = {k} must be a multiple of 16")
         _need(b.shape[0] % 16 == 0 and n % 16 == 0, f"mat2 {tuple(b.shape)}: both dims must be multiples of 16")
-        _need(scale_result is None or (scale_result.numel() == 1 and scale_result.dtype == torch.float32),
-              "scale_result must be a float scalar")
+        _need(
+            scale_result is None or (scale_result.numel() == 1 and scale_result.dtype == torch.float32),
+            "scale_result must be a float scalar",
+        )
         out_dtype = out_dtype or a.dtype
         recipe = recipe_of(a, b, scale_a, scale_b)
         if recipe.startswith("block"):
             _need(self.sm[0] == 9, f"block scales run on sm90 only (this GPU: sm{self.sm[0]}{self.sm[1]})")
-            _need(m % 4 == 0, f"block scale_a's outer stride M = {m} must be a multiple of 4 floats "
-                  "(cuBLASLt: 16-byte aligned scale rows)")
-            _need(not use_fast_accum, "use_fast_accum=True with block scales (cuBLASLt's block-scaled FP8 "
-                  "GEMM has no fast accumulation; torch 2.11 refused it)")
+            _need(
+                m % 4 == 0,
+                f"block scale_a's outer stride M = {m} must be a multiple of 4 floats "
+                "(cuBLASLt: 16-byte aligned scale rows)",
+            )
+            _need(
+                not use_fast_accum,
+                "use_fast_accum=True with block scales (cuBLASLt's block-scaled FP8 "
+                "GEMM has no fast accumulation; torch 2.11 refused it)",
+            )
         if bias is not None:
             _need(bias.numel() == n, f"bias must have {n} elements, got {bias.numel()}")
             _need(out_dtype != torch.float32, "bias is not supported when out_dtype is float32")
             _need(bias.dtype in (torch.bfloat16, torch.float16), f"bias must be bf16 or fp16, got {bias.dtype}")
-            _need(out_dtype != torch.bfloat16 or bias.dtype == torch.bfloat16,
-                  f"bias must be bf16 for bf16 output, got {bias.dtype}")
-            _need(out_dtype != torch.float16 or bias.dtype == torch.float16,
-                  f"bias must be fp16 for fp16 output, got {bias.dtype}")
-        self.calls.append(Call(recipe, m, k, n, out_dtype, None if bias is None else bias.dtype,
-                               bool(use_fast_accum)))
+            _need(
+                out_dtype != torch.bfloat16 or bias.dtype == torch.bfloat16,
+                f"bias must be bf16 for bf16 output, got {bias.dtype}",
+            )
+            _need(
+                out_dtype != torch.float16 or bias.dtype == torch.float16,
+                f"bias must be fp16 for fp16 output, got {bias.dtype}",
+            )
+        self.calls.append(Call(recipe, m, k, n, out_dtype, None if bias is None else bias.dtype, bool(use_fast_accum)))
         out = _dequantized(a, scale_a, recipe, "a") @ _dequantized(b, scale_b, recipe, "b")
         if bias is not None:
             out = out + bias.to(torch.float64)

@@ -6,6 +6,7 @@
 Tests whose call + setup took longer than the threshold are listed (the ones already listed
 stay listed: they no longer run in the fast run, so the report cannot time them).
 """
+
 from __future__ import annotations
 
 import argparse

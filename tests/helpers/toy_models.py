@@ -6,6 +6,7 @@ only the graph's structure can tell its conditioning, modulation and final proje
 `regional_toy` is that DiT with more blocks, compiled one block at a time by `compile_regionally`;
 ToyScheduler steps the toy pipelines; ModulatedBlock is a DiT block's front (adaLN modulation feeding q, k, v and an MLP).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 class TwoLinears(nn.Module):
     """x -> first -> relu (or nothing) -> second; `names` are the two linears' attribute names."""
 
-    def __init__(self, dim: int = 64, hidden: int | None = None, names: tuple[str, str] = ("a", "b"),
-                 relu: bool = True):
+    def __init__(
+        self, dim: int = 64, hidden: int | None = None, names: tuple[str, str] = ("a", "b"), relu: bool = True
+    ):
         super().__init__()
         hidden = dim if hidden is None else hidden
         self.names, self.relu = names, relu

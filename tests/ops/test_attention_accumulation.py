@@ -15,6 +15,7 @@ The interpreter computes dots exactly, so it cannot see that; here
   the dot has imprecise accumulation), ptxas does not serialize its wgmmas, and its K / V loads are
   still multi-buffered (a loop-carried prefetch once broke Triton's pipelining silently).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,13 +32,13 @@ import fp8_mma_emulation as emu
 
 # -- the emulation itself (fast) ----------------------------------------------------------------------
 def test_truncation_keeps_the_leading_bits_toward_zero():
-    x = np.array([1.0, 1.0 + 2.0 ** -10, 1.0 + 2.0 ** -11, -(3.0 + 2.0 ** -9), 0.0, 2048.0 + 1.0, 6.0])
+    x = np.array([1.0, 1.0 + 2.0**-10, 1.0 + 2.0**-11, -(3.0 + 2.0**-9), 0.0, 2048.0 + 1.0, 6.0])
     got = emu.truncate(x, 11)
     # 11 significant bits: 1 + 2^-10 is kept, 1 + 2^-11 is not; negative values move toward zero too
-    assert got.tolist() == [1.0, 1.0 + 2.0 ** -10, 1.0, -(3.0 + 2.0 ** -9), 0.0, 2048.0, 6.0]
+    assert got.tolist() == [1.0, 1.0 + 2.0**-10, 1.0, -(3.0 + 2.0**-9), 0.0, 2048.0, 6.0]
     r = np.random.default_rng(0).standard_normal(10_000) * 1e3
     loss = (r - emu.truncate(r, 11)) / r
-    assert (loss >= 0).all() and loss.max() < 2.0 ** -10  # toward zero, less than one unit in the 11th bit
+    assert (loss >= 0).all() and loss.max() < 2.0**-10  # toward zero, less than one unit in the 11th bit
 
 
 def test_emulated_dot_truncates_the_running_sum_per_chunk():
@@ -48,14 +49,16 @@ def test_emulated_dot_truncates_the_running_sum_per_chunk():
     # by hand: the C input joins the first chunk's sum, then one truncation per 32 columns
     acc = c
     for k0 in range(0, 256, 32):
-        acc = emu.truncate(acc + a[:, k0:k0 + 32] @ b[k0:k0 + 32], 11)
+        acc = emu.truncate(acc + a[:, k0 : k0 + 32] @ b[k0 : k0 + 32], 11)
     assert np.array_equal(emu.emulated_dot(a, b, c, bits=11), acc.astype(np.float32))
     # a long in-place sum of positive terms loses in proportion to its length; fresh partial sums do not
     ones = np.ones((1, 32 * 512))
-    vals = np.full((32 * 512, 1), 1.0 + 2.0 ** -9)
+    vals = np.full((32 * 512, 1), 1.0 + 2.0**-9)
     in_place = emu.emulated_dot(ones, vals, np.zeros((1, 1)), bits=11)[0, 0]
-    two_level = sum(emu.emulated_dot(ones[:, i:i + 64], vals[i:i + 64], np.zeros((1, 1)), bits=11)[0, 0]
-                    for i in range(0, ones.shape[1], 64))
+    two_level = sum(
+        emu.emulated_dot(ones[:, i : i + 64], vals[i : i + 64], np.zeros((1, 1)), bits=11)[0, 0]
+        for i in range(0, ones.shape[1], 64)
+    )
     exact = float((ones @ vals)[0, 0])
     assert (exact - in_place) / exact > 1e-3 and abs(exact - two_level) / exact < 1e-5
 
@@ -103,13 +106,18 @@ print("RESULT" + json.dumps(res))
 
 @pytest.fixture(scope="module")
 def emulated():  # ~30 s on a quiet 2-core machine: the interpreter runs 16k keys several times
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(emu.__file__), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(emu.__file__), os.environ.get("PYTHONPATH", "")]),
+    )
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
-    print("\nerror vs fp64 attention (%):", json.dumps({k: {n: round(100 * e, 3) for n, e in r.items()}
-                                                       for k, r in res.items()}))
+    res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT") :])
+    print(
+        "\nerror vs fp64 attention (%):",
+        json.dumps({k: {n: round(100 * e, 3) for n, e in r.items()} for k, r in res.items()}),
+    )
     return res
 
 
@@ -141,8 +149,11 @@ def _pv_dots(ttgir: str):
     """(C operand, maxNumImpreciseAcc, K) of every wgmma whose A operand is in registers (P @ V; Q @ K^T
     reads both operands from shared memory)."""
     dots = []
-    for m in re.finditer(r"ttng\.warp_group_dot (%[\w.#]+), (%[\w.#]+), (%[\w.#]+)(?:, %[\w.#]+)? \{([^}]*)\} : "
-                         r"tensor<(\d+)x(\d+)x\w+, #ttg\.dot_op", ttgir):
+    for m in re.finditer(
+        r"ttng\.warp_group_dot (%[\w.#]+), (%[\w.#]+), (%[\w.#]+)(?:, %[\w.#]+)? \{([^}]*)\} : "
+        r"tensor<(\d+)x(\d+)x\w+, #ttg\.dot_op",
+        ttgir,
+    ):
         imprecise = int(re.search(r"maxNumImpreciseAcc = (\d+)", m.group(4)).group(1))
         dots.append((m.group(3), imprecise, int(m.group(6))))
     return dots
@@ -160,8 +171,11 @@ def _multi_buffered(ttgir: str, rows: int, cols: int) -> bool:
 def structure(ttgir: str) -> dict:
     pv = _pv_dots(ttgir)
     zeros = _zero_constants(ttgir)
-    return {"pv_dots": len(pv), "from_zero": all(c in zeros for c, _, _ in pv),
-            "promoted_in_dot": any(imprecise <= k for _, imprecise, k in pv)}
+    return {
+        "pv_dots": len(pv),
+        "from_zero": all(c in zeros for c, _, _ in pv),
+        "promoted_in_dot": any(imprecise <= k for _, imprecise, k in pv),
+    }
 
 
 @pytest.fixture(scope="module")

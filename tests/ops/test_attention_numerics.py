@@ -3,6 +3,7 @@
 SQNR in dB against float64 math, as in /work/shared/DESIGN.md's table
 (B1 H8 S1024 D128; "outliers" = four channels of Q and K scaled by 5).
 """
+
 import math
 
 import pytest
@@ -18,7 +19,7 @@ OUTLIER_CHANNELS = [3, 17, 64, 100]
 
 def sqnr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref = ref.double()
-    return 10 * math.log10(float((ref ** 2).sum() / ((ref - x.double()) ** 2).sum()))
+    return 10 * math.log10(float((ref**2).sum() / ((ref - x.double()) ** 2).sum()))
 
 
 def attention64(q, k, v, mask=None):
@@ -29,8 +30,17 @@ def attention64(q, k, v, mask=None):
 
 
 def attention_kwargs(granularity="block", hadamard=True, smooth_k=True, quantize_p=True):
-    return dict(granularity=granularity, q_block=128, kv_block=256, hadamard=hadamard, smooth_k=smooth_k,
-                quantize_p=quantize_p, p_scale=448.0, attention_kernel="auto", lowering="reference")
+    return dict(
+        granularity=granularity,
+        q_block=128,
+        kv_block=256,
+        hadamard=hadamard,
+        smooth_k=smooth_k,
+        quantize_p=quantize_p,
+        p_scale=448.0,
+        attention_kernel="auto",
+        lowering="reference",
+    )
 
 
 def fp8_attention(q, k, v, mask=None, **kw):
@@ -154,10 +164,16 @@ def test_hadamard_is_orthonormal():
     assert not torch.allclose(rx, x)
 
 
-@pytest.mark.parametrize("granularity, block, scale_shape", [
-    ("tensor", None, ()), ("channel", None, (96, 1)), ("block", (32, 64), (3, 2)), ("block", (128, 128), (1, 1)),
-    ("block", (16, 16), (6, 8)),
-])
+@pytest.mark.parametrize(
+    "granularity, block, scale_shape",
+    [
+        ("tensor", None, ()),
+        ("channel", None, (96, 1)),
+        ("block", (32, 64), (3, 2)),
+        ("block", (128, 128), (1, 1)),
+        ("block", (16, 16), (6, 8)),
+    ],
+)
 def test_weight_quantization_round_trip(granularity, block, scale_shape):
     g = torch.Generator().manual_seed(4)
     w = torch.randn(96, 128, generator=g) * 0.02

@@ -9,6 +9,7 @@ shipped choice is reverted: the two-level P @ V accumulation (the in-place form 
 16k keys on an H200), the Hadamard rotation of Q and K (outlier channels cost 10 dB without it), K
 smoothing, P's fixed scale, the 128 / 256-row block scales.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -44,10 +45,22 @@ def _launched(monkeypatch, d: int = 64, s: int = 256) -> tuple[dict, dict]:
     monkeypatch.setattr(triton_fp8_attention, "fp8_flash_attention", kernel)
     cfg = AttentionQuantConfig()  # the shipped defaults
     q, k, v = (torch.randn(1, 2, s, d, dtype=torch.bfloat16) for _ in range(3))
-    torch.ops.fx_fp8.fp8_attention(q, k, v, None, 1 / math.sqrt(d), lowering="cuda", granularity=cfg.granularity,
-                                   q_block=cfg.q_block, kv_block=cfg.kv_block, hadamard=cfg.hadamard,
-                                   smooth_k=cfg.smooth_k, quantize_p=cfg.quantize_p, p_scale=cfg.p_scale,
-                                   attention_kernel="triton")
+    torch.ops.fx_fp8.fp8_attention(
+        q,
+        k,
+        v,
+        None,
+        1 / math.sqrt(d),
+        lowering="cuda",
+        granularity=cfg.granularity,
+        q_block=cfg.q_block,
+        kv_block=cfg.kv_block,
+        hadamard=cfg.hadamard,
+        smooth_k=cfg.smooth_k,
+        quantize_p=cfg.quantize_p,
+        p_scale=cfg.p_scale,
+        attention_kernel="triton",
+    )
     return seen["prepass"], seen["kernel"]
 
 

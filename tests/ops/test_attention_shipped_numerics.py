@@ -16,6 +16,7 @@ rotation, K smoothing and P scale (a lowering that drops them stays within the b
 inputs, as it would in the GPU test; tests/ops/test_triton_interpret.py compares the pre-pass with the
 reference code for code).
 """
+
 from __future__ import annotations
 
 import json
@@ -99,11 +100,14 @@ print("RESULT" + json.dumps(res))
 
 @pytest.fixture(scope="module")
 def shipped():  # ~15 s: the interpreter runs 2048 keys at two head dims
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(emu.__file__), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(emu.__file__), os.environ.get("PYTHONPATH", "")]),
+    )
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT") :])
 
 
 @pytest.mark.slow

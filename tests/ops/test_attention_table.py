@@ -1,5 +1,6 @@
 """attention.kernel "auto" on CUDA: the measured table (fx_fp8.ops.attention_table), built from a probe run
 of benchmarks/attention_kernels.py, and how the CUDA lowering picks from it at compile time."""
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,12 @@ from fx_fp8.ops.lowering import get_lowering
 
 
 def cells(triton_ms, triton_err, cudnn_ms=None, cudnn_err=None, base=1.0):
-    c = {"cudnn_bf16": {"ms": base, "err": 0.002}, "triton": {"ms": triton_ms, "err": triton_err},
-         "triton_kernel": {"ms": triton_ms * 0.9, "err": triton_err}, "sage": {"error": "RuntimeError: x"}}
+    c = {
+        "cudnn_bf16": {"ms": base, "err": 0.002},
+        "triton": {"ms": triton_ms, "err": triton_err},
+        "triton_kernel": {"ms": triton_ms * 0.9, "err": triton_err},
+        "sage": {"error": "RuntimeError: x"},
+    }
     if cudnn_ms is not None:
         c["cudnn_fp8"] = {"ms": cudnn_ms, "err": cudnn_err}
     return c
@@ -26,28 +31,54 @@ def probe(device="NVIDIA H200"):
     rows = [
         # D128 without mask: cuDNN FP8 fastest but too inaccurate at 4608, accurate at 16384
         {"d": 128, "s": 1024, "mask": False, "inputs": "gaussian", "ref_err": 0.006, "cells": cells(0.05, 0.0063)},
-        {"d": 128, "s": 4608, "mask": False, "inputs": "gaussian", "ref_err": 0.0036,
-         "cells": cells(0.30, 0.0040, 0.20, 0.0060)},
-        {"d": 128, "s": 16384, "mask": False, "inputs": "gaussian", "ref_err": 0.0028,
-         "cells": cells(3.0, 0.0030, 2.5, 0.0035, base=5.4)},
+        {
+            "d": 128,
+            "s": 4608,
+            "mask": False,
+            "inputs": "gaussian",
+            "ref_err": 0.0036,
+            "cells": cells(0.30, 0.0040, 0.20, 0.0060),
+        },
+        {
+            "d": 128,
+            "s": 16384,
+            "mask": False,
+            "inputs": "gaussian",
+            "ref_err": 0.0028,
+            "cells": cells(3.0, 0.0030, 2.5, 0.0035, base=5.4),
+        },
         {"d": 128, "s": 4608, "mask": True, "inputs": "gaussian", "ref_err": 0.004, "cells": cells(0.31, 0.0045)},
         # no FP8 kernel meets the bar: native BF16 attention is the only pick
         {"d": 64, "s": 4608, "mask": False, "inputs": "gaussian", "ref_err": 0.004, "cells": cells(0.2, 0.009)},
         # BF16 attention faster than every FP8 kernel: native
-        {"d": 64, "s": 16384, "mask": False, "inputs": "gaussian", "ref_err": 0.003,
-         "cells": cells(3.0, 0.0031, base=2.0)},
+        {
+            "d": 64,
+            "s": 16384,
+            "mask": False,
+            "inputs": "gaussian",
+            "ref_err": 0.003,
+            "cells": cells(3.0, 0.0031, base=2.0),
+        },
         # the outlier row measures robustness, not what to pick
         {"d": 128, "s": 4608, "mask": False, "inputs": "outlier x5", "ref_err": 0.01, "cells": cells(0.3, 0.011)},
     ]
-    return {"meta": {"device": device, "date": "2026-01-01", "torch": "2.11", "triton": "3.6",
-                     "cudnn_frontend": "1.32.0"}, "rows": rows}
+    return {
+        "meta": {"device": device, "date": "2026-01-01", "torch": "2.11", "triton": "3.6", "cudnn_frontend": "1.32.0"},
+        "rows": rows,
+    }
 
 
 def test_table_from_a_probe_run():
     table = at.table_from_probe(probe())
     rows = {(r["d"], r["mask"], r["s_measured"]): r for r in table["rows"]}
-    assert set(rows) == {(128, False, 1024), (128, False, 4608), (128, False, 16384), (128, True, 4608),
-                         (64, False, 4608), (64, False, 16384)}
+    assert set(rows) == {
+        (128, False, 1024),
+        (128, False, 4608),
+        (128, False, 16384),
+        (128, True, 4608),
+        (64, False, 4608),
+        (64, False, 16384),
+    }
     # S ranges split at the geometric midpoints, open at both ends
     assert (rows[128, False, 1024]["s_min"], rows[128, False, 1024]["s_max"]) == (1, 2171)
     assert (rows[128, False, 4608]["s_min"], rows[128, False, 4608]["s_max"]) == (2172, 8687)
@@ -78,16 +109,20 @@ def test_auto_kernel_picks_by_gpu_head_dim_mask_and_length():
     # a node cuDNN cannot run (block scales, a mask...) gets the fastest kernel it can run
     kernel, why = at.auto_kernel("NVIDIA H200", 128, 20000, False, "triton", lambda n: n != "cudnn", table)
     assert kernel == "triton" and "3.000 ms" in why, why
-    for args in (("NVIDIA H100 80GB HBM3", 128, 20000, False), ("NVIDIA H200", 80, 20000, False),
-                 (None, 128, 20000, False)):
+    for args in (
+        ("NVIDIA H100 80GB HBM3", 128, 20000, False),
+        ("NVIDIA H200", 80, 20000, False),
+        (None, 128, 20000, False),
+    ):
         kernel, why = at.auto_kernel(*args, "triton", yes, table)
         assert kernel == "triton" and why.startswith("no measured row"), why
     kernel, why = at.auto_kernel("NVIDIA H200", 128, None, False, "triton", yes, table)
     assert kernel == "triton" and "symbolic" in why
     kernel, why = at.auto_kernel("NVIDIA H200", 64, 30000, False, "triton", yes, table)
     assert kernel == "native" and "BF16 SDPA 2.000 ms, FP8 triton 3.000 ms" in why, why
-    no_native = {"rows": [dict(r, kernels={k: c for k, c in r["kernels"].items() if k != "native"})
-                          for r in table["rows"]]}
+    no_native = {
+        "rows": [dict(r, kernels={k: c for k, c in r["kernels"].items() if k != "native"}) for r in table["rows"]]
+    }
     kernel, why = at.auto_kernel("NVIDIA H200", 64, 4608, False, "triton", yes, no_native)
     assert kernel == "triton" and "error bar" in why
 
@@ -179,12 +214,21 @@ def test_a_probe_run_replaces_its_gpus_rows_and_keeps_the_others():
 
 
 def test_a_probe_run_writes_into_its_gpus_tune_table_and_keeps_the_linears(tmp_path):
-    (path, shipped), = tune_table.shipped_tables()
-    linear = {"m": 16, "k": 64, "n": 64, "dtype": "bfloat16", "bias": True, "role": "w8a8",
-              "candidates": {"native": {"ms": 1.0, "err": 0.0}}}
+    ((path, shipped),) = tune_table.shipped_tables()
+    linear = {
+        "m": 16,
+        "k": 64,
+        "n": 64,
+        "dtype": "bfloat16",
+        "bias": True,
+        "role": "w8a8",
+        "candidates": {"native": {"ms": 1.0, "err": 0.0}},
+    }
     tune_table.write(dict(shipped, linears=[linear]), tmp_path / path.name)
     at.write_table(at.table_from_probe(probe("NVIDIA H200")), tmp_path)
     written = tune_table.load(tmp_path / path.name)
     assert written["linears"] == [linear] and written["key"] == shipped["key"]
-    assert len(written["attention"]) == 6 and written["source"]["tool"] == "benchmarks/attention_kernels.py --table-from"
+    assert (
+        len(written["attention"]) == 6 and written["source"]["tool"] == "benchmarks/attention_kernels.py --table-from"
+    )
     assert at.load_table(tmp_path)["rows"][0]["gpu"] == "NVIDIA H200"

@@ -2,6 +2,7 @@
 its scale arguments and its graph building (against a recording stand-in for nvidia-cudnn-frontend), and
 its run-time path end to end on CPU (Triton interpreter + a stand-in that computes cuDNN's documented
 FP8 SDPA). On a GPU with the frontend installed, the real thing (marked cuda)."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ OUTLIER_CHANNELS = [3, 17, 64, 100]
 
 def sqnr_db(ref, x) -> float:
     ref = ref.double()
-    return 10 * math.log10(float((ref ** 2).sum() / ((ref - x.double()) ** 2).sum()))
+    return 10 * math.log10(float((ref**2).sum() / ((ref - x.double()) ** 2).sum()))
 
 
 def exact_attention(q, k, v):
@@ -49,10 +50,23 @@ def sqnrs():
     out = {}
     for name, (qi, ki) in {"gaussian": (q, k), "x5": (q5, k5)}.items():
         exact = exact_attention(qi, ki, v)
-        block = ref.attention(qi, ki, v, attn_mask=None, softmax_scale=D ** -0.5, granularity="block", q_block=128,
-                              kv_block=256, hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0,
-                              kernel="auto", return_lse=False)
-        tensor_fp8_o = cudnn_attention.emulate(qi, ki, v, softmax_scale=D ** -0.5)
+        block = ref.attention(
+            qi,
+            ki,
+            v,
+            attn_mask=None,
+            softmax_scale=D**-0.5,
+            granularity="block",
+            q_block=128,
+            kv_block=256,
+            hadamard=True,
+            smooth_k=True,
+            quantize_p=True,
+            p_scale=448.0,
+            kernel="auto",
+            return_lse=False,
+        )
+        tensor_fp8_o = cudnn_attention.emulate(qi, ki, v, softmax_scale=D**-0.5)
         out[name] = {"block": sqnr_db(exact, block), "cudnn": sqnr_db(exact, tensor_fp8_o)}
     print("\nSQNR dB (block recipe / cuDNN FP8 recipe):", json.dumps(out))
     return out
@@ -71,8 +85,21 @@ def test_emulation_is_the_reference_plus_fp8_output():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 128, 64, generator=g) for _ in range(3))
     ref_out, ref_lse = get_lowering("reference").attention(
-        q, k, v, attn_mask=None, softmax_scale=0.125, granularity="tensor", q_block=1, kv_block=1, hadamard=True,
-        smooth_k=True, quantize_p=True, p_scale=448.0, kernel="auto", return_lse=True)
+        q,
+        k,
+        v,
+        attn_mask=None,
+        softmax_scale=0.125,
+        granularity="tensor",
+        q_block=1,
+        kv_block=1,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        kernel="auto",
+        return_lse=True,
+    )
     out, lse = cudnn_attention.emulate(q, k, v, softmax_scale=0.125, return_lse=True)
     assert torch.equal(lse, ref_lse)
     sv = quant.quantize_rows_in_blocks(v, "tensor", 1)[1].reshape(())
@@ -212,15 +239,31 @@ def _fake_frontend(old=False):
 @pytest.mark.parametrize("old", [False, True])
 def test_graph_building(need_lse, old):
     fe = _fake_frontend(old)
-    graph, t = cudnn_attention.build_graph(fe, shape_q=(2, 3, 100, 64), stride_q=(19200, 6400, 64, 1),
-                                           shape_k=(2, 3, 77, 64), stride_k=(14784, 4928, 64, 1),
-                                           stride_v=(14784, 4928, 64, 1), stride_o=(19200, 6400, 64, 1),
-                                           softmax_scale=0.125, need_lse=need_lse, handle="h")
+    graph, t = cudnn_attention.build_graph(
+        fe,
+        shape_q=(2, 3, 100, 64),
+        stride_q=(19200, 6400, 64, 1),
+        shape_k=(2, 3, 77, 64),
+        stride_k=(14784, 4928, 64, 1),
+        stride_v=(14784, 4928, 64, 1),
+        stride_o=(19200, 6400, 64, 1),
+        softmax_scale=0.125,
+        need_lse=need_lse,
+        handle="h",
+    )
     names = [c[0] for c in fe.calls]
-    assert names == ["pygraph", "sdpa_fp8", "validate", "build_operation_graph", "create_execution_plans",
-                     "check_support", "build_plans"]
-    assert fe.calls[0][1] == dict(io_data_type="FP8_E4M3", intermediate_data_type="FLOAT", compute_data_type="FLOAT",
-                                  handle="h")
+    assert names == [
+        "pygraph",
+        "sdpa_fp8",
+        "validate",
+        "build_operation_graph",
+        "create_execution_plans",
+        "check_support",
+        "build_plans",
+    ]
+    assert fe.calls[0][1] == dict(
+        io_data_type="FP8_E4M3", intermediate_data_type="FLOAT", compute_data_type="FLOAT", handle="h"
+    )
     op = fe.calls[1][1]
     assert op["attn_scale"] == 0.125 and op["use_causal_mask"] is False
     assert (op["is_inference"] is (not need_lse)) if old else (op["generate_stats"] is need_lse)
@@ -277,10 +320,11 @@ def test_runtime_path_end_to_end_on_cpu():
     graph's inputs carry the scales the emulation assumes, and the output / LSE come back right."""
     prelude = "import types\nFAKE = types.ModuleType('cudnn')\nexec(" + repr(FAKE_FRONTEND) + ", FAKE.__dict__)\n"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", prelude + RUNTIME_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + RUNTIME_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+    r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT") :])
     assert r["shape"] == [1, 2, 150, 64] and r["dtype"] == "torch.bfloat16" and r["lse_shape"] == [1, 2, 150]
     # the stand-in quantizes P against the final row max, as the emulation: equal up to bf16 / fp32 order
     assert r["rel"] < 1e-2 and r["rel_no_lse"] < 1e-2, r
@@ -301,10 +345,21 @@ def test_cudnn_fp8_attention_on_gpu():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 4, 2000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     v = v + 0.5
-    kw = dict(attn_mask=None, softmax_scale=128 ** -0.5, granularity="tensor", q_block=128, kv_block=256,
-              hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0, kernel="cudnn", return_lse=True)
+    kw = dict(
+        attn_mask=None,
+        softmax_scale=128**-0.5,
+        granularity="tensor",
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        kernel="cudnn",
+        return_lse=True,
+    )
     out, lse = get_lowering("cuda").attention(q, k, v, **kw)
-    emu, emu_lse = cudnn_attention.emulate(q.cpu(), k.cpu(), v.cpu(), softmax_scale=128 ** -0.5, return_lse=True)
+    emu, emu_lse = cudnn_attention.emulate(q.cpu(), k.cpu(), v.cpu(), softmax_scale=128**-0.5, return_lse=True)
     sdpa = F.scaled_dot_product_attention(q, k, v)
     # the emulation is the reference plus FP8 output rounding; cuDNN's own P @ V accumulation is not modelled
     # (an H200 measured 3.20 % here on 2026-12-04, and 4-20 % against float64 attention at 4.6k-33k keys in

@@ -3,6 +3,7 @@ downstream compiler holds, per FP8 linear, the activation quantization as plain 
 aten._scaled_mm on a quantized weight and scale that are graph inputs (appended by fx_fp8,
 flagged static for CUDA graphs, or a prepared layer's own parameters): no fx_fp8 custom op and
 no weight lookup at run time. (The GEMMs themselves run on a GPU: tests marked cuda.)"""
+
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,7 @@ class ThreeLinears(nn.Module):
     def __init__(self, bias=True):
         super().__init__()
         self.a = nn.Linear(64, 128, bias=bias)
-        self.b = nn.Linear(64, 128, bias=bias)   # reads the same input as a: one quantization for both
+        self.b = nn.Linear(64, 128, bias=bias)  # reads the same input as a: one quantization for both
         self.c = nn.Linear(128, 64, bias=bias)
 
     def forward(self, x):
@@ -105,8 +106,16 @@ def test_static_activations_with_tensor_weights_use_one_tensor_wise_gemm(cuda_on
     scales = fx_fp8.calibrate(model, lambda m: m(x))
     path = tmp_path / "scales.json"
     fx_fp8.save_activation_scales(scales, path)
-    gm, examples, fn, report = _rewritten(model, x, cuda_on_cpu, quantization_config={
-        "activation_scheme": "static", "activation_scales": str(path), "weight_granularity": "tensor"})
+    gm, examples, fn, report = _rewritten(
+        model,
+        x,
+        cuda_on_cpu,
+        quantization_config={
+            "activation_scheme": "static",
+            "activation_scales": str(path),
+            "weight_granularity": "tensor",
+        },
+    )
     assert _count(gm, SCALED_MM) == 3 and _fx_fp8_ops(gm) == []
     assert any(True for e in report.entries if e.action == 'fp8')  # not vacuous: all() of nothing is True
     assert all("tensor-wise scales" in e.reason for e in report.entries if e.action == "fp8")
@@ -118,8 +127,11 @@ def test_rowwise_form_matches_the_reference_numerics(xs_scalar, ws_scalar):
     scales (torch >= 2.13), against exact fp32 math on the same quantized operands."""
     torch.manual_seed(0)
     x, w, b = torch.randn(8, 64), torch.randn(32, 64), torch.randn(32)
-    xq, xs = quant.quantize_activation_static(x, torch.tensor(0.02), "fp8") if xs_scalar else \
-        quant.quantize_activation(x, "token", "fp8")
+    xq, xs = (
+        quant.quantize_activation_static(x, torch.tensor(0.02), "fp8")
+        if xs_scalar
+        else quant.quantize_activation(x, "token", "fp8")
+    )
     wq, ws = quant.quantize_weight(w, "tensor" if ws_scalar else "channel", None, "fp8")
     exact = (xq.float() * xs) @ (wq.float() * ws).t() + b
     gemm = rowwise_gemm(xs_scalar, ws_scalar, True, torch.float32, False)
@@ -136,8 +148,11 @@ def test_forms_trace_into_the_graph_without_python_branches_on_sizes():
     """insert_function traces each form once with torch.fx; a branch on a symbolic size would fail here."""
     from fx_fp8.graph.fx_utils import _traced
 
-    for fn, n in [(rowwise_gemm(False, False, True, torch.bfloat16, True), 5),
-                  (rowwise_gemm(True, True, False, torch.float16, True), 4),
-                  (tensorwise_gemm(True, torch.float32, True), 5), (blockwise_gemm(True, torch.bfloat16), 5)]:
+    for fn, n in [
+        (rowwise_gemm(False, False, True, torch.bfloat16, True), 5),
+        (rowwise_gemm(True, True, False, torch.float16, True), 4),
+        (tensorwise_gemm(True, torch.float32, True), 5),
+        (blockwise_gemm(True, torch.bfloat16), 5),
+    ]:
         graph = _traced(fn, n)
         assert sum(1 for node in graph.nodes if node.target == SCALED_MM) == 1

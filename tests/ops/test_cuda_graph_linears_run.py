@@ -4,6 +4,7 @@ into the graph handed to Inductor runs through a stand-in that refuses what CUDA
 weight granularity x activation scale form the lowering emits, with fast_accum on and off and with
 and without bias; the outputs match the reference lowering's on the same graph, and the flags each
 GEMM was given match the configuration (exact accumulation when fast_accum is false)."""
+
 from __future__ import annotations
 
 import warnings
@@ -67,24 +68,31 @@ def _config(weights: str, acts: str, fast_accum: bool, tmp_path, model, x) -> di
 #: dynamic activations with block weights are quantized per 1x128 group whatever their granularity
 #: (the block-wise GEMM's recipe); static ones keep fx_fp8's opaque op (next test)
 FORMS = {
-    ("tensor", "static"): "tensorwise", ("tensor", "tensor"): "tensorwise", ("tensor", "token"): "rowwise",
-    ("channel", "static"): "rowwise", ("channel", "tensor"): "rowwise", ("channel", "token"): "rowwise",
-    ("block", "tensor"): "block_1x128_128x128", ("block", "token"): "block_1x128_128x128",
+    ("tensor", "static"): "tensorwise",
+    ("tensor", "tensor"): "tensorwise",
+    ("tensor", "token"): "rowwise",
+    ("channel", "static"): "rowwise",
+    ("channel", "tensor"): "rowwise",
+    ("channel", "token"): "rowwise",
+    ("block", "tensor"): "block_1x128_128x128",
+    ("block", "token"): "block_1x128_128x128",
 }
 
 
 @pytest.mark.parametrize("fast_accum", [True, False], ids=["fast", "exact"])
 @pytest.mark.parametrize("weights, acts", list(FORMS))
-def test_graph_gemms_keep_torch_contract_and_match_the_reference(weights, acts, fast_accum, cuda_on_cpu,
-                                                                 tmp_path, monkeypatch):
+def test_graph_gemms_keep_torch_contract_and_match_the_reference(
+    weights, acts, fast_accum, cuda_on_cpu, tmp_path, monkeypatch
+):
     torch.manual_seed(0)
     model = BiasAndNoBias().to(torch.bfloat16)
     x = torch.randn(6, IN, dtype=torch.bfloat16)  # 6 rows: the block form pads them to a multiple of 4
     cap = Capture()
     torch.compile(model, backend=cap)(x)
     gm, inputs = cap.graphs[0]
-    cfg = FP8Config.from_kwargs(quantization="fp8",
-                                quantization_config=_config(weights, acts, fast_accum, tmp_path, model, x))
+    cfg = FP8Config.from_kwargs(
+        quantization="fp8", quantization_config=_config(weights, acts, fast_accum, tmp_path, model, x)
+    )
 
     reference, _ = compile_stored(gm, inputs, cfg)
     _, report = compile_stored(gm, inputs, cfg, lowering="cuda")
@@ -99,20 +107,21 @@ def test_graph_gemms_keep_torch_contract_and_match_the_reference(weights, acts, 
     recipe = FORMS[weights, acts]
     assert [c.recipe for c in stand_in.calls] == [recipe, recipe]
     exact = recipe.startswith("block") or not fast_accum  # the block-wise GEMM always runs exact
-    assert [c.use_fast_accum for c in stand_in.calls] == [not exact] * 2, \
+    assert [c.use_fast_accum for c in stand_in.calls] == [not exact] * 2, (
         "the GEMM's accumulation must be the configured one"
+    )
     assert sorted(c.bias_dtype is not None for c in stand_in.calls) == [False, True] or recipe != "rowwise"
     entries = [e for e in report.entries if e.action == "fp8"]
     assert len(entries) == 2
-    assert all(("exact accumulation" in e.reason) == (exact and not recipe.startswith("block"))
-               for e in entries)
+    assert all(("exact accumulation" in e.reason) == (exact and not recipe.startswith("block")) for e in entries)
     # bf16 GEMM outputs against the reference's fp32 ones: a few bf16 ulps
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert torch.isfinite(got).all() and got.abs().max() > 0
 
 
-def test_block_weights_with_static_activations_run_the_block_gemm_through_the_opaque_op(cuda_on_cpu, tmp_path,
-                                                                                      monkeypatch):
+def test_block_weights_with_static_activations_run_the_block_gemm_through_the_opaque_op(
+    cuda_on_cpu, tmp_path, monkeypatch
+):
     """Block weights with a calibrated per-tensor activation scale: the graph keeps fx_fp8's op (the
     report says so), and its eager call runs the block-wise torch._scaled_mm with that scale for every
     1x128 group, rather than failing there and switching every block linear of the device to the
@@ -123,8 +132,9 @@ def test_block_weights_with_static_activations_run_the_block_gemm_through_the_op
     cap = Capture()
     torch.compile(model, backend=cap)(x)
     gm, inputs = cap.graphs[0]
-    cfg = FP8Config.from_kwargs(quantization="fp8",
-                                quantization_config=_config("block", "static", True, tmp_path, model, x))
+    cfg = FP8Config.from_kwargs(
+        quantization="fp8", quantization_config=_config("block", "static", True, tmp_path, model, x)
+    )
     reference, _ = compile_stored(gm, inputs, cfg)
     _, report = compile_stored(gm, inputs, cfg, lowering="cuda")
     cuda_gm, cuda_inputs = cuda_on_cpu[-1]
@@ -171,9 +181,18 @@ def test_every_form_keeps_torch_contract(weights, acts, monkeypatch):
     for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
         for fast_accum in (True, False):
             for bias in (None, b.to(out_dtype)):
-                got = cuda_mod.LOWERING.scaled_mm(xq, xs, wq, ws, bias, method="fp8", weight_granularity=weights,
-                                                  weight_block=block or (128, 128), out_dtype=out_dtype,
-                                                  fast_accum=fast_accum)
+                got = cuda_mod.LOWERING.scaled_mm(
+                    xq,
+                    xs,
+                    wq,
+                    ws,
+                    bias,
+                    method="fp8",
+                    weight_granularity=weights,
+                    weight_block=block or (128, 128),
+                    out_dtype=out_dtype,
+                    fast_accum=fast_accum,
+                )
                 assert got.dtype == out_dtype
                 torch.testing.assert_close(got.float(), exact + (b if bias is not None else 0), rtol=1e-2, atol=2e-2)
                 flags.append(fast_accum and weights != "block")  # the block-wise GEMM always runs exact
@@ -188,13 +207,18 @@ def _operands(m=8, k=64, n=32):
     return a, b
 
 
-@pytest.mark.parametrize("break_it, message", [
-    (lambda a, b, sa, sb: (a, b, sb.reshape(-1, 1), sa.reshape(1, -1)),
-     "invalid scaling configuration"),   # the activation and weight scale shapes swapped
-    (lambda a, b, sa, sb: (a, b.contiguous(), sa, sb), "column-major"),
-    (lambda a, b, sa, sb: (a, b, sa.double(), sb), "float32"),
-    (lambda a, b, sa, sb: (a, b, sa, sb.reshape(-1, 1)), "invalid scaling configuration"),
-])
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (
+            lambda a, b, sa, sb: (a, b, sb.reshape(-1, 1), sa.reshape(1, -1)),
+            "invalid scaling configuration",
+        ),  # the activation and weight scale shapes swapped
+        (lambda a, b, sa, sb: (a, b.contiguous(), sa, sb), "column-major"),
+        (lambda a, b, sa, sb: (a, b, sa.double(), sb), "float32"),
+        (lambda a, b, sa, sb: (a, b, sa, sb.reshape(-1, 1)), "invalid scaling configuration"),
+    ],
+)
 def test_the_stand_in_refuses_what_cuda_refuses(break_it, message):
     torch.manual_seed(0)
     a, b = _operands()
@@ -230,5 +254,9 @@ def test_the_stand_in_computes_what_the_scales_say():
     torch.testing.assert_close(ScaledMM()(a, b, sa, sb, None, None, torch.float32, False), want.float())
     # and the CPU torch._scaled_mm agrees where it takes the recipe (tensor-wise)
     s = torch.tensor(0.5)
-    torch.testing.assert_close(ScaledMM()(a, b, s, s, None, None, torch.float32, False),
-                               torch._scaled_mm(a, b, s, s, out_dtype=torch.float32), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        ScaledMM()(a, b, s, s, None, None, torch.float32, False),
+        torch._scaled_mm(a, b, s, s, out_dtype=torch.float32),
+        rtol=1e-5,
+        atol=1e-4,
+    )

@@ -3,6 +3,7 @@ without register spills and without ptxas serializing its wgmmas, checked on CPU
 GPU target without a GPU, and the ptxas Triton ships reports registers, spill stores and serialization
 (`ptxas -v`). The measurements behind the config lists are in triton_fp8_attention's comment; this keeps
 them true as the kernel changes."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,11 @@ def _cases():
     for d, configs in POINTER_CONFIGS.items():  # the pointer path serves sm89 (sm90 loads through TMA)
         out += [pytest.param(d, c, 89, False, None, id=f"ptr-sm89-d{d}-{'x'.join(map(str, c))}") for c in configs]
     for name, (table, pv_keys) in TILE_CANDIDATES.items():  # the tiles a GPU run measures against the default
-        out += [pytest.param(d, c, 90, True, pv_keys, id=f"{name}-sm90-d{d}-{'x'.join(map(str, c))}")
-                for d, configs in table.items() for c in configs]
+        out += [
+            pytest.param(d, c, 90, True, pv_keys, id=f"{name}-sm90-d{d}-{'x'.join(map(str, c))}")
+            for d, configs in table.items()
+            for c in configs
+        ]
     return out
 
 
@@ -48,11 +52,14 @@ def test_autotune_config_does_not_spill(d, config, arch, tma, pv_keys, tmp_path)
         pytest.skip("no ptxas in this Triton install")
     bm, bn, warps, stages = config
     for flags in (dict(lse=False), dict(), dict(bias=True, lse=False), dict(bias=True)):  # every flag combination
-        kernel = triton_compile.compile_attention(d, bm, bn, warps, stages, arch=arch, tma=bool(tma), pv_keys=pv_keys,
-                                                  q_tma=tma == "q", **flags)
+        kernel = triton_compile.compile_attention(
+            d, bm, bn, warps, stages, arch=arch, tma=bool(tma), pv_keys=pv_keys, q_tma=tma == "q", **flags
+        )
         regs, spill = _spills(kernel, arch, tmp_path)
-        assert spill == 0, f"{config} at D={d} on sm{arch} ({'TMA' if tma else 'pointers'}, {flags}): " \
-                           f"{regs} registers, {spill} bytes of spill stores"
+        assert spill == 0, (
+            f"{config} at D={d} on sm{arch} ({'TMA' if tma else 'pointers'}, {flags}): "
+            f"{regs} registers, {spill} bytes of spill stores"
+        )
 
 
 def _quant_cases():
@@ -60,12 +67,14 @@ def _quant_cases():
     # (q_block 128, kv_block 256) at both head dims, and the per-head / per-tensor passes
     cases = []
     for d in (128, 64):
-        cases += [(128, d, 0, False, True, True, False),    # Q, block scales, with the LSE smoothing term
-                  (256, d, 0, True, True, False, False),    # K, smoothed and rotated
-                  (256, d, 0, False, False, False, True),   # V, transposed
-                  (128, d, 1, True, True, False, False),    # amax pass (per-head / per-tensor)
-                  (128, d, 2, False, True, True, False),    # cast pass
-                  (128, d, 2, False, False, False, True)]
+        cases += [
+            (128, d, 0, False, True, True, False),  # Q, block scales, with the LSE smoothing term
+            (256, d, 0, True, True, False, False),  # K, smoothed and rotated
+            (256, d, 0, False, False, False, True),  # V, transposed
+            (128, d, 1, True, True, False, False),  # amax pass (per-head / per-tensor)
+            (128, d, 2, False, True, True, False),  # cast pass
+            (128, d, 2, False, False, False, True),
+        ]
     return [pytest.param(*c, id="-".join(map(str, c))) for c in cases]
 
 
@@ -76,14 +85,34 @@ def test_quantization_kernel_does_not_spill(block, d, mode, smooth, hadamard, do
     from fx_fp8.ops.triton_quant import _launch_config, _quant_kernel
 
     rows, one_pass, warps = _launch_config(block, d, hadamard, dot=dot)
-    cons = dict(D=d, ROWS=rows, MODE=mode, ONE_PASS=one_pass, SMOOTH=smooth, HADAMARD=hadamard, DOT=dot,
-                TRANSPOSE=transpose, EXACT_CAST=False, stride_d=1)  # the JIT specialises a unit stride
-    types = {"x_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
-             "amax_ptr": "*fp32", "dvec_ptr": "*fp32", "dot_ptr": "*fp32"}
+    cons = dict(
+        D=d,
+        ROWS=rows,
+        MODE=mode,
+        ONE_PASS=one_pass,
+        SMOOTH=smooth,
+        HADAMARD=hadamard,
+        DOT=dot,
+        TRANSPOSE=transpose,
+        EXACT_CAST=False,
+        stride_d=1,
+    )  # the JIT specialises a unit stride
+    types = {
+        "x_ptr": "*bf16",
+        "mean_ptr": "*fp32",
+        "had_ptr": "*fp16",
+        "out_ptr": "*fp8e4nv",
+        "scale_ptr": "*fp32",
+        "amax_ptr": "*fp32",
+        "dvec_ptr": "*fp32",
+        "dot_ptr": "*fp32",
+    }
     kernel = triton_compile.compile_for_sm90(_quant_kernel, cons, types, num_warps=warps)
     regs, spill = _spills(kernel, 90, tmp_path)
-    assert spill == 0, f"{rows} rows x {d} ({'one pass' if one_pass else 'two passes'}, {warps} warps): " \
-                       f"{regs} registers, {spill} bytes of spill stores"
+    assert spill == 0, (
+        f"{rows} rows x {d} ({'one pass' if one_pass else 'two passes'}, {warps} warps): "
+        f"{regs} registers, {spill} bytes of spill stores"
+    )
 
 
 def _w8a16_cases():
@@ -113,13 +142,17 @@ def test_weight_only_kernel_does_not_spill(config, tmp_path):
         assert spill == 0, f"{config} ({storage}): {regs} registers, {spill} bytes of spill stores"
         if fma:
             ptx = kernel.asm["ptx"]
-            assert not re.search(r"ld\.global(\.\w+)*\.[bu]8\b", ptx), f"{config} ({storage}): weights read byte by byte"
+            assert not re.search(r"ld\.global(\.\w+)*\.[bu]8\b", ptx), (
+                f"{config} ({storage}): weights read byte by byte"
+            )
             assert re.search(r"ld\.global(\.\w+)*\.v[24]\.b32", ptx), f"{config} ({storage}): no vector loads"
 
 
 @pytest.mark.parametrize("d", [128, 64])
-@pytest.mark.parametrize("hadamard,smooth,dot,transpose", [(True, True, True, True), (True, True, False, True),
-                                                           (False, False, False, True), (True, False, True, False)])
+@pytest.mark.parametrize(
+    "hadamard,smooth,dot,transpose",
+    [(True, True, True, True), (True, True, False, True), (False, False, False, True), (True, False, True, False)],
+)
 def test_qkv_one_launch_kernel_does_not_spill(d, hadamard, smooth, dot, transpose, tmp_path):
     """The one-launch Q / K / V quantization (block scales, the default 128-row Q and 256-row K / V blocks)
     holds its largest branch without spills at the warps prepare_qkv launches it with."""
@@ -130,12 +163,38 @@ def test_qkv_one_launch_kernel_does_not_spill(d, hadamard, smooth, dot, transpos
     q_rows, q_one, _ = _launch_config(128, d, hadamard, False)  # the one launch takes 32-row steps
     k_rows, k_one, _ = _launch_config(256, d, hadamard, False)
     v_rows, v_one, _ = _launch_config(256, d, False, False)
-    cons = dict(D=d, Q_ROWS=q_rows, Q_ONE_PASS=q_one, K_ROWS=k_rows, K_ONE_PASS=k_one, V_ROWS=v_rows, V_ONE_PASS=v_one,
-                SMOOTH_K=smooth, HADAMARD=hadamard, DOT=dot, TRANSPOSE_V=transpose, EXACT_CAST=False,
-                q_sd=1, k_sd=1, v_sd=1)  # the JIT specialises unit strides
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "mean_ptr": "*fp32", "had_ptr": "*fp16",
-             "qo_ptr": "*fp8e4nv", "ko_ptr": "*fp8e4nv", "vo_ptr": "*fp8e4nv", "sq_ptr": "*fp32", "sk_ptr": "*fp32",
-             "sv_ptr": "*fp32", "dvec_ptr": "*fp32", "dot_ptr": "*fp32"}
+    cons = dict(
+        D=d,
+        Q_ROWS=q_rows,
+        Q_ONE_PASS=q_one,
+        K_ROWS=k_rows,
+        K_ONE_PASS=k_one,
+        V_ROWS=v_rows,
+        V_ONE_PASS=v_one,
+        SMOOTH_K=smooth,
+        HADAMARD=hadamard,
+        DOT=dot,
+        TRANSPOSE_V=transpose,
+        EXACT_CAST=False,
+        q_sd=1,
+        k_sd=1,
+        v_sd=1,
+    )  # the JIT specialises unit strides
+    types = {
+        "q_ptr": "*bf16",
+        "k_ptr": "*bf16",
+        "v_ptr": "*bf16",
+        "mean_ptr": "*fp32",
+        "had_ptr": "*fp16",
+        "qo_ptr": "*fp8e4nv",
+        "ko_ptr": "*fp8e4nv",
+        "vo_ptr": "*fp8e4nv",
+        "sq_ptr": "*fp32",
+        "sk_ptr": "*fp32",
+        "sv_ptr": "*fp32",
+        "dvec_ptr": "*fp32",
+        "dot_ptr": "*fp32",
+    }
     kernel = triton_compile.compile_for_sm90(_qkv_block_kernel, cons, types, num_warps=QKV_WARPS)
     regs, spill = _spills(kernel, 90, tmp_path)
     assert spill == 0, f"D {d} ({cons}): {regs} registers, {spill} bytes of spill stores"

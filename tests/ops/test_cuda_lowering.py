@@ -1,5 +1,6 @@
 """The CUDA lowering: its decisions and argument building on CPU (fake CUDA tensors), its kernels on a GPU
 (marked cuda, skipped without one). The Triton kernels' numerics run on CPU in test_triton_interpret.py."""
+
 from __future__ import annotations
 
 import math
@@ -65,6 +66,7 @@ def test_cpu_tensors_are_refused_with_reason():
 
 def test_attention_reasons_on_hopper(hopper):
     import triton  # noqa: F401  a test dependency (pyproject [test]); must not skip silently
+
     low = get_lowering("cuda")
     q, q80 = fake_cuda((1, 2, 64, 128), (1, 2, 64, 80))
     assert low.attention_reason(q, q, q, ATT) is None
@@ -103,8 +105,9 @@ def test_kernel_choice(hopper):
     low = get_lowering("cuda")
     (q,) = fake_cuda((1, 2, 64, 128))
     kernel, how = low.attention_kernel(q, q, q, ATT)  # fake CUDA tensors: no GPU name, so no tune table
-    assert kernel == "triton" and how.startswith("Triton FP8 kernel (attention.kernel: auto; not measured on this "
-                                                 "GPU (fx-fp8 tune)"), how
+    assert kernel == "triton" and how.startswith(
+        "Triton FP8 kernel (attention.kernel: auto; not measured on this GPU (fx-fp8 tune)"
+    ), how
     assert low.attention_kernel(q, q, q, att(kernel="triton"), need_lse=True) == ("triton", "Triton FP8 kernel, LSE")
     assert low.attention_kernel(q, q, q, att(kernel="cudnn", granularity="tensor"))[0] == "cudnn"
     assert resolve_kernel("auto") == "triton"  # see cudnn_attention's SQNR table (test_cuda_cudnn.py)
@@ -150,9 +153,20 @@ def test_linear_reasons(hopper):
     assert "input dtype" in low.linear_reason(x_int, w, QCFG)
 
 
-@pytest.mark.parametrize("shape,ok", [((2, 1, 1, 77), True), ((77,), True), ((2, 77), False), ((1, 3, 1, 77), True),
-                                      ((1, 1, 50, 77), False), ((3, 1, 1, 77), False), ((1, 1, 1, 76), False),
-                                      ((1, 1, 1, 1), True), ((1, 1, 1, 1, 77), False)])
+@pytest.mark.parametrize(
+    "shape,ok",
+    [
+        ((2, 1, 1, 77), True),
+        ((77,), True),
+        ((2, 77), False),
+        ((1, 3, 1, 77), True),
+        ((1, 1, 50, 77), False),
+        ((3, 1, 1, 77), False),
+        ((1, 1, 1, 76), False),
+        ((1, 1, 1, 1), True),
+        ((1, 1, 1, 1, 77), False),
+    ],
+)
 def test_key_padding_mask_shapes(shape, ok):
     assert is_key_padding_mask(shape, b=2, h=3, s_k=77) is ok
 
@@ -175,11 +189,25 @@ def test_key_bias_from_bool_and_float_masks():
 
 def test_cuda_attention_on_cpu_tensors_raises_clearly():
     import triton  # noqa: F401  a test dependency (pyproject [test]); must not skip silently
+
     q = torch.randn(1, 1, 16, 64)
     with pytest.raises(RuntimeError, match="lowering='reference'"):
-        get_lowering("cuda").attention(q, q, q, attn_mask=None, softmax_scale=0.125, granularity="block", q_block=128,
-                                       kv_block=256, hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0,
-                                       kernel="auto", return_lse=False)
+        get_lowering("cuda").attention(
+            q,
+            q,
+            q,
+            attn_mask=None,
+            softmax_scale=0.125,
+            granularity="block",
+            q_block=128,
+            kv_block=256,
+            hadamard=True,
+            smooth_k=True,
+            quantize_p=True,
+            p_scale=448.0,
+            kernel="auto",
+            return_lse=False,
+        )
 
 
 def test_autotune_configs_divide_the_key_tile():
@@ -197,15 +225,19 @@ def test_autotune_configs_divide_the_key_tile():
 # -- CPU: GEMM argument building ------------------------------------------------------
 def _cpp_blockwise_1x128(t, scale) -> bool:
     """is_blockwise_1x128_scaling of aten/src/ATen/native/cuda/ScaledBlas.cpp, transcribed."""
+
     def size_stride(dim, size, stride):
         return scale.size(dim) == size and (size <= 1 or scale.stride(dim) == stride)
+
     return scale.dim() == 2 and size_stride(0, t.size(0), 1) and size_stride(1, -(-t.size(1) // 128), t.size(0))
 
 
 def _cpp_blockwise_128x128(t, scale) -> bool:
     """is_blockwise_128x128_scaling of ScaledBlas.cpp, transcribed."""
+
     def size_stride(dim, size, stride):
         return scale.size(dim) == size and (size <= 1 or scale.stride(dim) == stride)
+
     kb = -(-t.size(1) // 128)
     return scale.dim() == 2 and size_stride(0, -(-t.size(0) // 128), kb) and size_stride(1, kb, 1)
 
@@ -214,16 +246,22 @@ def _cpp_blockwise_128x128(t, scale) -> bool:
 def test_blockwise_scale_layout_is_what_scaled_mm_accepts(m, k, n):
     xq = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
     wq = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
-    xs = torch.rand(m, -(-k // 128))                  # quant.quantize_per_group's layout
-    ws = torch.rand(-(-n // 128), -(-k // 128))       # quant.quantize_weight("block", (128, 128))
+    xs = torch.rand(m, -(-k // 128))  # quant.quantize_per_group's layout
+    ws = torch.rand(-(-n // 128), -(-k // 128))  # quant.quantize_weight("block", (128, 128))
     sa, sb = blockwise_scale_args(xs, ws)
     assert torch.equal(sa, xs) and torch.equal(sb.t(), ws)
     # ScaledBlas.cpp: (a, scale_a) is 1x128 and (b^T, scale_b^T) is 128x128, with these strides
     assert _cpp_blockwise_1x128(xq, sa)
     assert _cpp_blockwise_128x128(wq.t().t(), sb.t())
     with FakeTensorMode() as mode:  # and torch's meta function takes the shapes
-        out = torch._scaled_mm(mode.from_tensor(xq), mode.from_tensor(wq).t(), scale_a=mode.from_tensor(sa),
-                               scale_b=mode.from_tensor(sb), out_dtype=torch.bfloat16, use_fast_accum=True)
+        out = torch._scaled_mm(
+            mode.from_tensor(xq),
+            mode.from_tensor(wq).t(),
+            scale_a=mode.from_tensor(sa),
+            scale_b=mode.from_tensor(sb),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+        )
         assert out.shape == (m, n)
 
 
@@ -245,8 +283,9 @@ def test_block_fallback_warns_once_and_matches_reference(ada):
     xq, xs = quant.quantize_per_group(x, 128)
     wq, ws = quant.quantize_weight(w, "block", (128, 128))
     low = CudaLowering()
-    kw = dict(method="fp8", weight_granularity="block", weight_block=(128, 128), out_dtype=torch.float32,
-              fast_accum=True)
+    kw = dict(
+        method="fp8", weight_granularity="block", weight_block=(128, 128), out_dtype=torch.float32, fast_accum=True
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = low.scaled_mm(xq, xs, wq, ws, bias, **kw)
@@ -269,20 +308,24 @@ def _cpu_scaled_mm_takes_row_scales() -> bool:
     return True
 
 
-@pytest.mark.parametrize("xg,wg", [("token", "channel"), ("tensor", "tensor"), ("tensor", "channel"),
-                                   ("token", "tensor")])
+@pytest.mark.parametrize(
+    "xg,wg", [("token", "channel"), ("tensor", "tensor"), ("tensor", "channel"), ("token", "tensor")]
+)
 def test_scaled_mm_scale_layouts_on_cpu(xg, wg):
     """The row-wise / tensor-wise _scaled_mm calls (CPU has both from torch 2.13) against the reference."""
     if (xg, wg) != ("tensor", "tensor") and not _cpu_scaled_mm_takes_row_scales():
-        pytest.skip(f"torch {torch.__version__}'s CPU _scaled_mm has no row-wise scaling "
-                    "(test_scaled_mm_matches_reference checks it on a GPU)")
+        pytest.skip(
+            f"torch {torch.__version__}'s CPU _scaled_mm has no row-wise scaling "
+            "(test_scaled_mm_matches_reference checks it on a GPU)"
+        )
     torch.manual_seed(0)
     x, w, bias = torch.randn(64, 256), torch.randn(128, 256) / 16, torch.randn(128).bfloat16()
     xq, xs = quant.quantize_activation(x, xg)
     wq, ws = quant.quantize_weight(w, wg)
     out = scaled_mm(xq, xs, wq, ws, bias, torch.bfloat16, fast_accum=True)
-    ref = get_lowering("reference").scaled_mm(xq, xs, wq, ws, bias, method="fp8", weight_granularity=wg,
-                                              weight_block=None, out_dtype=torch.bfloat16)
+    ref = get_lowering("reference").scaled_mm(
+        xq, xs, wq, ws, bias, method="fp8", weight_granularity=wg, weight_block=None, out_dtype=torch.bfloat16
+    )
     assert out.shape == (64, 128) and out.dtype == torch.bfloat16
     assert rel(out, ref) < 5e-3  # bias fused before the bf16 rounding here, added after it in the reference
 
@@ -334,8 +377,7 @@ def test_small_m_candidates_keep_the_old_tile_and_fit_every_fma_tile(m, bc):
             assert bm >= m and (bc is None or bc % bk == 0)
     fma = [c for c in cands if c[3]]
     assert bool(fma) == (m <= 8 and bc != 48)  # 48-column groups: no power-of-two FMA step fits them
-    pruned = t._prune_small_m(t._w8a16_small_m_tuned.configs, {"M": m}, BLOCK_COLS=bc or 1,
-                              SCALE_MODE=2 if bc else 1)
+    pruned = t._prune_small_m(t._w8a16_small_m_tuned.configs, {"M": m}, BLOCK_COLS=bc or 1, SCALE_MODE=2 if bc else 1)
     assert sorted(t.candidate_of(c) for c in pruned) == sorted(cands)
 
 
@@ -371,8 +413,19 @@ def _qkv(b, h, s, d, seed=0):
 
 
 def _attn_kw(d, mask=None, **over):
-    kw = dict(attn_mask=mask, softmax_scale=1 / math.sqrt(d), granularity="block", q_block=128, kv_block=256,
-              hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0, kernel="auto", return_lse=False)
+    kw = dict(
+        attn_mask=mask,
+        softmax_scale=1 / math.sqrt(d),
+        granularity="block",
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        kernel="auto",
+        return_lse=False,
+    )
     kw.update(over)
     return kw
 
@@ -414,7 +467,7 @@ def test_attention_error_stays_within_1_5x_of_the_reference_at_every_length(s, d
     mask = None
     if masked:  # a key-padding mask: the last tenth of the keys
         mask = torch.ones(1, 1, 1, s, dtype=torch.bool, device="cuda")
-        mask[..., s - s // 10:] = False
+        mask[..., s - s // 10 :] = False
     exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
     kw = _attn_kw(d, mask)
     out = get_lowering("cuda").attention(q, k, v, **kw)
@@ -433,10 +486,12 @@ def test_both_load_paths_agree(use_tma):
     if use_tma and not tma_available(torch.device("cuda")):
         pytest.skip("no TMA on this GPU / Triton")
     q, k, v = _qkv(1, 4, 3000, 128)
-    pre = triton_quant.prepare_qkv(q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True,
-                                   smooth_k=True)
-    out = fp8_flash_attention(*pre[:6], s_q=3000, s_k=3000, softmax_scale=128 ** -0.5, q_block=128, kv_block=256,
-                              use_tma=use_tma)
+    pre = triton_quant.prepare_qkv(
+        q, k, v, granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True
+    )
+    out = fp8_flash_attention(
+        *pre[:6], s_q=3000, s_k=3000, softmax_scale=128**-0.5, q_block=128, kv_block=256, use_tma=use_tma
+    )
     ref = get_lowering("reference").attention(q, k, v, **_attn_kw(128))
     assert rel(out, ref) < 3e-2
 
@@ -468,9 +523,16 @@ def test_gpu_quantization_kernels_match_reference():
             assert torch.allclose(a, r, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("method,granularity,block", [("fp8", "channel", None), ("fp8", "tensor", None),
-                                                      ("fp8", "block", (128, 128)), ("int8", "channel", None),
-                                                      ("int8", "tensor", None)])
+@pytest.mark.parametrize(
+    "method,granularity,block",
+    [
+        ("fp8", "channel", None),
+        ("fp8", "tensor", None),
+        ("fp8", "block", (128, 128)),
+        ("int8", "channel", None),
+        ("int8", "tensor", None),
+    ],
+)
 @pytest.mark.parametrize("m", [8, 300])
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -484,8 +546,9 @@ def test_scaled_mm_matches_reference(method, granularity, block, m):
     xq, xs = quant.quantize_activation(x, act, method, block[1] if block else None)
     low, ref_low = CudaLowering(), get_lowering("reference")
     for fast in (True, False):
-        kw = dict(method=method, weight_granularity=granularity, weight_block=block, out_dtype=torch.bfloat16,
-                  fast_accum=fast)
+        kw = dict(
+            method=method, weight_granularity=granularity, weight_block=block, out_dtype=torch.bfloat16, fast_accum=fast
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # sm90: the blockwise GEMM runs, no fallback warning
             if torch.cuda.get_device_capability()[0] != 9:
@@ -513,16 +576,16 @@ def test_fused_weight_only_kernel_on_gpu(method, granularity, block, m):
     low = CudaLowering()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fused kernel runs: no fallback warning
-        out = low.weight_only_linear(x, wq, ws, bias, method=method, weight_granularity=granularity,
-                                     weight_block=block)
+        out = low.weight_only_linear(x, wq, ws, bias, method=method, weight_granularity=granularity, weight_block=block)
     exact = x.double() @ quant.dequantize_weight(wq, ws, granularity, block).double().t() + bias.double()
     ref = F.linear(x, quant.dequantize_weight(wq, ws, granularity, block).to(x.dtype), bias)
     assert out.shape == (m, 1000) and out.dtype == torch.bfloat16
     assert rel(out, exact) < 4e-3 and rel(out, exact) <= 1.05 * rel(ref, exact) + 1e-4
 
 
-@pytest.mark.parametrize("granularity,block,method", [("block", (1, 32), "int8"), ("channel", None, "fp8"),
-                                                     ("block", (128, 128), "fp8")])
+@pytest.mark.parametrize(
+    "granularity,block,method", [("block", (1, 32), "int8"), ("channel", None, "fp8"), ("block", (128, 128), "fp8")]
+)
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_every_small_m_candidate_and_the_tuned_pick_on_gpu(granularity, block, method):
@@ -561,19 +624,31 @@ def test_every_small_m_candidate_and_the_tuned_pick_on_gpu(granularity, block, m
 def _flux_head_dim_64():
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
-    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
-                                             attention_head_dim=64, num_attention_heads=2, joint_attention_dim=128,
-                                             pooled_projection_dim=128, axes_dims_rope=(16, 24, 24))
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=64,
+        num_attention_heads=2,
+        joint_attention_dim=128,
+        pooled_projection_dim=128,
+        axes_dims_rope=(16, 24, 24),
+    )
     model = model.to("cuda", torch.bfloat16).eval()
     img, txt = 256, 32
     g = torch.Generator(device="cuda").manual_seed(0)
-    kwargs = dict(hidden_states=torch.randn(1, img, 64, device="cuda", generator=g, dtype=torch.bfloat16),
-                  encoder_hidden_states=torch.randn(1, txt, 128, device="cuda", generator=g, dtype=torch.bfloat16),
-                  pooled_projections=torch.randn(1, 128, device="cuda", generator=g, dtype=torch.bfloat16),
-                  timestep=torch.full((1,), 0.5, device="cuda", dtype=torch.bfloat16),
-                  img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(16.0), torch.arange(16.0),
-                                                     indexing="ij"), -1).reshape(-1, 3).cuda(),
-                  txt_ids=torch.zeros(txt, 3, device="cuda"), return_dict=False)
+    kwargs = dict(
+        hidden_states=torch.randn(1, img, 64, device="cuda", generator=g, dtype=torch.bfloat16),
+        encoder_hidden_states=torch.randn(1, txt, 128, device="cuda", generator=g, dtype=torch.bfloat16),
+        pooled_projections=torch.randn(1, 128, device="cuda", generator=g, dtype=torch.bfloat16),
+        timestep=torch.full((1,), 0.5, device="cuda", dtype=torch.bfloat16),
+        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(16.0), torch.arange(16.0), indexing="ij"), -1)
+        .reshape(-1, 3)
+        .cuda(),
+        txt_ids=torch.zeros(txt, 3, device="cuda"),
+        return_dict=False,
+    )
     return model, kwargs
 
 
@@ -614,9 +689,16 @@ class _Launches:
         return lambda *args, **kw: self.calls.append((grid, {k: v for k, v in kw.items() if k.isupper()}))
 
 
-@pytest.mark.parametrize("granularity,one_launch,launches", [("block", True, (1, 0)), ("block", False, (0, 3)),
-                                                            ("block", None, (0, 3)), ("head", True, (0, 6)),
-                                                            ("tensor", True, (0, 6))])
+@pytest.mark.parametrize(
+    "granularity,one_launch,launches",
+    [
+        ("block", True, (1, 0)),
+        ("block", False, (0, 3)),
+        ("block", None, (0, 3)),
+        ("head", True, (0, 6)),
+        ("tensor", True, (0, 6)),
+    ],
+)
 def test_qkv_block_scales_in_one_launch_when_asked(granularity, one_launch, launches, monkeypatch):
     """With one_launch, Q, K and V with block scales are one launch (the three tensors' blocks in one
     grid, after K's mean); by default (ONE_LAUNCH, off until measured) three; per-head and per-tensor
@@ -627,15 +709,30 @@ def test_qkv_block_scales_in_one_launch_when_asked(granularity, one_launch, laun
     monkeypatch.setattr(tq, "_qkv_block_kernel", fused)
     monkeypatch.setattr(tq, "_quant_kernel", single)
     q, k, v = (torch.randn(2, 3, s, 64).bfloat16() for s in (300, 700, 700))
-    tq.prepare_qkv(q, k, v, granularity=granularity, q_block=128, kv_block=256, hadamard=True, smooth_k=True,
-                   lse_shift=True, one_launch=one_launch)
+    tq.prepare_qkv(
+        q,
+        k,
+        v,
+        granularity=granularity,
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        lse_shift=True,
+        one_launch=one_launch,
+    )
     assert (len(fused.calls), len(single.calls)) == launches
     if fused.calls:
-        (grid, flags), = fused.calls
+        ((grid, flags),) = fused.calls
         assert grid == (3 + 2 * 3, 6)  # ceil(300 / 128) Q blocks, ceil(700 / 256) K and V blocks, B x H
         assert flags["SMOOTH_K"] and flags["HADAMARD"] and flags["DOT"] and flags["TRANSPOSE_V"]
         # D 64: Q's 128 x 64 rotated block and V's 256 x 64 in registers, K's rotated 256 x 64 in two passes
-        assert (flags["Q_ROWS"], flags["Q_ONE_PASS"], flags["K_ONE_PASS"], flags["V_ONE_PASS"]) == (128, True, False, True)
+        assert (flags["Q_ROWS"], flags["Q_ONE_PASS"], flags["K_ONE_PASS"], flags["V_ONE_PASS"]) == (
+            128,
+            True,
+            False,
+            True,
+        )
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -649,5 +746,7 @@ def test_one_launch_prepass_writes_what_three_launches_write_on_gpu(d):
     kw = dict(granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True, lse_shift=True)
     one, three = tq.prepare_qkv(q, k, v, one_launch=True, **kw), tq.prepare_qkv(q, k, v, one_launch=False, **kw)
     for a, b in zip(one, three):
-        assert a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype == quant.FP8_DTYPE else a,
-                                                  b.view(torch.uint8) if b.dtype == quant.FP8_DTYPE else b)
+        assert a.shape == b.shape and torch.equal(
+            a.view(torch.uint8) if a.dtype == quant.FP8_DTYPE else a,
+            b.view(torch.uint8) if b.dtype == quant.FP8_DTYPE else b,
+        )

@@ -1,5 +1,6 @@
 """attention.kernel "gluon": the Gluon FP8 attention candidate is chosen only when named, on sm90, for the
 nodes it can run (no mask, no LSE, FP8 P); "auto" never picks it, whatever the measured table holds."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,13 +55,27 @@ def test_gluon_needs_hopper(monkeypatch):
 
 
 def test_auto_never_picks_gluon_even_where_a_table_says_it_is_fastest(hopper, monkeypatch):
-    row = {"gpu": "NVIDIA H200", "d": 128, "mask": False, "s_min": 1, "s_max": None, "ref_err": 0.01,
-           "baseline_ms": 5.0, "pick": "gluon",
-           "kernels": {"gluon": {"ms": 1.0, "err": 0.01}, "triton": {"ms": 4.0, "err": 0.01},
-                       "native": {"ms": 5.0, "err": 0.002}}}
+    row = {
+        "gpu": "NVIDIA H200",
+        "d": 128,
+        "mask": False,
+        "s_min": 1,
+        "s_max": None,
+        "ref_err": 0.01,
+        "baseline_ms": 5.0,
+        "pick": "gluon",
+        "kernels": {
+            "gluon": {"ms": 1.0, "err": 0.01},
+            "triton": {"ms": 4.0, "err": 0.01},
+            "native": {"ms": 5.0, "err": 0.002},
+        },
+    }
     # the tune table that applies to this device (tune_table.table_for) holds only this row
-    monkeypatch.setattr(attention_table, "rows_for", lambda device: {"bar": attention_table.BAR, "rows": [row],
-                                                                     "where": "a test's table"})
+    monkeypatch.setattr(
+        attention_table,
+        "rows_for",
+        lambda device: {"bar": attention_table.BAR, "rows": [row], "where": "a test's table"},
+    )
     monkeypatch.setattr(attention_table, "gpu_name", lambda device: "NVIDIA H200")
     (q,) = fake_cuda((1, 2, 20000, 128))
     kernel, _ = CudaLowering().attention_kernel(q, q, q, att(kernel="auto"))

@@ -6,6 +6,7 @@ for sm_90a and assembled by the ptxas Triton ships: no spills, the partitions' r
 producer warp (12 warps), its wgmmas (QK^T from shared memory, P @ V with P in registers), and
 ptxas's register count at launch, and that ptxas keeps its wgmmas asynchronous. Its numerics and speed wait
 for a GPU (benchmarks/attention_kernels.py, cell `gluon`)."""
+
 from __future__ import annotations
 
 import re
@@ -25,15 +26,32 @@ def compile_gluon_attention(d: int):
     from fx_fp8.ops import gluon_fp8_attention as ga
 
     ql, kl, vl = ga.shared_layouts(d)
-    types = {"q_desc": f"tensordesc<fp8e4nv[{ga.BLOCK_M},{d}],{ql!r}>",
-             "k_desc": f"tensordesc<fp8e4nv[{ga.BLOCK_N},{d}],{kl!r}>",
-             "v_desc": f"tensordesc<fp8e4nv[{d},{ga.BLOCK_N}],{vl!r}>", "sq_ptr": "*fp32", "sk_ptr": "*fp32",
-             "sv_ptr": "*fp32", "out_ptr": "*bf16", "qk_scale": "fp32", "log2_p": "fp32"}
-    cons = dict(D=d, BLOCK_M=ga.BLOCK_M, BLOCK_N=ga.BLOCK_N, STAGES=ga.STAGES, NEW_WS_API=ga.new_warp_specialize_api(),
-                CONSUMER_REGS=ga.CONSUMER_REGS, PRODUCER_REGS=ga.PRODUCER_REGS)
+    types = {
+        "q_desc": f"tensordesc<fp8e4nv[{ga.BLOCK_M},{d}],{ql!r}>",
+        "k_desc": f"tensordesc<fp8e4nv[{ga.BLOCK_N},{d}],{kl!r}>",
+        "v_desc": f"tensordesc<fp8e4nv[{d},{ga.BLOCK_N}],{vl!r}>",
+        "sq_ptr": "*fp32",
+        "sk_ptr": "*fp32",
+        "sv_ptr": "*fp32",
+        "out_ptr": "*bf16",
+        "qk_scale": "fp32",
+        "log2_p": "fp32",
+    }
+    cons = dict(
+        D=d,
+        BLOCK_M=ga.BLOCK_M,
+        BLOCK_N=ga.BLOCK_N,
+        STAGES=ga.STAGES,
+        NEW_WS_API=ga.new_warp_specialize_api(),
+        CONSUMER_REGS=ga.CONSUMER_REGS,
+        PRODUCER_REGS=ga.PRODUCER_REGS,
+    )
     sig = {n: "constexpr" if n in cons else types.get(n, "i32") for n in ga._attn_fwd_kernel.arg_names}
-    return triton.compile(GluonASTSource(ga._attn_fwd_kernel, sig, constexprs=cons), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4))
+    return triton.compile(
+        GluonASTSource(ga._attn_fwd_kernel, sig, constexprs=cons),
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=4),
+    )
 
 
 @pytest.mark.parametrize("d", [128, 64])
@@ -65,5 +83,6 @@ def test_gluon_kernel_is_a_candidate_auto_never_picks():
 
     rows = attention_table.load_table()["rows"]  # every shipped tune table's attention rows
     assert rows
-    assert not [r for r in rows if "gluon" in r["kernels"]], \
+    assert not [r for r in rows if "gluon" in r["kernels"]], (
         "a shipped table names the Gluon kernel: auto could pick it unmeasured"
+    )

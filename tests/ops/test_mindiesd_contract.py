@@ -6,6 +6,7 @@ expect the simulator's error naming the rule (mindiesd's own ParametersInvalid
 for what its Python wrapper validates, SimulatedContractError for the kernel's
 contract). fa_block_quant_preprocess is checked by calling it directly.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,18 @@ from npu_sim.mutations import apply, drop, set_
 from npu_sim import SimulatedContractError, mindiesd_sim, torch_npu_sim  # noqa: F401  (fixtures)
 
 SD_FIA = "fused_infer_attention_score_v2"
-ATTN_KW = dict(attn_mask=None, softmax_scale=1 / math.sqrt(32), granularity="block", q_block=128, kv_block=256,
-               hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0, return_lse=False)
+ATTN_KW = dict(
+    attn_mask=None,
+    softmax_scale=1 / math.sqrt(32),
+    granularity="block",
+    q_block=128,
+    kv_block=256,
+    hadamard=True,
+    smooth_k=True,
+    quantize_p=True,
+    p_scale=448.0,
+    return_lse=False,
+)
 
 
 def qkv(b=2, s=150, d=32, dtype=torch.bfloat16):
@@ -68,12 +79,17 @@ VIOLATIONS = {
     "num_query_heads as a tensor": (set_("num_query_heads", torch.tensor(2)), "heads"),
     "bf16 value beside FP8 query/key": (apply("value", lambda t: t.to(torch.bfloat16)), "dtype"),
     # the kernel (torch.ops.mindiesd.fused_infer_attention_score_v2)
-    "P scale passed as quant_scale_p (the wrapper drops it)": (_rename("quant_scale1", "quant_scale_p"),
-                                                               "quant-scale-p-missing"),
+    "P scale passed as quant_scale_p (the wrapper drops it)": (
+        _rename("quant_scale1", "quant_scale_p"),
+        "quant-scale-p-missing",
+    ),
     "P scale below 1": (apply("quant_scale1", lambda t: t / 1000), "quant-scale-p"),
     "MXFP8 quant modes": (lambda kw: kw.update(query_quant_mode=6, key_quant_mode=6, value_quant_mode=8), "quant-mode"),
     "missing dequant_scale_key": (drop("dequant_scale_key"), "dequant-scale-missing"),
-    "K scale per 128 rows": (apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)), "dequant-scale-shape"),
+    "K scale per 128 rows": (
+        apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)),
+        "dequant-scale-shape",
+    ),
     "bf16 Q scale": (apply("dequant_scale_query", lambda t: t.to(torch.bfloat16)), "dequant-scale-dtype"),
     "mask": (set_("atten_mask", torch.zeros(150, 150, dtype=torch.bool)), "mask-unsupported"),
     "log-sum-exp asked": (set_("return_softmax_lse", True), "lse-unsupported"),
@@ -81,8 +97,10 @@ VIOLATIONS = {
     "missing out_dtype": (drop("out_dtype"), "out-dtype"),
     "softmax_scale left at the default": (drop("softmax_scale"), "softmax-scale-default"),
     "an argument the schema does not have": (set_("d_scale_q", 1.0), "unknown-argument"),
-    "BSND-ordered memory under a BNSD label": (apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
-                                               "contiguous"),
+    "BSND-ordered memory under a BNSD label": (
+        apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
+        "contiguous",
+    ),
 }
 
 
@@ -117,6 +135,7 @@ def test_fa_block_quant_preprocess_rules(mindiesd_sim, torch_npu_sim):
 
 def test_batches_are_quantized_one_sample_at_a_time(mindiesd_sim, monkeypatch):
     """Calling fa_block_quant_preprocess on the whole batch is the violation the lowering avoids."""
+
     def whole_batch(fa_block_quant_preprocess, x, block, kernel_block, dst_type):
         return fa_block_quant_preprocess(x, block_size=block, dst_type=dst_type, layout="BNSD")
 

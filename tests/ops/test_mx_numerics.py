@@ -4,6 +4,7 @@ Same harness and shapes as test_attention_numerics.py (B1 H8 S1024 D128, SQNR
 in dB against float64 attention); "xN outliers" = channels 3, 17, 64, 100 of
 Q and K scaled by N. Run with -s to print the table.
 """
+
 import math
 
 import pytest
@@ -21,7 +22,7 @@ OUTLIER_CHANNELS = [3, 17, 64, 100]
 
 def sqnr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref = ref.double()
-    return 10 * math.log10(float((ref ** 2).sum() / ((ref - x.double()) ** 2).sum()))
+    return 10 * math.log10(float((ref**2).sum() / ((ref - x.double()) ** 2).sum()))
 
 
 def attention64(q, k, v):
@@ -30,10 +31,22 @@ def attention64(q, k, v):
 
 
 def fp8_attention(q, k, v, granularity, *, hadamard=True, quantize_p=True):
-    return torch.ops.fx_fp8.fp8_attention(q, k, v, None, 1 / math.sqrt(q.shape[-1]), granularity=granularity,
-                                          q_block=128, kv_block=256, hadamard=hadamard, smooth_k=True,
-                                          quantize_p=quantize_p, p_scale=448.0, attention_kernel="auto",
-                                          lowering="reference")
+    return torch.ops.fx_fp8.fp8_attention(
+        q,
+        k,
+        v,
+        None,
+        1 / math.sqrt(q.shape[-1]),
+        granularity=granularity,
+        q_block=128,
+        kv_block=256,
+        hadamard=hadamard,
+        smooth_k=True,
+        quantize_p=quantize_p,
+        p_scale=448.0,
+        attention_kernel="auto",
+        lowering="reference",
+    )
 
 
 def with_outliers(x, factor):
@@ -58,11 +71,15 @@ def table(qkv):
         ref = attention64(qo, ko, v)
         for granularity in ("block", "mx"):
             for hadamard in (True, False):
-                out[case, granularity, hadamard] = sqnr_db(ref, fp8_attention(qo, ko, v, granularity, hadamard=hadamard))
+                out[case, granularity, hadamard] = sqnr_db(
+                    ref, fp8_attention(qo, ko, v, granularity, hadamard=hadamard)
+                )
     lines = ["", "SQNR dB (B1 H8 S1024 D128, P quantized)  block 128/256 | mx 32, with / without Hadamard"]
     for case in ("gaussian", "x5", "x20"):
-        lines.append(f"  {case:9s} block {out[case, 'block', True]:6.2f} / {out[case, 'block', False]:6.2f}"
-                     f"   mx {out[case, 'mx', True]:6.2f} / {out[case, 'mx', False]:6.2f}")
+        lines.append(
+            f"  {case:9s} block {out[case, 'block', True]:6.2f} / {out[case, 'block', False]:6.2f}"
+            f"   mx {out[case, 'mx', True]:6.2f} / {out[case, 'mx', False]:6.2f}"
+        )
     print("\n".join(lines))
     return out
 
@@ -118,8 +135,9 @@ def test_blocks_and_round_trip():
 def test_reference_qkv_is_the_dequantized_mx_values():
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 40, 64, generator=g) for _ in range(3))
-    qq, sq, kq, sk, vq, sv = quant.prepare_qkv(q, k, v, granularity="mx", q_block=128, kv_block=256, hadamard=False,
-                                               smooth_k=False)
+    qq, sq, kq, sk, vq, sv = quant.prepare_qkv(
+        q, k, v, granularity="mx", q_block=128, kv_block=256, hadamard=False, smooth_k=False
+    )
     assert sq.shape == sk.shape == sv.shape == (1, 1, 1) and float(sq) == 1.0
     assert torch.equal(qq, mx.dequantize_mx(*mx.quantize_mx(q, -1), -1))
     assert torch.equal(vq, mx.dequantize_mx(*mx.quantize_mx(v, 2), 2))

@@ -6,6 +6,7 @@ wrap those functions to corrupt one argument and expect SimulatedContractError n
 lowering calls directly (npu_dynamic_quant, npu_dynamic_mx_quant, npu_dynamic_block_quant) are
 checked by calling them with bad arguments.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,18 @@ from npu_sim import SimulatedContractError, torch_npu_sim  # noqa: F401  (fixtur
 
 FIA = "npu_fused_infer_attention_score_v2"
 OLD_CANN = "9.0.0-beta.2"
-ATTN_KW = dict(attn_mask=None, softmax_scale=1 / math.sqrt(32), granularity="block", q_block=128, kv_block=256,
-               hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0, return_lse=False)
+ATTN_KW = dict(
+    attn_mask=None,
+    softmax_scale=1 / math.sqrt(32),
+    granularity="block",
+    q_block=128,
+    kv_block=256,
+    hadamard=True,
+    smooth_k=True,
+    quantize_p=True,
+    p_scale=448.0,
+    return_lse=False,
+)
 
 
 def qkv(b=2, s=150, d=32, dtype=torch.bfloat16):
@@ -61,11 +72,17 @@ BLOCK_VIOLATIONS = {
     # name: (edit of the kwargs, rule the simulator must name)
     "layout label disagrees with the tensors": (set_("input_layout", "BSND"), "layout-heads"),
     "unsimulated layout": (set_("input_layout", "BSH"), "layout"),
-    "BSND-ordered memory under a BNSD label": (apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), "contiguous"),
+    "BSND-ordered memory under a BNSD label": (
+        apply("query", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)),
+        "contiguous",
+    ),
     "missing dequant_scale_query": (drop("dequant_scale_query"), "dequant-scale-missing"),
     "missing dequant_scale_value": (drop("dequant_scale_value"), "dequant-scale-missing"),
     "fp32 scale without the trailing 1": (apply("dequant_scale_key", lambda t: t.squeeze(-1)), "dequant-scale-shape"),
-    "fp32 scale per 128 rows for K": (apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)), "dequant-scale-shape"),
+    "fp32 scale per 128 rows for K": (
+        apply("dequant_scale_key", lambda t: t.repeat_interleave(2, dim=2)),
+        "dequant-scale-shape",
+    ),
     "bf16 scale": (apply("dequant_scale_value", lambda t: t.to(torch.bfloat16)), "dequant-scale-dtype"),
     "softmax_scale left at the default": (drop("softmax_scale"), "softmax-scale-default"),
     "softmax_scale passed as 1.0": (set_("softmax_scale", 1.0), "softmax-scale-default"),
@@ -79,8 +96,13 @@ BLOCK_VIOLATIONS = {
     "missing out_dtype": (drop("out_dtype"), "out-dtype"),
     "float32 out_dtype": (set_("out_dtype", torch.float32), "out-dtype"),
     "wrong num_query_heads": (set_("num_query_heads", 4), "layout-heads"),
-    "head dim above 128": (lambda kw: [kw.__setitem__(n, F.pad(kw[n].view(torch.uint8), (0, 192)).view(torch.float8_e4m3fn))
-                                       for n in ("query", "key", "value")], "head-dim"),
+    "head dim above 128": (
+        lambda kw: [
+            kw.__setitem__(n, F.pad(kw[n].view(torch.uint8), (0, 192)).view(torch.float8_e4m3fn))
+            for n in ("query", "key", "value")
+        ],
+        "head-dim",
+    ),
     "SDPA mask": (set_("atten_mask", torch.zeros(150, 150, dtype=torch.bool)), "mask-unsupported"),
     "log-sum-exp asked": (set_("return_softmax_lse", True), "lse-unsupported"),
     "paged-KV block_size": (set_("block_size", 128), "unsupported-argument"),
@@ -138,11 +160,19 @@ MX_VIOLATIONS = {
     "per-batch instead of cumulative lengths": (_per_batch_lengths, "actual-seq"),
     "lengths as a device tensor": (apply("actual_seq_kvlen", lambda v: torch.tensor(v)), "actual-seq"),
     "missing e8m0 dtype tag": (drop("dequant_scale_key_dtype"), "dequant-scale-dtype"),
-    "e8m0 tag as torch.float8_e8m0fnu": (set_("dequant_scale_query_dtype", torch.float8_e8m0fnu), "dequant-scale-dtype"),
+    "e8m0 tag as torch.float8_e8m0fnu": (
+        set_("dequant_scale_query_dtype", torch.float8_e8m0fnu),
+        "dequant-scale-dtype",
+    ),
     "fp32 scales": (apply("dequant_scale_query", lambda t: t.float()), "dequant-scale-dtype"),
-    "scale pairs flattened": (apply("dequant_scale_key", lambda t: t.reshape(*t.shape[:-2], -1)), "dequant-scale-shape"),
-    "value scale blocked along D": (lambda kw: kw.__setitem__("dequant_scale_value", kw["dequant_scale_key"]),
-                                    "dequant-scale-shape"),
+    "scale pairs flattened": (
+        apply("dequant_scale_key", lambda t: t.reshape(*t.shape[:-2], -1)),
+        "dequant-scale-shape",
+    ),
+    "value scale blocked along D": (
+        lambda kw: kw.__setitem__("dequant_scale_value", kw["dequant_scale_key"]),
+        "dequant-scale-shape",
+    ),
     "value quant mode 6": (set_("value_quant_mode", 6), "quant-mode"),
     "missing quant_scale_p": (drop("quant_scale_p"), "quant-scale-p-missing"),
     "quant_scale_p below 1": (apply("quant_scale_p", lambda t: t / 1000), "quant-scale-p"),
@@ -151,7 +181,9 @@ MX_VIOLATIONS = {
     "softmax_scale left at the default": (drop("softmax_scale"), "softmax-scale-default"),
     "wrong num_query_heads": (set_("num_query_heads", 4), "layout-heads"),
     "head dim not padded to the kernel's": (
-        lambda kw: [kw.__setitem__(n, kw[n][..., :32].contiguous()) for n in ("query", "key", "value")], "head-dim"),
+        lambda kw: [kw.__setitem__(n, kw[n][..., :32].contiguous()) for n in ("query", "key", "value")],
+        "head-dim",
+    ),
     "HiFloat8 query dtype tag": (set_("query_dtype", 290), "not-simulated"),
 }
 
@@ -186,7 +218,9 @@ def test_dynamic_mx_quant_rules(torch_npu_sim):
     expect_rule("round-mode", op, x, dst_type=torch.float8_e4m3fn, round_mode="floor")
     expect_rule("input-dtype", op, x.to(torch.int32), dst_type=torch.float8_e4m3fn)
     y, s = op(x, dst_type=torch.float8_e4m3fn, axis=0)
-    assert y.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8 and s.shape == (2, 2, 64, 2)  # 96 -> 3 blocks -> 2 pairs
+    assert (
+        y.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8 and s.shape == (2, 2, 64, 2)
+    )  # 96 -> 3 blocks -> 2 pairs
     y, s = op(x, dst_type=torch_npu_sim.float8_e4m3fn, axis=-1)
     assert s.shape == (96, 2, 1, 2)
     torch_npu_sim.chip = "Ascend910B3"
@@ -217,8 +251,9 @@ def _linear_inputs(method="fp8", dtype=torch.bfloat16):
 
 def linear(x, wq, ws, b, method="fp8"):
     xq, xs = npu.LOWERING.quantize_activation(x, None, method=method, granularity="token")
-    return npu.LOWERING.scaled_mm(xq, xs, wq, ws, b, method=method, weight_granularity="channel", weight_block=None,
-                                  out_dtype=x.dtype)
+    return npu.LOWERING.scaled_mm(
+        xq, xs, wq, ws, b, method=method, weight_granularity="channel", weight_block=None, out_dtype=x.dtype
+    )
 
 
 LINEAR_VIOLATIONS = {
@@ -268,7 +303,9 @@ def test_fp8_linear_on_an_atlas_a2_is_rejected(torch_npu_sim):
 
 def test_dynamic_quant_rules(torch_npu_sim):
     x = torch.randn(4, 64).to(torch.bfloat16)
-    expect_rule("dst-type", torch_npu_sim.npu_dynamic_quant, x, dst_type=torch_npu_sim.float8_e4m3fn)  # int pseudo dtype
+    expect_rule(
+        "dst-type", torch_npu_sim.npu_dynamic_quant, x, dst_type=torch_npu_sim.float8_e4m3fn
+    )  # int pseudo dtype
     expect_rule("dst-type", torch_npu_sim.npu_dynamic_quant, x, dst_type=torch.float8_e5m2)
     expect_rule("input-dtype", torch_npu_sim.npu_dynamic_quant, x.float(), dst_type=torch.float8_e4m3fn)
     y, scale = torch_npu_sim.npu_dynamic_quant(x, dst_type=torch.float8_e4m3fn)

@@ -1,5 +1,6 @@
 """The npu lowering under the torch_npu and MindIE-SD contract simulators: which attention path,
 numerics against the CPU reference, native reasons, FP8 / INT8 linears, end to end on tiny models."""
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ NPU_OPTIONS = {"lowering": "npu", "downstream": "eager"}
 REF_OPTIONS = {"lowering": "reference", "downstream": "eager"}
 FIA = "npu_fused_infer_attention_score_v2"
 SD_FIA = "fused_infer_attention_score_v2"
-OLD_CANN = "9.0.0-beta.2"   # the last release documenting per-block FP8 attention (quant mode 7)
+OLD_CANN = "9.0.0-beta.2"  # the last release documenting per-block FP8 attention (quant mode 7)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -31,8 +32,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def attention_kwargs(**over):
-    kw = dict(attn_mask=None, softmax_scale=None, granularity="block", q_block=128, kv_block=256, hadamard=True,
-              smooth_k=True, quantize_p=True, p_scale=448.0, kernel="auto", return_lse=False)
+    kw = dict(
+        attn_mask=None,
+        softmax_scale=None,
+        granularity="block",
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        kernel="auto",
+        return_lse=False,
+    )
     kw.update(over)
     return kw
 
@@ -40,8 +52,11 @@ def attention_kwargs(**over):
 def qkv(b=1, h=2, s=200, d=32, s_k=None, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
     s_k = s if s_k is None else s_k
-    return (torch.randn(b, h, s, d, generator=g).to(dtype), torch.randn(b, h, s_k, d, generator=g).to(dtype),
-            torch.randn(b, h, s_k, d, generator=g).to(dtype))
+    return (
+        torch.randn(b, h, s, d, generator=g).to(dtype),
+        torch.randn(b, h, s_k, d, generator=g).to(dtype),
+        torch.randn(b, h, s_k, d, generator=g).to(dtype),
+    )
 
 
 def run_both(q, k, v, **over):
@@ -86,8 +101,12 @@ DECISIONS = [
     (("Ascend950PR", "9.1.0", True), {}, "mindiesd", ["MindIE-SD", "modes 7/7/7"]),
     (("Ascend950PR", OLD_CANN, True), {}, "mindiesd", ["MindIE-SD"]),
     (("Ascend950PR", OLD_CANN, False), {}, "fia_block", ["torch_npu", "modes 7/7/7", OLD_CANN]),
-    (("Ascend950PR", "9.1.0", False), {}, None, ["CANN 9.1.0 refuses", "mode 7", "mindiesd not importable",
-                                                  "granularity: mx"]),
+    (
+        ("Ascend950PR", "9.1.0", False),
+        {},
+        None,
+        ["CANN 9.1.0 refuses", "mode 7", "mindiesd not importable", "granularity: mx"],
+    ),
     (("Ascend950PR", "9.0.0-rc.1", False), {}, None, ["refuses"]),
     (("Ascend950PR", "", False), {}, None, ["CANN unknown refuses"]),  # never rely on mode 7 blindly
     (("Ascend950PR", "9.1.0", False), {"granularity": "mx"}, "fia_mx", ["MXFP8", "modes 6/6/8", "TND"]),
@@ -105,9 +124,12 @@ DECISIONS = [
 ]
 
 
-@pytest.mark.parametrize("machine, over, kernel, words", [(m, o, k, w) for m, o, k, w in DECISIONS],
-                         indirect=["machine"], ids=[f"{m[0]}-{m[1] or 'unknown'}-{'sd' if m[2] else 'nosd'}-{o}"
-                                                    for m, o, _, _ in DECISIONS])
+@pytest.mark.parametrize(
+    "machine, over, kernel, words",
+    [(m, o, k, w) for m, o, k, w in DECISIONS],
+    indirect=["machine"],
+    ids=[f"{m[0]}-{m[1] or 'unknown'}-{'sd' if m[2] else 'nosd'}-{o}" for m, o, _, _ in DECISIONS],
+)
 def test_decision_table(machine, over, kernel, words):
     q, k, v = qkv()
     cfg = AttentionQuantConfig(**over)
@@ -120,11 +142,19 @@ def test_decision_table(machine, over, kernel, words):
     assert npu.LOWERING.attention_kernel(q, k, v, cfg) == (kernel or "auto", plan.detail)
 
 
-@pytest.mark.parametrize("text, key", [
-    ("9.1.0", (9, 1, 0, 4, 0)), ("9.0.0-beta.2", (9, 0, 0, 1, 2)), ("9.0.0-rc.1", (9, 0, 0, 2, 1)),
-    ("8.3.RC1", (8, 3, 0, 2, 1)), ("9.1.0.pre", (9, 1, 0, 3, 0)), ("v8.5.0", (8, 5, 0, 4, 0)), ("", None),
-    ("garbage", None),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("9.1.0", (9, 1, 0, 4, 0)),
+        ("9.0.0-beta.2", (9, 0, 0, 1, 2)),
+        ("9.0.0-rc.1", (9, 0, 0, 2, 1)),
+        ("8.3.RC1", (8, 3, 0, 2, 1)),
+        ("9.1.0.pre", (9, 1, 0, 3, 0)),
+        ("v8.5.0", (8, 5, 0, 4, 0)),
+        ("", None),
+        ("garbage", None),
+    ],
+)
 def test_cann_version_parsing(text, key):
     assert npu_platform.parse_cann_version(text) == key
 
@@ -137,15 +167,21 @@ def test_release_order():
 
 
 def test_mode7_only_on_cann_known_to_accept_it():
-    accepts = [v for v in ("8.3.RC1", "8.5.0", "9.0.0-beta.1", OLD_CANN, "9.0.0-rc.1", "9.0.0", "9.1.0", "", "x")
-               if npu_platform.cann_accepts_mode7(v)]
+    accepts = [
+        v
+        for v in ("8.3.RC1", "8.5.0", "9.0.0-beta.1", OLD_CANN, "9.0.0-rc.1", "9.0.0", "9.1.0", "", "x")
+        if npu_platform.cann_accepts_mode7(v)
+    ]
     assert accepts == ["8.3.RC1", "8.5.0", "9.0.0-beta.1", OLD_CANN]
 
 
-@pytest.mark.parametrize("over, q_dtype, needle", [
-    ({}, torch.float32, "fp16/bf16"),
-    (dict(quantize_p=False), torch.bfloat16, "always quantize P"),
-])
+@pytest.mark.parametrize(
+    "over, q_dtype, needle",
+    [
+        ({}, torch.float32, "fp16/bf16"),
+        (dict(quantize_p=False), torch.bfloat16, "always quantize P"),
+    ],
+)
 def test_attention_reasons(over, q_dtype, needle, torch_npu_sim):
     q, k, v = qkv(dtype=q_dtype)
     assert needle in npu.LOWERING.attention_reason(q, k, v, AttentionQuantConfig(**over))
@@ -178,14 +214,26 @@ def path(request, torch_npu_sim):
         yield "fia_mx", {"granularity": "mx"}, torch_npu_sim.calls, FIA
 
 
-_OVERRIDES = [{}, dict(q_block=256, kv_block=512), dict(granularity="head"),
-              dict(granularity="tensor", hadamard=False, smooth_k=False), dict(p_scale=224.0)]
+_OVERRIDES = [
+    {},
+    dict(q_block=256, kv_block=512),
+    dict(granularity="head"),
+    dict(granularity="tensor", hadamard=False, smooth_k=False),
+    dict(p_scale=224.0),
+]
 
 
 # the MXFP8 path runs granularity mx only: no granularity override for it
-@pytest.mark.parametrize("path, over", [pytest.param(p, o, id=f"{p}-over{i}") for p in ["mindiesd", "fia_block", "fia_mx"]
-                                        for i, o in enumerate(_OVERRIDES) if not (p == "fia_mx" and "granularity" in o)],
-                         indirect=["path"])
+@pytest.mark.parametrize(
+    "path, over",
+    [
+        pytest.param(p, o, id=f"{p}-over{i}")
+        for p in ["mindiesd", "fia_block", "fia_mx"]
+        for i, o in enumerate(_OVERRIDES)
+        if not (p == "fia_mx" and "granularity" in o)
+    ],
+    indirect=["path"],
+)
 def test_attention_matches_the_reference(path, over):
     kernel, base, calls, op = path
     out, ref = run_both(*qkv(s=300), **{**over, **base})
@@ -264,14 +312,19 @@ def linear_case(method="fp8", granularity="channel", bias=True, seed=0, m=30, dt
 
 def run_linear(lowering, x, wq, ws, b, *, method, granularity="channel", act="token", static=None):
     xq, xs = lowering.quantize_activation(x, static, method=method, granularity=act)
-    return lowering.scaled_mm(xq, xs, wq, ws, b, method=method, weight_granularity=granularity, weight_block=None,
-                              out_dtype=x.dtype)
+    return lowering.scaled_mm(
+        xq, xs, wq, ws, b, method=method, weight_granularity=granularity, weight_block=None, out_dtype=x.dtype
+    )
 
 
-@pytest.mark.parametrize("chip, method", [("Ascend950PR", "fp8"), ("Ascend950PR", "int8"), ("Ascend910B3", "int8"),
-                                          ("Ascend910_9392", "int8")])
-@pytest.mark.parametrize("granularity, act, static", [("channel", "token", None), ("tensor", "token", None),
-                                                      ("channel", "tensor", None), ("channel", "tensor", 0.02)])
+@pytest.mark.parametrize(
+    "chip, method",
+    [("Ascend950PR", "fp8"), ("Ascend950PR", "int8"), ("Ascend910B3", "int8"), ("Ascend910_9392", "int8")],
+)
+@pytest.mark.parametrize(
+    "granularity, act, static",
+    [("channel", "token", None), ("tensor", "token", None), ("channel", "tensor", None), ("channel", "tensor", 0.02)],
+)
 def test_linear_matches_the_reference(chip, method, granularity, act, static, torch_npu_sim):
     torch_npu_sim.chip = chip
     x, wq, ws, _ = linear_case(method, granularity, bias=False, m=32)
@@ -326,12 +379,22 @@ def test_scaled_mm_refuses_what_npu_quant_matmul_cannot_take(torch_npu_sim):
     x, wq, ws, _ = linear_case()
     xq, xs = npu.LOWERING.quantize_activation(x, None, method="fp8", granularity="token")
     with pytest.raises(ValueError, match="output dtype torch.float32"):
-        npu.LOWERING.scaled_mm(xq, xs, wq, ws, None, method="fp8", weight_granularity="channel", weight_block=None,
-                               out_dtype=torch.float32)
+        npu.LOWERING.scaled_mm(
+            xq, xs, wq, ws, None, method="fp8", weight_granularity="channel", weight_block=None, out_dtype=torch.float32
+        )
     wq, ws = quant.quantize_weight(torch.randn(96, 64), "block", (32, 32))
     with pytest.raises(ValueError, match="block weight scales need weight-only"):
-        npu.LOWERING.scaled_mm(xq, xs, wq, ws, None, method="fp8", weight_granularity="block", weight_block=(32, 32),
-                               out_dtype=torch.bfloat16)
+        npu.LOWERING.scaled_mm(
+            xq,
+            xs,
+            wq,
+            ws,
+            None,
+            method="fp8",
+            weight_granularity="block",
+            weight_block=(32, 32),
+            out_dtype=torch.bfloat16,
+        )
 
 
 # -- end to end on tiny diffusers transformers -----------------------------------------------------------
@@ -342,12 +405,18 @@ def compile_pair(family, npu_options=None, ref_options=None, **kw):
         model = build_tiny_transformer(family, dtype=torch.bfloat16)
     inputs = example_inputs(family, model, dtype=torch.bfloat16)
     with torch.no_grad():
-        out = output_tensor(torch.compile(model, backend="fp8_npu", options={**NPU_OPTIONS, **(npu_options or {})},
-                                          fullgraph=True)(**inputs))
+        out = output_tensor(
+            torch.compile(model, backend="fp8_npu", options={**NPU_OPTIONS, **(npu_options or {})}, fullgraph=True)(
+                **inputs
+            )
+        )
         report = fx_fp8.get_reports()[-1]
         torch._dynamo.reset()
-        ref = output_tensor(torch.compile(model, backend="fp8", options={**REF_OPTIONS, **(ref_options or {})},
-                                          fullgraph=True)(**inputs))
+        ref = output_tensor(
+            torch.compile(model, backend="fp8", options={**REF_OPTIONS, **(ref_options or {})}, fullgraph=True)(
+                **inputs
+            )
+        )
     return out, report, ref
 
 
@@ -373,8 +442,10 @@ def test_family_through_mindiesd(family, mindiesd_sim, torch_npu_sim):
     assert rel_err(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("family, granularity, cann", [("flux", "block", OLD_CANN), ("wan", "block", OLD_CANN),
-                                                       ("flux", "mx", "9.1.0"), ("wan", "mx", "9.1.0")])
+@pytest.mark.parametrize(
+    "family, granularity, cann",
+    [("flux", "block", OLD_CANN), ("wan", "block", OLD_CANN), ("flux", "mx", "9.1.0"), ("wan", "mx", "9.1.0")],
+)
 @pytest.mark.slow
 def test_family_through_torch_npu_without_mindiesd(family, granularity, cann, torch_npu_sim):
     torch_npu_sim.cann_version = cann
@@ -488,7 +559,9 @@ def test_fp32_model_stays_native_with_the_reason(torch_npu_sim, mindiesd_sim):
     report = fx_fp8.get_reports()[-1]
     assert report.summary() == {"attention": {"fp8": 0, "native": 1}, "linear": {"fp8": 0, "native": 2}}
     reasons = {e.module: e.reason for e in report.entries}
-    assert "fp16/bf16" in reasons["to_qkv"] and any("fp16/bf16" in e.reason for e in report.entries if e.op == "attention")
+    assert "fp16/bf16" in reasons["to_qkv"] and any(
+        "fp16/bf16" in e.reason for e in report.entries if e.op == "attention"
+    )
     assert sum(torch_npu_sim.calls.values()) == 0
 
 

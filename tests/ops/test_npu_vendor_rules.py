@@ -4,6 +4,7 @@ simulators nor fx_fp8): npu_dynamic_block_quant accepts and refuses exactly what
 aclnnDynamicBlockQuant / torch_npu's docs allow and computes their formula, and MindIE-SD's
 per-block FP8 attention call, as fx_fp8's NPU lowering builds it, keeps every rule; each rule broken
 alone is refused by the simulator and flagged by the independent reading."""
+
 from __future__ import annotations
 
 import itertools
@@ -23,18 +24,32 @@ CHIPS = {"Ascend950PR": True, "Ascend910B3": False}
 def test_block_quant_accepts_and_refuses_what_the_vendor_docs_say(chip, torch_npu_sim):
     torch_npu_sim.chip = chip
     g = torch.Generator().manual_seed(0)
-    cases = list(itertools.product([(2, 130, 256), (130, 256), (1, 2, 130, 256)], [torch.bfloat16, torch.int32],
-                                   [False, True], [1, 64, 128, 256, 384], [64, 128, 100]))
+    cases = list(
+        itertools.product(
+            [(2, 130, 256), (130, 256), (1, 2, 130, 256)],
+            [torch.bfloat16, torch.int32],
+            [False, True],
+            [1, 64, 128, 256, 384],
+            [64, 128, 100],
+        )
+    )
     accepted = 0
     for shape, dtype, fp8, row, col in cases:
-        x = (torch.randn(shape, generator=g) * 3).to(dtype) if dtype.is_floating_point else torch.ones(shape, dtype=dtype)
-        want = vr.block_quant_violations(shape, dtype, fp8_output=fp8, chip_950=CHIPS[chip], row_block=row,
-                                         col_block=col)
+        x = (
+            (torch.randn(shape, generator=g) * 3).to(dtype)
+            if dtype.is_floating_point
+            else torch.ones(shape, dtype=dtype)
+        )
+        want = vr.block_quant_violations(
+            shape, dtype, fp8_output=fp8, chip_950=CHIPS[chip], row_block=row, col_block=col
+        )
         dst = torch.float8_e4m3fn if fp8 else 1
         try:
             y, s = torch_npu_sim.npu_dynamic_block_quant(x, dst_type=dst, row_block_size=row, col_block_size=col)
         except SimulatedContractError as e:
-            assert e.rule in want, f"{shape} {dtype} fp8={fp8} {row}x{col}: simulator refused ({e.rule}), vendor rules {want}"
+            assert e.rule in want, (
+                f"{shape} {dtype} fp8={fp8} {row}x{col}: simulator refused ({e.rule}), vendor rules {want}"
+            )
             continue
         assert not want, f"{shape} {dtype} fp8={fp8} {row}x{col}: simulator accepted, vendor rules break {want}"
         accepted += 1
@@ -58,9 +73,22 @@ def _lowering_call(monkeypatch, mindiesd_sim):
     monkeypatch.setattr(npu_calls, "mindiesd_call_kwargs", keep)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 300, 64, generator=g).bfloat16() for _ in range(3))
-    npu.LOWERING.attention(q, k, v, attn_mask=None, softmax_scale=1 / 8, granularity="block", q_block=128,
-                           kv_block=256, hadamard=True, smooth_k=True, quantize_p=True, p_scale=448.0,
-                           return_lse=False, kernel="mindiesd")
+    npu.LOWERING.attention(
+        q,
+        k,
+        v,
+        attn_mask=None,
+        softmax_scale=1 / 8,
+        granularity="block",
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        return_lse=False,
+        kernel="mindiesd",
+    )
     monkeypatch.setattr(npu_calls, "mindiesd_call_kwargs", original)
     (kw,) = seen
     return kw
@@ -106,7 +134,9 @@ def test_every_independent_rule_cites_its_source():
     for rules in (vr.BLOCK_QUANT_RULES, vr.FIA_RULES):
         assert rules
         for rule, source in rules.items():
-            assert source.startswith("[") and any(tag in source for tag in ("[BQ-ACLNN]", "[BQ-TORCH]", "[SD]", "[FIA]")), rule
+            assert source.startswith("[") and any(
+                tag in source for tag in ("[BQ-ACLNN]", "[BQ-TORCH]", "[SD]", "[FIA]")
+            ), rule
     assert math.isclose(vr.E4M3_MAX, torch.finfo(torch.float8_e4m3fn).max)
 
 
@@ -125,7 +155,9 @@ def _raised_rules(path) -> set:
     return out
 
 
-@pytest.mark.parametrize("module, cited", [("torch_npu_sim.py", sources.TORCH_NPU), ("mindiesd_sim.py", sources.MINDIESD)])
+@pytest.mark.parametrize(
+    "module, cited", [("torch_npu_sim.py", sources.TORCH_NPU), ("mindiesd_sim.py", sources.MINDIESD)]
+)
 def test_every_simulator_rule_cites_its_vendor_source(module, cited):
     from pathlib import Path
 

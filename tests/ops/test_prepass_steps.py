@@ -1,6 +1,7 @@
 """The Q/K/V pre-pass's two-pass blocks walk in wide steps (triton_quant.WIDE_STEPS: the largest tile one
 pass holds) instead of 32-row steps: half the steps and Hadamard dots of 64 rows, the same output bit for bit.
 Checked in Triton's interpreter, in one subprocess (TRITON_INTERPRET is read when kernels are decorated)."""
+
 from __future__ import annotations
 
 import json
@@ -51,14 +52,17 @@ def results():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT") :])
 
 
 @pytest.mark.slow
 def test_two_pass_blocks_walk_in_wide_steps(results):
     # (rows a step, one pass): 32-row steps before (wide_steps=False); by default 64 rows
-    assert results["steps"] == {"d128_rotated": [[32, False], [64, False]], "d128_plain": [[32, False], [64, False]],
-                                "d128_rotated_lse": [[32, False]]}  # wide, it spills 4 bytes on Triton 3.6
+    assert results["steps"] == {
+        "d128_rotated": [[32, False], [64, False]],
+        "d128_plain": [[32, False], [64, False]],
+        "d128_rotated_lse": [[32, False]],
+    }  # wide, it spills 4 bytes on Triton 3.6
 
 
 @pytest.mark.slow
@@ -74,5 +78,15 @@ def test_one_launch_refuses_wide_steps_by_name():
 
     x = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="wide_steps=True needs one_launch=False"):
-        tq.prepare_qkv(x, x, x, granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True,
-                       one_launch=True, wide_steps=True)
+        tq.prepare_qkv(
+            x,
+            x,
+            x,
+            granularity="block",
+            q_block=128,
+            kv_block=256,
+            hadamard=True,
+            smooth_k=True,
+            one_launch=True,
+            wide_steps=True,
+        )

@@ -1,5 +1,6 @@
 """The reference lowering's FP8 / INT8 GEMMs: the exact product sum rounded once, so the same bits
 on every torch, BLAS and CPU, with no torch._scaled_mm (whose CPU scale modes differ by release)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,9 +10,14 @@ import torch.nn as nn
 from fx_fp8.ops import quant, reference
 from fx_fp8.ops.lowering import get_lowering
 
-LAYOUTS = [("fp8", "token", "channel", None), ("fp8", "tensor", "tensor", None), ("fp8", "token", "tensor", None),
-           ("fp8", "group", "block", (128, 128)), ("int8", "token", "channel", None),
-           ("int8", "group", "block", (1, 32))]
+LAYOUTS = [
+    ("fp8", "token", "channel", None),
+    ("fp8", "tensor", "tensor", None),
+    ("fp8", "token", "tensor", None),
+    ("fp8", "group", "block", (128, 128)),
+    ("int8", "token", "channel", None),
+    ("int8", "group", "block", (1, 32)),
+]
 
 
 def _operands(method, act, wgran, block, m=33, k=320, n=48, seed=0):
@@ -24,14 +30,15 @@ def _operands(method, act, wgran, block, m=33, k=320, n=48, seed=0):
 
 
 def _scaled_mm(xq, xs, wq, ws, method, wgran, block, out_dtype=torch.float32):
-    return get_lowering("reference").scaled_mm(xq, xs, wq, ws, None, method=method, weight_granularity=wgran,
-                                               weight_block=block, out_dtype=out_dtype)
+    return get_lowering("reference").scaled_mm(
+        xq, xs, wq, ws, None, method=method, weight_granularity=wgran, weight_block=block, out_dtype=out_dtype
+    )
 
 
 def _exact_code_sum(xq, wq) -> torch.Tensor:
     """sum_k x[m, k] w[n, k] of e4m3 codes in int64 (each code times 2**9 is an integer), as fp32."""
     xi, wi = (xq.float() * 512).long(), (wq.float() * 512).long()
-    return ((xi @ wi.t()).double() / 2 ** 18).float()  # |sum| < 2**53: int64 -> fp64 exact, one rounding
+    return ((xi @ wi.t()).double() / 2**18).float()  # |sum| < 2**53: int64 -> fp64 exact, one rounding
 
 
 @pytest.mark.parametrize("act,wgran", [("token", "channel"), ("tensor", "tensor"), ("token", "tensor")])
@@ -47,8 +54,12 @@ def test_gemm_bits_do_not_depend_on_summation_order(method, act, wgran, block):
     xq, xs, wq, ws = _operands(method, act, wgran, block)
     out = _scaled_mm(xq, xs, wq, ws, method, wgran, block)
     group = block[1] if block else xq.shape[1]
-    perm = torch.cat([torch.randperm(min(group, xq.shape[1] - s), generator=torch.Generator().manual_seed(s)) + s
-                      for s in range(0, xq.shape[1], group)])
+    perm = torch.cat(
+        [
+            torch.randperm(min(group, xq.shape[1] - s), generator=torch.Generator().manual_seed(s)) + s
+            for s in range(0, xq.shape[1], group)
+        ]
+    )
     assert not torch.equal(perm, torch.arange(xq.shape[1]))
     assert torch.equal(_scaled_mm(xq[:, perm], xs, wq[:, perm], ws, method, wgran, block), out)
 
@@ -61,6 +72,7 @@ def test_gemm_runs_without_torch_scaled_mm(monkeypatch, method, act, wgran, bloc
 
     def refuse(*args, **kwargs):
         raise RuntimeError("torch._scaled_mm called")
+
     monkeypatch.setattr(torch, "_scaled_mm", refuse)
     assert torch.equal(_scaled_mm(xq, xs, wq, ws, method, wgran, block, torch.bfloat16), expected)
 

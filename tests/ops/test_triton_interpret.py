@@ -3,6 +3,7 @@
 TRITON_INTERPRET is read when kernels are decorated, so the checks run in one
 subprocess with the variable set (the kernels of this process stay GPU kernels).
 """
+
 from __future__ import annotations
 
 import json
@@ -274,7 +275,7 @@ def results():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 @pytest.mark.parametrize("gran", ["block", "head", "tensor"])
@@ -325,8 +326,9 @@ def test_attention_unquantized_p_matches_reference(results):
     assert r["vs_reference"] < 6e-3, r
 
 
-@pytest.mark.parametrize("case", ["multi_tile", "key_padding", "head_scales_fp16_p", "head_dim_128", "fully_masked",
-                                  "float_key_mask"])
+@pytest.mark.parametrize(
+    "case", ["multi_tile", "key_padding", "head_scales_fp16_p", "head_dim_128", "fully_masked", "float_key_mask"]
+)
 def test_lse_matches_reference(results, case):
     r = results[case]
     assert r["lse_shape"][-1] > 0 and r["lse_dtype"] == "torch.float32"
@@ -368,8 +370,14 @@ def test_int8_gemm_scalar_scales(results):
     assert results["int8_scalar_scales_exact"]
 
 
-WO_CASES = ["wo_fp8_channel_0_m5", "wo_fp8_tensor_0_m40", "wo_fp8_block_32_m5", "wo_fp8_block_128_m70",
-            "wo_int8_channel_0_m70", "wo_int8_block_32_m1"]
+WO_CASES = [
+    "wo_fp8_channel_0_m5",
+    "wo_fp8_tensor_0_m40",
+    "wo_fp8_block_32_m5",
+    "wo_fp8_block_128_m70",
+    "wo_int8_channel_0_m70",
+    "wo_int8_block_32_m1",
+]
 
 
 @pytest.mark.parametrize("case", WO_CASES)
@@ -384,8 +392,17 @@ def test_fused_weight_only_kernel(results, case):
     assert r["err"] <= 1.05 * r["ref_err"] + 1e-5, r
 
 
-@pytest.mark.parametrize("case", ["small_m_int8_block_m1", "small_m_int8_block_m3", "small_m_fp8_channel_m1",
-                                  "small_m_fp8_channel_m3", "small_m_fp8_block_m1", "small_m_fp8_tensor_m3"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "small_m_int8_block_m1",
+        "small_m_int8_block_m3",
+        "small_m_fp8_channel_m1",
+        "small_m_fp8_channel_m3",
+        "small_m_fp8_block_m1",
+        "small_m_fp8_tensor_m3",
+    ],
+)
 def test_every_small_m_candidate_is_as_exact_as_the_old_tile(results, case):
     """Both forms (tensor-core dot on raw codes; FMA on the dequantized tile, K steps spanning several
     32-column scale groups) round once to bf16: every candidate within 5 % of the old tile's error."""

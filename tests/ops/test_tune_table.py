@@ -1,6 +1,7 @@
 """The per-GPU tune tables (fx_fp8.ops.tune_table): the shipped ones, which table applies to a device
 (key, cache folder, INFO when one is ignored), bad tables named, and the linear pick by measurement
 (fastest within the error bound, a measurable gain over native, interpolation / nearest M)."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ def h200(monkeypatch):
 
 
 def table(key, linears=(), attention=()):
-    return {"format": tune_table.FORMAT, "key": key, "bar": 1.5, "linears": list(linears),
-            "attention": list(attention), "source": {"what": "a test", "date": "2026-12-07", "tool": "pytest"}}
+    return {
+        "format": tune_table.FORMAT,
+        "key": key,
+        "bar": 1.5,
+        "linears": list(linears),
+        "attention": list(attention),
+        "source": {"what": "a test", "date": "2026-12-07", "tool": "pytest"},
+    }
 
 
 def lin(m, native, fp8, wo=None, err=0.03, k=3072, n=3072, role="w8a8"):
@@ -43,7 +50,7 @@ def test_every_shipped_table_parses_and_names_its_source():
         assert path.name == tune_table.file_name(t["key"])
     # no H100 table yet: none was measured on one (fx-fp8 tune on an H100 is owed)
     assert {t["key"]["gpu"] for _, t in shipped} == {"NVIDIA H200"}
-    (_, h200_table), = shipped
+    ((_, h200_table),) = shipped
     assert h200_table["source"]["what"] == "2026-12-04 H200 run, attention only" and h200_table["linears"] == []
     assert h200_table["key"]["torch"] == "2.11.0+cu130" and h200_table["key"]["triton"] == "3.6.0"
 
@@ -78,16 +85,21 @@ def test_a_cached_table_of_another_key_is_ignored_with_an_info_line(monkeypatch,
     assert tune_table.table_for(device) is None
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: t.update(format="fx_fp8.tune/0"), "format 'fx_fp8.tune/0'"),
-    (lambda t: t["source"].update(date=""), "source"),
-    (lambda t: t["key"].pop("triton"), "key"),
-    (lambda t: t["linears"].append(dict(lin(16, 1, 1), m=0)), "linears[0] has m 0"),
-    (lambda t: t["linears"].append(dict(lin(16, 1, 1), role="sensitive")), "role 'sensitive'"),
-    (lambda t: t["linears"].append(dict(lin(16, 1, 1), candidates={"fp9": {"ms": 1, "err": 0}})), "'fp9'"),
-    (lambda t: t["linears"].append(dict(lin(16, 1, 1), candidates={"native": {"ms": "fast", "err": 0}})),
-     "ms 'fast'"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.update(format="fx_fp8.tune/0"), "format 'fx_fp8.tune/0'"),
+        (lambda t: t["source"].update(date=""), "source"),
+        (lambda t: t["key"].pop("triton"), "key"),
+        (lambda t: t["linears"].append(dict(lin(16, 1, 1), m=0)), "linears[0] has m 0"),
+        (lambda t: t["linears"].append(dict(lin(16, 1, 1), role="sensitive")), "role 'sensitive'"),
+        (lambda t: t["linears"].append(dict(lin(16, 1, 1), candidates={"fp9": {"ms": 1, "err": 0}})), "'fp9'"),
+        (
+            lambda t: t["linears"].append(dict(lin(16, 1, 1), candidates={"native": {"ms": "fast", "err": 0}})),
+            "ms 'fast'",
+        ),
+    ],
+)
 def test_a_bad_table_is_an_error_naming_the_bad_value(edit, message, tmp_path):
     t = table(dict.fromkeys(tune_table.KEY_FIELDS, "x"))
     edit(t)
@@ -99,20 +111,31 @@ def test_a_bad_table_is_an_error_naming_the_bad_value(edit, message, tmp_path):
 
 def test_the_linear_pick_needs_a_measurable_gain_within_the_error_bound():
     allowed = ["native", "fp8_rowwise", "weight_only_int8"]
-    t = table({}, [lin(1024, 1.0, 0.5, wo=0.9), lin(4096, 4.0, 4.2, wo=5.0), lin(16384, 16.0, 15.8),
-                   lin(1, 0.10, 0.12, wo=0.05, k=64, n=64), lin(64, 1.0, 0.5, err=0.5, k=64, n=64)])
+    t = table(
+        {},
+        [
+            lin(1024, 1.0, 0.5, wo=0.9),
+            lin(4096, 4.0, 4.2, wo=5.0),
+            lin(16384, 16.0, 15.8),
+            lin(1, 0.10, 0.12, wo=0.05, k=64, n=64),
+            lin(64, 1.0, 0.5, err=0.5, k=64, n=64),
+        ],
+    )
     pick = lambda m, k=3072, n=3072: tune_table.linear_pick(t, m, k, n, "bfloat16", True, "w8a8", allowed)  # noqa
-    assert pick(1024) == ("fp8_rowwise", {"native": 1.0, "fp8_rowwise": 0.5, "weight_only_int8": 0.9},
-                          "measured at M 1024")
-    assert pick(4096)[0] == "native"           # FP8 measured slower
-    assert pick(16384)[0] == "native"          # 1.3 % faster: within the noise, native stays
-    kind, times, how = pick(2048)              # between two measured M: interpolated
+    assert pick(1024) == (
+        "fp8_rowwise",
+        {"native": 1.0, "fp8_rowwise": 0.5, "weight_only_int8": 0.9},
+        "measured at M 1024",
+    )
+    assert pick(4096)[0] == "native"  # FP8 measured slower
+    assert pick(16384)[0] == "native"  # 1.3 % faster: within the noise, native stays
+    kind, times, how = pick(2048)  # between two measured M: interpolated
     assert kind == "fp8_rowwise" and times["native"] == pytest.approx(2.0) and "between M 1024 and 4096" in how
     assert pick(100000)[2] == "nearest measured M 16384" and pick(8)[2] == "nearest measured M 1024"
     assert pick(1, 64, 64)[0] == "weight_only_int8"  # memory-bound: the weight-only form
     assert pick(64, 64, 64)[0] == "native"  # FP8 faster but 50 % wrong: outside the error bound
-    assert pick(1024, 3072, 1536) is None   # no row of this K / N: not measured
-    assert pick(None) is None               # a symbolic M is never specialised
+    assert pick(1024, 3072, 1536) is None  # no row of this K / N: not measured
+    assert pick(None) is None  # a symbolic M is never specialised
 
 
 def test_auto_follows_the_table_and_says_when_it_has_none(monkeypatch, tmp_path):
@@ -125,14 +148,17 @@ def test_auto_follows_the_table_and_says_when_it_has_none(monkeypatch, tmp_path)
         x = torch.empty(1, 4096, 3072, device="cuda", dtype=torch.bfloat16)
         w = torch.empty(3072, 3072, device="cuda", dtype=torch.bfloat16)
         kind, why, timing = tune_table.linear_decision("quantized", None, x, w, True, qcfg, "cuda")
-        assert (kind, timing) == ("quantized", {}) and why == (f"{tune_table.UNMEASURED}: shipped "
-                                                               "nvidia_h200-sm90.json has attention rows only")
+        assert (kind, timing) == ("quantized", {}) and why == (
+            f"{tune_table.UNMEASURED}: shipped nvidia_h200-sm90.json has attention rows only"
+        )
         key = tune_table.device_key(device)
         tune_table.write(table(key, [lin(4096, 4.0, 4.2)]), tmp_path / tune_table.file_name(key))
         kind, why, timing = tune_table.linear_decision("quantized", None, x, w, True, qcfg, "cuda")
         assert kind == "native" and timing == {"pick": 4.0, "native": 4.0}
-        assert why.startswith("tuned: native (no FP8 candidate more than 3% faster within the error bound); "
-                              "native 4.000 ms, fp8_rowwise 4.200 ms (measured at M 4096;"), why
+        assert why.startswith(
+            "tuned: native (no FP8 candidate more than 3% faster within the error bound); "
+            "native 4.000 ms, fp8_rowwise 4.200 ms (measured at M 4096;"
+        ), why
         rules = FP8Config.load(None, quantization_config={"kernel": "rules"}).quantization_config
         assert tune_table.linear_decision("quantized", None, x, w, True, rules, "cuda") == ("quantized", None, {})
         fp8 = FP8Config.load(None, quantization_config={"sensitive": "fp8"}).quantization_config

@@ -2,6 +2,7 @@
 survives save_quantized, config.json is digested and written last, bad dtypes and hand-edited records are refused by name, tied parameters round
 trip, suspicious pre-quantized scales warn, and single-file / dtype-move limits of the diffusers
 backend are said up front."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ DIMS = (64, 96, 64)
 def same_state(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
-    return sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(as_bytes(sa[k]), as_bytes(sb[k]))
-                                          for k in sa)
+    return sa.keys() == sb.keys() and all(
+        sa[k].dtype == sb[k].dtype and torch.equal(as_bytes(sa[k]), as_bytes(sb[k])) for k in sa
+    )
 
 
 def flux(seed=0, dtype=torch.float32):
@@ -124,12 +126,17 @@ def test_a_save_that_fails_part_way_leaves_the_previous_checkpoint_loadable(tmp_
 
 
 # -- item 6: load_quantized's dtype is checked before anything is read ---------------------------
-@pytest.mark.parametrize("dtype,says", [
-    pytest.param(torch.int8, "dtype=torch.int8 is not a dtype the model can compute in", id="int8"),
-    pytest.param(torch.float8_e4m3fn, "dtype=torch.float8_e4m3fn is not a dtype the model can compute in", id="fp8"),
-    pytest.param("bfloat16", "dtype='bfloat16' is a string: pass torch.bfloat16", id="a dtype's name"),
-    pytest.param("cuda", "dtype='cuda' is a str, not a torch.dtype", id="a device"),
-])
+@pytest.mark.parametrize(
+    "dtype,says",
+    [
+        pytest.param(torch.int8, "dtype=torch.int8 is not a dtype the model can compute in", id="int8"),
+        pytest.param(
+            torch.float8_e4m3fn, "dtype=torch.float8_e4m3fn is not a dtype the model can compute in", id="fp8"
+        ),
+        pytest.param("bfloat16", "dtype='bfloat16' is a string: pass torch.bfloat16", id="a dtype's name"),
+        pytest.param("cuda", "dtype='cuda' is a str, not a torch.dtype", id="a device"),
+    ],
+)
 def test_load_quantized_refuses_a_dtype_it_cannot_cast_to_up_front(tmp_path, dtype, says):
     # a folder that does not exist: the dtype is refused before any file is looked at
     with pytest.raises(TypeError, match=f"load_quantized: {says}"):
@@ -167,8 +174,11 @@ def test_tied_parameters_are_saved_once_and_tied_again_on_load(tmp_path):
         ref = model(x)
     fx_fp8.save_quantized(model, tmp_path)
     record = json.loads((tmp_path / QUANT_NAME).read_text())
-    assert record["tied"] == {"norm_again.weight": "norm.weight", "norm_again.bias": "norm.bias",
-                              "out_norm.weight": "norm.weight"}
+    assert record["tied"] == {
+        "norm_again.weight": "norm.weight",
+        "norm_again.bias": "norm.bias",
+        "out_norm.weight": "norm.weight",
+    }
     assert not set(record["tied"]) & set(load_file(tmp_path / WEIGHTS_NAME))  # each tied tensor stored once
     fresh = TiedNorms()
     fresh.out_norm.weight = nn.Parameter(torch.ones(64))  # untied: loading ties it as it was saved
@@ -225,19 +235,31 @@ def test_an_index_without_components_names_the_file_and_field(saved_pipeline, tm
 
 
 DAMAGED_RECORDS = {
-    "a pipeline class": (lambda d: d.update(model_class="DiffusionPipeline"),
-                         "model_class is 'DiffusionPipeline', which is not a diffusers model class"),
-    "a layer without its method": (lambda d: next(iter(d["layers"].values())).pop("method"),
-                                   r"layers\['.*'\] is .*missing \['method'\]"),
-    "a size as a string": (lambda d: next(iter(d["layers"].values())).update(in_features="64"),
-                           r"layers\['.*'\].in_features is '64', expected a positive integer"),
-    "an unknown act granularity": (lambda d: next(iter(d["layers"].values())).update(act_granularity="row"),
-                                   r"layers\['.*'\].act_granularity is 'row', expected one of"),
-    "a tie to itself": (lambda d: d.update(tied={"x_embedder.bias": "x_embedder.bias"}),
-                        r"tied\['x_embedder.bias'\] is 'x_embedder.bias', expected the key of a tensor"),
+    "a pipeline class": (
+        lambda d: d.update(model_class="DiffusionPipeline"),
+        "model_class is 'DiffusionPipeline', which is not a diffusers model class",
+    ),
+    "a layer without its method": (
+        lambda d: next(iter(d["layers"].values())).pop("method"),
+        r"layers\['.*'\] is .*missing \['method'\]",
+    ),
+    "a size as a string": (
+        lambda d: next(iter(d["layers"].values())).update(in_features="64"),
+        r"layers\['.*'\].in_features is '64', expected a positive integer",
+    ),
+    "an unknown act granularity": (
+        lambda d: next(iter(d["layers"].values())).update(act_granularity="row"),
+        r"layers\['.*'\].act_granularity is 'row', expected one of",
+    ),
+    "a tie to itself": (
+        lambda d: d.update(tied={"x_embedder.bias": "x_embedder.bias"}),
+        r"tied\['x_embedder.bias'\] is 'x_embedder.bias', expected the key of a tensor",
+    ),
     "a native reason as a number": (lambda d: d.update(native={"proj_out": 3}), r"native\['proj_out'\] is 3"),
-    "a tie to a key the file lacks": (lambda d: d.update(tied={"x_embedder.bias": "x_embedder.gone"}),
-                                      r"tied\['x_embedder.bias'\] is 'x_embedder.gone', but .* holds no 'x_embedder.gone'"),
+    "a tie to a key the file lacks": (
+        lambda d: d.update(tied={"x_embedder.bias": "x_embedder.gone"}),
+        r"tied\['x_embedder.bias'\] is 'x_embedder.gone', but .* holds no 'x_embedder.gone'",
+    ),
 }
 
 
@@ -258,23 +280,30 @@ def _bfl_stack_with_bad_scales():
     return model
 
 
-BAD_BFL = (r"layers\.0 \(weight_scale: 1 of 96 not finite\), layers\.1 \(weight_scale: 2 of 64 not positive\)")
+BAD_BFL = r"layers\.0 \(weight_scale: 1 of 96 not finite\), layers\.1 \(weight_scale: 2 of 64 not positive\)"
 
 
 def test_adopting_bad_scales_warns_once_naming_the_layers():
     from prequantized_layouts import modelopt_state_dict
 
-    with pytest.warns(UserWarning, match=rf"adopt_prequantized: pre-quantized scales that are not finite and positive "
-                                         rf"in {BAD_BFL}") as record:
+    with pytest.warns(
+        UserWarning,
+        match=rf"adopt_prequantized: pre-quantized scales that are not finite and positive "
+        rf"in {BAD_BFL}",
+    ) as record:
         fx_fp8.adopt_prequantized(_bfl_stack_with_bad_scales())
     assert len([w for w in record if "pre-quantized scales" in str(w.message)]) == 1
-    sd = modelopt_state_dict(float_stack(DIMS), per_channel=False, static_x=torch.randn(2, DIMS[0], dtype=torch.bfloat16))
+    sd = modelopt_state_dict(
+        float_stack(DIMS), per_channel=False, static_x=torch.randn(2, DIMS[0], dtype=torch.bfloat16)
+    )
     sd["layers.1.input_scale"] = torch.tensor(float("inf"))
     with pytest.warns(UserWarning, match=r"in layers\.1 \(input_scale: 1 of 1 not finite\):"):
         fx_fp8.adopt_prequantized(float_stack(DIMS), state_dict=sd)
     with warnings.catch_warnings():  # good scales: silent
         warnings.simplefilter("error")
-        fx_fp8.adopt_prequantized(float_stack(DIMS), state_dict=modelopt_state_dict(float_stack(DIMS), per_channel=True))
+        fx_fp8.adopt_prequantized(
+            float_stack(DIMS), state_dict=modelopt_state_dict(float_stack(DIMS), per_channel=True)
+        )
 
 
 def test_compiling_bad_scales_warns_naming_the_layers():
@@ -298,10 +327,12 @@ def test_from_single_file_quantizes_while_loading_as_from_pretrained_does(tmp_pa
     model.save_pretrained(tmp_path / "folder")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from_file = FluxTransformer2DModel.from_single_file(str(single), config=str(tmp_path), torch_dtype=torch.bfloat16,
-                                                            quantization_config=fx_fp8.DiffusersConfig())
-        from_folder = FluxTransformer2DModel.from_pretrained(tmp_path / "folder", torch_dtype=torch.bfloat16,
-                                                             quantization_config=fx_fp8.DiffusersConfig())
+        from_file = FluxTransformer2DModel.from_single_file(
+            str(single), config=str(tmp_path), torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig()
+        )
+        from_folder = FluxTransformer2DModel.from_pretrained(
+            tmp_path / "folder", torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig()
+        )
     assert any(isinstance(m, QuantizedLinear) for m in from_file.modules())
     assert same_state(from_file, from_folder)
     kw = example_inputs("flux", model, dtype=torch.bfloat16)
@@ -329,23 +360,35 @@ def test_dtype_moves_of_a_loaded_model_are_refused_and_torch_dtype_sets_it(tmp_p
     flux(dtype=torch.bfloat16).save_pretrained(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = FluxTransformer2DModel.from_pretrained(tmp_path, torch_dtype=torch.bfloat16,
-                                                       quantization_config=fx_fp8.DiffusersConfig())
+        model = FluxTransformer2DModel.from_pretrained(
+            tmp_path, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig()
+        )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pipe = TransformerOnly(model)
-    for move in (lambda: model.to(torch.float16), lambda: model.to(dtype=torch.float32), model.half, model.float,
-                 lambda: pipe.to(torch.float16)):
-        with pytest.raises(ValueError, match=r"Casting a quantized model to a new `dtype` is unsupported|"
-                                             r"is not supported for quantized model"):
+    for move in (
+        lambda: model.to(torch.float16),
+        lambda: model.to(dtype=torch.float32),
+        model.half,
+        model.float,
+        lambda: pipe.to(torch.float16),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"Casting a quantized model to a new `dtype` is unsupported|"
+            r"is not supported for quantized model",
+        ):
             move()
     after = model.state_dict()
     assert before.keys() == after.keys() and before  # the same state, and some of it
-    assert all(after[k].dtype == v.dtype and torch.equal(after[k].view(torch.uint8), v.view(torch.uint8))
-               for k, v in before.items())
+    assert all(
+        after[k].dtype == v.dtype and torch.equal(after[k].view(torch.uint8), v.view(torch.uint8))
+        for k, v in before.items()
+    )
     assert model.to("cpu") is model  # device moves work
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        half = FluxTransformer2DModel.from_pretrained(tmp_path, torch_dtype=torch.float16,
-                                                      quantization_config=fx_fp8.DiffusersConfig())
+        half = FluxTransformer2DModel.from_pretrained(
+            tmp_path, torch_dtype=torch.float16, quantization_config=fx_fp8.DiffusersConfig()
+        )
     kw = example_inputs("flux", half, dtype=torch.float16)
     assert half.x_embedder.bias.dtype == torch.float16 and run(half, kw).dtype == torch.float16

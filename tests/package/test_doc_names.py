@@ -2,6 +2,7 @@
 modules, functions and constants, file paths (fx_fp8/..., tests/..., benchmarks/..., examples/...)
 and `fx-fp8 <command> --flag` lines; a renamed or removed one would send a reader nowhere
 (docs/diffusers_quantization.md cited fx_fp8.quant.quantized_linear.QUANTIZATIONS, which never existed)."""
+
 from __future__ import annotations
 
 import importlib
@@ -71,8 +72,13 @@ def test_every_dotted_fx_fp8_name_a_doc_cites_exists(path):
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
 def test_every_file_path_a_doc_cites_exists(path):
-    missing = sorted({p for p in PATH.findall(_text(path)) if "*" not in p and not (ROOT / p).exists()
-                      and not (ROOT / p.rstrip("/")).exists()})
+    missing = sorted(
+        {
+            p
+            for p in PATH.findall(_text(path))
+            if "*" not in p and not (ROOT / p).exists() and not (ROOT / p.rstrip("/")).exists()
+        }
+    )
     assert not missing, f"{path.name} cites paths that do not exist: {missing}"
 
 
@@ -85,8 +91,10 @@ def test_every_cli_flag_a_doc_shows_exists(path):
 
 def test_the_checks_see_what_they_check():
     """Not vacuously green: each extractor finds known citations and refuses invented ones."""
-    text = ("`fx_fp8.quant.quantized_linear.QUANTIZATIONS` `fx_fp8.prepare_model` `torch.ops.fx_fp8.scaled_mm` "
-            "`fx_fp8.yaml` see fx_fp8/report.py and `fx-fp8 inspect --summary --no-such-flag`")
+    text = (
+        "`fx_fp8.quant.quantized_linear.QUANTIZATIONS` `fx_fp8.prepare_model` `torch.ops.fx_fp8.scaled_mm` "
+        "`fx_fp8.yaml` see fx_fp8/report.py and `fx-fp8 inspect --summary --no-such-flag`"
+    )
     assert cited_names(text) == {"fx_fp8.quant.quantized_linear.QUANTIZATIONS", "fx_fp8.prepare_model", "fx_fp8.yaml"}
     assert not resolves("fx_fp8.quant.quantized_linear.QUANTIZATIONS")
     assert resolves("fx_fp8.prepare_model") and resolves("fx_fp8.yaml")

@@ -1,5 +1,6 @@
 """The example stage configs, the shared CLI flags, and the two examples (in-process through their
 main(argv)): end to end on tiny models, and their --output handling."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,10 @@ def test_example_config_loads(path):
 
 
 def test_flat_and_stage_configs_agree():
-    flat, stage = (fx_fp8.FP8Config.load(os.path.join(ROOT, "examples", "configs", n))
-                   for n in ("fp8_flat.yaml", "vllm_omni_stage.yaml"))
+    flat, stage = (
+        fx_fp8.FP8Config.load(os.path.join(ROOT, "examples", "configs", n))
+        for n in ("fp8_flat.yaml", "vllm_omni_stage.yaml")
+    )
     assert flat == stage
 
 
@@ -54,7 +57,9 @@ def test_flags_without_yaml_follow_vllm_omni_opt_ins():
     only_attn = config_from_args(_parse("--diffusion-kv-cache-dtype", "fp8"))
     assert only_attn.attention_enabled and not only_attn.linear_enabled
     cfg = config_from_args(_parse("--quantization", "fp8", "--ignored-layers", "@defaults,proj_mlp"))
-    assert cfg.quantization_config.ignored_layers == ("proj_mlp",) and not cfg.attention_enabled  # "@defaults" is implied
+    assert (
+        cfg.quantization_config.ignored_layers == ("proj_mlp",) and not cfg.attention_enabled
+    )  # "@defaults" is implied
     assert config_from_args(_parse("--ignored-layers", "")).quantization_config.ignored_layers == ()
 
 
@@ -74,17 +79,39 @@ def _run_example(script, *argv, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_text_to_image_compare_on_the_tiny_model(tmp_path, monkeypatch, capsys):
-    out = _run_example("text_to_image.py", "--compare", "--num-inference-steps", "3",
-                       "--diffusion-kv-cache-skip-steps", "0", "--output", "img.png", tmp_path=tmp_path,
-                       monkeypatch=monkeypatch, capsys=capsys)
-    assert "PSNR vs native" in out and "step variants (step:variant per transformer call): 0:native, 1:fp8, 2:fp8" in out
+    out = _run_example(
+        "text_to_image.py",
+        "--compare",
+        "--num-inference-steps",
+        "3",
+        "--diffusion-kv-cache-skip-steps",
+        "0",
+        "--output",
+        "img.png",
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert (
+        "PSNR vs native" in out and "step variants (step:variant per transformer call): 0:native, 1:fp8, 2:fp8" in out
+    )
     assert (tmp_path / "img.png").is_file() and (tmp_path / "img_compare.png").is_file()
 
 
 @pytest.mark.slow
 def test_text_to_video_on_a_tiny_random_wan(tmp_path, monkeypatch, capsys):
-    out = _run_example("text_to_video.py", "--num-frames", "3", "--num-inference-steps", "2", "--output", "v.gif",
-                       tmp_path=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    out = _run_example(
+        "text_to_video.py",
+        "--num-frames",
+        "3",
+        "--num-inference-steps",
+        "2",
+        "--output",
+        "v.gif",
+        tmp_path=tmp_path,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert "RANDOM-weight" in out
     from PIL import Image
 
@@ -108,7 +135,7 @@ def no_model(monkeypatch):
 
     monkeypatch.setattr(image, "load_pipeline", lambda *a, **k: pipe)
     monkeypatch.setattr(video, "load", lambda *a, **k: (pipe, {}, "stub"))
-    monkeypatch.setattr(image._common, "run_native_and_fp8", fake_run)   # one _common module for both
+    monkeypatch.setattr(image._common, "run_native_and_fp8", fake_run)  # one _common module for both
     monkeypatch.setattr(image._common, "print_fp8_summary", lambda pipe: None)
     return image, video
 
@@ -162,15 +189,23 @@ def test_examples_reject_an_unwritable_output_before_loading(tmp_path, refuse_lo
     blocker.write_text("")
     for module, name in zip(refuse_loading, ("out.png", "out.gif")):
         prog = f"{module.__name__.removeprefix('example_')}.py: error: "
-        assert _fails(module, ["--output", str(blocker / name)], capsys) == \
-            prog + f"cannot write --output '{blocker / name}': '{blocker}' is a file, not a folder"
-        assert re.fullmatch(re.escape(prog) + "--output '.*out.txt': unsupported image type '.txt'.*",
-                            _fails(module, ["--output", str(tmp_path / "out.txt")], capsys))
-        assert re.match(re.escape(prog) + "--output 'new_name' has no file extension: expected an image file name .* "
-                        "or a folder", _fails(module, ["--output", "new_name"], capsys))
+        assert (
+            _fails(module, ["--output", str(blocker / name)], capsys)
+            == prog + f"cannot write --output '{blocker / name}': '{blocker}' is a file, not a folder"
+        )
+        assert re.fullmatch(
+            re.escape(prog) + "--output '.*out.txt': unsupported image type '.txt'.*",
+            _fails(module, ["--output", str(tmp_path / "out.txt")], capsys),
+        )
+        assert re.match(
+            re.escape(prog) + "--output 'new_name' has no file extension: expected an image file name .* or a folder",
+            _fails(module, ["--output", "new_name"], capsys),
+        )
         assert "invalid token 'x'" in _fails(module, ["--diffusion-kv-cache-skip-steps", "x"], capsys)
-        assert _fails(module, ["--no-such-flag"], capsys) == \
-            prog + f"unrecognized arguments: --no-such-flag (see '{prog.split(':')[0]} --help')"
+        assert (
+            _fails(module, ["--no-such-flag"], capsys)
+            == prog + f"unrecognized arguments: --no-such-flag (see '{prog.split(':')[0]} --help')"
+        )
 
 
 def test_examples_refuse_cuda_on_a_cpu_build_in_one_line(refuse_loading, monkeypatch, capsys):
@@ -181,17 +216,21 @@ def test_examples_refuse_cuda_on_a_cpu_build_in_one_line(refuse_loading, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for module in refuse_loading:
         line = _fails(module, ["--device", "cuda"], capsys)
-        assert line.endswith(f"error: --device 'cuda': this torch ({torch.__version__}) was built without CUDA; use "
-                             "--device cpu, or install a CUDA build of torch"), line
+        assert line.endswith(
+            f"error: --device 'cuda': this torch ({torch.__version__}) was built without CUDA; use "
+            "--device cpu, or install a CUDA build of torch"
+        ), line
         assert "invalid --device 'cuda:x'" in _fails(module, ["--device", "cuda:x"], capsys)
 
 
 def test_examples_refuse_a_size_the_pipeline_cannot_make(refuse_loading, capsys):
     image, video = refuse_loading
     assert _fails(image, ["--height", "30"], capsys).endswith(
-        "error: invalid --height 30 for tiny (FluxTransformer2DModel): expected a multiple of 4, at least 16")
+        "error: invalid --height 30 for tiny (FluxTransformer2DModel): expected a multiple of 4, at least 16"
+    )
     assert _fails(video, ["--width", "30"], capsys).endswith(
-        "error: invalid --width 30 for wan (WanTransformer3DModel): expected a multiple of 16, at most 128")
+        "error: invalid --width 30 for wan (WanTransformer3DModel): expected a multiple of 16, at most 128"
+    )
     assert "invalid --num-frames 0: expected a positive integer" in _fails(video, ["--num-frames", "0"], capsys)
     assert "invalid --num-inference-steps 0" in _fails(image, ["--num-inference-steps", "0"], capsys)
 
@@ -201,9 +240,13 @@ def test_text_to_image_names_the_tiny_models_words(refuse_loading, capsys):
 
     image, _ = refuse_loading
     line = _fails(image, ["--prompt", "a purple circle on a blue background"], capsys)
-    assert line.endswith(f"the tiny model does not know 'purple'; its 13 words: {' '.join(VOCAB)} "
-                         "(e.g. 'a red circle on a blue background')"), line
-    assert "takes 1 to 8 words, got 10" in _fails(image, ["--prompt", "a red circle on a blue background a a a"], capsys)
+    assert line.endswith(
+        f"the tiny model does not know 'purple'; its 13 words: {' '.join(VOCAB)} "
+        "(e.g. 'a red circle on a blue background')"
+    ), line
+    assert "takes 1 to 8 words, got 10" in _fails(
+        image, ["--prompt", "a red circle on a blue background a a a"], capsys
+    )
     help_text = " ".join(image.build_parser().format_help().split())
     assert f"the shipped tiny model knows 13 words, at most 8 a prompt: {' '.join(VOCAB)}" in help_text
 
@@ -217,10 +260,12 @@ def test_examples_name_a_missing_model_or_weight_file(refuse_loading, tmp_path, 
     missing = tmp_path / "nowhere"
     for module in (image, video):
         assert _fails(module, ["--model", str(missing)], capsys).endswith(
-            f"error: --model '{missing}': no such folder (expected a local diffusers pipeline folder)")
+            f"error: --model '{missing}': no such folder (expected a local diffusers pipeline folder)"
+        )
     copy = tmp_path / "tiny"
     shutil.copytree(TINY_MODEL_DIR, copy)
     for weights in (copy / "prompt_encoder").glob("*.safetensors"):
         weights.unlink()
     assert _fails(image, ["--model", str(copy)], capsys).endswith(
-        f"error: folder '{copy / 'prompt_encoder'}' has config.json but no weights (no *.safetensors or *.bin file)")
+        f"error: folder '{copy / 'prompt_encoder'}' has config.json but no weights (no *.safetensors or *.bin file)"
+    )

@@ -1,6 +1,7 @@
 """docs/gpu_quickstart.md against the code: its snippets parse and name what exists (fx_fp8 names,
 config keys, CLI and benchmark flags, extras, pytest markers, gpu_run.sh steps), its links resolve,
 and the report reasons it quotes are what the CUDA lowering writes. Nothing here runs a model."""
+
 from __future__ import annotations
 
 import ast
@@ -92,8 +93,11 @@ def _check_call(call: ast.Call) -> None:
         raise ValueError(f"mode {ast.unparse(kwargs['mode'])} is none of {MODES}")
     if "options" in kwargs:  # torch.compile / compile_repeated_blocks
         config_from_options(_literal(kwargs["options"], "options"))
-    targets = {"compile_pipeline": (fx_fp8.compile_pipeline, 1), "prepare_model": (fx_fp8.prepare_model, 1),
-               "DiffusersConfig": (None, 0)}
+    targets = {
+        "compile_pipeline": (fx_fp8.compile_pipeline, 1),
+        "prepare_model": (fx_fp8.prepare_model, 1),
+        "DiffusersConfig": (None, 0),
+    }
     if chain[:1] != ["fx_fp8"] or chain[-1] not in targets:
         return
     func, first = targets[chain[-1]]
@@ -327,34 +331,53 @@ def test_the_snippets_imports_run_and_every_fx_fp8_name_exists():
 
 def test_the_checks_catch_what_they_check():
     """Each kind of mistake the page could make is reported (so an empty list means something)."""
-    bad = "\n".join([
-        "```python",
-        "import fx_fp8",
-        "fx_fp8.compile_pipeline(pipe, regional=True, attention={'kernell': 'triton'})",
-        "fx_fp8.get_report(model)",
-        "torch.compile(model, backend='fp9')",
-        "fx_fp8.prepare_model(model, {'quantisation': 'fp8'})",
-        "fx_fp8.DiffusersConfg()",
-        "```",
-        "```bash",
-        "python benchmarks/cuda_bench.py --quik",
-        "python benchmarks/cuda_bench.py --flux --fx-options '{\"diffusion_kv_cache_dtyp\": null}'",
-        "fx-fp8 inspect --modle tiny",
-        'pip install -e ".[cudaa]" && python -m pytest -m gpu',
-        "benchmarks/gpu_run.sh quick speed",
-        "pip install torch==2.9.0",
-        "make all",
-        "```",
-        "[x](cuda.md#no-such-heading) [y](no_such_page.md)",
-        "`compile_pipeline(pipe, atention={})`, `diffusion_kv_cache_dtype=fp9`, `attention.kernal: triton`, `fx_fp8.get_reprts(model)`",
-    ])
+    bad = "\n".join(
+        [
+            "```python",
+            "import fx_fp8",
+            "fx_fp8.compile_pipeline(pipe, regional=True, attention={'kernell': 'triton'})",
+            "fx_fp8.get_report(model)",
+            "torch.compile(model, backend='fp9')",
+            "fx_fp8.prepare_model(model, {'quantisation': 'fp8'})",
+            "fx_fp8.DiffusersConfg()",
+            "```",
+            "```bash",
+            "python benchmarks/cuda_bench.py --quik",
+            "python benchmarks/cuda_bench.py --flux --fx-options '{\"diffusion_kv_cache_dtyp\": null}'",
+            "fx-fp8 inspect --modle tiny",
+            'pip install -e ".[cudaa]" && python -m pytest -m gpu',
+            "benchmarks/gpu_run.sh quick speed",
+            "pip install torch==2.9.0",
+            "make all",
+            "```",
+            "[x](cuda.md#no-such-heading) [y](no_such_page.md)",
+            "`compile_pipeline(pipe, atention={})`, `diffusion_kv_cache_dtype=fp9`, `attention.kernal: triton`, `fx_fp8.get_reprts(model)`",
+        ]
+    )
     problems = "\n".join(page_problems(bad))
     imports = "\n".join(python_problems("from fx_fp8 import no_such_name", "imports", imports=True))
     assert "ImportError" in imports and "no_such_name" in imports, imports
-    for expected in ("kernell", "get_report does not exist", "fp9", "quantisation", "--quik", "diffusion_kv_cache_dtyp",
-                     "--modle", "[cudaa]", "['gpu']", "no step 'speed'", "torch==2.9.0", "make all",
-                     "#no-such-heading", "broken link no_such_page.md", "atention", "fp9`", "kernal", "fx_fp8.get_reprts",
-                     "fx_fp8.DiffusersConfg does not exist"):
+    for expected in (
+        "kernell",
+        "get_report does not exist",
+        "fp9",
+        "quantisation",
+        "--quik",
+        "diffusion_kv_cache_dtyp",
+        "--modle",
+        "[cudaa]",
+        "['gpu']",
+        "no step 'speed'",
+        "torch==2.9.0",
+        "make all",
+        "#no-such-heading",
+        "broken link no_such_page.md",
+        "atention",
+        "fp9`",
+        "kernal",
+        "fx_fp8.get_reprts",
+        "fx_fp8.DiffusersConfg does not exist",
+    ):
         assert expected in problems, (expected, problems)
 
 
@@ -382,6 +405,7 @@ def gpu(monkeypatch):
     def set_gpu(capability, name):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         monkeypatch.setattr(attention_table, "gpu_name", lambda device: name)
+
     return set_gpu
 
 
@@ -396,10 +420,12 @@ def test_quoted_reasons_are_the_lowerings(gpu, monkeypatch):
     flux, d80 = _fake_cuda((1, 24, 4608, 128), (1, 24, 4608, 80))
     (full_mask,) = _fake_cuda((1, 1, 4608, 4608), dtype=torch.bool)
     gpu((9, 0), "NVIDIA H200")
-    quoted = [LOWERING.attention_reason(flux, flux, flux, att),  # Flux-dev at 1024x1024: native by the table
-              LOWERING.attention_reason(d80, d80, d80, att),
-              LOWERING.attention_reason(flux, flux, flux, att, full_mask).split(" (shape")[0] + " (",
-              LOWERING.gemm_description("fp8", "channel", None, True)]  # the default linear recipe
+    quoted = [
+        LOWERING.attention_reason(flux, flux, flux, att),  # Flux-dev at 1024x1024: native by the table
+        LOWERING.attention_reason(d80, d80, d80, att),
+        LOWERING.attention_reason(flux, flux, flux, att, full_mask).split(" (shape")[0] + " (",
+        LOWERING.gemm_description("fp8", "channel", None, True),
+    ]  # the default linear recipe
     monkeypatch.setattr(cudnn_attention, "import_cudnn", lambda: (_ for _ in ()).throw(ImportError("no cudnn")))
     cudnn = FP8Config.load(None, attention={"kernel": "cudnn", "granularity": "tensor"}).attention
     quoted.append(LOWERING.attention_reason(flux, flux, flux, cudnn).split(" not importable")[0] + " not importable")

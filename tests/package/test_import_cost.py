@@ -2,6 +2,7 @@
 Dynamo, sympy, tabulate, RE2, which cost a second together), every public name still resolves on
 first use, and torch.compile still finds the "fp8" backend (a torch entry point). The time itself
 is measured by benchmarks/import_time.py, not here: a timed test would be flaky on a shared box."""
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,13 @@ def test_every_public_name_resolves():
 
 def test_star_import_and_the_backend_entry_point():
     """torch finds "fp8" / "fp8_npu" through the entry point, without `import fx_fp8` first."""
-    got = _fresh("import json, torch._dynamo\n"
-                 "fp8 = torch._dynamo.lookup_backend('fp8')\n"
-                 "npu = torch._dynamo.lookup_backend('fp8_npu')\n"
-                 "from fx_fp8 import *\n"
-                 "print(json.dumps([fp8.__module__, npu.__module__, callable(prepare_model)]))")
+    got = _fresh(
+        "import json, torch._dynamo\n"
+        "fp8 = torch._dynamo.lookup_backend('fp8')\n"
+        "npu = torch._dynamo.lookup_backend('fp8_npu')\n"
+        "from fx_fp8 import *\n"
+        "print(json.dumps([fp8.__module__, npu.__module__, callable(prepare_model)]))"
+    )
     assert got == ["fx_fp8.compile.backend", "fx_fp8.compile.backend", True]
 
 

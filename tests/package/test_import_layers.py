@@ -5,6 +5,7 @@ import-time imports form no cycle (an import inside a function runs when it is c
 modules loaded: fx_fp8.pipeline.diffusers_registration's hook imports the quantizer it registers
 that way). The checker (tests/helpers/import_layers.py) is an AST walk over fx_fp8/; each rule also
 runs on a temporary copy of the package with a violation planted, and must report it."""
+
 from __future__ import annotations
 
 import shutil
@@ -20,16 +21,16 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fx_fp8"
 #: longest matching entry decides); "fx_fp8" is the package's own __init__ only
 LAYERS = [
     ("utilities", ["fx_fp8.install_hint", "fx_fp8.progress", "fx_fp8.after_import"]),
-    ("config", ["fx_fp8.config", "fx_fp8.steps"]),          # settings, and the published step they select by
-    ("graph", ["fx_fp8.graph", "fx_fp8.report"]),           # reading graphs (never rewriting), reports of decisions
-    ("ops", ["fx_fp8.ops"]),                                # numerics, custom ops, lowerings and their kernels
-    ("quant", ["fx_fp8.quant"]),                            # quantized weights, prepare, checkpoints, calibration
-    ("passes", ["fx_fp8.passes"]),                          # rewriting graphs
-    ("compile", ["fx_fp8.compile"]),                        # the Dynamo backends
-    ("pipeline", ["fx_fp8.pipeline"]),                      # the diffusers glue
-    ("tuning", ["fx_fp8.tuning"]),                          # fx_fp8.tune: measuring every candidate on this GPU
-    ("api", ["fx_fp8"]),                                    # the package's public names
-    ("tools", ["fx_fp8.tools", "fx_fp8.__main__"]),         # CLI, sensitivity, model zoo, the tiny model (users of the API)
+    ("config", ["fx_fp8.config", "fx_fp8.steps"]),  # settings, and the published step they select by
+    ("graph", ["fx_fp8.graph", "fx_fp8.report"]),  # reading graphs (never rewriting), reports of decisions
+    ("ops", ["fx_fp8.ops"]),  # numerics, custom ops, lowerings and their kernels
+    ("quant", ["fx_fp8.quant"]),  # quantized weights, prepare, checkpoints, calibration
+    ("passes", ["fx_fp8.passes"]),  # rewriting graphs
+    ("compile", ["fx_fp8.compile"]),  # the Dynamo backends
+    ("pipeline", ["fx_fp8.pipeline"]),  # the diffusers glue
+    ("tuning", ["fx_fp8.tuning"]),  # fx_fp8.tune: measuring every candidate on this GPU
+    ("api", ["fx_fp8"]),  # the package's public names
+    ("tools", ["fx_fp8.tools", "fx_fp8.__main__"]),  # CLI, sensitivity, model zoo, the tiny model (users of the API)
 ]
 #: at most this many modules at the top of fx_fp8/ besides __init__ and __main__
 MAX_TOP_LEVEL = 8
@@ -101,15 +102,29 @@ def _write(package: Path, relative: str, text: str, append: bool = False) -> Non
 #: one violation per rule, each in its own modules of one copy: (rule, where, text, appended to it)
 PLANTED = {
     "undeclared subpackage": ("newpart/__init__.py", "from fx_fp8.pipeline import compile_pipeline\n", False),
-    "upward import in a function": ("config/values.py", "\n\ndef _planted():\n    from fx_fp8.compile import backend\n", True),
-    "importlib.import_module": ("ops/formats.py", "\n\ndef _planted():\n    import importlib\n"
-                                "    return importlib.import_module('fx_fp8.pipeline.compile')\n", True),
+    "upward import in a function": (
+        "config/values.py",
+        "\n\ndef _planted():\n    from fx_fp8.compile import backend\n",
+        True,
+    ),
+    "importlib.import_module": (
+        "ops/formats.py",
+        "\n\ndef _planted():\n    import importlib\n    return importlib.import_module('fx_fp8.pipeline.compile')\n",
+        True,
+    ),
     "__import__": ("graph/shapes.py", "\n\ndef _planted():\n    return __import__('fx_fp8.quant.prepare')\n", True),
-    "import_module of a module constant": ("quant/recipe.py", "\n_PLANTED = {'x': 'fx_fp8.passes.linear'}\n\n\n"
-                                           "def _planted(k):\n    from importlib import import_module\n"
-                                           "    return import_module(_PLANTED[k])\n", True),
-    "unreadable dynamic import": ("steps.py", "\n\ndef _planted(name):\n    import importlib\n"
-                                  "    return importlib.import_module(name)\n", True),
+    "import_module of a module constant": (
+        "quant/recipe.py",
+        "\n_PLANTED = {'x': 'fx_fp8.passes.linear'}\n\n\n"
+        "def _planted(k):\n    from importlib import import_module\n"
+        "    return import_module(_PLANTED[k])\n",
+        True,
+    ),
+    "unreadable dynamic import": (
+        "steps.py",
+        "\n\ndef _planted(name):\n    import importlib\n    return importlib.import_module(name)\n",
+        True,
+    ),
     "import cycle": ("install_hint.py", "\nimport fx_fp8.progress  # noqa\n", True),
     "graph imports passes": ("graph/names.py", "\n\ndef _planted():\n    from fx_fp8.passes import base\n", True),
 }
@@ -130,25 +145,45 @@ def planted(tmp_path_factory):
 def test_the_planted_copy_differs_from_the_package_only_where_planted(planted):
     package, scan = planted
     assert set(scan.modules) - set(MODULES) == {"fx_fp8.newpart"} | {
-        f"fx_fp8.planted_top_{i}" for i in range(MAX_TOP_LEVEL + 1)}
+        f"fx_fp8.planted_top_{i}" for i in range(MAX_TOP_LEVEL + 1)
+    }
 
 
-@pytest.mark.parametrize("rule, found", [
-    ("undeclared subpackage", lambda s, p: "fx_fp8.newpart" in il.undeclared(s, LAYERS)),
-    ("upward import in a function", lambda s, p: "fx_fp8.config.values (config) -> fx_fp8.compile.backend (compile)"
-     in il.upward_imports(s, LAYERS)),
-    ("importlib.import_module", lambda s, p: "fx_fp8.ops.formats (ops) -> fx_fp8.pipeline.compile (pipeline)"
-     in il.upward_imports(s, LAYERS)),
-    ("__import__", lambda s, p: "fx_fp8.graph.shapes (graph) -> fx_fp8.quant.prepare (quant)"
-     in il.upward_imports(s, LAYERS)),
-    ("import_module of a module constant", lambda s, p: "fx_fp8.quant.recipe (quant) -> fx_fp8.passes.linear (passes)"
-     in il.upward_imports(s, LAYERS)),
-    ("unreadable dynamic import", lambda s, p: any(u.startswith("fx_fp8.steps:") for u in _unreadable(s))),
-    ("import cycle", lambda s, p: ["fx_fp8.install_hint", "fx_fp8.progress"] in il.import_cycles(s)),
-    ("graph imports passes", lambda s, p: "fx_fp8.graph.names -> fx_fp8.passes.base"
-     in il.imports_between(s, "fx_fp8.graph", "fx_fp8.passes")),
-    ("too many top-level modules", lambda s, p: len(il.top_level_modules(s, p)) > MAX_TOP_LEVEL),
-])
+@pytest.mark.parametrize(
+    "rule, found",
+    [
+        ("undeclared subpackage", lambda s, p: "fx_fp8.newpart" in il.undeclared(s, LAYERS)),
+        (
+            "upward import in a function",
+            lambda s, p: (
+                "fx_fp8.config.values (config) -> fx_fp8.compile.backend (compile)" in il.upward_imports(s, LAYERS)
+            ),
+        ),
+        (
+            "importlib.import_module",
+            lambda s, p: (
+                "fx_fp8.ops.formats (ops) -> fx_fp8.pipeline.compile (pipeline)" in il.upward_imports(s, LAYERS)
+            ),
+        ),
+        (
+            "__import__",
+            lambda s, p: "fx_fp8.graph.shapes (graph) -> fx_fp8.quant.prepare (quant)" in il.upward_imports(s, LAYERS),
+        ),
+        (
+            "import_module of a module constant",
+            lambda s, p: "fx_fp8.quant.recipe (quant) -> fx_fp8.passes.linear (passes)" in il.upward_imports(s, LAYERS),
+        ),
+        ("unreadable dynamic import", lambda s, p: any(u.startswith("fx_fp8.steps:") for u in _unreadable(s))),
+        ("import cycle", lambda s, p: ["fx_fp8.install_hint", "fx_fp8.progress"] in il.import_cycles(s)),
+        (
+            "graph imports passes",
+            lambda s, p: (
+                "fx_fp8.graph.names -> fx_fp8.passes.base" in il.imports_between(s, "fx_fp8.graph", "fx_fp8.passes")
+            ),
+        ),
+        ("too many top-level modules", lambda s, p: len(il.top_level_modules(s, p)) > MAX_TOP_LEVEL),
+    ],
+)
 def test_each_rule_reports_its_planted_violation(planted, rule, found):
     package, scan = planted
     assert found(scan, package), f"the rule '{rule}' did not report the violation planted for it"

@@ -1,5 +1,6 @@
 """fx_fp8 never needs torch_npu: importing it does not touch torch_npu, and CPU compiles work
 when torch_npu is absent or broken. Each case runs in a clean interpreter."""
+
 from __future__ import annotations
 
 import json
@@ -85,13 +86,17 @@ MODES = ("absent", "runtime-error")
 @pytest.fixture(scope="module")
 def results() -> dict:
     """Both clean-interpreter cases, run concurrently (each spends seconds importing torch)."""
-    procs = {m: subprocess.Popen([sys.executable, "-c", SCRIPT, m], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True) for m in MODES}
+    procs = {
+        m: subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, m], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for m in MODES
+    }
     out = {}
     for mode, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
         lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
-        out[mode] = json.loads(lines[-1][len("RESULT "):]) if proc.returncode == 0 and lines else stderr[-3000:]
+        out[mode] = json.loads(lines[-1][len("RESULT ") :]) if proc.returncode == 0 and lines else stderr[-3000:]
     return out
 
 

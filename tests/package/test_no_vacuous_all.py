@@ -3,6 +3,7 @@ green when no row is fp8. Every such assert in the suite sits in a test that als
 about the same iterable (its root name or its text in another assert of the function: typically
 `assert xs` or `assert any(...)` of the same filter), or iterates a non-empty literal. Read from
 the source (an AST walk over tests/), so a new vacuous `all` fails here."""
+
 from __future__ import annotations
 
 import ast
@@ -42,8 +43,12 @@ def vacuous_alls(source: str, where: str = "") -> list[str]:
         texts = None
         for a in asserts:
             for call in ast.walk(a.test):
-                if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "all" and call.args
-                        and isinstance(call.args[0], (ast.GeneratorExp, ast.ListComp))):
+                if not (
+                    isinstance(call, ast.Call)
+                    and getattr(call.func, "id", None) == "all"
+                    and call.args
+                    and isinstance(call.args[0], (ast.GeneratorExp, ast.ListComp))
+                ):
                     continue
                 it = call.args[0].generators[0].iter
                 if isinstance(it, (ast.List, ast.Tuple, ast.Set)) and it.elts:

@@ -1,4 +1,5 @@
 """The README as a front door: short, its commands runnable as given, its links and generated table current."""
+
 from __future__ import annotations
 
 import re
@@ -101,8 +102,11 @@ def test_readme_commands_write_no_tracked_file():
 
 def test_supported_models_excerpt_matches_the_generated_page():
     def cells(text: str) -> dict:  # class -> the row's cells
-        rows = ([c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
-                if line.startswith("| `"))
+        rows = (
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines()
+            if line.startswith("| `")
+        )
         return {c[0].strip("`"): c for c in rows}
 
     page = cells(_text(DOCS / "supported_models.md"))
@@ -113,14 +117,16 @@ def test_supported_models_excerpt_matches_the_generated_page():
     for cls, (_, attn, lin, err, real) in excerpt.items():
         # the page: class, zoo name, kind, attention, linears, error, real width, not FP8
         assert page[cls][3:7] == [attn, lin, err, real], (cls, page[cls])
-        assert re.fullmatch(r"[\d.]+ %", err) and (real == "-" or re.fullmatch(r"\d+/\d+ attn, \d+/\d+ lin, [\d.]+ %", real))
+        assert re.fullmatch(r"[\d.]+ %", err) and (
+            real == "-" or re.fullmatch(r"\d+/\d+ attn, \d+/\d+ lin, [\d.]+ %", real)
+        )
 
 
 def test_sensitivity_without_matplotlib_is_one_line_naming_the_extra(monkeypatch, capsys, tmp_path):
     from fx_fp8.install_hint import install_hint
     from fx_fp8.tools import cli
 
-    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     rc = cli.main(["sensitivity", "--model", "tiny", "--out", str(tmp_path / "sens")])
     err = capsys.readouterr().err.strip()
     assert rc == 2

@@ -5,6 +5,7 @@ features off the output is bit-identical to Dynamo's own eager backend; with FP8
 within 5 % wherever something was rewritten. Plus the graph shapes that broke this once:
 in-place side effects whose results are unused, vmap level markers, and the manager's own check.
 """
+
 import pytest
 import torch
 import torch.fx
@@ -77,8 +78,8 @@ class SideEffects(nn.Module):
 
     def forward(self, x):
         h = self.proj(x)
-        self.seen.copy_(h[:, 0].detach())          # copy_: result unused
-        h.masked_fill_(h > 3.0, 3.0)               # masked_fill_: result unused
+        self.seen.copy_(h[:, 0].detach())  # copy_: result unused
+        h.masked_fill_(h > 3.0, 3.0)  # masked_fill_: result unused
         return torch.vmap(lambda row: row * 2.0)(h) + self.seen.sum()
 
 
@@ -110,7 +111,7 @@ def test_manager_refuses_a_pass_that_removes_what_it_did_not_replace():
     m, x = SideEffects().eval(), torch.randn(4, 16, 64)
     with torch.no_grad():
         torch.compile(m, backend=cap)(x)
-    (gm, inputs), = cap.graphs
+    ((gm, inputs),) = cap.graphs
     assert any(n.op == "call_function" and not n.users for n in gm.graph.nodes)  # the in-place ops
     _, report = compile_stored(gm, inputs, fx_fp8.FP8Config())
     from fx_fp8.ops.lowering import get_lowering

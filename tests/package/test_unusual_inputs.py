@@ -1,4 +1,5 @@
 """Unusual but legal inputs that gave a wrong answer without a word, or an unclear error."""
+
 from __future__ import annotations
 
 import argparse
@@ -71,21 +72,27 @@ def test_catastrophic_regex_shapes_match_in_linear_time(pattern):
     assert matches(pattern, "a" * 40 + "z")
 
 
-@pytest.mark.parametrize("pattern, what", [
-    ("re:(?=b)(a+)+z", "a lookahead"),
-    ("re:(?!.*norm).*\\.linear", "a lookahead"),
-    ("re:(?<!x)a", "a lookbehind"),
-    ("re:(a)\\1(.*)*", "a backreference"),
-    ("re:(?P<n>a)(?P=n)", "a backreference"),
-    ("re:(?>a)b", "an atomic group"),
-    ("re:a++b", "a possessive repeat"),
-    ("re:a\\Z", "\\Z"),
-    ("re:(?x)a b", "an inline flag RE2 lacks"),
-])
+@pytest.mark.parametrize(
+    "pattern, what",
+    [
+        ("re:(?=b)(a+)+z", "a lookahead"),
+        ("re:(?!.*norm).*\\.linear", "a lookahead"),
+        ("re:(?<!x)a", "a lookbehind"),
+        ("re:(a)\\1(.*)*", "a backreference"),
+        ("re:(?P<n>a)(?P=n)", "a backreference"),
+        ("re:(?>a)b", "an atomic group"),
+        ("re:a++b", "a possessive repeat"),
+        ("re:a\\Z", "\\Z"),
+        ("re:(?x)a b", "an inline flag RE2 lacks"),
+    ],
+)
 def test_construct_the_linear_time_matcher_lacks_is_refused_naming_it(pattern, what, capfd):
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=rf"ignored_layers pattern {re.escape(repr(pattern))}: it uses "
-                                         rf"{re.escape(what)}, which RE2"):
+    with pytest.raises(
+        ValueError,
+        match=rf"ignored_layers pattern {re.escape(repr(pattern))}: it uses "
+        rf"{re.escape(what)}, which RE2",
+    ):
         FP8Config.from_kwargs(ignored_layers=[pattern])
     assert time.perf_counter() - start < 1.0
     assert capfd.readouterr().err == ""  # RE2's own error log stays off
@@ -103,7 +110,8 @@ def test_legitimate_regexes_keep_working():
     cases = {  # pattern: (names it matches, names it does not)
         "re:transformer_blocks\\.\\d+\\.attn\\..*": (
             ["transformer_blocks.3.attn.to_q"],
-            ["single_transformer_blocks.3.attn.to_q", "transformer_blocks.x.attn.a"]),
+            ["single_transformer_blocks.3.attn.to_q", "transformer_blocks.x.attn.a"],
+        ),
         "re:.*(norm|proj_out).*": (["norm_out.linear", "proj_out", "blocks.0.norm1.linear"], ["blocks.0.ff.net.2"]),
         "re:(blocks\\.\\d+\\.)*attn": (["attn", "blocks.1.blocks.22.attn"], ["blocks.1.attn.to_q"]),
         "re:(.*\\.)?norm[^.]*\\.linear": (["norm1.linear", "blocks.2.norm_out.linear"], ["norm1.x.linear"]),
@@ -125,8 +133,20 @@ def test_linear_time_matcher_agrees_with_python_re():
 
     rnd = random.Random(0)
     names = ["".join(rnd.choice("ab._019xz\n") for _ in range(rnd.randint(0, 9))) for _ in range(400)]
-    for regex in ["(a|ab)(c|bcd)?(d*)", "a*?b+?\\.?", "[^a-c]{2,3}x?", "\\Aa\\b.*", ".*\\Bb$", "\\w+\\W?",
-                  "x{0,2}[0-9]{1}", "(|a)+b", "[\\s\\S]*z", "(?:a|b\\.)+\\d\\D", "(a+)+z", "(.*.*)*z"]:
+    for regex in [
+        "(a|ab)(c|bcd)?(d*)",
+        "a*?b+?\\.?",
+        "[^a-c]{2,3}x?",
+        "\\Aa\\b.*",
+        ".*\\Bb$",
+        "\\w+\\W?",
+        "x{0,2}[0-9]{1}",
+        "(|a)+b",
+        "[\\s\\S]*z",
+        "(?:a|b\\.)+\\d\\D",
+        "(a+)+z",
+        "(.*.*)*z",
+    ]:
         rx = re.compile(regex)
         assert [matches("re:" + regex, n) for n in names] == [rx.fullmatch(n) is not None for n in names], regex
 
@@ -139,8 +159,10 @@ def test_vllm_omni_flux_preset_keeps_dual_stream_blocks_native():
     cfg = FP8Config.from_kwargs(quantization="fp8", ignored_layers="preset:vllm-omni-flux")
     assert FP8Config.from_kwargs(**cfg.to_dict()) == cfg  # round-trips as the preset's name
     qc = cfg.quantization_config
-    assert native_reason("transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc) == \
-        "ignored_layers pattern 'preset:vllm-omni-flux' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    assert (
+        native_reason("transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc)
+        == "ignored_layers pattern 'preset:vllm-omni-flux' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    )
     assert native_reason("single_transformer_blocks.0.attn.to_q", 64, 64, torch.float32, qc) is None
 
 
@@ -171,12 +193,15 @@ def test_small_p_scale_is_refused(p_scale):
     assert AttentionQuantConfig(p_scale=1).p_scale == 1
 
 
-@pytest.mark.parametrize("backend, cache_config", [
-    ("first_block_cache", {"threshold": float("nan")}),
-    ("first_block_cache", {"threshold": float("inf")}),
-    ("first_block_cache", '{"threshold": NaN}'),
-    ("mag_cache", {"mag_ratios": [1.0, float("nan")], "num_inference_steps": 2}),
-])
+@pytest.mark.parametrize(
+    "backend, cache_config",
+    [
+        ("first_block_cache", {"threshold": float("nan")}),
+        ("first_block_cache", {"threshold": float("inf")}),
+        ("first_block_cache", '{"threshold": NaN}'),
+        ("mag_cache", {"mag_ratios": [1.0, float("nan")], "num_inference_steps": 2}),
+    ],
+)
 def test_non_finite_cache_config_is_refused(backend, cache_config):
     from fx_fp8.pipeline.options import diffusers_cache_config
 
@@ -205,8 +230,10 @@ def test_to_yaml_with_calibrated_scales_round_trips(tmp_path):
     torch.manual_seed(0)
     model = TwoLinears().eval()
     scales = fx_fp8.calibrate(model, [(torch.randn(4, 64),)])
-    cfg = FP8Config.from_kwargs(quantization="int8", quantization_config={
-        "activation_scheme": "static", "activation_scales": scales, "quantize_sensitive": True})
+    cfg = FP8Config.from_kwargs(
+        quantization="int8",
+        quantization_config={"activation_scheme": "static", "activation_scales": scales, "quantize_sensitive": True},
+    )
     path = tmp_path / "cfg.yaml"
     cfg.to_yaml(path)
     back = FP8Config.from_yaml(path).quantization_config.activation_scales
@@ -236,8 +263,10 @@ def test_int8_static_keeps_a_nan_row_nan():
     x[1, 3] = float("nan")
     with torch.no_grad():
         native = model(x)
-    options = {"quantization": "int8", "quantization_config": {
-        "activation_scheme": "static", "activation_scales": scales, "quantize_sensitive": True}}
+    options = {
+        "quantization": "int8",
+        "quantization_config": {"activation_scheme": "static", "activation_scales": scales, "quantize_sensitive": True},
+    }
     c = torch.compile(model, backend="fp8", options=options)
     with torch.no_grad():
         out = c(x)
@@ -302,8 +331,11 @@ def _wan_animate2_run(model, inputs, sensitive="native"):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = model(**inputs())[0][0]
-        options = {"quantization": "fp8"} if sensitive is None else {"quantization": "fp8",
-                                                                     "quantization_config": {"sensitive": sensitive}}
+        options = (
+            {"quantization": "fp8"}
+            if sensitive is None
+            else {"quantization": "fp8", "quantization_config": {"sensitive": sensitive}}
+        )
         c = torch.compile(model, backend="fp8", options=options)
         out = c(**inputs())[0][0]
     rows = {e.module: e for r in fx_fp8.get_reports(c) for e in r.entries if e.op == "linear"}

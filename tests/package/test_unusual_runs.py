@@ -1,6 +1,7 @@
 """Unusual runs that once failed quietly: a hang, sensitive layers lost from the 9th model of a
 class, CLI commands that could not place relative steps, damaged checkpoints, a parameterless
 module that never warned, and an undocumented difference from vLLM-Omni."""
+
 from __future__ import annotations
 
 import json
@@ -137,8 +138,7 @@ def test_the_twentieth_model_of_a_class_gets_the_first_ones_sensitive_layers():
 def test_prepare_model_finds_the_same_layers_past_the_recompile_limit():
     args = _tiny_inputs()
     with torch._dynamo.config.patch(recompile_limit=2):
-        results = [fx_fp8.prepare_model(TinyDiT().eval(), quantization="fp8", example_inputs=args)
-                   for _ in range(4)]
+        results = [fx_fp8.prepare_model(TinyDiT().eval(), quantization="fp8", example_inputs=args) for _ in range(4)]
     assert results  # not vacuous: all() of nothing is True
     assert all(sorted(r["weight_only"]) == sorted(TINY_SENSITIVE) for r in results), [r["weight_only"] for r in results]
 
@@ -190,7 +190,7 @@ def _data_offset(path: Path, key: str) -> int:
     """Where `key`'s bytes start in a safetensors file (an 8-byte header length, the JSON header, the data)."""
     raw = path.read_bytes()
     n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     return 8 + n + header[key]["data_offsets"][0]
 
 
@@ -239,7 +239,9 @@ def test_the_weights_file_of_another_save_is_refused(tmp_path):
     fx_fp8.prepare_model(model, quantization="fp8")
     fx_fp8.save_quantized(model, other)
     (one / WEIGHTS_NAME).write_bytes((other / WEIGHTS_NAME).read_bytes())
-    with pytest.raises(ValueError, match=r"the bytes of a\.bias, a\.weight, .* not the one saved with this description"):
+    with pytest.raises(
+        ValueError, match=r"the bytes of a\.bias, a\.weight, .* not the one saved with this description"
+    ):
         fx_fp8.load_quantized(one, model=TwoLinears())
 
 
@@ -262,8 +264,9 @@ class _Attention(nn.Module):
 
 def test_each_compiled_parameterless_module_warns_about_an_unpublished_step():
     q = torch.randn(1, 2, 16, 64)
-    compiled = [torch.compile(_Attention(), backend="fp8", options={"diffusion_kv_cache_skip_steps": "0"})
-                for _ in range(2)]
+    compiled = [
+        torch.compile(_Attention(), backend="fp8", options={"diffusion_kv_cache_skip_steps": "0"}) for _ in range(2)
+    ]
     for c in compiled:  # Dynamo runs the first one's graph for the second: the same class, no parameters
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
@@ -280,10 +283,10 @@ def test_each_compiled_parameterless_module_warns_about_an_unpublished_step():
 #: fx_fp8's patterns
 VLLM_OMNI_BF16 = {
     "flux": r"time_text_embed\..*|context_embedder|x_embedder|transformer_blocks\.\d+\.norm1(_context)?\.linear|"
-            r"single_transformer_blocks\.\d+\.norm\.linear|norm_out\.linear|proj_out",
+    r"single_transformer_blocks\.\d+\.norm\.linear|norm_out\.linear|proj_out",
     "qwen-image": r"time_text_embed\..*|img_in|txt_in|transformer_blocks\.\d+\.(img|txt)_mod\.1|norm_out\.linear|proj_out",
     "z-image": r"t_embedder\..*|cap_embedder\..*|all_x_embedder\..*|(layers|noise_refiner|context_refiner)\.\d+\."
-               r"adaLN_modulation\..*|all_final_layer\..*",
+    r"adaLN_modulation\..*|all_final_layer\..*",
     "wan": r"condition_embedder\..*|proj_out",
 }
 #: (family, extra config): its hard-wired layers for four families, and its recommended Qwen-Image
@@ -323,8 +326,11 @@ def test_the_sensitive_layer_difference_from_vllm_omni_is_documented_with_its_se
     assert "`quantization_config: {sensitive: native}` is vLLM-Omni's behaviour" in section
     # its numbers are the README's
     readme = (ROOT / "README.md").read_text().split("## Sensitive layers")[1].split("\n## ")[0]
-    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:5]] for r in readme.splitlines()
-            if r.startswith("| `native`") or r.startswith("| `weight_only` (default")}
+    rows = {
+        r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:5]]
+        for r in readme.splitlines()
+        if r.startswith("| `native`") or r.startswith("| `weight_only` (default")
+    }
     assert len(rows) == 2
     for row in rows.values():
         assert all(value in section for value in row), row

@@ -1,6 +1,7 @@
 """Round five of hostile use, the model's state: prepare_model under torch.inference_mode, models
 built inside it, instances told apart by what really differs per instance, writes through `.data`
 aliases, and the FX_FP8_CHECK_REUSE variable."""
+
 from __future__ import annotations
 
 import warnings
@@ -32,8 +33,10 @@ def three_linears(seed: int = 0) -> nn.Sequential:
 
 def snapshot(model: nn.Module) -> dict:
     """Each submodule object and each tensor object with its bytes: what "as it was" means."""
-    return {"modules": dict(model.named_modules()),
-            "tensors": {k: (v, v.detach().clone()) for k, v in model.state_dict(keep_vars=True).items()}}
+    return {
+        "modules": dict(model.named_modules()),
+        "tensors": {k: (v, v.detach().clone()) for k, v in model.state_dict(keep_vars=True).items()},
+    }
 
 
 def assert_as_it_was(model: nn.Module, before: dict) -> None:
@@ -145,8 +148,12 @@ def test_from_pretrained_with_diffusers_config_under_inference_mode(flux_folder)
     from diffusers import FluxTransformer2DModel
 
     def load():
-        return quiet(FluxTransformer2DModel.from_pretrained, flux_folder, torch_dtype=torch.bfloat16,
-                     quantization_config=fx_fp8.DiffusersConfig())
+        return quiet(
+            FluxTransformer2DModel.from_pretrained,
+            flux_folder,
+            torch_dtype=torch.bfloat16,
+            quantization_config=fx_fp8.DiffusersConfig(),
+        )
 
     with torch.inference_mode():
         inside = load()
@@ -263,8 +270,21 @@ def test_two_models_of_one_class_sharing_their_embedder_each_run_their_own_weigh
 
 
 # -- item 17: FX_FP8_CHECK_REUSE read as a boolean ------------------------------------------------------
-@pytest.mark.parametrize("value, on", [("false", False), ("False", False), ("0", False), ("no", False), ("off", False),
-                                       ("", False), ("true", True), ("TRUE", True), ("1", True), ("yes", True)])
+@pytest.mark.parametrize(
+    "value, on",
+    [
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+        ("", False),
+        ("true", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+    ],
+)
 def test_check_reuse_variable_is_read_as_a_boolean(monkeypatch, value, on):
     from fx_fp8.compile.backend import CHECK_REUSE_ENV, check_reuse_env
 
@@ -332,9 +352,9 @@ def test_ema_copy_to_and_restore_are_followed_by_the_compiled_model():
     with torch.no_grad():
         trained = compiled(x)
         ema.store(model.parameters())
-        ema.copy_to(model.parameters())     # writes every weight through param.data
+        ema.copy_to(model.parameters())  # writes every weight through param.data
         averaged = compiled(x)
-        ema.restore(model.parameters())     # and back
+        ema.restore(model.parameters())  # and back
         back = compiled(x)
     assert torch.equal(back, trained)
     assert not torch.equal(averaged, trained)
@@ -357,15 +377,14 @@ def test_peft_merge_and_unmerge_are_followed_by_the_compiled_model():
     with torch.no_grad():
         unmerged = compiled(x)
         for layer in layers:
-            layer.merge()                   # base weight += B @ A, through .data
+            layer.merge()  # base weight += B @ A, through .data
         merged = compiled(x)
         for layer in layers:
-            layer.unmerge()                 # and back: the first graph again, no recompile
+            layer.unmerge()  # and back: the first graph again, no recompile
         again = compiled(x)
     assert torch.equal(again, fresh_compile_output(model, x, build))  # W + BA - BA: not W bit for bit
     assert (again - unmerged).abs().max() < 0.01 * unmerged.abs().max()
     assert (merged - unmerged).abs().max() < 0.1 * unmerged.abs().max()  # the same function, merged
-
 
 
 def test_a_noted_write_into_a_prepared_model_raises_naming_the_layer_on_its_next_call():
@@ -377,8 +396,8 @@ def test_a_noted_write_into_a_prepared_model_raises_naming_the_layer_on_its_next
     with torch.no_grad():
         compiled(x)
         model[1].weight.data.copy_(torch.zeros_like(model[1].weight))  # through .data: no version counter moves
-        compiled(x)                                                      # unseen per call: the trade-off
-        note_weights_written()                                           # what the followed writers say
+        compiled(x)  # unseen per call: the trade-off
+        note_weights_written()  # what the followed writers say
         with pytest.raises(Exception, match="prepared layer 1 was written after prepare_model"):
             compiled(x)
 
@@ -388,14 +407,16 @@ def test_writers_imported_after_fx_fp8_compiled_are_followed_too():
     import subprocess
     import sys
 
-    code = ("import sys, torch, fx_fp8\n"
-            "from fx_fp8.quant.weight_writers import follow_writers\n"
-            "assert 'diffusers.training_utils' not in sys.modules and 'peft.tuners.lora.layer' not in sys.modules\n"
-            "follow_writers()  # what the backend does when it compiles a graph\n"
-            "from diffusers.training_utils import EMAModel\n"
-            "from peft.tuners.lora.layer import Linear\n"
-            "print(all(getattr(f, '_fx_fp8_counts_writes', False) for f in (EMAModel.copy_to, EMAModel.restore,"
-            " Linear.merge, Linear.unmerge)))\n")
+    code = (
+        "import sys, torch, fx_fp8\n"
+        "from fx_fp8.quant.weight_writers import follow_writers\n"
+        "assert 'diffusers.training_utils' not in sys.modules and 'peft.tuners.lora.layer' not in sys.modules\n"
+        "follow_writers()  # what the backend does when it compiles a graph\n"
+        "from diffusers.training_utils import EMAModel\n"
+        "from peft.tuners.lora.layer import Linear\n"
+        "print(all(getattr(f, '_fx_fp8_counts_writes', False) for f in (EMAModel.copy_to, EMAModel.restore,"
+        " Linear.merge, Linear.unmerge)))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "True"

@@ -1,5 +1,6 @@
 """The suite runs on two pytest-xdist workers (the README's `-n 2`): each worker computes on one
 thread, and the multi-process launches of two workers never share a rendezvous port."""
+
 from __future__ import annotations
 
 import os

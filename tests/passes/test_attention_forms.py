@@ -2,6 +2,7 @@
 efficient / cudnn / CPU-flash ops diffusers' backends (and ring attention) call directly.
 Rewritten where their outputs allow it (the result, or the result and the log-sum-exp in a
 layout the FP8 op produces), native with the reason otherwise."""
+
 import math
 import operator
 import warnings
@@ -76,17 +77,29 @@ def _graph(op, *, use=(0,), mask=False, device="cuda", dtype=torch.float16):
     outs = [g.call_function(operator.getitem, (call, i)) for i in use]
     g.output(tuple(outs))
     gm = torch.fx.GraphModule(nn.Module(), g)
-    inputs, out = compile_contexts(gm, vals, FP8Config(quantization=None), get_lowering("reference"),
-                                   CompileReport("fp8", "reference", "eager", None), LayerMap({}), warnings.warn)
+    inputs, out = compile_contexts(
+        gm,
+        vals,
+        FP8Config(quantization=None),
+        get_lowering("reference"),
+        CompileReport("fp8", "reference", "eager", None),
+        LayerMap({}),
+        warnings.warn,
+    )
     changed = FP8AttentionPass(inputs, out).run(gm)
     gm.graph.lint()
     (entry,) = out.report.entries
     return changed, entry, gm
 
 
-@pytest.mark.parametrize("op, form", [(aten._scaled_dot_product_flash_attention.default, "flash"),
-                                      (aten._scaled_dot_product_efficient_attention.default, "efficient"),
-                                      (aten._scaled_dot_product_cudnn_attention.default, "cudnn")])
+@pytest.mark.parametrize(
+    "op, form",
+    [
+        (aten._scaled_dot_product_flash_attention.default, "flash"),
+        (aten._scaled_dot_product_efficient_attention.default, "efficient"),
+        (aten._scaled_dot_product_cudnn_attention.default, "cudnn"),
+    ],
+)
 def test_aten_forms_rewritten_when_only_the_output_is_read(op, form):
     changed, entry, gm = _graph(op, use=(0,))
     assert changed == 1 and (entry.action, entry.form) == ("fp8", form)
@@ -94,11 +107,14 @@ def test_aten_forms_rewritten_when_only_the_output_is_read(op, form):
     assert torch.ops.fx_fp8.fp8_attention.default in targets and op not in targets
 
 
-@pytest.mark.parametrize("op, form, rewritten", [
-    (aten._scaled_dot_product_flash_attention.default, "flash", True),     # lse (B, H, Sq): produced
-    (aten._scaled_dot_product_cudnn_attention.default, "cudnn", True),     # lse (B, H, Sq, 1): unsqueezed
-    (aten._scaled_dot_product_efficient_attention.default, "efficient", False),  # lse padded to 32 rows
-])
+@pytest.mark.parametrize(
+    "op, form, rewritten",
+    [
+        (aten._scaled_dot_product_flash_attention.default, "flash", True),  # lse (B, H, Sq): produced
+        (aten._scaled_dot_product_cudnn_attention.default, "cudnn", True),  # lse (B, H, Sq, 1): unsqueezed
+        (aten._scaled_dot_product_efficient_attention.default, "efficient", False),  # lse padded to 32 rows
+    ],
+)
 def test_aten_forms_with_log_sum_exp(op, form, rewritten):
     changed, entry, gm = _graph(op, use=(0, 1))
     assert entry.form == form and (entry.action == "fp8") == rewritten and changed == int(rewritten)
@@ -119,10 +135,21 @@ def test_lse_under_context_parallel_merge_is_exact_enough():
     FP8 attention over all keys."""
     q, k, v = qkv(s=128, d=32, seed=3)
     scale = 1 / math.sqrt(32)
-    kw = dict(granularity="block", q_block=128, kv_block=256, hadamard=True, smooth_k=True, quantize_p=True,
-              p_scale=448.0, attention_kernel="auto", lowering="reference")
-    halves = [torch.ops.fx_fp8.fp8_attention_lse(q, k[:, :, i:i + 64], v[:, :, i:i + 64], None, scale, **kw)
-              for i in (0, 64)]
+    kw = dict(
+        granularity="block",
+        q_block=128,
+        kv_block=256,
+        hadamard=True,
+        smooth_k=True,
+        quantize_p=True,
+        p_scale=448.0,
+        attention_kernel="auto",
+        lowering="reference",
+    )
+    halves = [
+        torch.ops.fx_fp8.fp8_attention_lse(q, k[:, :, i : i + 64], v[:, :, i : i + 64], None, scale, **kw)
+        for i in (0, 64)
+    ]
     (o1, l1), (o2, l2) = halves
     lse = torch.logaddexp(l1, l2)
     merged = o1 * torch.exp(l1 - lse)[..., None] + o2 * torch.exp(l2 - lse)[..., None]

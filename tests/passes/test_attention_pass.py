@@ -1,4 +1,5 @@
 """FP8AttentionPass: which SDPA nodes are rewritten, which stay native and why, on all five families."""
+
 import warnings
 
 import pytest
@@ -44,13 +45,26 @@ def _family_run(family):
         fx_fp8.clear_reports()
         out = output_tensor(torch.compile(model, backend="fp8", fullgraph=fullgraph, options=ATTENTION_ONLY)(**kw))
     nodes = cap.sdpa_nodes()
-    cross = [n for n in nodes if meta_val(n.kwargs.get("key", n.args[1] if len(n.args) > 1 else None)).shape[2]
-             != meta_val(n.kwargs.get("query", n.args[0] if n.args else None)).shape[2]]
+    cross = [
+        n
+        for n in nodes
+        if meta_val(n.kwargs.get("key", n.args[1] if len(n.args) > 1 else None)).shape[2]
+        != meta_val(n.kwargs.get("query", n.args[0] if n.args else None)).shape[2]
+    ]
     reports = fx_fp8.get_reports()
     assert len(reports) == len(cap.graphs) and (len(reports) == 1 or not fullgraph)
     entries = [e for r in reports for e in r.entries]
-    return dict(model=model, kw=kw, native=native, out=out, reports=reports, entries=entries, nodes=nodes, cross=cross,
-                graph=max(cap.graphs, key=lambda g: sum(map(is_attention, g[0].graph.nodes))))
+    return dict(
+        model=model,
+        kw=kw,
+        native=native,
+        out=out,
+        reports=reports,
+        entries=entries,
+        nodes=nodes,
+        cross=cross,
+        graph=max(cap.graphs, key=lambda g: sum(map(is_attention, g[0].graph.nodes))),
+    )
 
 
 def count(entries, op, action=None):
@@ -122,13 +136,20 @@ def test_skip_layers_flux():
         model = build_tiny_transformer("flux")
     kw = example_inputs("flux", model)
     with torch.no_grad():
-        out = output_tensor(torch.compile(model, backend="fp8", options={**ATTENTION_ONLY, "diffusion_kv_cache_skip_layers": "0-2"})(**kw))
+        out = output_tensor(
+            torch.compile(model, backend="fp8", options={**ATTENTION_ONLY, "diffusion_kv_cache_skip_layers": "0-2"})(
+                **kw
+            )
+        )
     (report,) = fx_fp8.get_reports()
     assert report.layer_map == {"transformer_blocks": "0-1", "single_transformer_blocks": "2-3"}
     att = {e.module: e for e in report.entries if e.op == "attention"}
     assert {m: e.layer for m, e in att.items()} == {
-        "transformer_blocks.0.attn": 0, "transformer_blocks.1.attn": 1,
-        "single_transformer_blocks.0.attn": 2, "single_transformer_blocks.1.attn": 3}
+        "transformer_blocks.0.attn": 0,
+        "transformer_blocks.1.attn": 1,
+        "single_transformer_blocks.0.attn": 2,
+        "single_transformer_blocks.1.attn": 3,
+    }
     native = sorted(m for m, e in att.items() if e.action == "native")
     assert native == ["single_transformer_blocks.0.attn", "transformer_blocks.0.attn", "transformer_blocks.1.attn"]
     for m in native:
@@ -178,10 +199,16 @@ def test_unsupported_calls_stay_native_with_reason():
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries if e.op == "attention"}
     assert got["plain"][0] == "fp8" and got["scaled"][0] == "fp8"
-    assert got["dropout"] == ("native", "dropout_p=0.1 (FP8 attention is inference-only); run the model in eval mode "
-                                        "(model.eval(): no attention dropout)")
-    assert got["causal"] == ("native", "is_causal=True not supported by the FP8 kernels; nothing to set: the FP8 "
-                                       "kernels cannot take this call, it stays native")
+    assert got["dropout"] == (
+        "native",
+        "dropout_p=0.1 (FP8 attention is inference-only); run the model in eval mode "
+        "(model.eval(): no attention dropout)",
+    )
+    assert got["causal"] == (
+        "native",
+        "is_causal=True not supported by the FP8 kernels; nothing to set: the FP8 "
+        "kernels cannot take this call, it stays native",
+    )
     assert got["gqa"][0] == "native" and "grouped-query attention (4 query heads, 2 kv heads)" in got["gqa"][1]
     assert got[""][0] == "native" and "expected 4-D" in got[""][1]
 
@@ -197,30 +224,44 @@ def test_explicit_scale_is_kept():
 def _pass_on_mask(mask_val):
     """Run the attention pass on a hand-built graph whose mask has the given metadata
     (such masks are refused by SDPA itself, so Dynamo never produces them)."""
+
     def f(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
     gm = torch.fx.symbolic_trace(f)
     q = torch.randn(1, 2, 16, 32)
     for node, val in zip([n for n in gm.graph.nodes if n.op == "placeholder"], [q, q, q, mask_val]):
         node.meta["val"] = val
-    inputs, out = compile_contexts(gm, [q, q, q, mask_val], FP8Config(quantization=None), get_lowering("reference"),
-                                   CompileReport("fp8", "reference", "eager", None), LayerMap({}), warnings.warn)
+    inputs, out = compile_contexts(
+        gm,
+        [q, q, q, mask_val],
+        FP8Config(quantization=None),
+        get_lowering("reference"),
+        CompileReport("fp8", "reference", "eager", None),
+        LayerMap({}),
+        warnings.warn,
+    )
     changed = FP8AttentionPass(inputs, out).run(gm)
     (entry,) = out.report.entries
     return changed, entry
 
 
-@pytest.mark.parametrize("mask, needle", [
-    (torch.zeros(2, 2, 16, 16), "attention mask of shape (2, 2, 16, 16) not broadcastable"),
-    (torch.zeros(1, 1, 1, 2, 16, 16), "attention mask of shape (1, 1, 1, 2, 16, 16)"),
-    (torch.zeros(16, 16, dtype=torch.int32), "attention mask dtype torch.int32 not supported"),
-])
+@pytest.mark.parametrize(
+    "mask, needle",
+    [
+        (torch.zeros(2, 2, 16, 16), "attention mask of shape (2, 2, 16, 16) not broadcastable"),
+        (torch.zeros(1, 1, 1, 2, 16, 16), "attention mask of shape (1, 1, 1, 2, 16, 16)"),
+        (torch.zeros(16, 16, dtype=torch.int32), "attention mask dtype torch.int32 not supported"),
+    ],
+)
 def test_unsupported_mask_stays_native(mask, needle):
     changed, entry = _pass_on_mask(mask)
     assert changed == 0 and entry.action == "native" and needle in entry.reason, entry.reason
 
 
-@pytest.mark.parametrize("mask", [torch.ones(1, 1, 1, 16, dtype=torch.bool), torch.zeros(16, 16), torch.zeros(2, 1, 16)])
+@pytest.mark.parametrize(
+    "mask", [torch.ones(1, 1, 1, 16, dtype=torch.bool), torch.zeros(16, 16), torch.zeros(2, 1, 16)]
+)
 def test_broadcastable_masks_rewritten(mask):
     changed, entry = _pass_on_mask(mask)
     assert changed == 1 and entry.action == "fp8"
@@ -240,7 +281,10 @@ def test_no_sdpa_no_linear_zero_rewrites():
     compiled = torch.compile(m, backend="fp8")
     out = compiled(x)
     (report,) = fx_fp8.get_reports(compiled)
-    assert report.entries == [] and report.summary() == {"attention": {"fp8": 0, "native": 0}, "linear": {"fp8": 0, "native": 0}}
+    assert report.entries == [] and report.summary() == {
+        "attention": {"fp8": 0, "native": 0},
+        "linear": {"fp8": 0, "native": 0},
+    }
     torch.testing.assert_close(out, m(x))
 
 

@@ -1,6 +1,7 @@
 """Every native attention decision in the report says what the user can set to change it, or that
 no setting can: a config naming only linear keys leaves attention native, and its
 reason names diffusion_kv_cache_dtype: fp8 rather than an option the user never set."""
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,11 @@ import torch.nn.functional as F
 import fx_fp8
 
 #: how a native attention reason ends: a key or action to change it, or that none exists
-SAYS_WHAT_TO_SET = re.compile(r"set diffusion_kv_cache_dtype: fp8|set attention\.cross_attention: true|"
-                              r"drop \d+ from it|drop the step from diffusion_kv_cache_skip_steps|"
-                              r"run the model in eval mode|load the model in|nothing to set")
+SAYS_WHAT_TO_SET = re.compile(
+    r"set diffusion_kv_cache_dtype: fp8|set attention\.cross_attention: true|"
+    r"drop \d+ from it|drop the step from diffusion_kv_cache_skip_steps|"
+    r"run the model in eval mode|load the model in|nothing to set"
+)
 
 
 class _Block(nn.Module):
@@ -50,12 +53,17 @@ def _native_reasons(options) -> list:
     compiled = torch.compile(_Model(), backend="fp8", options=options)
     with torch.no_grad(), fx_fp8.denoising_step(0, total=4):
         compiled(q, short)
-    return [(r.step_variant, e.module, e.reason) for r in fx_fp8.get_reports() for e in r.entries
-            if e.op == "attention" and e.action == "native"]
+    return [
+        (r.step_variant, e.module, e.reason)
+        for r in fx_fp8.get_reports()
+        for e in r.entries
+        if e.op == "attention" and e.action == "native"
+    ]
 
 
-@pytest.mark.parametrize("options", [{"ignored_layers": ["blocks.0.proj"]}, {"quantization": "int8"},
-                                     {"quantization": "fp8"}])
+@pytest.mark.parametrize(
+    "options", [{"ignored_layers": ["blocks.0.proj"]}, {"quantization": "int8"}, {"quantization": "fp8"}]
+)
 def test_a_config_naming_only_linears_says_how_to_ask_for_attention(options):
     reasons = _native_reasons(options)
     assert len(reasons) == 6
@@ -70,8 +78,9 @@ def test_auto_says_what_auto_means():
 
 
 def test_every_native_attention_reason_says_what_to_set():
-    reasons = _native_reasons({"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_layers": "0",
-                               "diffusion_kv_cache_skip_steps": "0"})
+    reasons = _native_reasons(
+        {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_layers": "0", "diffusion_kv_cache_skip_steps": "0"}
+    )
     by_module = {}
     for variant, module, reason in reasons:
         assert SAYS_WHAT_TO_SET.search(reason), (variant, module, reason)
@@ -79,9 +88,11 @@ def test_every_native_attention_reason_says_what_to_set():
     assert any("drop 0 from it" in r for r in by_module["blocks.0"])
     assert any("set attention.cross_attention: true" in r for r in by_module["blocks.1"])
     assert any("run the model in eval mode" in r for r in by_module["blocks.2"])
-    assert by_module["blocks.3"] == {"skipped step variant (diffusion_kv_cache_skip_steps); drop the step from "
-                                     "diffusion_kv_cache_skip_steps to quantize this attention there"}
-    assert all("nothing to set" in r for r in by_module[""])   # causal and 3-D calls
+    assert by_module["blocks.3"] == {
+        "skipped step variant (diffusion_kv_cache_skip_steps); drop the step from "
+        "diffusion_kv_cache_skip_steps to quantize this attention there"
+    }
+    assert all("nothing to set" in r for r in by_module[""])  # causal and 3-D calls
 
 
 def test_a_reason_that_names_its_setting_gets_no_second_one():

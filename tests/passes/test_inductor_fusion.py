@@ -2,6 +2,7 @@
 linear pass writes the quantization as plain torch ops, once per group of linears that read
 the same tensor, and Inductor fuses it into the producer (norm + modulation) instead of adding
 a separate pass over the activation. Counted in Inductor's CPU output code."""
+
 import pytest
 
 from inductor_code import kernels

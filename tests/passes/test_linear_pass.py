@@ -1,5 +1,6 @@
 """The linear pass: which linears become FP8/INT8 W8A8, which stay native and why; activation-quant
 groups; per-layer numerics."""
+
 import warnings
 
 import pytest
@@ -34,11 +35,19 @@ def test_defaults_quantize_every_eligible_linear(family):
             # the structural reason (fx_fp8/graph/sensitive.py) wins over the name pattern where both apply;
             # the default runs sensitive layers weight-only (W8A16)
             assert e.action == "weight-only" and e.reason.startswith(
-                (f"known sensitive layer (pattern {hit!r})", "timestep conditioning", "adaLN modulation",
-                 "final projection")), (name, e.reason)
+                (
+                    f"known sensitive layer (pattern {hit!r})",
+                    "timestep conditioning",
+                    "adaLN modulation",
+                    "final projection",
+                )
+            ), (name, e.reason)
             assert "weight-only (sensitive: weight_only)" in e.reason
         elif not big_enough(lin):
-            assert e.action == "native" and ("min_features" in e.reason or "multiples of 16" in e.reason), (name, e.reason)
+            assert e.action == "native" and ("min_features" in e.reason or "multiples of 16" in e.reason), (
+                name,
+                e.reason,
+            )
         else:
             assert e.action == "fp8", (name, e.reason)
             assert e.reason.startswith("reference: FP8 W8A8, channel weight scales, dynamic per-token activations")
@@ -58,7 +67,9 @@ def test_none_and_empty_ignored_layers_mean_no_extra_patterns(family):
     default, _, _, _ = run_pass(family)
     for value in ([], None):
         report, _, _, _ = run_pass(family, ignored_layers=value)
-        assert {n: e.action for n, e in decisions(report).items()} == {n: e.action for n, e in decisions(default).items()}
+        assert {n: e.action for n, e in decisions(report).items()} == {
+            n: e.action for n, e in decisions(default).items()
+        }
 
 
 def test_quantize_sensitive_quantizes_all_eligible(family):
@@ -73,8 +84,9 @@ def test_quantize_sensitive_quantizes_all_eligible(family):
 
 def test_qwen_ignored_img_mlp_adds_to_the_sensitive_layers():
     # pinned to native sensitive layers: the test is about which layers stay native
-    report, out, native, linears = run_pass("qwen-image", ignored_layers=["img_mlp"],
-                                            quantization_config={"sensitive": "native"})
+    report, out, native, linears = run_pass(
+        "qwen-image", ignored_layers=["img_mlp"], quantization_config={"sensitive": "native"}
+    )
     got = decisions(report)
     img_mlp = {n for n in linears if ".img_mlp." in n}
     assert len(img_mlp) == 4  # 2 blocks x (net.0.proj, net.2)
@@ -84,11 +96,16 @@ def test_qwen_ignored_img_mlp_adds_to_the_sensitive_layers():
     # vLLM-Omni's recommended setting never quietly quantizes img_in / txt_in / modulation / proj_out
     assert native == img_mlp | small | sensitive
     assert {n for n, e in got.items() if "ignored_layers" in e.reason} == img_mlp
-    assert all(got[n].reason == "ignored_layers pattern 'img_mlp' (remove it from quantization_config.ignored_layers to quantize this layer)" for n in img_mlp)
+    assert all(
+        got[n].reason
+        == "ignored_layers pattern 'img_mlp' (remove it from quantization_config.ignored_layers to quantize this layer)"
+        for n in img_mlp
+    )
     assert got["txt_in"].action == "native" and {"txt_in", "norm_out.linear"} <= sensitive
     # "@defaults" (older configs) changes nothing: the sensitive layers are always kept
-    report2, _, _, _ = run_pass("qwen-image", ignored_layers=["img_mlp", "@defaults"],
-                                quantization_config={"sensitive": "native"})
+    report2, _, _, _ = run_pass(
+        "qwen-image", ignored_layers=["img_mlp", "@defaults"], quantization_config={"sensitive": "native"}
+    )
     assert {n for n, e in decisions(report2).items() if e.action == "native"} == native
     # the default: the same list, the sensitive layers weight-only instead of native
     got = decisions(run_pass("qwen-image", ignored_layers=["img_mlp"])[0])
@@ -104,13 +121,19 @@ def test_flux_qkv_share_one_activation_quantization():
         added = {got[f"{blk}.attn.{p}"].act_quant_group for p in ("add_q_proj", "add_k_proj", "add_v_proj")}
         assert len(groups) == 1 and len(added) == 1 and groups != added and "" not in groups
     # single blocks: proj_mlp reads the same normed input as to_q / to_k / to_v
-    single = {got[f"single_transformer_blocks.0.{p}"].act_quant_group
-              for p in ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")}
+    single = {
+        got[f"single_transformer_blocks.0.{p}"].act_quant_group
+        for p in ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp")
+    }
     assert len(single) == 1
     # the graph holds exactly one quantization (one amax over rows) per group
     model, gm, inputs, native, _ = traced("flux")
     cfg = FP8Config.from_kwargs(quantization="fp8", quantization_config={"quantize_sensitive": True})
-    fn, report = compile_stored(gm, inputs, cfg, )
+    fn, report = compile_stored(
+        gm,
+        inputs,
+        cfg,
+    )
     n_groups = len({e.act_quant_group for e in report.entries if e.op == "linear" and e.action == "fp8"})
     code = graph_module_of(fn).code
     assert code.count(".amax(") == n_groups < report.count("linear", "fp8")
@@ -129,8 +152,8 @@ class _Sizes(nn.Module):
     def __init__(self):
         super().__init__()
         self.ok = nn.Linear(64, 64)
-        self.odd = nn.Linear(64, 72)          # 72 is not a multiple of 16
-        self.narrow = nn.Linear(72, 16)       # feeds from odd; both reasons possible, 16 < min_features
+        self.odd = nn.Linear(64, 72)  # 72 is not a multiple of 16
+        self.narrow = nn.Linear(72, 16)  # feeds from odd; both reasons possible, 16 < min_features
         self.small = nn.Linear(16, 64)
 
     def forward(self, x):
@@ -143,20 +166,35 @@ def test_small_and_misaligned_layers_stay_native():
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries}
     assert got["ok"][0] == "fp8"
-    assert got["odd"] == ("native", "features 64->72 not multiples of 16 (FP8 matmul tiles; the layer's shape, no setting changes it)")
-    assert got["narrow"] == ("native", "features 72->16 not multiples of 16 (FP8 matmul tiles; the layer's shape, no setting changes it)")
-    assert got["small"] == ("native", ("small layer (16->64, below min_features=32): FP8 only costs time (lower "
-                             "quantization_config.min_features to quantize it)"))
+    assert got["odd"] == (
+        "native",
+        "features 64->72 not multiples of 16 (FP8 matmul tiles; the layer's shape, no setting changes it)",
+    )
+    assert got["narrow"] == (
+        "native",
+        "features 72->16 not multiples of 16 (FP8 matmul tiles; the layer's shape, no setting changes it)",
+    )
+    assert got["small"] == (
+        "native",
+        (
+            "small layer (16->64, below min_features=32): FP8 only costs time (lower "
+            "quantization_config.min_features to quantize it)"
+        ),
+    )
     assert all(e.name_resolved for e in report.entries)
     torch._dynamo.reset()
     fx_fp8.clear_reports()
-    torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {"min_features": 0}})(torch.randn(8, 64))
+    torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {"min_features": 0}})(
+        torch.randn(8, 64)
+    )
     (report,) = fx_fp8.get_reports()
     assert {e.module: e.action for e in report.entries}["small"] == "fp8"
 
 
 @pytest.mark.parametrize("method", ["fp8", "int8"])
-@pytest.mark.parametrize("granularity, block", [("tensor", None), ("channel", None), ("block", [128, 128]), ("block", [64, 32])])
+@pytest.mark.parametrize(
+    "granularity, block", [("tensor", None), ("channel", None), ("block", [128, 128]), ("block", [64, 32])]
+)
 @pytest.mark.parametrize("act", ["token", "tensor"])
 @pytest.mark.parametrize("shape", [(256, 256), (512, 128), (192, 768)])
 def test_quantized_linear_relative_mse(method, granularity, block, act, shape):
@@ -164,14 +202,23 @@ def test_quantized_linear_relative_mse(method, granularity, block, act, shape):
     g = torch.Generator().manual_seed(in_f + out_f)
     lin = nn.Linear(in_f, out_f)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f ** 0.5)
+        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f**0.5)
     x = torch.randn(4, 77, in_f, generator=g)
     wq, ws = quant.quantize_weight(lin.weight.detach(), granularity, block, method)
-    y = torch.ops.fx_fp8.quantized_linear(x, wq, ws, lin.bias.detach(), None, method=method,
-                                          weight_granularity=granularity, weight_block=block or [],
-                                          act_granularity="group" if block else act, lowering="reference")
+    y = torch.ops.fx_fp8.quantized_linear(
+        x,
+        wq,
+        ws,
+        lin.bias.detach(),
+        None,
+        method=method,
+        weight_granularity=granularity,
+        weight_block=block or [],
+        act_granularity="group" if block else act,
+        lowering="reference",
+    )
     ref = lin(x).detach()
-    mse = float(((y - ref) ** 2).mean() / (ref ** 2).mean())
+    mse = float(((y - ref) ** 2).mean() / (ref**2).mean())
     assert y.shape == ref.shape and 1e-7 < mse < 0.002, mse
 
 
@@ -182,9 +229,19 @@ def test_static_input_scale_in_op():
     scale = torch.tensor(float(x.abs().max()) / 448.0)
 
     def run(s):
-        return torch.ops.fx_fp8.quantized_linear(x, wq, ws, lin.bias.detach(), s, method="fp8",
-                                                 weight_granularity="channel", weight_block=[],
-                                                 act_granularity="token", lowering="reference")
+        return torch.ops.fx_fp8.quantized_linear(
+            x,
+            wq,
+            ws,
+            lin.bias.detach(),
+            s,
+            method="fp8",
+            weight_granularity="channel",
+            weight_block=[],
+            act_granularity="token",
+            lowering="reference",
+        )
+
     assert rel_err(run(scale), lin(x).detach()) < 0.05
     # a too small static scale clips: the error grows, proving the scale is used
     assert rel_err(run(scale / 20), lin(x).detach()) > 0.3
@@ -204,11 +261,15 @@ def test_weight_only_fallback_warns_once(monkeypatch):
         compiled = torch.compile(m, backend="fp8", options={"quantization": "fp8"})
         out = compiled(x)
     msgs = [str(i.message) for i in w if "weight-only" in str(i.message)]
-    assert msgs == ["fx_fp8: test device has no FP8 matrix units: fp8 linears use weight-only quantization "
-                    "(quantized storage, native matmul)"]
+    assert msgs == [
+        "fx_fp8: test device has no FP8 matrix units: fp8 linears use weight-only quantization "
+        "(quantized storage, native matmul)"
+    ]
     assert len(calls) == 2
     (report,) = fx_fp8.get_reports(compiled)
-    assert [e.reason for e in report.entries] == ["reference: weight-only FP8 (channel scales), weights quantized at compile"] * 2
+    assert [e.reason for e in report.entries] == [
+        "reference: weight-only FP8 (channel scales), weights quantized at compile"
+    ] * 2
     assert all(e.act_quant_group == "" for e in report.entries)
     ref = m(x).detach()
     assert 1e-5 < rel_err(out, ref) < 0.05

@@ -1,6 +1,7 @@
 """The pre-quantized pass (fx_fp8/passes/prequantized.py): linears on FP8 weights that a module dequantizes
 in its forward (diffusers' BFL fp8r layer, a module holding a ModelOpt FP8 export) become prepared
 FP8 linears on the stored bytes; look-alikes that are something else stay as they are."""
+
 import collections
 import warnings
 
@@ -25,8 +26,16 @@ from fx_fp8.passes.prequantized import find_prequantized
 from fx_fp8.report import CompileReport
 from fx_fp8.quant.weight_state import compile_quantizations
 from graph_capture import Capture, compile_stored, graph_module_of
-from prequantized_layouts import (FP8, bfl_checkpoint, bfl_flux, bfl_stack, fake_quant_input, float_stack,
-                                  modelopt_stack, modelopt_state_dict)
+from prequantized_layouts import (
+    FP8,
+    bfl_checkpoint,
+    bfl_flux,
+    bfl_stack,
+    fake_quant_input,
+    float_stack,
+    modelopt_stack,
+    modelopt_state_dict,
+)
 
 QLINEAR = torch.ops.fx_fp8.quantized_linear.default
 SCALED_MM = torch.ops.fx_fp8.scaled_mm.default
@@ -43,14 +52,17 @@ def capture(module, x):
     cap = Capture()
     with torch.no_grad():
         torch.compile(module, backend=cap, fullgraph=True)(x)
-    (gm, inputs), = cap.graphs
+    ((gm, inputs),) = cap.graphs
     return gm, inputs
 
 
 def op_counts(gm) -> collections.Counter:
     """How many call nodes of each target the graph holds (method names for call_method)."""
-    return collections.Counter(n.target if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
-                               for n in gm.graph.nodes if n.op in ("call_function", "call_method"))
+    return collections.Counter(
+        n.target if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method")
+    )
 
 
 def run_pass(gm, inputs, **options):
@@ -58,10 +70,15 @@ def run_pass(gm, inputs, **options):
     graph = _copy_graph(gm)
     cfg = FP8Config.from_kwargs(**{"quantization": "fp8", **options})
     names = [module_name(n) for n in graph.graph.nodes]
-    contexts = compile_contexts(graph, inputs, cfg, get_lowering("reference"),
-                                CompileReport(backend="fp8", lowering="reference", downstream="eager",
-                                              step_variant=None),
-                                LayerMap.from_graph([], names), lambda m: None)
+    contexts = compile_contexts(
+        graph,
+        inputs,
+        cfg,
+        get_lowering("reference"),
+        CompileReport(backend="fp8", lowering="reference", downstream="eager", step_variant=None),
+        LayerMap.from_graph([], names),
+        lambda m: None,
+    )
     manager = PassManager([PrequantizedLinearPass])
     manager.run(*contexts)
     return graph, manager.counts["prequantized_linear"]
@@ -103,12 +120,15 @@ def test_bfl_layers_become_prepared_fp8_linears_on_their_stored_weights(bfl):
         assert module_name(node) == f"layers.{i}"
 
 
-@pytest.mark.parametrize("per_channel,static,scale_shape,origin", [
-    (False, True, (), "(per-tensor weight scales, static input scale)"),
-    (False, False, (1,), "(per-tensor weight scales)"),
-    (True, False, None, "(per-channel weight scales)"),
-    (True, True, (-1, 1), "(per-channel weight scales, static input scale)"),
-])
+@pytest.mark.parametrize(
+    "per_channel,static,scale_shape,origin",
+    [
+        (False, True, (), "(per-tensor weight scales, static input scale)"),
+        (False, False, (1,), "(per-tensor weight scales)"),
+        (True, False, None, "(per-channel weight scales)"),
+        (True, True, (-1, 1), "(per-channel weight scales, static input scale)"),
+    ],
+)
 def test_modelopt_layouts(per_channel, static, scale_shape, origin):
     x = torch.randn(3, 5, DIMS[0], dtype=torch.bfloat16)
     layer = float_stack(DIMS[:2])
@@ -121,14 +141,16 @@ def test_modelopt_layouts(per_channel, static, scale_shape, origin):
     assert rewritten == 1 and counts["linear"] == 0 and counts["quantized_linear.default"] == 1
     assert counts["mul"] == 0 and counts["clamp"] == 0 and counts["truediv"] == 0
     assert before["clamp"] == (1 if static else 0)
-    node, = prepared_nodes(after)
+    (node,) = prepared_nodes(after)
     x_arg, w_arg, _, _, input_scale, _ = node.args
     assert x_arg.op == "placeholder" and placeholder_tensor(after, inputs, x_arg) is x  # the raw input
     assert placeholder_tensor(after, inputs, w_arg).data_ptr() == sd["layers.0.weight"].data_ptr()
     assert (input_scale is not None) == static
     if static:  # the stored static scale, through a view and a no-op fp32 cast
-        assert placeholder_tensor(after, inputs, input_scale.all_input_nodes[0].all_input_nodes[0]) is \
-            model.layers[0].input_scale
+        assert (
+            placeholder_tensor(after, inputs, input_scale.all_input_nodes[0].all_input_nodes[0])
+            is model.layers[0].input_scale
+        )
     assert node.kwargs["weight_granularity"] == ("channel" if per_channel else "tensor")
     assert node.meta[WEIGHT_ORIGIN] == f"pre-quantized FP8 weights of ModelOptLayoutLinear {origin}"
 
@@ -154,8 +176,11 @@ def _w(n=48, k=64, dtype=FP8):
 LOOK_ALIKES = {
     "bf16 weight": (lambda: _w(dtype=torch.bfloat16), lambda: torch.rand(48), lambda w, s: w.float() * s[:, None]),
     "e5m2 weight": (lambda: _w(dtype=torch.float8_e5m2), lambda: torch.rand(48), lambda w, s: w.float() * s[:, None]),
-    "int8 weight": (lambda: torch.randint(-127, 127, (48, 64), dtype=torch.int8), lambda: torch.rand(48),
-                    lambda w, s: w.float() * s[:, None]),
+    "int8 weight": (
+        lambda: torch.randint(-127, 127, (48, 64), dtype=torch.int8),
+        lambda: torch.rand(48),
+        lambda w, s: w.float() * s[:, None],
+    ),
     "scale over columns": (lambda: _w(), lambda: torch.rand(64), lambda w, s: w.float() * s),
     "row scale used as column scale": (lambda: _w(64, 64), lambda: torch.rand(64), lambda w, s: w.float() * s[None, :]),
     "scale of another shape": (lambda: _w(), lambda: torch.rand(48, 2), lambda w, s: w.float() * s[:, :1]),
@@ -164,8 +189,11 @@ LOOK_ALIKES = {
     "abs of the weight": (lambda: _w(), lambda: torch.rand(48), lambda w, s: w.float().abs() * s[:, None]),
     "computed scale": (lambda: _w(), lambda: torch.rand(48), lambda w, s: w.float() * (s * 2)[:, None]),
     "transposed weight": (lambda: _w(64, 64), lambda: torch.rand(64), lambda w, s: w.float().t() * s[:, None]),
-    "fp64 scale": (lambda: _w(), lambda: torch.rand(48, dtype=torch.float64),
-                   lambda w, s: (w.double() * s[:, None]).float()),
+    "fp64 scale": (
+        lambda: _w(),
+        lambda: torch.rand(48, dtype=torch.float64),
+        lambda w, s: (w.double() * s[:, None]).float(),
+    ),
 }
 
 
@@ -174,7 +202,7 @@ def test_look_alikes_are_left_alone(case):
     weight, scale, dequant = LOOK_ALIKES[case]
     model = Dequant(weight(), scale(), dequant)
     gm, inputs = capture(model, torch.randn(2, 64))
-    linear, = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LINEAR_TARGETS]
+    (linear,) = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in LINEAR_TARGETS]
     assert find_prequantized(linear) is None
     after, rewritten = run_pass(gm, inputs)
     assert rewritten == 0 and op_counts(after) == op_counts(gm)
@@ -199,19 +227,22 @@ class FakeQuantInput(nn.Module):
         return F.linear(self.fq(x, self.s1, self.s2), self.weight.float() * self.weight_scale[:, None])
 
 
-@pytest.mark.parametrize("case,fq", [
-    ("two different scales", lambda x, a, b: _static(x, a, b)),
-    ("another clamp range", lambda x, a, b: _static(x, a, a, -400.0, 400.0)),
-    ("no clamp", lambda x, a, b: (x / a).to(FP8).to(x.dtype) * a),
-    ("e5m2 cast", lambda x, a, b: (x / a).clamp(-448.0, 448.0).to(torch.float8_e5m2).to(x.dtype) * a),
-])
+@pytest.mark.parametrize(
+    "case,fq",
+    [
+        ("two different scales", lambda x, a, b: _static(x, a, b)),
+        ("another clamp range", lambda x, a, b: _static(x, a, a, -400.0, 400.0)),
+        ("no clamp", lambda x, a, b: (x / a).to(FP8).to(x.dtype) * a),
+        ("e5m2 cast", lambda x, a, b: (x / a).clamp(-448.0, 448.0).to(torch.float8_e5m2).to(x.dtype) * a),
+    ],
+)
 def test_input_look_alikes_keep_their_fake_quantization(case, fq):
     """The weight is still pre-quantized (rewritten), but the input's quantization is not a static
     scale the GEMM may take over: it stays in the graph and the prepared linear quantizes its result."""
     gm, inputs = capture(FakeQuantInput(fq), torch.randn(2, 64))
     before = op_counts(gm)
     after, rewritten = run_pass(gm, inputs)
-    node, = prepared_nodes(after)
+    (node,) = prepared_nodes(after)
     assert rewritten == 1 and node.args[4] is None
     assert node.args[0].op != "placeholder"  # the fake-quantized value, not the raw input
     counts = op_counts(after)
@@ -222,16 +253,19 @@ def test_input_look_alikes_keep_their_fake_quantization(case, fq):
 def test_matched_static_scale_is_the_one_for_division_and_product():
     gm, inputs = capture(FakeQuantInput(lambda x, a, b: _static(x, a, a)), torch.randn(2, 64))
     after, _ = run_pass(gm, inputs)
-    node, = prepared_nodes(after)
+    (node,) = prepared_nodes(after)
     assert node.args[4] is not None and node.args[0].op == "placeholder"
     assert op_counts(after)["clamp"] == 0 and op_counts(after)["truediv"] == 0
 
 
-@pytest.mark.parametrize("options,kept", [
-    ({"quantization": None}, ["layers.0", "layers.1"]),
-    ({"ignored_layers": ["layers.1"]}, ["layers.1"]),
-    ({"quantization_config": {"min_features": 80}}, ["layers.0", "layers.1"]),
-])
+@pytest.mark.parametrize(
+    "options,kept",
+    [
+        ({"quantization": None}, ["layers.0", "layers.1"]),
+        ({"ignored_layers": ["layers.1"]}, ["layers.1"]),
+        ({"quantization_config": {"min_features": 80}}, ["layers.0", "layers.1"]),
+    ],
+)
 def test_layers_the_config_keeps_native_stay_the_modules_forward(bfl, options, kept):
     model, _, x = bfl
     gm, inputs = capture(model, x)
@@ -265,8 +299,10 @@ def test_compiled_bfl_model_runs_fp8_gemms_on_the_checkpoint_bytes(bfl, monkeypa
     assert compile_quantizations(model) == made  # nothing re-quantized
     assert [w.data_ptr() for w in seen] == [sd[f"layers.{i}.weight"].data_ptr() for i in range(2)]
     assert seen  # not vacuous: all() of nothing is True
-    assert all(w.dtype == FP8 and torch.equal(w.view(torch.uint8), sd[f"layers.{i}.weight"].view(torch.uint8))
-               for i, w in enumerate(seen))
+    assert all(
+        w.dtype == FP8 and torch.equal(w.view(torch.uint8), sd[f"layers.{i}.weight"].view(torch.uint8))
+        for i, w in enumerate(seen)
+    )
     assert rel(out, eager) < 0.08  # per-token FP8 activations against the bf16 dequantized forward
     # the first layer alone, against dequantize(W) @ x with x quantized per token as the GEMM takes it
     layer = model.layers[0]

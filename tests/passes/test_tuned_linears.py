@@ -4,6 +4,7 @@ native and the others FP8, counted by op target; a weight-only pick becomes the 
 `quantization_config.kernel: rules` ignores the table. prepare_model given example inputs takes the
 same decision at the same M (the linear the table keeps native stays an nn.Linear); without them,
 and at load time, it says the table was not applied."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,15 +54,31 @@ def cuda_on_cpu(monkeypatch):
 
 
 def row(k, n, native, fp8, weight_only=9.0):
-    return {"m": 8, "k": k, "n": n, "dtype": "bfloat16", "bias": True, "role": "w8a8",
-            "candidates": {"native": {"ms": native, "err": 0.0}, "fp8_rowwise": {"ms": fp8, "err": 0.03},
-                           "weight_only_int8": {"ms": weight_only, "err": 0.01}}}
+    return {
+        "m": 8,
+        "k": k,
+        "n": n,
+        "dtype": "bfloat16",
+        "bias": True,
+        "role": "w8a8",
+        "candidates": {
+            "native": {"ms": native, "err": 0.0},
+            "fp8_rowwise": {"ms": fp8, "err": 0.03},
+            "weight_only_int8": {"ms": weight_only, "err": 0.01},
+        },
+    }
 
 
 def cpu_table(tmp_path, rows):
     """A table of this CPU (its key, as `fx-fp8 tune --dry-run` writes it), given as tune_table."""
-    t = {"format": tune_table.FORMAT, "key": tune_table.device_key(torch.device("cpu")), "bar": 1.5,
-         "source": {"what": "test", "date": "2026-12-07", "tool": "pytest"}, "linears": rows, "attention": []}
+    t = {
+        "format": tune_table.FORMAT,
+        "key": tune_table.device_key(torch.device("cpu")),
+        "bar": 1.5,
+        "source": {"what": "test", "date": "2026-12-07", "tool": "pytest"},
+        "linears": rows,
+        "attention": [],
+    }
     return str(tune_table.write(t, tmp_path / "cpu.json"))
 
 
@@ -91,8 +108,10 @@ def test_the_linear_fp8_loses_at_stays_native_and_the_others_run_fp8(cuda_on_cpu
     assert rows["down"].reason.startswith("tuned: native (no FP8 candidate more than 3% faster"), rows["down"].reason
     assert "fp8_rowwise 1.200 ms" in rows["down"].reason
     assert rows["up"].action == "fp8" and rows["up"].timing == {"pick": 0.6, "native": 1.0}
-    assert rows["up"].reason.startswith("tuned: fp8_rowwise (1.67x native); fp8_rowwise 0.600 ms, native 1.000 ms, "
-                                        "weight_only_int8 9.000 ms (measured at M 8;"), rows["up"].reason
+    assert rows["up"].reason.startswith(
+        "tuned: fp8_rowwise (1.67x native); fp8_rowwise 0.600 ms, native 1.000 ms, "
+        "weight_only_int8 9.000 ms (measured at M 8;"
+    ), rows["up"].reason
     # the table is what decided: the fixed rules quantize all three
     gm, report = compiled_graph(cuda_on_cpu, tune_table=path, kernel="rules")
     assert count(gm, {SCALED_MM}) == 3 and count(gm, LINEAR_TARGETS) == 0
@@ -120,9 +139,13 @@ def test_a_prepared_linear_runs_as_prepared_and_its_row_says_what_was_measured(c
 def prepared_model(path, example_inputs=None):
     model = ThreeShapes().to(torch.bfloat16)
     x = torch.randn(8, 64, dtype=torch.bfloat16)
-    result = fx_fp8.prepare_model(model, quantization="fp8", lowering="cuda",
-                                  quantization_config={"min_features": 16, "tune_table": path},
-                                  example_inputs=(x,) if example_inputs else None)
+    result = fx_fp8.prepare_model(
+        model,
+        quantization="fp8",
+        lowering="cuda",
+        quantization_config={"min_features": 16, "tune_table": path},
+        example_inputs=(x,) if example_inputs else None,
+    )
     return model, result
 
 
@@ -168,8 +191,12 @@ def test_without_example_inputs_prepare_model_says_the_table_was_not_applied(cud
     assert result["tune_table"]["not_applied"] == dict.fromkeys(["up", "down", "mix"], prepare.NO_EXAMPLE_INPUTS)
     assert "prepare_model did not apply the tune table" in caplog.text and "to 3 linear(s)" in caplog.text
     # no table for this device (kernel rules): nothing to say
-    rules = fx_fp8.prepare_model(ThreeShapes().to(torch.bfloat16), quantization="fp8", lowering="cuda",
-                                 quantization_config={"min_features": 16, "tune_table": path, "kernel": "rules"})
+    rules = fx_fp8.prepare_model(
+        ThreeShapes().to(torch.bfloat16),
+        quantization="fp8",
+        lowering="cuda",
+        quantization_config={"min_features": 16, "tune_table": path, "kernel": "rules"},
+    )
     assert rules["tune_table"] is None and rules["quantized"] == ["up", "down", "mix"]
 
 
@@ -178,8 +205,12 @@ def test_load_time_quantization_records_that_the_table_was_not_applied(tmp_path,
     cfg = FP8Config.from_kwargs(quantization="fp8", quantization_config={"min_features": 16, "tune_table": path})
     with caplog.at_level("INFO", logger="fx_fp8"):
         plan = layer_plan("down", 128, 64, torch.bfloat16, cfg, "cpu")
-    assert plan.w8a8 and plan.reason == f"tune table not applied ({TABLE_NOT_APPLIED}): {path}: test (2026-12-07; " \
-        f"torch {torch.__version__}, Triton {tune_table.device_key(torch.device('cpu'))['triton']})", plan.reason
+    assert (
+        plan.w8a8
+        and plan.reason
+        == f"tune table not applied ({TABLE_NOT_APPLIED}): {path}: test (2026-12-07; "
+        f"torch {torch.__version__}, Triton {tune_table.device_key(torch.device('cpu'))['triton']})"
+    ), plan.reason
     assert "load-time quantization did not apply the tune table" in caplog.text
     # without a table the plan is the rules' own, nothing added
     assert layer_plan("down", 128, 64, torch.bfloat16, FP8Config.from_kwargs(quantization="fp8")).reason is None

@@ -16,6 +16,7 @@ a user of `cache_backend=` cares about:
 The fast tests check the mapping of vLLM-Omni / diffusers names and settings onto diffusers'
 configs and the errors for what diffusers lacks or rejects.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,16 +40,34 @@ from example_scripts import load_example
 CACHES = {
     "first_block_cache": {"threshold": 0.4},
     "taylorseer": {"cache_interval": 2, "disable_cache_before_step": 2, "taylor_factors_dtype": "float32"},
-    "mag_cache": {"mag_threshold": 0.5, "mag_max_skip_steps": 3, "mag_ratios": [1.0] * STEPS,
-                  "num_inference_steps": STEPS},
+    "mag_cache": {
+        "mag_threshold": 0.5,
+        "mag_max_skip_steps": 3,
+        "mag_ratios": [1.0] * STEPS,
+        "num_inference_steps": STEPS,
+    },
 }
 #: linears the family defaults keep native (when they run inside a compiled graph, their rows say so)
-SENSITIVE = {"flux": ("time_text_embed.timestep_embedder.linear_1", "norm_out.linear", "proj_out", "x_embedder",
-                      "context_embedder", "transformer_blocks.0.norm1.linear"),
-             "wan2.1": ("condition_embedder.time_embedder.linear_1", "proj_out")}
-SELF_ATTENTION = {"flux": ("transformer_blocks.0.attn", "transformer_blocks.1.attn",
-                           "single_transformer_blocks.0.attn", "single_transformer_blocks.1.attn"),
-                  "wan2.1": ("blocks.0.attn1", "blocks.1.attn1")}
+SENSITIVE = {
+    "flux": (
+        "time_text_embed.timestep_embedder.linear_1",
+        "norm_out.linear",
+        "proj_out",
+        "x_embedder",
+        "context_embedder",
+        "transformer_blocks.0.norm1.linear",
+    ),
+    "wan2.1": ("condition_embedder.time_embedder.linear_1", "proj_out"),
+}
+SELF_ATTENTION = {
+    "flux": (
+        "transformer_blocks.0.attn",
+        "transformer_blocks.1.attn",
+        "single_transformer_blocks.0.attn",
+        "single_transformer_blocks.1.attn",
+    ),
+    "wan2.1": ("blocks.0.attn1", "blocks.1.attn1"),
+}
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -60,8 +79,10 @@ def _pipeline(name: str):
 
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("name,backend", [("flux", "first_block_cache"), ("flux", "taylorseer"), ("flux", "mag_cache"),
-                                          ("wan2.1", "first_block_cache")])
+@pytest.mark.parametrize(
+    "name,backend",
+    [("flux", "first_block_cache"), ("flux", "taylorseer"), ("flux", "mag_cache"), ("wan2.1", "first_block_cache")],
+)
 def test_compile_pipeline_with_cache(name, backend):
     from torch._dynamo.utils import counters
 
@@ -72,22 +93,28 @@ def test_compile_pipeline_with_cache(name, backend):
     native, native_calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
 
     pipe, kwargs = _pipeline(name)
-    fx_fp8.compile_pipeline(pipe, {"diffusion_kv_cache_skip_layers": "1", "lowering": "reference"},
-                            cache_backend=backend, cache_config=cache_config)
+    fx_fp8.compile_pipeline(
+        pipe,
+        {"diffusion_kv_cache_skip_layers": "1", "lowering": "reference"},
+        cache_backend=backend,
+        cache_config=cache_config,
+    )
     original = pipeline_state(pipe).originals["transformer"]
     mods = block_counters(pipe.transformer)
     out, calls = run_steps(pipe, kwargs, mods)
     counters.clear()
     again, calls_again = run_steps(pipe, kwargs, mods)
-    print(f"\n{name} {backend}: block runs native {native_calls}, fp8 {calls}; latents rel error vs cache-only "
-          f"native {rel_err(out, native):.2e}")
+    print(
+        f"\n{name} {backend}: block runs native {native_calls}, fp8 {calls}; latents rel error vs cache-only "
+        f"native {rel_err(out, native):.2e}"
+    )
 
     # blocks are still skipped, as often as without FP8 (TaylorSeer and MagCache decide on the step
     # count alone; FirstBlockCache on residuals, which FP8 moves a little)
-    full = STEPS * (2 if name.startswith("wan") else 1)     # Wan: cond and uncond calls per step
+    full = STEPS * (2 if name.startswith("wan") else 1)  # Wan: cond and uncond calls per step
     assert max(calls) <= full and min(calls) < full
     if backend == "first_block_cache":
-        assert calls[0] == full                              # the first block always runs
+        assert calls[0] == full  # the first block always runs
     if backend != "first_block_cache":
         assert calls == native_calls
     else:
@@ -98,12 +125,11 @@ def test_compile_pipeline_with_cache(name, backend):
     # each hooked module is its own compiled region
     regions = pipeline_state(pipe).extras["transformer"].regions.modules
     assert regions  # not vacuous: all() of nothing is True
-    assert regions and all(m.startswith(("transformer_blocks", "single_transformer_blocks", "blocks"))
-                           for m in regions)
+    assert regions and all(m.startswith(("transformer_blocks", "single_transformer_blocks", "blocks")) for m in regions)
     # the layer selector and the defaults hold
     rows = check_layer_one_native(pipe.transformer, SELF_ATTENTION[name])
     prepared = pipeline_state(pipe).prepared["transformer"]
-    for layer in SENSITIVE[name]:   # weight-only by default (native where too small to quantize)
+    for layer in SENSITIVE[name]:  # weight-only by default (native where too small to quantize)
         action = "weight-only" if layer in prepared["weight_only"] else "native"
         assert layer in prepared["weight_only"] or "small layer" in prepared["native"][layer], layer
         layer_rows = [e for e in rows if e.op == "linear" and e.module == layer]
@@ -127,10 +153,11 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
     from diffusers import TaylorSeerCacheConfig
 
     pipe, kwargs = _pipeline("flux")
-    pipe.transformer.enable_cache(TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2,
-                                                        taylor_factors_dtype=torch.float32))
+    pipe.transformer.enable_cache(
+        TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2, taylor_factors_dtype=torch.float32)
+    )
     fx_fp8.compile_pipeline(pipe, {"lowering": "reference"})
-    assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4   # at compile time
+    assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4  # at compile time
     _, calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
     assert calls == [5, 5, 5, 5]
     original = pipeline_state(pipe).originals["transformer"]
@@ -142,28 +169,41 @@ def test_cache_enabled_by_the_user_before_or_after_compile_pipeline():
     fx_fp8.compile_pipeline(pipe, {"lowering": "reference"})
     pipe.transformer.enable_cache(diffusers_cache_config("first_block_cache", {"threshold": 0.4}))
     _, calls = run_steps(pipe, kwargs, block_counters(pipe.transformer))
-    assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4   # at the run
+    assert len(pipeline_state(pipe).extras["transformer"].regions.modules) == 4  # at the run
     assert calls[0] == STEPS and min(calls) < STEPS
     attn = [e for r in fx_fp8.get_reports(pipe.transformer) for e in r.entries if e.op == "attention"]
     assert {e.module for e in attn if e.action == "fp8"} == set(SELF_ATTENTION["flux"])
 
 
 # -- mapping and errors ----------------------------------------------------------------------------
-@pytest.mark.parametrize("name,expected", [("first_block_cache", "first_block_cache"), ("FBC", "first_block_cache"),
-                                           ("taylorseer", "taylorseer"), ("taylor-seer", "taylorseer"),
-                                           ("mag_cache", "mag_cache"), ("MagCache", "mag_cache"),
-                                           ("none", None), (None, None), ("", None)])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("first_block_cache", "first_block_cache"),
+        ("FBC", "first_block_cache"),
+        ("taylorseer", "taylorseer"),
+        ("taylor-seer", "taylorseer"),
+        ("mag_cache", "mag_cache"),
+        ("MagCache", "mag_cache"),
+        ("none", None),
+        (None, None),
+        ("", None),
+    ],
+)
 def test_cache_backend_names(name, expected):
     assert canonical_cache_backend(name) == expected
 
 
-@pytest.mark.parametrize("name,words", [
-    ("tea_cache", "cache_backend 'tea_cache' is not supported: diffusers has no TeaCache hook"),
-    ("step_cache", "'step_cache' is not supported"),
-    ("sea_cache", "'sea_cache' is not supported"),
-    ("mag", "unknown cache_backend 'mag'"),
-    (3, "invalid cache_backend 3"),
-])
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("tea_cache", "cache_backend 'tea_cache' is not supported: diffusers has no TeaCache hook"),
+        ("step_cache", "'step_cache' is not supported"),
+        ("sea_cache", "'sea_cache' is not supported"),
+        ("mag", "unknown cache_backend 'mag'"),
+        (3, "invalid cache_backend 3"),
+    ],
+)
 def test_unsupported_cache_backends_are_named(name, words):
     with pytest.raises(ValueError, match=words):
         PipelineOptions(cache_backend=name)
@@ -173,36 +213,58 @@ def test_cache_configs_map_onto_diffusers():
     from diffusers import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
 
     cfg = diffusers_cache_config("first_block_cache", {"residual_diff_threshold": 0.12})
-    assert isinstance(cfg, FirstBlockCacheConfig) and cfg.threshold == 0.12   # cache-dit's spelling
+    assert isinstance(cfg, FirstBlockCacheConfig) and cfg.threshold == 0.12  # cache-dit's spelling
     assert diffusers_cache_config("first_block_cache", None).threshold == FirstBlockCacheConfig().threshold
-    cfg = diffusers_cache_config("taylorseer", '{"cache_interval": 3, "taylorseer_order": 2, '
-                                                        '"taylor_factors_dtype": "float32"}')
+    cfg = diffusers_cache_config(
+        "taylorseer", '{"cache_interval": 3, "taylorseer_order": 2, "taylor_factors_dtype": "float32"}'
+    )
     assert isinstance(cfg, TaylorSeerCacheConfig)
     assert (cfg.cache_interval, cfg.max_order, cfg.taylor_factors_dtype) == (3, 2, torch.float32)
-    cfg = diffusers_cache_config("mag_cache", {"mag_threshold": 0.1, "mag_max_skip_steps": 2,
-                                                        "mag_retention_ratio": 0.3, "mag_ratios": "flux",
-                                                        "num_inference_steps": 10})
+    cfg = diffusers_cache_config(
+        "mag_cache",
+        {
+            "mag_threshold": 0.1,
+            "mag_max_skip_steps": 2,
+            "mag_retention_ratio": 0.3,
+            "mag_ratios": "flux",
+            "num_inference_steps": 10,
+        },
+    )
     assert isinstance(cfg, MagCacheConfig) and (cfg.threshold, cfg.max_skip_steps, cfg.retention_ratio) == (0.1, 2, 0.3)
-    assert len(cfg.mag_ratios) == 10   # diffusers interpolated FLUX_MAG_RATIOS to the step count
+    assert len(cfg.mag_ratios) == 10  # diffusers interpolated FLUX_MAG_RATIOS to the step count
     assert diffusers_cache_config(None, None) is None
 
 
-@pytest.mark.parametrize("backend,config,words", [
-    ("first_block_cache", {"thresh": 0.1}, "unknown cache_config key 'thresh' for cache_backend 'first_block_cache' "
-                                           "\\(did you mean 'threshold'\\?\\)"),
-    ("first_block_cache", {"threshold": -1}, "invalid cache_config.threshold for cache_backend 'first_block_cache': -1"),
-    ("first_block_cache", {"threshold": 0.1, "residual_diff_threshold": 0.2}, "sets 'threshold' twice"),
-    ("taylorseer", {"cache_interval": 0}, "invalid cache_config.cache_interval .*: 0"),
-    ("taylorseer", {"taylor_factors_dtype": "int8"}, "taylor_factors_dtype .*'int8'"),
-    ("taylorseer", {"cache_identifiers": "attn"}, "cache_identifiers .*'attn'"),
-    ("mag_cache", {"num_inference_steps": 8}, "needs cache_config.mag_ratios"),
-    ("mag_cache", {"mag_ratios": "flux"}, "needs cache_config.num_inference_steps"),
-    ("mag_cache", {"mag_ratios": [1, "x"], "num_inference_steps": 2}, "mag_ratios .*\\[1, 'x'\\]"),
-    ("mag_cache", {"mag_retention_ratio": 2, "mag_calibrate": True, "num_inference_steps": 2}, "retention_ratio .*: 2"),
-    (None, {"threshold": 0.1}, "given without a cache_backend"),
-    ("first_block_cache", "{threshold: 1}", "invalid cache_config .*not JSON"),
-    ("first_block_cache", [1], "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "backend,config,words",
+    [
+        (
+            "first_block_cache",
+            {"thresh": 0.1},
+            "unknown cache_config key 'thresh' for cache_backend 'first_block_cache' \\(did you mean 'threshold'\\?\\)",
+        ),
+        (
+            "first_block_cache",
+            {"threshold": -1},
+            "invalid cache_config.threshold for cache_backend 'first_block_cache': -1",
+        ),
+        ("first_block_cache", {"threshold": 0.1, "residual_diff_threshold": 0.2}, "sets 'threshold' twice"),
+        ("taylorseer", {"cache_interval": 0}, "invalid cache_config.cache_interval .*: 0"),
+        ("taylorseer", {"taylor_factors_dtype": "int8"}, "taylor_factors_dtype .*'int8'"),
+        ("taylorseer", {"cache_identifiers": "attn"}, "cache_identifiers .*'attn'"),
+        ("mag_cache", {"num_inference_steps": 8}, "needs cache_config.mag_ratios"),
+        ("mag_cache", {"mag_ratios": "flux"}, "needs cache_config.num_inference_steps"),
+        ("mag_cache", {"mag_ratios": [1, "x"], "num_inference_steps": 2}, "mag_ratios .*\\[1, 'x'\\]"),
+        (
+            "mag_cache",
+            {"mag_retention_ratio": 2, "mag_calibrate": True, "num_inference_steps": 2},
+            "retention_ratio .*: 2",
+        ),
+        (None, {"threshold": 0.1}, "given without a cache_backend"),
+        ("first_block_cache", "{threshold: 1}", "invalid cache_config .*not JSON"),
+        ("first_block_cache", [1], "expected a mapping"),
+    ],
+)
 def test_cache_config_errors_name_the_value(backend, config, words):
     with pytest.raises(ValueError, match=words):
         PipelineOptions(cache_backend=backend, cache_config=config)
@@ -222,15 +284,17 @@ def test_compile_pipeline_refuses_before_changing_anything():
         fx_fp8.compile_pipeline(pipe, cache_backend="first_block_cache", cache_config={"treshold": 0.1})
     transformer.enable_cache(TaylorSeerCacheConfig(use_lite_mode=True))
     with pytest.raises(ValueError, match="already has a cache enabled .* and cache_backend 'mag_cache'"):
-        fx_fp8.compile_pipeline(pipe, cache_backend="mag_cache", cache_config={"mag_calibrate": True,
-                                                                               "num_inference_steps": 4})
+        fx_fp8.compile_pipeline(
+            pipe, cache_backend="mag_cache", cache_config={"mag_calibrate": True, "num_inference_steps": 4}
+        )
     assert pipe.transformer is transformer and type(transformer.proj_out) is torch.nn.Linear
     assert getattr(pipe, "_fx_fp8", None) is None
 
 
 def test_pipeline_options_json_round_trip():
-    opts = PipelineOptions(parallel={"ulysses_degree": 2}, cache_backend="taylorseer",
-                                    cache_config={"cache_interval": 3})
+    opts = PipelineOptions(
+        parallel={"ulysses_degree": 2}, cache_backend="taylorseer", cache_config={"cache_interval": 3}
+    )
     again = PipelineOptions.from_mapping(json.loads(json.dumps(opts.to_dict())))
     assert again == opts
 
@@ -250,13 +314,19 @@ def test_a_cache_that_hooks_nothing_is_an_error():
     assert [m for m, _, _ in cache_hooks(model)] == ["blocks.0.attn1", "blocks.1.attn1"]
 
 
-@pytest.mark.parametrize("flags,words", [
-    (["--cache-backend", "tea_cache"], "cache_backend 'tea_cache' is not supported: diffusers has no TeaCache hook"),
-    (["--cache-backend", "first_block_cache", "--cache-config", "{threshold: 1}"], "invalid --cache-config"),
-    (["--cache-backend", "taylorseer", "--cache-config", '{"interval": 2}'], "unknown cache_config key 'interval'"),
-    (["--cache-config", '{"threshold": 0.1}'], "given without a cache_backend"),
-    (["--ulysses-degree", "2"], "needs 2 processes.*torchrun --nproc-per-node 2"),
-])
+@pytest.mark.parametrize(
+    "flags,words",
+    [
+        (
+            ["--cache-backend", "tea_cache"],
+            "cache_backend 'tea_cache' is not supported: diffusers has no TeaCache hook",
+        ),
+        (["--cache-backend", "first_block_cache", "--cache-config", "{threshold: 1}"], "invalid --cache-config"),
+        (["--cache-backend", "taylorseer", "--cache-config", '{"interval": 2}'], "unknown cache_config key 'interval'"),
+        (["--cache-config", '{"threshold": 0.1}'], "given without a cache_backend"),
+        (["--ulysses-degree", "2"], "needs 2 processes.*torchrun --nproc-per-node 2"),
+    ],
+)
 def test_examples_refuse_bad_pipeline_flags_before_loading(flags, words, monkeypatch, capsys):
     """vLLM-Omni's flags on the examples: what diffusers lacks or rejects is one line naming the
     value (exit status 2, as fx-fp8), before any model is loaded."""

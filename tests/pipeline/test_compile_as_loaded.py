@@ -2,6 +2,7 @@
 torch.compile(backend="fp8") and compile_pipeline(pipe): its stored config supplies the attention
 and linear settings, an option that agrees changes nothing, one that contradicts it is an error
 naming both values."""
+
 from __future__ import annotations
 
 import warnings
@@ -30,7 +31,8 @@ def _load(folder, **options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return diffusers.FluxTransformer2DModel.from_pretrained(
-            folder, quantization_config=fx_fp8.DiffusersConfig(**options)).eval()
+            folder, quantization_config=fx_fp8.DiffusersConfig(**options)
+        ).eval()
 
 
 def _actions(compiled, model) -> dict:
@@ -44,12 +46,18 @@ def _actions(compiled, model) -> dict:
     return out
 
 
-@pytest.mark.parametrize("options, attention, linear", [
-    ({"quantization": "int8"}, {"native"}, {"int8", "weight-only", "native"}),          # INT8 linears only
-    ({}, {"fp8"}, {"fp8", "weight-only", "native"}),                                    # the default: both
-    ({"quantization": "fp8", "diffusion_kv_cache_dtype": None,
-      "quantization_config": {"sensitive": "native"}}, {"native"}, {"fp8", "native"}),  # no weight-only layers
-])
+@pytest.mark.parametrize(
+    "options, attention, linear",
+    [
+        ({"quantization": "int8"}, {"native"}, {"int8", "weight-only", "native"}),  # INT8 linears only
+        ({}, {"fp8"}, {"fp8", "weight-only", "native"}),  # the default: both
+        (
+            {"quantization": "fp8", "diffusion_kv_cache_dtype": None, "quantization_config": {"sensitive": "native"}},
+            {"native"},
+            {"fp8", "native"},
+        ),  # no weight-only layers
+    ],
+)
 def test_plain_torch_compile_compiles_as_loaded(flux_folder, options, attention, linear):
     model = _load(flux_folder, **options)
     assert stored_config(model) == FP8Config.load(None, **options)
@@ -59,12 +67,16 @@ def test_plain_torch_compile_compiles_as_loaded(flux_folder, options, attention,
 
 def test_an_agreeing_option_changes_nothing_and_a_contradicting_one_names_both(flux_folder):
     model = _load(flux_folder, quantization="int8")
-    got = _actions(torch.compile(model, backend="fp8", options={"quantization": "int8", "lowering": "reference"}),
-                   model)
+    got = _actions(
+        torch.compile(model, backend="fp8", options={"quantization": "int8", "lowering": "reference"}), model
+    )
     assert got["attention"] == {"native"} and "int8" in got["linear"]
     torch._dynamo.reset()
-    with pytest.raises(Exception, match=r"quantization: the model was quantized at load with 'int8', the options "
-                                        r"ask for 'fp8'"):
+    with pytest.raises(
+        Exception,
+        match=r"quantization: the model was quantized at load with 'int8', the options "
+        r"ask for 'fp8'",
+    ):
         _actions(torch.compile(model, backend="fp8", options={"quantization": "fp8"}), model)
 
 
@@ -90,8 +102,8 @@ def test_compile_pipeline_compiles_a_transformer_loaded_quantized_as_loaded(flux
     layers = {n: type(m) for n, m in pipe.transformer.named_modules()}
     with pytest.raises(StoredConfigConflict, match=r"pipe.transformer: .*quantization: .*'int8'.*'fp8'"):
         fx_fp8.compile_pipeline(pipe, quantization="fp8")
-    assert {n: type(m) for n, m in pipe.transformer.named_modules()} == layers   # nothing changed
-    fx_fp8.compile_pipeline(pipe)   # no refusal: prepare is not asked of a model quantized at load
+    assert {n: type(m) for n, m in pipe.transformer.named_modules()} == layers  # nothing changed
+    fx_fp8.compile_pipeline(pipe)  # no refusal: prepare is not asked of a model quantized at load
     with torch.no_grad():
         pipe(**kwargs, num_inference_steps=1)
     rows = {r.component: r for r in fx_fp8.summary(pipe)}
@@ -109,7 +121,7 @@ FP8_ATTENTION = "fx_fp8.fp8_attention.default"
 def _weight_only_load(folder, attention):
     model = _load(folder, ignored_layers=[BLOCK_LINEARS], diffusion_kv_cache_dtype=attention)
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
-    assert layers and {m.act_granularity for m in layers} == {WEIGHT_ONLY}   # a weight-only-only load
+    assert layers and {m.act_granularity for m in layers} == {WEIGHT_ONLY}  # a weight-only-only load
     return model, len(layers)
 
 
@@ -127,11 +139,11 @@ def test_plain_torch_compile_compiles_a_weight_only_load_as_loaded(flux_folder, 
     targets = [str(n.target) for gm in downstream_graphs for n in gm.graph.nodes if n.op == "call_function"]
     assert targets.count("fx_fp8.weight_only_linear.default") == weight_only
     assert targets.count("fx_fp8.scaled_mm.default") == 0
-    assert targets.count(FP8_ATTENTION) == (4 if attention else 0)   # the tiny Flux's four attention calls
+    assert targets.count(FP8_ATTENTION) == (4 if attention else 0)  # the tiny Flux's four attention calls
     if attention:
-        assert 0 < _rel(out, eager) < 0.05   # FP8 attention's error; the linears are the loaded ones
+        assert 0 < _rel(out, eager) < 0.05  # FP8 attention's error; the linears are the loaded ones
     else:
-        assert torch.equal(out, eager)       # the compiled weight-only linears are the eager ones
+        assert torch.equal(out, eager)  # the compiled weight-only linears are the eager ones
 
 
 @pytest.mark.slow
@@ -145,14 +157,14 @@ def test_compile_pipeline_compiles_a_weight_only_load_as_loaded(flux_folder, att
     loaded = pipe.transformer
 
     def images():
-        torch.manual_seed(0)   # the pipeline draws its latents from the global generator
+        torch.manual_seed(0)  # the pipeline draws its latents from the global generator
         with torch.no_grad():
             return pipe(**kwargs, num_inference_steps=1, output_type="pt").images
 
     eager = images()
     fx_fp8.compile_pipeline(pipe)
     compiled = getattr(pipe.transformer, "_orig_mod", pipe.transformer)
-    assert compiled is loaded and {n: id(m) for n, m in compiled.named_modules()} == layers   # not prepared again
+    assert compiled is loaded and {n: id(m) for n, m in compiled.named_modules()} == layers  # not prepared again
     out = images()
     row = {r.component: r for r in fx_fp8.summary(pipe)}["transformer"]
     assert (row.linear_w8a8, row.linear_weight_only) == (0, weight_only)

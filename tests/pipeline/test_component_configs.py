@@ -1,6 +1,7 @@
 """compile_pipeline with a component map (vLLM-Omni's `quantization: {transformer: ..., text_encoder: ...}`):
 the text encoders it names are prepared and compiled, the others left alone; an unknown component or
 one that is not a torch module is refused by name before anything changes; restore_pipeline puts them back."""
+
 from __future__ import annotations
 
 import warnings
@@ -26,11 +27,12 @@ def test_map_prepares_and_compiles_the_named_text_encoders():
     ref = prompt_embeddings(t5, ids)["last_hidden_state"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fx_fp8.compile_pipeline(pipe, {"quantization": {"transformer": "fp8", "text_encoder": None,
-                                                        "text_encoder_2": {"method": "int8"}}})
+        fx_fp8.compile_pipeline(
+            pipe, {"quantization": {"transformer": "fp8", "text_encoder": None, "text_encoder_2": {"method": "int8"}}}
+        )
         out = prompt_embeddings(pipe.text_encoder_2, ids)["last_hidden_state"]
     state = fx_fp8.pipeline_state(pipe)
-    assert pipe.text_encoder is clip and "text_encoder" not in state.compiled   # null: left as it is
+    assert pipe.text_encoder is clip and "text_encoder" not in state.compiled  # null: left as it is
     assert pipe.text_encoder_2 is state.compiled["text_encoder_2"] and pipe.text_encoder_2 is not t5
     prepared = state.prepared["text_encoder_2"]
     assert prepared["method"] == "int8" and len(prepared["quantized"]) == 12
@@ -40,19 +42,26 @@ def test_map_prepares_and_compiles_the_named_text_encoders():
     assert pipe.text_encoder_2 is t5
 
 
-@pytest.mark.parametrize("name, message", [
-    ("text_encoder_3", r"'text_encoder_3', which FluxPipeline does not have; its components: vae, text_encoder, "
-                       r"text_encoder_2, tokenizer"),
-    ("scheduler", r"pipe.scheduler is a FlowMatchEulerDiscreteScheduler, not a torch.nn.Module"),
-    ("tokenizer", r"pipe.tokenizer is None \(not loaded\), not a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "text_encoder_3",
+            r"'text_encoder_3', which FluxPipeline does not have; its components: vae, text_encoder, "
+            r"text_encoder_2, tokenizer",
+        ),
+        ("scheduler", r"pipe.scheduler is a FlowMatchEulerDiscreteScheduler, not a torch.nn.Module"),
+        ("tokenizer", r"pipe.tokenizer is None \(not loaded\), not a torch.nn.Module"),
+    ],
+)
 def test_unknown_or_non_module_component_is_refused_unchanged(name, message):
     pipe, _ = _flux_with_encoders()
     before = dict(pipe.components)
     with pytest.raises(ValueError, match=message):
         fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", name: "fp8"})
     assert dict(pipe.components) == before and not any(
-        isinstance(m, QuantizedLinear) for m in pipe.text_encoder_2.modules())
+        isinstance(m, QuantizedLinear) for m in pipe.text_encoder_2.modules()
+    )
 
 
 def test_keep_weights_puts_the_text_encoder_linears_back():
@@ -63,20 +72,23 @@ def test_keep_weights_puts_the_text_encoder_linears_back():
         warnings.simplefilter("ignore")
         fx_fp8.compile_pipeline(pipe, quantization={"text_encoder": "fp8"}, keep_weights=True)
     assert isinstance(clip.text_model.encoder.layers[0].self_attn.q_proj, QuantizedLinear)
-    assert "transformer" in fx_fp8.pipeline_state(pipe).compiled   # its attention, native linears (not named)
+    assert "transformer" in fx_fp8.pipeline_state(pipe).compiled  # its attention, native linears (not named)
     fx_fp8.restore_pipeline(pipe)
     assert pipe.text_encoder is clip and type(clip.text_model.encoder.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert torch.equal(clip.text_model.encoder.layers[0].self_attn.q_proj.weight, q.weight)
 
 
-@pytest.mark.parametrize("quantization, covered", [
-    ({"text_encoder": "fp8"}, {"text_encoder", "text_encoder_2"}),       # a key covers the names it begins
-    ({"text_encoder": "fp8", "text_encoder_2": None}, {"text_encoder"}),  # the longest key wins
-    ({"text_encoder_2": "int8"}, {"text_encoder_2"}),
-    ({"t": "fp8"}, {"text_encoder", "text_encoder_2"}),                   # tokenizer (None) has nothing to quantize
-    ({"text_encoder_*": "fp8"}, {"text_encoder_2"}),                      # a pattern matches the whole name
-    ({"text_encoder": "fp8", "text_encoder_?": None}, {"text_encoder"}),  # patterns are tried before prefixes
-])
+@pytest.mark.parametrize(
+    "quantization, covered",
+    [
+        ({"text_encoder": "fp8"}, {"text_encoder", "text_encoder_2"}),  # a key covers the names it begins
+        ({"text_encoder": "fp8", "text_encoder_2": None}, {"text_encoder"}),  # the longest key wins
+        ({"text_encoder_2": "int8"}, {"text_encoder_2"}),
+        ({"t": "fp8"}, {"text_encoder", "text_encoder_2"}),  # tokenizer (None) has nothing to quantize
+        ({"text_encoder_*": "fp8"}, {"text_encoder_2"}),  # a pattern matches the whole name
+        ({"text_encoder": "fp8", "text_encoder_?": None}, {"text_encoder"}),  # patterns are tried before prefixes
+    ],
+)
 def test_keys_cover_components_as_vllm_omni_prefixes(quantization, covered):
     """vLLM-Omni's ComponentQuantizationConfig.resolve: a key applies to every component whose name
     begins with it, the longest such key wins (fx_fp8/config/components.py cites the source)."""
@@ -89,12 +101,21 @@ def test_keys_cover_components_as_vllm_omni_prefixes(quantization, covered):
     assert all(pipe.components[name] is compiled[name] for name in covered)
 
 
-@pytest.mark.parametrize("key, message", [
-    ("clip_*", r"quantization names component 'clip_\*', which FluxPipeline does not have; its "
-               r"components: .*a key with \* \? \[ is a shell pattern matched against the whole component name"),
-    ("clip", r"quantization names component 'clip', which FluxPipeline does not have"),
-    ("tok", r"quantization key 'tok' covers tokenizer, tokenizer_2 of FluxPipeline, none of them a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        (
+            "clip_*",
+            r"quantization names component 'clip_\*', which FluxPipeline does not have; its "
+            r"components: .*a key with \* \? \[ is a shell pattern matched against the whole component name",
+        ),
+        ("clip", r"quantization names component 'clip', which FluxPipeline does not have"),
+        (
+            "tok",
+            r"quantization key 'tok' covers tokenizer, tokenizer_2 of FluxPipeline, none of them a torch.nn.Module",
+        ),
+    ],
+)
 def test_a_key_covering_no_model_component_is_refused_by_name(key, message):
     pipe, _ = _flux_with_encoders()
     before = dict(pipe.components)
@@ -118,8 +139,9 @@ def test_summary_rows_of_text_encoders_say_their_attention_is_never_quantized():
     pipe.register_modules(text_encoder=tiny_qwen25_vl(), text_encoder_2=tiny_t5())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fx_fp8.compile_pipeline(pipe, quantization={"transformer": "fp8", "text_encoder": "fp8",
-                                                    "text_encoder_2": "int8"})
+        fx_fp8.compile_pipeline(
+            pipe, quantization={"transformer": "fp8", "text_encoder": "fp8", "text_encoder_2": "int8"}
+        )
         for encoder in (pipe.text_encoder, pipe.text_encoder_2):
             prompt_embeddings(encoder, token_ids())
     rows = {r.component: r for r in fx_fp8.summary(pipe)}

@@ -10,6 +10,7 @@ In-process tests (fast) check the pieces the workers rely on: the CPU flash-atte
 ring's merge of FP8 partial attentions with their log-sum-exp, the option parsing and the errors
 fx_fp8 gives instead of diffusers' (or the launcher's) failures.
 """
+
 from __future__ import annotations
 
 import io
@@ -31,21 +32,46 @@ ROOT = HERE.parents[2]
 
 #: linears the family defaults keep native (the model-family sensitive layers), by family
 SENSITIVE = {
-    "flux": ("x_embedder", "context_embedder", "time_text_embed.timestep_embedder.linear_1",
-             "time_text_embed.text_embedder.linear_1", "norm_out.linear", "proj_out",
-             "transformer_blocks.0.norm1.linear", "single_transformer_blocks.0.norm.linear"),
-    "wan": ("condition_embedder.time_embedder.linear_1", "condition_embedder.time_proj",
-            "condition_embedder.text_embedder.linear_1", "proj_out"),
+    "flux": (
+        "x_embedder",
+        "context_embedder",
+        "time_text_embed.timestep_embedder.linear_1",
+        "time_text_embed.text_embedder.linear_1",
+        "norm_out.linear",
+        "proj_out",
+        "transformer_blocks.0.norm1.linear",
+        "single_transformer_blocks.0.norm.linear",
+    ),
+    "wan": (
+        "condition_embedder.time_embedder.linear_1",
+        "condition_embedder.time_proj",
+        "condition_embedder.text_embedder.linear_1",
+        "proj_out",
+    ),
 }
 #: attention modules per family: (self-attention, cross-attention)
 ATTENTION = {
-    "flux": (("transformer_blocks.0.attn", "transformer_blocks.1.attn", "single_transformer_blocks.0.attn",
-              "single_transformer_blocks.1.attn"), ()),
+    "flux": (
+        (
+            "transformer_blocks.0.attn",
+            "transformer_blocks.1.attn",
+            "single_transformer_blocks.0.attn",
+            "single_transformer_blocks.1.attn",
+        ),
+        (),
+    ),
     "wan": (("blocks.0.attn1", "blocks.1.attn1"), ("blocks.0.attn2", "blocks.1.attn2")),
 }
-LAYER_OF = {"transformer_blocks.0.attn": 0, "transformer_blocks.1.attn": 1, "single_transformer_blocks.0.attn": 2,
-            "single_transformer_blocks.1.attn": 3, "blocks.0.attn1": 0, "blocks.1.attn1": 1, "blocks.0.attn2": 0,
-            "blocks.1.attn2": 1}
+LAYER_OF = {
+    "transformer_blocks.0.attn": 0,
+    "transformer_blocks.1.attn": 1,
+    "single_transformer_blocks.0.attn": 2,
+    "single_transformer_blocks.1.attn": 3,
+    "blocks.0.attn1": 0,
+    "blocks.1.attn1": 1,
+    "blocks.0.attn2": 0,
+    "blocks.1.attn2": 1,
+}
 DEGREES = {"ulysses": (2, 1), "ring": (1, 2)}
 
 
@@ -66,8 +92,20 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> dict:
 def _rows(compiled) -> list:
     import fx_fp8
 
-    return [dict(graph=r.graph_id, variant=r.step_variant, module=e.module, layer=e.layer, op=e.op, action=e.action,
-                 reason=e.reason, form=e.form) for r in fx_fp8.get_reports(compiled) for e in r.entries]
+    return [
+        dict(
+            graph=r.graph_id,
+            variant=r.step_variant,
+            module=e.module,
+            layer=e.layer,
+            op=e.op,
+            action=e.action,
+            reason=e.reason,
+            form=e.form,
+        )
+        for r in fx_fp8.get_reports(compiled)
+        for e in r.entries
+    ]
 
 
 def _lse_ops(compiled) -> dict:
@@ -172,8 +210,11 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
     def counted(pipe):
         """Count the runs of each block's attention (to_q is called iff the block computes)."""
         mods = []
-        for name, m in pipe.transformer._orig_mod.named_modules() if hasattr(pipe.transformer, "_orig_mod") \
-                else pipe.transformer.named_modules():
+        for name, m in (
+            pipe.transformer._orig_mod.named_modules()
+            if hasattr(pipe.transformer, "_orig_mod")
+            else pipe.transformer.named_modules()
+        ):
             if name.endswith("attn.to_q"):
                 m._fx_count = torch.zeros((), dtype=torch.long)
                 m.register_forward_pre_hook(_count_call)
@@ -181,8 +222,9 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
         return mods
 
     def run(pipe):
-        return pipe(**kwargs, num_inference_steps=steps, generator=torch.Generator().manual_seed(0),
-                    output_type="latent").images.float()
+        return pipe(
+            **kwargs, num_inference_steps=steps, generator=torch.Generator().manual_seed(0), output_type="latent"
+        ).images.float()
 
     # one process: cache only (native), then FP8 + cache
     pipe, kwargs = build_tiny_pipeline("flux")
@@ -190,17 +232,24 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
     cache_native = run(pipe)
     pipe, kwargs = build_tiny_pipeline("flux")
     torch._dynamo.reset()
-    fx_fp8.compile_pipeline(pipe, {"diffusion_kv_cache_skip_steps": "0", "lowering": "reference"},
-                            cache_backend="first_block_cache", cache_config=cache)
+    fx_fp8.compile_pipeline(
+        pipe,
+        {"diffusion_kv_cache_skip_steps": "0", "lowering": "reference"},
+        cache_backend="first_block_cache",
+        cache_config=cache,
+    )
     mods = counted(pipe)
     single = run(pipe)
     res["single_calls"] = [int(m._fx_count) for m in mods]
     # two processes: Ulysses 2 + the same cache, through compile_pipeline's options
     pipe, kwargs = build_tiny_pipeline("flux")
     torch._dynamo.reset()
-    fx_fp8.compile_pipeline(pipe, {"diffusion_kv_cache_skip_steps": "0", "lowering": "reference",
-                                   "parallel_config": {"ulysses_degree": world}},
-                            cache_backend="first_block_cache", cache_config=cache)
+    fx_fp8.compile_pipeline(
+        pipe,
+        {"diffusion_kv_cache_skip_steps": "0", "lowering": "reference", "parallel_config": {"ulysses_degree": world}},
+        cache_backend="first_block_cache",
+        cache_config=cache,
+    )
     mods = counted(pipe)
     cp = run(pipe)
     res["cp_calls"] = [int(m._fx_count) for m in mods]
@@ -211,12 +260,17 @@ def worker_pipeline(rank: int, world: int, steps: int, threshold: float) -> dict
     res["frames_second_run"] = dict(counters["frames"])
     res["step_variants"] = pipeline_state(pipe).step_variants()
     res["rows"] = _rows(pipe.transformer)
-    res["extras"] = {"regions": list(pipeline_state(pipe).extras["transformer"].regions.modules),
-                     "fbc_synced": pipeline_state(pipe).extras["transformer"].fbc_synced,
-                     "backend": pipeline_state(pipe).extras["transformer"].parallel["attention_backend"]}
-    res["errors"] = {"cp_vs_single_fp8": _err(cp, single), "cp_vs_cache_only_native": _err(cp, cache_native),
-                     "single_fp8_vs_cache_only_native": _err(single, cache_native),
-                     "second_run": _err(cp_again, cp)}
+    res["extras"] = {
+        "regions": list(pipeline_state(pipe).extras["transformer"].regions.modules),
+        "fbc_synced": pipeline_state(pipe).extras["transformer"].fbc_synced,
+        "backend": pipeline_state(pipe).extras["transformer"].parallel["attention_backend"],
+    }
+    res["errors"] = {
+        "cp_vs_single_fp8": _err(cp, single),
+        "cp_vs_cache_only_native": _err(cp, cache_native),
+        "single_fp8_vs_cache_only_native": _err(single, cache_native),
+        "second_run": _err(cp_again, cp),
+    }
     return res
 
 
@@ -233,15 +287,40 @@ def worker_cli(rank: int, world: int, out_dir: str) -> dict:
     out = Path(out_dir) / "t2i.png"
     buf = io.StringIO()
     with redirect_stdout(buf):
-        code = example.main(["--ulysses-degree", str(world), "--num-inference-steps", "3", "--output", str(out),
-                             "--cache-backend", "first_block_cache", "--cache-config", '{"threshold": 0.05}'])
+        code = example.main(
+            [
+                "--ulysses-degree",
+                str(world),
+                "--num-inference-steps",
+                "3",
+                "--output",
+                str(out),
+                "--cache-backend",
+                "first_block_cache",
+                "--cache-config",
+                '{"threshold": 0.05}',
+            ]
+        )
     res = {"example_code": code, "example_stdout": buf.getvalue(), "example_wrote": out.exists()}
     from fx_fp8.tools import cli
 
     buf = io.StringIO()
     with redirect_stdout(buf):
-        code = cli.main(["compare", "--model", "flux", "--ulysses-degree", str(world), "--steps", "3", "--prompts", "1",
-                         "--format", "json"])
+        code = cli.main(
+            [
+                "compare",
+                "--model",
+                "flux",
+                "--ulysses-degree",
+                str(world),
+                "--steps",
+                "3",
+                "--prompts",
+                "1",
+                "--format",
+                "json",
+            ]
+        )
     res.update(compare_code=code, compare_stdout=buf.getvalue())
     return res
 
@@ -281,14 +360,22 @@ def test_ring_merge_of_fp8_partials(offset):
     from fx_fp8.config.attention import AttentionQuantConfig
 
     c = AttentionQuantConfig()
-    kw = dict(granularity=c.granularity, q_block=c.q_block, kv_block=c.kv_block, hadamard=c.hadamard,
-              smooth_k=c.smooth_k, quantize_p=c.quantize_p, p_scale=float(c.p_scale), attention_kernel=c.kernel,
-              lowering="reference")
+    kw = dict(
+        granularity=c.granularity,
+        q_block=c.q_block,
+        kv_block=c.kv_block,
+        hadamard=c.hadamard,
+        smooth_k=c.smooth_k,
+        quantize_p=c.quantize_p,
+        p_scale=float(c.p_scale),
+        attention_kernel=c.kernel,
+        lowering="reference",
+    )
     g = torch.Generator().manual_seed(1)
     b, h, s, d = 1, 2, 96, 32
     q = torch.randn(b, h, s, d, generator=g)
     k = torch.randn(b, h, 2 * s, d, generator=g)
-    k[..., s:, :] += offset * torch.randn(d, generator=g)   # the second chunk's keys share a large mean
+    k[..., s:, :] += offset * torch.randn(d, generator=g)  # the second chunk's keys share a large mean
     v = torch.randn(b, h, 2 * s, d, generator=g)
     scale = 1 / math.sqrt(d)
     exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale).float()
@@ -305,13 +392,15 @@ def test_ring_merge_of_fp8_partials(offset):
         # control: the LSE of the smoothed scores, without the shift folded back, merges wrongly
         shifted = []
         for (out, lse), sl in zip(parts, (slice(0, s), slice(s, 2 * s))):
-            shift = (q @ k[..., sl, :].mean(-2, keepdim=True).transpose(-1, -2)).squeeze(-1) * scale   # (B, H, Sq)
+            shift = (q @ k[..., sl, :].mean(-2, keepdim=True).transpose(-1, -2)).squeeze(-1) * scale  # (B, H, Sq)
             shifted.append((out, lse - shift.transpose(1, 2)))
         wrong = _ring_merge(shifted).transpose(1, 2)
         assert float((wrong - exact).norm() / exact.norm()) > 3 * err_single
     # the native partials merged the same way are exact: the merge itself is right
-    native = [cp_helpers.cpu_flash_attention(q, k[..., sl, :], v[..., sl, :], scale=scale)[:2]
-              for sl in (slice(0, s), slice(s, 2 * s))]
+    native = [
+        cp_helpers.cpu_flash_attention(q, k[..., sl, :], v[..., sl, :], scale=scale)[:2]
+        for sl in (slice(0, s), slice(s, 2 * s))
+    ]
     merged_native = _ring_merge([(o.transpose(1, 2), l.transpose(1, 2)) for o, l in native]).transpose(1, 2)
     torch.testing.assert_close(merged_native, exact, atol=1e-5, rtol=1e-5)
 
@@ -332,8 +421,9 @@ def test_a_linear_carrying_a_diffusers_hook_keeps_it_and_is_quantized_at_compile
             return output * 2
 
     def run(pipe, kwargs):
-        return pipe(**kwargs, num_inference_steps=2, output_type="latent",
-                    generator=torch.Generator().manual_seed(0)).images.float()
+        return pipe(
+            **kwargs, num_inference_steps=2, output_type="latent", generator=torch.Generator().manual_seed(0)
+        ).images.float()
 
     name = "cp_output---proj_out"
     with warnings.catch_warnings():
@@ -343,18 +433,20 @@ def test_a_linear_carrying_a_diffusers_hook_keeps_it_and_is_quantized_at_compile
         hook = Doubling()
         HookRegistry.check_if_exists_or_initialize(pipe.transformer.proj_out).register_hook(hook, name)
         ref = run(pipe, kwargs)
-    assert float((ref - plain).norm() / plain.norm()) > 0.1   # the hook matters
+    assert float((ref - plain).norm() / plain.norm()) > 0.1  # the hook matters
     transformer = pipe.transformer
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fx_fp8.compile_pipeline(pipe, {"lowering": "reference", "downstream": "eager"})
         out = run(pipe, kwargs)
-    assert any("left 1 linear(s) carrying diffusers hooks unreplaced" in str(w.message) and "proj_out" in str(w.message)
-               for w in caught)
+    assert any(
+        "left 1 linear(s) carrying diffusers hooks unreplaced" in str(w.message) and "proj_out" in str(w.message)
+        for w in caught
+    )
     prepared = pipeline_state(pipe).prepared["transformer"]
     assert list(prepared["hooked"]) == ["proj_out"] and name in prepared["hooked"]["proj_out"]
     assert "proj_out" not in prepared["quantized"] and "proj_out" not in prepared["native"]
-    assert prepared["weight_only"]   # the other sensitive layers were prepared weight-only
+    assert prepared["weight_only"]  # the other sensitive layers were prepared weight-only
     assert type(transformer.proj_out) is torch.nn.Linear
     assert transformer.proj_out._diffusers_hook.get_hook(name) is hook
     row = [e for r in fx_fp8.get_reports(pipe.transformer) for e in r.entries if e.module == "proj_out"]
@@ -369,10 +461,14 @@ def test_parallel_options_are_checked_and_named():
     assert ParallelOptions.from_value({"ulysses_degree": 2}).world_size == 2
     assert ParallelOptions.from_value({"ulysses_degree": 2, "ring_degree": 2}).world_size == 4
     assert not ParallelOptions.from_value(None).enabled
-    for bad, words in (({"ulysses_degree": 0}, "ulysses_degree 0"), ({"ring_degree": "x"}, "ring_degree 'x'"),
-                       ({"ulysses_degree": True}, "ulysses_degree True"),
-                       ({"cfg_parallel_size": 2}, "'cfg_parallel_size'"), ({"ulysess_degree": 2}, "did you mean"),
-                       ([2, 1], "expected a mapping")):
+    for bad, words in (
+        ({"ulysses_degree": 0}, "ulysses_degree 0"),
+        ({"ring_degree": "x"}, "ring_degree 'x'"),
+        ({"ulysses_degree": True}, "ulysses_degree True"),
+        ({"cfg_parallel_size": 2}, "'cfg_parallel_size'"),
+        ({"ulysess_degree": 2}, "did you mean"),
+        ([2, 1], "expected a mapping"),
+    ):
         with pytest.raises(ValueError, match=words.replace("(", r"\(")):
             PipelineOptions(parallel=bad)
 
@@ -385,15 +481,19 @@ def test_yaml_carries_pipeline_keys_next_to_fp8_keys(tmp_path):
     from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.pipeline.options import PipelineOptions
 
-    flat = {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0",
-            "parallel_config": {"ulysses_degree": 2, "ring_degree": 1},
-            "cache_backend": "first_block_cache", "cache_config": {"threshold": 0.1}}
+    flat = {
+        "diffusion_kv_cache_dtype": "fp8",
+        "diffusion_kv_cache_skip_steps": "0",
+        "parallel_config": {"ulysses_degree": 2, "ring_degree": 1},
+        "cache_backend": "first_block_cache",
+        "cache_config": {"threshold": 0.1},
+    }
     stage = {"stage_args": [{"stage_id": 0, "stage_type": "diffusion", "engine_args": dict(flat)}]}
     for i, data in enumerate((flat, stage)):
         path = tmp_path / f"c{i}.yaml"
         path.write_text(yaml.safe_dump(data))
         with warnings.catch_warnings():
-            warnings.simplefilter("error")   # the pipeline keys are no "engine_args keys not used" warning
+            warnings.simplefilter("error")  # the pipeline keys are no "engine_args keys not used" warning
             cfg = FP8Config.load(str(path))
         assert cfg.attention_enabled and 0 in cfg.diffusion_kv_cache_skip_steps
         opts = PipelineOptions.load(str(path))
@@ -415,8 +515,11 @@ def test_context_parallel_needs_torchrun_and_says_how(monkeypatch):
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(sys, "argv", ["examples/text_to_image.py", "--ulysses-degree", "2"])
-    with pytest.raises(ValueError, match=r"needs 2 processes.*torchrun --nproc-per-node 2 "
-                                         r"examples/text_to_image.py --ulysses-degree 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs 2 processes.*torchrun --nproc-per-node 2 "
+        r"examples/text_to_image.py --ulysses-degree 2",
+    ):
         init_distributed(ParallelOptions(ulysses_degree=2))
 
 
@@ -455,7 +558,7 @@ def test_heads_must_divide_by_ulysses_degree():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = build_tiny_transformer("flux")   # 2 heads
+        model = build_tiny_transformer("flux")  # 2 heads
     with pytest.raises(ValueError, match="ulysses_degree 4 does not divide FluxTransformer2DModel's 2 attention heads"):
         check_pipeline_options(PipelineOptions(parallel={"ulysses_degree": 4}), [model], compile_kwargs={})
 
@@ -466,8 +569,9 @@ def test_cli_flags_map_onto_pipeline_options(tmp_path):
     from fx_fp8.tools import cli_flags
 
     parser = cli_flags.add_pipeline_flags(cli_flags.add_fp8_flags(argparse.ArgumentParser()))
-    args = parser.parse_args(["--ulysses-degree", "2", "--cache-backend", "first_block_cache",
-                              "--cache-config", '{"threshold": 0.2}'])
+    args = parser.parse_args(
+        ["--ulysses-degree", "2", "--cache-backend", "first_block_cache", "--cache-config", '{"threshold": 0.2}']
+    )
     opts = cli_flags.pipeline_options_from_args(args)
     assert opts.parallel.ulysses_degree == 2 and opts.parallel.ring_degree == 1
     assert opts.cache_backend == "first_block_cache" and opts.cache_config == {"threshold": 0.2}
@@ -503,12 +607,20 @@ def _attention_rows(rows, variant=None):
 @pytest.mark.parametrize("family,mode", [("flux", "ulysses"), ("flux", "ring"), ("wan", "ulysses"), ("wan", "ring")])
 def test_context_parallel_fp8(tmp_path, family, mode):
     ulysses, ring = DEGREES[mode]
-    results = cp_helpers.launch(HERE, "worker_transformer", nprocs=2, timeout=300, tmp_path=tmp_path,
-                                args=dict(family=family, ulysses=ulysses, ring=ring))
+    results = cp_helpers.launch(
+        HERE,
+        "worker_transformer",
+        nprocs=2,
+        timeout=300,
+        tmp_path=tmp_path,
+        args=dict(family=family, ulysses=ulysses, ring=ring),
+    )
     r0 = results[0]
-    print(f"\n{family} {mode} ({r0['graphs']} graph(s), backend {r0['attention_backend']}): " + json.dumps(r0["errors"]))
+    print(
+        f"\n{family} {mode} ({r0['graphs']} graph(s), backend {r0['attention_backend']}): " + json.dumps(r0["errors"])
+    )
     self_attn, cross_attn = ATTENTION[family]
-    steps = 2 if mode == "ring" else 1   # ring: one partial attention per ring step
+    steps = 2 if mode == "ring" else 1  # ring: one partial attention per ring step
     assert r0["attention_backend"] == ("_native_flash" if mode == "ring" else "native")
 
     for r in results:
@@ -536,7 +648,7 @@ def test_context_parallel_fp8(tmp_path, family, mode):
     else:
         assert {a["form"] for a in attn} == {"sdpa"} and r0["ops"]["fp8_attention_lse"] == 0
     if family == "flux":
-        assert r0["graphs"] == 1   # Ulysses / ring between collectives: one graph
+        assert r0["graphs"] == 1  # Ulysses / ring between collectives: one graph
 
     # sensitive layers run weight-only by default (native where too small to quantize), never W8A8;
     # CP never quantizes a linear single-process FP8 keeps native
@@ -546,18 +658,21 @@ def test_context_parallel_fp8(tmp_path, family, mode):
         row = linear[name]
         assert row["action"] == "weight-only" or "small layer" in row["reason"], (name, row["reason"])
     assert any(linear[name]["action"] == "weight-only" for name in SENSITIVE[family])
-    assert {n for n, x in linear.items() if x["action"] == "fp8"} <= {n for n, x in ref_linear.items()
-                                                                       if x["action"] == "fp8"}
+    assert {n for n, x in linear.items() if x["action"] == "fp8"} <= {
+        n for n, x in ref_linear.items() if x["action"] == "fp8"
+    }
     # ... and decides every linear exactly as one process does (the all_to_all is no pooling)
     differ = sorted(n for n in linear if linear[n]["action"] != ref_linear[n]["action"])
     assert not differ, (differ, linear[differ[0]]["reason"] if differ else "")
 
     # layer selector (layer 1) and step selector (step 0) under CP
-    assert r0["selector_variants"][:len(r0["selector_variants"]) // 2] == ["native"] * (len(r0["selector_variants"]) // 2)
-    assert set(r0["selector_variants"][len(r0["selector_variants"]) // 2:]) == {"fp8"}
+    assert r0["selector_variants"][: len(r0["selector_variants"]) // 2] == ["native"] * (
+        len(r0["selector_variants"]) // 2
+    )
+    assert set(r0["selector_variants"][len(r0["selector_variants"]) // 2 :]) == {"fp8"}
     for a in _attention_rows(r0["selector_rows"], "fp8"):
         if a["module"] not in self_attn:
-            assert a["action"] == "native"      # cross-attention: its own reason comes first
+            assert a["action"] == "native"  # cross-attention: its own reason comes first
         elif a["layer"] == 1:
             assert a["action"] == "native" and "layer 1 in diffusion_kv_cache_skip_layers" in a["reason"]
         else:
@@ -572,8 +687,9 @@ def test_compile_pipeline_ulysses_with_first_block_cache(tmp_path):
     tiny Flux pipeline in two processes: the same blocks are skipped as in one process (the ranks
     decide on the whole sequence), FP8 is applied with the names and steps of the model, a second
     run compiles nothing, and the latents match the single-process run."""
-    results = cp_helpers.launch(HERE, "worker_pipeline", nprocs=2, timeout=300, tmp_path=tmp_path,
-                                args=dict(steps=6, threshold=0.4))
+    results = cp_helpers.launch(
+        HERE, "worker_pipeline", nprocs=2, timeout=300, tmp_path=tmp_path, args=dict(steps=6, threshold=0.4)
+    )
     r0 = results[0]
     print("\npipeline: " + json.dumps(r0["errors"]) + f" calls single {r0['single_calls']} cp {r0['cp_calls']}")
     for r in results:
@@ -581,7 +697,7 @@ def test_compile_pipeline_ulysses_with_first_block_cache(tmp_path):
         assert r["errors"]["cp_vs_single_fp8"]["rel"] < 1e-2
         assert r["errors"]["second_run"]["max_abs"] == 0.0
         assert r["frames_second_run"] == {}
-    assert r0["cp_calls"][0] == 6 and min(r0["cp_calls"][1:]) < 6   # blocks after the first were skipped
+    assert r0["cp_calls"][0] == 6 and min(r0["cp_calls"][1:]) < 6  # blocks after the first were skipped
     assert r0["extras"]["backend"] == "native" and r0["extras"]["fbc_synced"] >= 1
     assert len(r0["extras"]["regions"]) == 4
     assert r0["step_variants"][0] == ["native"] and r0["step_variants"][1] == ["fp8"]
@@ -595,8 +711,9 @@ def test_compile_pipeline_ulysses_with_first_block_cache(tmp_path):
 def test_examples_and_compare_under_two_processes(tmp_path):
     """The text-to-image example and `fx-fp8 compare` with --ulysses-degree 2, as torchrun would
     start them: both ranks run, rank 0 alone prints and writes."""
-    results = cp_helpers.launch(HERE, "worker_cli", nprocs=2, timeout=300, tmp_path=tmp_path,
-                                args=dict(out_dir=str(tmp_path)))
+    results = cp_helpers.launch(
+        HERE, "worker_cli", nprocs=2, timeout=300, tmp_path=tmp_path, args=dict(out_dir=str(tmp_path))
+    )
     r0, r1 = results
     assert r0["example_code"] == r1["example_code"] == 0
     assert "context parallel: ulysses 2 x ring 1 (2 processes)" in r0["example_stdout"]

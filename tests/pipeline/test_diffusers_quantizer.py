@@ -2,6 +2,7 @@
 from_pretrained reads them, as prepare_model would quantize them; save_pretrained / from_pretrained
 bit-identical; PipelineQuantizationConfig; the compiled model uses the loaded weights as they are;
 peak memory while loading; what load time refuses."""
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,19 @@ def quiet(fn, *args, **kwargs):
 
 
 def layers_of(model) -> dict:
-    return {n: (m.method, m.weight_granularity, tuple(m.weight_block), m.act_granularity, m.orig_dtype)
-            for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    return {
+        n: (m.method, m.weight_granularity, tuple(m.weight_block), m.act_granularity, m.orig_dtype)
+        for n, m in model.named_modules()
+        if isinstance(m, QuantizedLinear)
+    }
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    )
 
 
 def state_equal(a: nn.Module, b: nn.Module) -> bool:
@@ -142,14 +149,16 @@ def test_a_diffusers_with_another_layout_is_refused_naming_expected_and_found(mo
     from fx_fp8.pipeline import diffusers_registration as reg
 
     fake = types.ModuleType("diffusers.quantizers.auto")
-    fake.AUTO_QUANTIZER_MAPPING = [("torchao", object)]   # a list, not a dict
+    fake.AUTO_QUANTIZER_MAPPING = [("torchao", object)]  # a list, not a dict
     fake.AUTO_QUANTIZATION_CONFIG_MAPPING = {}
     with pytest.raises(reg.DiffusersLayoutError) as e:
         reg.register(fake)
     text = str(e.value)
     assert "AUTO_QUANTIZER_MAPPING: expected a dict (quant_method name -> quantizer class), found list" in text
-    assert "DiffusersAutoQuantizer.from_config: expected a classmethod of that module" in text and "found nothing" in text
-    assert fake.AUTO_QUANTIZATION_CONFIG_MAPPING == {}   # nothing registered
+    assert (
+        "DiffusersAutoQuantizer.from_config: expected a classmethod of that module" in text and "found nothing" in text
+    )
+    assert fake.AUTO_QUANTIZATION_CONFIG_MAPPING == {}  # nothing registered
 
     from diffusers.quantizers import auto
 
@@ -157,15 +166,17 @@ def test_a_diffusers_with_another_layout_is_refused_naming_expected_and_found(mo
     taken.__dict__.update({k: v for k, v in vars(auto).items() if not k.startswith("__")})
     taken.AUTO_QUANTIZER_MAPPING = {"fx_fp8": auto.TorchAoHfQuantizer}
     problems = reg.layout_problems(taken)
-    assert any("AUTO_QUANTIZER_MAPPING['fx_fp8']: expected free (or fx_fp8's), found" in p and "TorchAoHfQuantizer" in p
-               for p in problems), problems
+    assert any(
+        "AUTO_QUANTIZER_MAPPING['fx_fp8']: expected free (or fx_fp8's), found" in p and "TorchAoHfQuantizer" in p
+        for p in problems
+    ), problems
     # the import hook warns instead of breaking diffusers' import; DiffusersConfig then raises the same text
     monkeypatch.setitem(reg._STATE, "result", None)
     with pytest.warns(UserWarning, match="cannot register its diffusers quantization backend"):
         reg._register_or_warn(fake)
     with pytest.raises(reg.DiffusersLayoutError, match="AUTO_QUANTIZER_MAPPING: expected a dict"):
         fx_fp8.DiffusersConfig()
-    assert reg.layout_problems(auto) == []   # the installed diffusers matches
+    assert reg.layout_problems(auto) == []  # the installed diffusers matches
 
 
 # -- options ----------------------------------------------------------------------------------------
@@ -174,30 +185,39 @@ def test_options_are_fp8config_options_from_kwargs_yaml_and_cli(tmp_path):
 
     from fx_fp8.tools.cli_flags import add_fp8_flags, config_from_args
 
-    kwargs = fx_fp8.DiffusersConfig(quantization="int8", ignored_layers=["to_q"],
-                                    quantization_config={"sensitive": "native"})
+    kwargs = fx_fp8.DiffusersConfig(
+        quantization="int8", ignored_layers=["to_q"], quantization_config={"sensitive": "native"}
+    )
     yaml = tmp_path / "stage.yaml"
-    yaml.write_text("stage_args:\n  - stage_type: diffusion\n    engine_args:\n      quantization: int8\n"
-                    "      quantization_config:\n        ignored_layers: [to_q]\n        sensitive: native\n")
+    yaml.write_text(
+        "stage_args:\n  - stage_type: diffusion\n    engine_args:\n      quantization: int8\n"
+        "      quantization_config:\n        ignored_layers: [to_q]\n        sensitive: native\n"
+    )
     from_yaml = fx_fp8.DiffusersConfig(str(yaml))
     args = add_fp8_flags(argparse.ArgumentParser()).parse_args(
-        ["--quantization", "int8", "--ignored-layers", "to_q", "--config", str(yaml)])
+        ["--quantization", "int8", "--ignored-layers", "to_q", "--config", str(yaml)]
+    )
     from_cli = fx_fp8.DiffusersConfig(config_from_args(args))
     assert kwargs == from_yaml == from_cli
     q = kwargs.fp8_config.quantization_config
     assert (q.method, q.ignored_layers, q.sensitive) == ("int8", ("to_q",), "native")
     data = kwargs.to_dict()
     assert data["quant_method"] == "fx_fp8" and data["quantization"] == "int8"
-    assert fx_fp8.DiffusersConfig.from_dict(json.loads(json.dumps(data))) == kwargs   # through config.json
+    assert fx_fp8.DiffusersConfig.from_dict(json.loads(json.dumps(data))) == kwargs  # through config.json
 
 
-@pytest.mark.parametrize("options,match", [
-    (dict(quantization=None), "quantization is None"),
-    (dict(quantization_config={"smoothing_alpha": 0.5, "activation_scales": {"x": 1.0}}), "smoothing_alpha 0.5"),
-    (dict(quantization_config={"activation_scheme": "static", "activation_scales": {"x": 1.0}}),
-     "activation_scheme 'static'"),
-    (dict(quantization_config={"weight_granularity": "rows"}), "weight_granularity"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(quantization=None), "quantization is None"),
+        (dict(quantization_config={"smoothing_alpha": 0.5, "activation_scales": {"x": 1.0}}), "smoothing_alpha 0.5"),
+        (
+            dict(quantization_config={"activation_scheme": "static", "activation_scales": {"x": 1.0}}),
+            "activation_scheme 'static'",
+        ),
+        (dict(quantization_config={"weight_granularity": "rows"}), "weight_granularity"),
+    ],
+)
 def test_settings_load_time_cannot_honour_are_refused(options, match):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -212,14 +232,16 @@ def test_loading_quantizes_the_linears_the_rules_pick(tmp_path):
     expected layers are pinned lists (tests/helpers/expected_layers.py), not the rules' own answer."""
     model = quiet(build_tiny_transformer, "flux", layers=1, dtype=torch.bfloat16)
     model.save_pretrained(tmp_path)
-    cfg = fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"])   # at this width every other linear quantizes
+    cfg = fx_fp8.DiffusersConfig(ignored_layers=["re:.*\\.to_v"])  # at this width every other linear quantizes
     loaded = load(tmp_path, torch_dtype=torch.bfloat16, quantization_config=cfg)
     layers = layers_of(loaded)
     pinned = RULES_PICK_FLUX
     assert all(pinned.values()), "each kind is pinned with at least one layer"
-    for kind, got in (("fp8", {n for n, v in layers.items() if v[3] != WEIGHT_ONLY}),
-                      ("weight_only", {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}),
-                      ("native", {n for n, m in loaded.named_modules() if type(m) is nn.Linear})):
+    for kind, got in (
+        ("fp8", {n for n, v in layers.items() if v[3] != WEIGHT_ONLY}),
+        ("weight_only", {n for n, v in layers.items() if v[3] == WEIGHT_ONLY}),
+        ("native", {n for n, m in loaded.named_modules() if type(m) is nn.Linear}),
+    ):
         assert not differences(kind, got, pinned[kind]), differences(kind, got, pinned[kind])
     record = loaded.config.quantization_config.quantized_layers
     assert sorted(n for e in record for n in e["layers"]) == sorted(layers)
@@ -244,26 +266,35 @@ def test_load_time_quantization_is_prepare_model(family, tmp_path):
 
 
 def test_options_decide_the_layers_as_in_prepare_model(flux_folder):
-    options = dict(quantization="int8", ignored_layers=["re:transformer_blocks\\.0\\.attn\\.to_q"],
-                   quantization_config={"weight_granularity": "block", "sensitive": "native"})
+    options = dict(
+        quantization="int8",
+        ignored_layers=["re:transformer_blocks\\.0\\.attn\\.to_q"],
+        quantization_config={"weight_granularity": "block", "sensitive": "native"},
+    )
     loaded = load(flux_folder, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig(**options))
     ref = load(flux_folder, torch_dtype=torch.bfloat16)
     result = fx_fp8.prepare_model(ref, **options)
-    assert type(loaded.transformer_blocks[0].attn.to_q) is nn.Linear   # ignored
+    assert type(loaded.transformer_blocks[0].attn.to_q) is nn.Linear  # ignored
     assert isinstance(loaded.transformer_blocks[0].attn.to_k, QuantizedLinear)
     assert layers_of(loaded) == layers_of(ref) and state_equal(loaded, ref)
     assert {v[:3] for v in layers_of(loaded).values()} == {("int8", "block", (128, 128))} and not result["weight_only"]
 
 
 def test_loading_onto_a_device_map(flux_folder):
-    loaded = load(flux_folder, torch_dtype=torch.bfloat16, device_map="cpu",
-                  quantization_config=fx_fp8.DiffusersConfig())
+    loaded = load(
+        flux_folder, torch_dtype=torch.bfloat16, device_map="cpu", quantization_config=fx_fp8.DiffusersConfig()
+    )
     assert loaded.hf_device_map == {"": torch.device("cpu")}
     ref = load(flux_folder, torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
     assert state_equal(loaded, ref)
     with pytest.raises(ValueError, match="offloads to disk"):
-        load(flux_folder, torch_dtype=torch.bfloat16, device_map={"": "disk"}, offload_folder="x",
-             quantization_config=fx_fp8.DiffusersConfig())
+        load(
+            flux_folder,
+            torch_dtype=torch.bfloat16,
+            device_map={"": "disk"},
+            offload_folder="x",
+            quantization_config=fx_fp8.DiffusersConfig(),
+        )
 
 
 # -- save_pretrained / from_pretrained ------------------------------------------------------------------
@@ -277,11 +308,11 @@ def test_save_pretrained_round_trip_is_bit_identical(flux_folder, tmp_path):
     stored = load_file(tmp_path / "q" / "diffusion_pytorch_model.safetensors")
     assert {stored[f"{n}.weight"].dtype for n in recorded} <= {torch.float8_e4m3fn, torch.int8}
 
-    again = load(tmp_path / "q", torch_dtype=torch.bfloat16)   # fx_fp8 imported: no quantization_config needed
+    again = load(tmp_path / "q", torch_dtype=torch.bfloat16)  # fx_fp8 imported: no quantization_config needed
     assert layers_of(again) == layers_of(loaded) and state_equal(again, loaded)
     kw = example_inputs("flux", loaded, dtype=torch.bfloat16)
     assert torch.equal(run(again, kw), run(loaded, kw))
-    again.save_pretrained(tmp_path / "q2", max_shard_size="60KB")   # and again, in shards: a layer's tensors may part
+    again.save_pretrained(tmp_path / "q2", max_shard_size="60KB")  # and again, in shards: a layer's tensors may part
     quantization = lambda folder: json.loads((folder / "config.json").read_text())["quantization_config"]  # noqa: E731
     assert quantization(tmp_path / "q2") == quantization(tmp_path / "q")
     assert len(list((tmp_path / "q2").glob("*.safetensors"))) > 2
@@ -298,7 +329,7 @@ def test_a_quantized_checkpoint_that_disagrees_with_its_record_is_refused(flux_f
     save_file(tensors, path)
     with pytest.raises(ValueError, match=f"{name}: recorded as quantized, the checkpoint has no weight_scale"):
         load(tmp_path / "q", torch_dtype=torch.bfloat16)
-    tensors[f"{name}.weight_scale"] = torch.ones(3, 1)   # a scale of the wrong shape
+    tensors[f"{name}.weight_scale"] = torch.ones(3, 1)  # a scale of the wrong shape
     save_file(tensors, path)
     with pytest.raises(ValueError, match=f"{name}.weight_scale in the checkpoint is torch.float32 \\[3, 1\\]"):
         load(tmp_path / "q", torch_dtype=torch.bfloat16)
@@ -331,8 +362,13 @@ def test_pipeline_quantization_config_quantizes_the_transformer(flux_pipeline_fo
     from diffusers import FluxPipeline
 
     qc = PipelineQuantizationConfig(quant_mapping={"transformer": fx_fp8.DiffusersConfig()})
-    pipe = quiet(FluxPipeline.from_pretrained, flux_pipeline_folder, torch_dtype=torch.bfloat16,
-                 quantization_config=qc, **NO_TEXT)
+    pipe = quiet(
+        FluxPipeline.from_pretrained,
+        flux_pipeline_folder,
+        torch_dtype=torch.bfloat16,
+        quantization_config=qc,
+        **NO_TEXT,
+    )
     ref = load(flux_pipeline_folder / "transformer", torch_dtype=torch.bfloat16)
     fx_fp8.prepare_model(ref)
     assert layers_of(pipe.transformer) == layers_of(ref) and state_equal(pipe.transformer, ref)
@@ -353,7 +389,7 @@ def test_compiled_loaded_model_runs_its_stored_weights_without_requantizing(flux
     before = compile_quantizations(loaded)
     compiled = torch.compile(loaded, backend="fp8", options=EAGER)
     out = run(compiled, kw)
-    assert compile_quantizations(loaded) == before   # no weight quantized at compile time
+    assert compile_quantizations(loaded) == before  # no weight quantized at compile time
     targets = [str(n.target) for gm in downstream_graphs for n in gm.graph.nodes if n.op == "call_function"]
     w8a8 = sum(v[3] != WEIGHT_ONLY for v in layers.values())
     assert targets.count("fx_fp8.scaled_mm.default") == w8a8
@@ -377,9 +413,18 @@ def test_loading_holds_one_full_precision_layer_at_a_time(tmp_path):
     from memory_oracles import AllocatorPeak, state_storage_bytes
 
     torch.manual_seed(0)
-    model = quiet(FluxTransformer2DModel, patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
-                  attention_head_dim=64, num_attention_heads=4, joint_attention_dim=128, pooled_projection_dim=64,
-                  axes_dims_rope=(16, 24, 24))
+    model = quiet(
+        FluxTransformer2DModel,
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=64,
+        num_attention_heads=4,
+        joint_attention_dim=128,
+        pooled_projection_dim=64,
+        axes_dims_rope=(16, 24, 24),
+    )
     model.save_pretrained(tmp_path / "fp32")
     largest = max(m.weight.numel() * 2 for m in model.modules() if isinstance(m, nn.Linear))
     files = sorted((tmp_path / "fp32").glob("*.safetensors"))
@@ -387,7 +432,7 @@ def test_loading_holds_one_full_precision_layer_at_a_time(tmp_path):
         loaded = load(tmp_path / "fp32", torch_dtype=torch.bfloat16, quantization_config=fx_fp8.DiffusersConfig())
     final = state_storage_bytes(loaded)
     assert mem.events and final > 0 and mem.mapped == len(files)
-    assert mem.net >= final    # the allocator made every tensor the model holds (none is a view of the files)
+    assert mem.net >= final  # the allocator made every tensor the model holds (none is a view of the files)
     assert mem.peak <= final + 1.5 * largest, (mem.peak - final) / largest
     with AllocatorPeak(mapped=files) as mem:
         ref = load(tmp_path / "fp32", torch_dtype=torch.bfloat16)
@@ -403,9 +448,18 @@ def test_loading_onto_a_gpu_holds_the_quantized_model_and_less_than_one_bf16_lay
     host memory), so the GPU's peak is the quantized model plus about one bf16 layer (an H200
     measured 1.0001 layers on 2026-12-04: one layer and 1.5 KB of scales)."""
     torch.manual_seed(0)
-    model = quiet(FluxTransformer2DModel, patch_size=1, in_channels=64, num_layers=1, num_single_layers=2,
-                  attention_head_dim=64, num_attention_heads=16, joint_attention_dim=1024, pooled_projection_dim=256,
-                  axes_dims_rope=(16, 24, 24)).to(torch.bfloat16)
+    model = quiet(
+        FluxTransformer2DModel,
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=64,
+        num_attention_heads=16,
+        joint_attention_dim=1024,
+        pooled_projection_dim=256,
+        axes_dims_rope=(16, 24, 24),
+    ).to(torch.bfloat16)
     model.save_pretrained(tmp_path)
     largest = max(m.weight.numel() * 2 for m in model.modules() if isinstance(m, nn.Linear))
     torch.cuda.empty_cache()
@@ -432,18 +486,24 @@ def test_the_docs_snippet_runs(flux_pipeline_folder, tmp_path, monkeypatch):
     root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "diffusers_quantization.md").read_text()
     code = re.search(r"<!-- diffusers-quantization-snippet -->\n```python\n(.*?)```", text, re.S).group(1)
-    for old, new in (('"/models/FLUX.1-dev"', f'"{flux_pipeline_folder}"'), ('device_map="cuda"', 'device_map="cpu"'),
-                     ('"flux-fp8/', f'"{tmp_path}/'), ('"examples/', f'"{root / "examples"}/')):
+    for old, new in (
+        ('"/models/FLUX.1-dev"', f'"{flux_pipeline_folder}"'),
+        ('device_map="cuda"', 'device_map="cpu"'),
+        ('"flux-fp8/', f'"{tmp_path}/'),
+        ('"examples/', f'"{root / "examples"}/'),
+    ):
         assert old in code, old
         code = code.replace(old, new)
     real = FluxPipeline.from_pretrained.__func__
-    monkeypatch.setattr(FluxPipeline, "from_pretrained", classmethod(lambda cls, *a, **k: real(cls, *a, **NO_TEXT, **k)))
+    monkeypatch.setattr(
+        FluxPipeline, "from_pretrained", classmethod(lambda cls, *a, **k: real(cls, *a, **NO_TEXT, **k))
+    )
     namespace: dict = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(compile(code, "docs/diffusers_quantization.md", "exec"), namespace)
     transformer, pipe = namespace["transformer"], namespace["pipe"]
     assert (tmp_path / "transformer" / "config.json").is_file()
-    compiled = getattr(pipe.transformer, "_orig_mod", pipe.transformer)   # compile_pipeline's torch.compile
+    compiled = getattr(pipe.transformer, "_orig_mod", pipe.transformer)  # compile_pipeline's torch.compile
     assert layers_of(transformer._orig_mod) == layers_of(compiled) and layers_of(compiled)
     assert fx_fp8.pipeline_state(pipe).config == fx_fp8.FP8Config.load(root / "examples" / "configs" / "fp8_flat.yaml")

@@ -1,5 +1,6 @@
 """restore_pipeline after dtype moves, memory after restore, what restore means by default, and the
 one rule (fx_fp8.quant.rules.is_plain_linear) by which calibrate, prepare_model and the backend find linears."""
+
 from __future__ import annotations
 
 import gc
@@ -53,7 +54,9 @@ class Pipe:
     def __call__(self, num_inference_steps=2):
         dtype = next(self.transformer.parameters()).dtype
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):  # a prepared linear's weight first
-            dtype = next(p for p in self.transformer.parameters() if p.is_floating_point() and p.element_size() > 1).dtype
+            dtype = next(
+                p for p in self.transformer.parameters() if p.is_floating_point() and p.element_size() > 1
+            ).dtype
         x = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
         with torch.no_grad():
             for i in range(num_inference_steps):

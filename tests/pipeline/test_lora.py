@@ -1,6 +1,7 @@
 """LoRA on the shipped tiny pipeline after FP8 compilation: unfused adapters, fuse/unfuse,
 hotswap. FP8+LoRA must sit within the usual FP8 error of native+LoRA and clearly apart from
 FP8 without the LoRA; a prepared model (whose linears hold only FP8 weights) refuses."""
+
 import warnings
 
 import pytest
@@ -11,8 +12,8 @@ import fx_fp8
 from fx_fp8.tools.tiny_model import load_tiny_pipeline
 
 TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "ff.net.2")
-FP8_ERROR = 0.02      # FP8 against native on this pipeline: ~0.6 %
-LORA_EFFECT = 0.04    # the LoRA moves the image by ~7 %
+FP8_ERROR = 0.02  # FP8 against native on this pipeline: ~0.6 %
+LORA_EFFECT = 0.04  # the LoRA moves the image by ~7 %
 
 
 def _lora(transformer, rank=4, rel=0.3, seed=0):
@@ -31,8 +32,9 @@ def _lora(transformer, rank=4, rel=0.3, seed=0):
 
 def _run(pipe):
     with torch.no_grad():
-        return pipe("a red circle", num_inference_steps=4, output_type="pt",
-                    generator=torch.Generator().manual_seed(0)).images
+        return pipe(
+            "a red circle", num_inference_steps=4, output_type="pt", generator=torch.Generator().manual_seed(0)
+        ).images
 
 
 def _rel(a, b):
@@ -111,5 +113,6 @@ def test_lora_on_a_prepared_model_is_refused():
     transformer = pipe.transformer
     fx_fp8.prepare_model(transformer)
     with pytest.raises(ValueError, match="QuantizedLinear"):
-        transformer.load_lora_adapter(_lora(load_tiny_pipeline().transformer), prefix="transformer",
-                                      adapter_name="style")
+        transformer.load_lora_adapter(
+            _lora(load_tiny_pipeline().transformer), prefix="transformer", adapter_name="style"
+        )

@@ -1,6 +1,7 @@
 """A PEFT adapter (LoRA through diffusers, LoHa through PEFT itself) on a prepared model ends in
 fx_fp8's PreparedModelAdapterError naming what works (load it before preparing, or prepare=False),
 raised before PEFT changes the model; a model that was not prepared takes adapters as before."""
+
 from __future__ import annotations
 
 import json
@@ -33,11 +34,15 @@ def _types(model) -> dict:
     return {name: type(m).__name__ for name, m in model.named_modules()}
 
 
-@pytest.mark.parametrize("config", [
-    lambda: peft.LoraConfig(r=4, target_modules=["to_q", "to_k"]),
-    lambda: peft.LoHaConfig(r=4, target_modules=["to_q"]),
-    lambda: peft.IA3Config(target_modules=["to_k", "proj"], feedforward_modules=["proj"]),
-], ids=["lora", "loha", "ia3"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: peft.LoraConfig(r=4, target_modules=["to_q", "to_k"]),
+        lambda: peft.LoHaConfig(r=4, target_modules=["to_q"]),
+        lambda: peft.IA3Config(target_modules=["to_k", "proj"], feedforward_modules=["proj"]),
+    ],
+    ids=["lora", "loha", "ia3"],
+)
 def test_an_adapter_on_a_prepared_model_is_fx_fp8s_error_and_changes_nothing(config):
     model = _Tiny()
     fx_fp8.prepare_model(model)

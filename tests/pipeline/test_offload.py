@@ -6,6 +6,7 @@ need a second device: outputs within FP8 error of the same offload without fx_fp
 quantized weight and scale belongs to the offload group of its module, and that no hook keeps a
 replaced (original) weight alive. What only a GPU run shows is listed in docs/lifecycle.md.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -29,7 +30,9 @@ def _flux():
 
 
 def _run(pipe, kwargs):
-    return pipe(**kwargs, num_inference_steps=2, output_type="latent", generator=torch.Generator().manual_seed(0)).images
+    return pipe(
+        **kwargs, num_inference_steps=2, output_type="latent", generator=torch.Generator().manual_seed(0)
+    ).images
 
 
 def _rel(a, b) -> float:
@@ -42,8 +45,12 @@ def _enable(pipe, form: str) -> None:
         if form == "model":
             pipe.enable_model_cpu_offload(device="cpu")
         else:
-            pipe.transformer.enable_group_offload(onload_device=CPU, offload_device=CPU, offload_type=form,
-                                                  num_blocks_per_group=1 if form == "block_level" else None)
+            pipe.transformer.enable_group_offload(
+                onload_device=CPU,
+                offload_device=CPU,
+                offload_type=form,
+                num_blocks_per_group=1 if form == "block_level" else None,
+            )
 
 
 def _group_tensors(model: nn.Module) -> dict:
@@ -73,7 +80,9 @@ def _check_groups(model: nn.Module) -> None:
         for t in list(m.parameters()) + [b for b in m.buffers() if b is not None]:
             assert id(t) in moved, f"{name}: a quantized tensor no offload group moves"
     stale = [t for i, t in moved.items() if i not in own]
-    assert not stale, f"{len(stale)} tensors ({sum(t.nbytes for t in stale)} bytes) kept by offload groups, not by the model"
+    assert not stale, (
+        f"{len(stale)} tensors ({sum(t.nbytes for t in stale)} bytes) kept by offload groups, not by the model"
+    )
 
 
 def _native(form: str):
@@ -107,7 +116,7 @@ def test_moving_a_quantized_linear_keeps_its_parameter_objects():
     fresh = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16))
     fx_fp8.prepare_model(fresh)
     weight = fresh[0].weight
-    fresh.to(CPU).half()   # the bias and output dtype change; the quantized weight stays, accepted
+    fresh.to(CPU).half()  # the bias and output dtype change; the quantized weight stays, accepted
     assert fresh[0].weight is weight and weight.dtype == torch.float8_e4m3fn and fresh[0].bias.dtype == torch.float16
     fresh[0].check_weight(check_bytes=True)
 
@@ -149,13 +158,13 @@ def test_accelerate_module_hooks_move_quantized_weights_and_scales():
     x = torch.randn(4, 64)
     with torch.no_grad():
         ref = model(x)
-    cpu_offload(model, execution_device=CPU)   # the hooks pipe.enable_sequential_cpu_offload installs
+    cpu_offload(model, execution_device=CPU)  # the hooks pipe.enable_sequential_cpu_offload installs
     q = model[0]
     assert isinstance(q, QuantizedLinear) and q.weight.device.type == "meta"
     stored = q._hf_hook.weights_map
     assert stored["weight"].dtype == torch.float8_e4m3fn and "weight_scale" in stored
     with torch.no_grad():
-        assert torch.equal(model(x), ref)   # the quantized data and its scale came back intact
+        assert torch.equal(model(x), ref)  # the quantized data and its scale came back intact
 
 
 # -- end to end under torch.compile (slow) -------------------------------------------------
@@ -175,7 +184,9 @@ def test_offload_with_compile_pipeline_matches_native_offload(form, when):
     assert 0 < _rel(out, ref) < 0.05
     assert pipeline_state(pipe).prepared["transformer"]["quantized"]
     if form == "model":
-        assert getattr(pipe.transformer, "_hf_hook", None) is not None or getattr(original, "_hf_hook", None) is not None
+        assert (
+            getattr(pipe.transformer, "_hf_hook", None) is not None or getattr(original, "_hf_hook", None) is not None
+        )
     else:
         _check_groups(original)
     fx_fp8.restore_pipeline(pipe, linears="quantized")

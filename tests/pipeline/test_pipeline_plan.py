@@ -1,5 +1,6 @@
 """compile_pipeline is plan_pipeline (every check, nothing changed) then install (only changes):
 the config is read once, and a refused call leaves the pipeline exactly as it was."""
+
 from __future__ import annotations
 
 import warnings
@@ -35,11 +36,14 @@ def yaml_reads(monkeypatch):
     return count
 
 
-@pytest.mark.parametrize("text", [
-    "diffusion_kv_cache_dtype: fp8\nquantization: fp8\nparallel_config: {ulysses_degree: 1}\n",
-    "quantization:\n  transformer: fp8\n  text_encoder_2: int8\n",
-    "stage_args:\n- stage_type: diffusion\n  engine_args: {model: x, quantization: fp8}\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "diffusion_kv_cache_dtype: fp8\nquantization: fp8\nparallel_config: {ulysses_degree: 1}\n",
+        "quantization:\n  transformer: fp8\n  text_encoder_2: int8\n",
+        "stage_args:\n- stage_type: diffusion\n  engine_args: {model: x, quantization: fp8}\n",
+    ],
+)
 def test_a_yaml_config_is_read_once_per_call(tmp_path, yaml_reads, text):
     """The old compile_pipeline read a YAML path two or three times (the component map, each
     FP8Config, the pipeline options)."""
@@ -72,11 +76,14 @@ def _snapshot(pipe) -> dict:
     hooks and layers, the weights, the scheduler's step."""
     modules = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     return {
-        "class": type(pipe), "state": getattr(pipe, STATE_ATTR, None), "components": dict(pipe.components),
+        "class": type(pipe),
+        "state": getattr(pipe, STATE_ATTR, None),
+        "components": dict(pipe.components),
         "step": pipe.scheduler.step,
         "layers": {n: [(k, type(s)) for k, s in m.named_modules()] for n, m in modules.items()},
-        "hooks": {n: sum(len(s._forward_pre_hooks) + len(s._forward_hooks) for s in m.modules())
-                  for n, m in modules.items()},
+        "hooks": {
+            n: sum(len(s._forward_pre_hooks) + len(s._forward_hooks) for s in m.modules()) for n, m in modules.items()
+        },
         "weights": {n: {k: v.clone() for k, v in m.state_dict().items()} for n, m in modules.items()},
     }
 
@@ -86,20 +93,29 @@ def _same(a: dict, b: dict) -> bool:
     assert weights_a, "no weights to compare"
     same_weights = weights_a.keys() == weights_b.keys() and all(
         wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-        for wa, wb in zip(weights_a.values(), weights_b.values()))
+        for wa, wb in zip(weights_a.values(), weights_b.values())
+    )
     return same_weights and a == b
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"quantization": {"text_encoder": "fp8", "text_encoder_3": "fp8"}}, "'text_encoder_3', which FluxPipeline"),
-    ({"quantization": {"clip*": "fp8"}}, "'clip\\*'.* shell pattern"),
-    ({"quantization": {"text_encoder": "fp8"}, "compile_kwargs": {"fullgrap": True}}, "unknown torch.compile keyword"),
-    ({"quantization": {"text_encoder": "fp8"}, "regional": True, "cache_backend": "first_block_cache"},
-     "regional=True is not combined"),
-    ({"quantization": {"text_encoder": "fp8"}, "mode": "fast"}, "invalid mode"),
-    ({"quantization": {"text_encoder": "fp8"}, "inductor_options": {"no_such_option": 1}}, "no_such_option"),
-    ({"quantization": {"text_encoder": "fp8"}, "cache_backend": "tea_cache"}, "tea_cache"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"quantization": {"text_encoder": "fp8", "text_encoder_3": "fp8"}}, "'text_encoder_3', which FluxPipeline"),
+        ({"quantization": {"clip*": "fp8"}}, "'clip\\*'.* shell pattern"),
+        (
+            {"quantization": {"text_encoder": "fp8"}, "compile_kwargs": {"fullgrap": True}},
+            "unknown torch.compile keyword",
+        ),
+        (
+            {"quantization": {"text_encoder": "fp8"}, "regional": True, "cache_backend": "first_block_cache"},
+            "regional=True is not combined",
+        ),
+        ({"quantization": {"text_encoder": "fp8"}, "mode": "fast"}, "invalid mode"),
+        ({"quantization": {"text_encoder": "fp8"}, "inductor_options": {"no_such_option": 1}}, "no_such_option"),
+        ({"quantization": {"text_encoder": "fp8"}, "cache_backend": "tea_cache"}, "tea_cache"),
+    ],
+)
 def test_a_refused_plan_leaves_the_pipeline_untouched(kwargs, message):
     """Refusals from the first check to the last: the components a map covers (the text encoders
     here) would be prepared first by install, so each refusal must come before it."""

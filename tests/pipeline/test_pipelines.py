@@ -6,6 +6,7 @@ variants) and a second run compiles nothing, the output stays close to the
 uncompiled pipeline's. The toy pipeline checks the publishing mechanism's edges
 (exceptions, swapped schedulers, missing scheduler.step) at a fraction of the cost.
 """
+
 from __future__ import annotations
 
 import functools
@@ -150,8 +151,16 @@ def test_toy_variants_follow_selector():
     pipe = compile_pipeline(_toy(), diffusion_kv_cache_skip_steps="1,3")
     pipe()
     calls = pipeline_state(pipe).calls
-    assert [(c.step, c.variant) for c in calls] == [(0, "fp8"), (0, "fp8"), (1, "native"), (1, "native"),
-                                                   (2, "fp8"), (2, "fp8"), (3, "native"), (3, "native")]
+    assert [(c.step, c.variant) for c in calls] == [
+        (0, "fp8"),
+        (0, "fp8"),
+        (1, "native"),
+        (1, "native"),
+        (2, "fp8"),
+        (2, "fp8"),
+        (3, "native"),
+        (3, "native"),
+    ]
     assert all(isinstance(c, TransformerCall) and c.transformer == "transformer" for c in calls)
 
 
@@ -222,15 +231,18 @@ class _StepIsData:
     step = 3
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: object(), "no denoising transformer"),
-    (lambda: ToyPipeline.__new__(ToyPipeline), "no denoising transformer"),
-    (lambda: ToyPipeline(scheduler=_NoSteps()), "without a callable step"),
-    (lambda: ToyPipeline(scheduler=_StepIsData()), "without a callable step"),
-    (lambda: _with(ToyPipeline(), scheduler=None), "has no scheduler"),
-    (lambda: _with(ToyPipeline(), transformer=torch.compile(ToyDiT())), "already torch.compile'd"),
-    (lambda: _with(ToyPipeline(), transformer="not a module"), "not a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: object(), "no denoising transformer"),
+        (lambda: ToyPipeline.__new__(ToyPipeline), "no denoising transformer"),
+        (lambda: ToyPipeline(scheduler=_NoSteps()), "without a callable step"),
+        (lambda: ToyPipeline(scheduler=_StepIsData()), "without a callable step"),
+        (lambda: _with(ToyPipeline(), scheduler=None), "has no scheduler"),
+        (lambda: _with(ToyPipeline(), transformer=torch.compile(ToyDiT())), "already torch.compile'd"),
+        (lambda: _with(ToyPipeline(), transformer="not a module"), "not a torch.nn.Module"),
+    ],
+)
 def test_compile_refuses_what_it_cannot_handle(make, match):
     with pytest.raises(ValueError, match=match):
         compile_pipeline(make())
@@ -259,10 +271,16 @@ def test_unprepared_experts_of_one_class_keep_their_own_weights():
     pipe = _toy()
     pipe.transformer_2 = ToyDiT()
     with torch.no_grad():
-        refs = [m(torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))) for m in (pipe.transformer, pipe.transformer_2)]
+        refs = [
+            m(torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0)))
+            for m in (pipe.transformer, pipe.transformer_2)
+        ]
     compile_pipeline(pipe, prepare=False)
     with torch.no_grad():
-        outs = [m(torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0))) for m in (pipe.transformer, pipe.transformer_2)]
+        outs = [
+            m(torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(0)))
+            for m in (pipe.transformer, pipe.transformer_2)
+        ]
     errs = [((out - ref).norm() / ref.norm()).item() for ref, out in zip(refs, outs)]
     # FP8 error of a 32-wide toy is ~7%; the other expert's weights would give ~100%
     assert max(errs) < 0.15, errs
@@ -306,8 +324,9 @@ def test_config_sources_agree(tmp_path):
     path = tmp_path / "fp8.yaml"
     fx_fp8.FP8Config.from_kwargs(diffusion_kv_cache_dtype="fp8", diffusion_kv_cache_skip_steps="0").to_yaml(path)
     from_yaml = pipeline_state(compile_pipeline(_toy(), str(path))).config
-    from_mapping = pipeline_state(compile_pipeline(_toy(), {"diffusion_kv_cache_dtype": "fp8",
-                                                            "diffusion_kv_cache_skip_steps": "0"})).config
+    from_mapping = pipeline_state(
+        compile_pipeline(_toy(), {"diffusion_kv_cache_dtype": "fp8", "diffusion_kv_cache_skip_steps": "0"})
+    ).config
     assert from_yaml == from_mapping
     assert not from_yaml.linear_enabled and from_yaml.diffusion_kv_cache_skip_steps == {0}
 

@@ -1,6 +1,7 @@
 """fx_fp8.summary(pipe_or_model) and `fx-fp8 inspect --summary`: one row per component with FP8
 attention and W8A8 linears n/m, weight-only linears, the native nodes' top reasons, weight bytes
 before / after and the kernels."""
+
 from __future__ import annotations
 
 import warnings
@@ -20,7 +21,7 @@ class _Block(nn.Module):
         super().__init__()
         self.to_qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
-        self.odd = nn.Linear(width, 12)   # 12 features: no FP8 tile, native
+        self.odd = nn.Linear(width, 12)  # 12 features: no FP8 tile, native
 
     def forward(self, x):
         q, k, v = self.to_qkv(x).unflatten(-1, (3, 2, -1)).permute(2, 0, 3, 1, 4)
@@ -58,9 +59,9 @@ def test_plain_compile_counts_and_the_fp8_copies_it_keeps():
     assert (row.component, row.cls, row.compiled) == ("model", "_Model", True)
     assert (row.attention_fp8, row.attention_total) == (2, 2)
     assert (row.linear_w8a8, row.linear_total, row.linear_weight_only) == (4, 6, 0)
-    (reason, count), = row.native_reasons
+    ((reason, count),) = row.native_reasons
     assert count == 2 and "12" in reason
-    assert row.bytes_before == before and row.bytes_after > before   # the plain path keeps both copies
+    assert row.bytes_before == before and row.bytes_after > before  # the plain path keeps both copies
     assert row.kernels == "reference/eager"
     text = str(fx_fp8.summary(compiled))
     assert "2/2" in text and "4/6" in text and "2x " in text and "reference/eager" in text
@@ -70,7 +71,7 @@ def test_a_prepared_model_holds_fewer_bytes_and_a_config_reason_leads():
     model = _Model()
     before = _fp32_bytes(model)
     fx_fp8.prepare_model(model, ignored_layers=["blocks.0.out"])
-    (row,) = fx_fp8.summary(model)   # before any compile: the prepared layers
+    (row,) = fx_fp8.summary(model)  # before any compile: the prepared layers
     assert (row.compiled, row.linear_w8a8, row.linear_total, row.kernels) == (False, 3, 6, "")
     assert row.bytes_before == before and row.bytes_after < before
     (row,) = fx_fp8.summary(_run(model, {"ignored_layers": ["blocks.0.out"]}))
@@ -78,8 +79,9 @@ def test_a_prepared_model_holds_fewer_bytes_and_a_config_reason_leads():
     # a config naming only linear keys leaves attention native, and the summary says what to set
     assert [n for _, n in row.native_reasons] == [2, 2, 1]
     assert row.native_reasons[0][0].startswith("attention not requested: set diffusion_kv_cache_dtype: fp8")
-    assert row.native_reasons[2][0].startswith("ignored_layers pattern 'blocks.0.out' (remove it from "
-                                               "quantization_config.ignored_layers")
+    assert row.native_reasons[2][0].startswith(
+        "ignored_layers pattern 'blocks.0.out' (remove it from quantization_config.ignored_layers"
+    )
 
 
 def test_summary_refuses_what_is_neither_a_pipeline_nor_a_model():

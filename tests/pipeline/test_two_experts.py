@@ -1,6 +1,7 @@
 """Two transformers of one class in one pipeline (Wan2.2's `transformer` and `transformer_2`):
 each is its own model (reports, warnings, static scales, decisions), and the graphs compiled
 are no more than backend="eager" compiles for the same run."""
+
 import warnings
 
 import pytest
@@ -26,8 +27,9 @@ def _rel(a, b):
 
 
 def _run(pipe, kwargs):
-    return pipe(**kwargs, num_inference_steps=STEPS, output_type="latent",
-                generator=torch.Generator().manual_seed(0)).frames
+    return pipe(
+        **kwargs, num_inference_steps=STEPS, output_type="latent", generator=torch.Generator().manual_seed(0)
+    ).frames
 
 
 def _eager_graphs() -> int:
@@ -53,8 +55,12 @@ def test_two_experts_each_their_own_model(prepare):
         # one calibration for both experts: the high-noise expert's inputs (names are shared)
         scales = fx_fp8.calibrate(pipe.transformer, lambda m: _run(pipe, kwargs))
     experts = {a: getattr(pipe, a) for a in ("transformer", "transformer_2")}
-    fx_fp8.compile_pipeline(pipe, prepare=prepare, diffusion_kv_cache_skip_steps="0",
-                            quantization_config={"activation_scheme": "static", "activation_scales": scales})
+    fx_fp8.compile_pipeline(
+        pipe,
+        prepare=prepare,
+        diffusion_kv_cache_skip_steps="0",
+        quantization_config={"activation_scheme": "static", "activation_scales": scales},
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad():

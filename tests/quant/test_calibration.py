@@ -1,4 +1,5 @@
 """Static activation scales: calibrate, save, and reload in a fresh process for identical outputs."""
+
 import json
 import subprocess
 import sys
@@ -51,7 +52,9 @@ def test_static_scales_round_trip_in_fresh_process(tmp_path):
 
     options = {"quantization_config": {"activation_scheme": "static", "activation_scales": str(path)}}
     with torch.no_grad():
-        static = output_tensor(torch.compile(model, backend="fp8", options=options)(**example_inputs("sd3", model, seed=5)))
+        static = output_tensor(
+            torch.compile(model, backend="fp8", options=options)(**example_inputs("sd3", model, seed=5))
+        )
         native = output_tensor(model(**example_inputs("sd3", model, seed=5)))
     (report,) = fx_fp8.get_reports()
     fp8 = [e for e in report.entries if e.op == "linear" and e.action == "fp8"]
@@ -60,7 +63,9 @@ def test_static_scales_round_trip_in_fresh_process(tmp_path):
     assert 1e-4 < float((static - native).norm() / native.norm()) < 0.05
 
     out_path = tmp_path / "out.pt"
-    proc = subprocess.run([sys.executable, "-c", STATIC_RUN, str(path), str(out_path)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", STATIC_RUN, str(path), str(out_path)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert torch.equal(torch.load(out_path), static)
 
@@ -79,12 +84,23 @@ def test_calibrated_scales_are_max_over_batches():
 def test_missing_scale_keeps_layer_native():
     m, x = TwoLinears(relu=False).eval(), torch.randn(8, 64)
     scales = {"a": float(x.abs().max()) / 448.0}
-    torch.compile(m, backend="fp8", options={"quantization": "fp8", "quantization_config": {
-        "activation_scheme": "static", "activation_scales": scales}})(x)
+    torch.compile(
+        m,
+        backend="fp8",
+        options={
+            "quantization": "fp8",
+            "quantization_config": {"activation_scheme": "static", "activation_scales": scales},
+        },
+    )(x)
     (report,) = fx_fp8.get_reports()
     got = {e.module: (e.action, e.reason) for e in report.entries}
-    assert got["a"][0] == "fp8" and got["b"] == ("native", ("no static activation scale for this layer (recalibrate with fx_fp8.calibrate, or use "
-                                             "quantization_config.activation_scheme: dynamic)"))
+    assert got["a"][0] == "fp8" and got["b"] == (
+        "native",
+        (
+            "no static activation scale for this layer (recalibrate with fx_fp8.calibrate, or use "
+            "quantization_config.activation_scheme: dynamic)"
+        ),
+    )
 
 
 def test_calibrate_on_a_compiled_model_uses_the_real_names():
@@ -99,14 +115,23 @@ def test_scales_that_match_no_layer_are_an_error():
     model = sd3()
     with pytest.raises(Exception, match="none of the 1 static activation scales names a linear of this model"):
         with torch.no_grad():
-            torch.compile(model, backend="fp8", options={"quantization_config": {
-                "activation_scheme": "static", "activation_scales": {"_orig_mod.proj_out": 0.1}}})(
-                **example_inputs("sd3", model))
+            torch.compile(
+                model,
+                backend="fp8",
+                options={
+                    "quantization_config": {
+                        "activation_scheme": "static",
+                        "activation_scales": {"_orig_mod.proj_out": 0.1},
+                    }
+                },
+            )(**example_inputs("sd3", model))
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), "0.1", True])
 def test_scales_are_validated_when_loaded(value, tmp_path):
-    with pytest.raises(ValueError, match=r"invalid activation scale .* for 'x' in activation_scales: expected a finite number > 0"):
+    with pytest.raises(
+        ValueError, match=r"invalid activation scale .* for 'x' in activation_scales: expected a finite number > 0"
+    ):
         fx_fp8.load_activation_scales({"x": value})
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"format": FORMAT, "scales": {"x": value}}, allow_nan=True))
@@ -145,13 +170,15 @@ def test_calibrate_records_channel_maxima_and_saves_them_compatibly(tmp_path):
     fx_fp8.save_activation_scales({"0": 0.25}, old)
     assert fx_fp8.load_activation_scales(old) == {"0": 0.25}
     # the calibration object rides in a config, through replace() too
-    cfg = fx_fp8.FP8Config.from_kwargs(quantization="int8", quantization_config={
-        "activation_scales": scales, "smoothing_alpha": 0.5})
+    cfg = fx_fp8.FP8Config.from_kwargs(
+        quantization="int8", quantization_config={"activation_scales": scales, "smoothing_alpha": 0.5}
+    )
     assert cfg.replace(diffusion_kv_cache_dtype=None).quantization_config.activation_scales is scales
 
 
-@pytest.mark.parametrize("values", [[1.0, float("nan")], [1.0, float("inf")], [1.0, -1.0], ["a", 1.0], [], [[1.0]],
-                                    3.0])
+@pytest.mark.parametrize(
+    "values", [[1.0, float("nan")], [1.0, float("inf")], [1.0, -1.0], ["a", 1.0], [], [[1.0]], 3.0]
+)
 def test_channel_maxima_are_validated_when_loaded(values, tmp_path):
     data = {"format": FORMAT, "scales": {"blocks.0.to_q": 0.1}, "channel_amax": {"blocks.0.to_q": values}}
     with pytest.raises(ValueError, match=r"invalid channel_amax for 'blocks\.0\.to_q' in activation_scales"):
@@ -173,8 +200,14 @@ def test_int8_static_scales_use_the_int8_range():
     for method in ("fp8", "int8"):
         torch._dynamo.reset()
         with torch.no_grad():
-            out = torch.compile(m, backend="fp8", options={"quantization": method, "quantization_config": {
-                "activation_scheme": "static", "activation_scales": scales}})(x)
+            out = torch.compile(
+                m,
+                backend="fp8",
+                options={
+                    "quantization": method,
+                    "quantization_config": {"activation_scheme": "static", "activation_scales": scales},
+                },
+            )(x)
         errors[method] = float((out - ref).norm() / ref.norm())
     assert fx_fp8.get_reports()[-1].entries[0].action == "int8"
     assert errors["int8"] < 0.02 and errors["fp8"] < 0.05, errors

@@ -1,6 +1,7 @@
 """Quantized checkpoints (fx_fp8.save_quantized / load_quantized) and an honest state dict for
 prepared models: save_pretrained refuses, load_state_dict re-quantizes full-precision weights and
 refuses quantized data without its scale, before anything is copied."""
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,19 @@ def state_equal(a: nn.Module, b: nn.Module) -> bool:
 
 
 def layers_of(model):
-    return {n: (m.method, m.weight_granularity, m.weight_block, m.act_granularity, m.orig_dtype,
-                m.input_scale is not None, m.input_smoothing is not None)
-            for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    return {
+        n: (
+            m.method,
+            m.weight_granularity,
+            m.weight_block,
+            m.act_granularity,
+            m.orig_dtype,
+            m.input_scale is not None,
+            m.input_smoothing is not None,
+        )
+        for n, m in model.named_modules()
+        if isinstance(m, QuantizedLinear)
+    }
 
 
 @pytest.mark.parametrize("method,dtype", [("fp8", torch.bfloat16), ("int8", torch.float32)])
@@ -101,7 +112,9 @@ def test_round_trip_with_static_scales_and_smoothing(method, scheme, tmp_path):
     w8a8 = [v for v in layers.values() if v[3] != WEIGHT_ONLY]
     assert w8a8 and len(w8a8) < len(layers)
     assert all(s == (scheme == "static") and sm == (method == "int8") for *_, s, sm in w8a8)
-    assert any(True for _ in (v for v in layers.values() if v[3] == WEIGHT_ONLY))  # not vacuous: all() of nothing is True
+    assert any(
+        True for _ in (v for v in layers.values() if v[3] == WEIGHT_ONLY)
+    )  # not vacuous: all() of nothing is True
     assert all(not s and not sm for *_, s, sm in (v for v in layers.values() if v[3] == WEIGHT_ONLY))
     kw = example_inputs("flux", model, seed=5)
     ref = run(model, kw)
@@ -122,13 +135,18 @@ def test_load_into_a_model_you_built_and_with_device_and_dtype(tmp_path):
     assert layers_of(other) == layers_of(model) and torch.equal(run(other, kw), ref)
     half = fx_fp8.load_quantized(tmp_path, type(model), device="cpu", dtype=torch.bfloat16)
     q = next(m for m in half.modules() if isinstance(m, QuantizedLinear) and not m.weight_only)
-    assert q.weight.dtype == torch.float8_e4m3fn and q.weight_scale.dtype == torch.float32 and q.orig_dtype == torch.bfloat16
+    assert (
+        q.weight.dtype == torch.float8_e4m3fn
+        and q.weight_scale.dtype == torch.float32
+        and q.orig_dtype == torch.bfloat16
+    )
     # proj_out: a sensitive layer, weight-only INT8 by default; its bias follows the dtype
     assert half.proj_out.weight_only and half.proj_out.weight.dtype == torch.int8
     assert half.proj_out.orig_dtype == half.proj_out.bias.dtype == torch.bfloat16
     assert rel_err(run(half, example_inputs("flux", half, dtype=torch.bfloat16)), ref) < 0.05
     with pytest.raises(ValueError, match="holds a FluxTransformer2DModel, not a SD3Transformer2DModel"):
         from diffusers import SD3Transformer2DModel
+
         fx_fp8.load_quantized(tmp_path, SD3Transformer2DModel)
 
 
@@ -252,8 +270,10 @@ def test_load_state_dict_of_full_precision_weights_requantizes(smoothing):
     native = run(new, kw)
     qc = {}
     if smoothing:
-        qc = {"activation_scales": fx_fp8.calibrate(new, [example_inputs("flux", new, seed=s) for s in (1, 2)]),
-              "smoothing_alpha": 0.5}
+        qc = {
+            "activation_scales": fx_fp8.calibrate(new, [example_inputs("flux", new, seed=s) for s in (1, 2)]),
+            "smoothing_alpha": 0.5,
+        }
     model = flux(seed=0)
     fx_fp8.prepare_model(model, quantization="int8" if smoothing else "fp8", quantization_config=qc)
     result = model.load_state_dict(full, strict=True)  # no weight_scale / input_smoothing is missing
@@ -283,8 +303,9 @@ def corrupt(case: str, sd: dict, name: str) -> dict:
     return sd
 
 
-@pytest.mark.parametrize("case", ["codes without scale", "wrong shape", "other method", "full precision with scale",
-                                  "scale without weight"])
+@pytest.mark.parametrize(
+    "case", ["codes without scale", "wrong shape", "other method", "full precision with scale", "scale without weight"]
+)
 def test_mismatched_state_raises_naming_the_layer_and_changes_nothing(case):
     model = flux()
     fx_fp8.prepare_model(model)
@@ -300,7 +321,8 @@ def test_mismatched_state_raises_naming_the_layer_and_changes_nothing(case):
     assert all(same_bytes(v, model.state_dict()[k]) for k, v in before.items())
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):  # the layer alone refuses too
         model.get_submodule(name).load_state_dict(
-            {k.removeprefix(name + "."): v for k, v in bad.items() if k.startswith(name + ".")}, strict=False)
+            {k.removeprefix(name + "."): v for k, v in bad.items() if k.startswith(name + ".")}, strict=False
+        )
     model.load_state_dict(donor.state_dict())  # quantized data with its scales loads as it is
     kw = example_inputs("flux", model)
     assert state_equal(model, donor) and torch.equal(run(model, kw), run(donor, kw))

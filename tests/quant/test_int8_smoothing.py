@@ -7,6 +7,7 @@ call (a graph shared between model instances uses each instance's own); the quan
 cache keys include the smoothing; prepare_model's per-layer `input_smoothing`; the NPU lowering
 multiplies before its fused quantization; errors that name the missing key or the layer.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -26,6 +27,8 @@ from fx_fp8.quant.quantized_linear import QuantizedLinear
 
 def smoothing_of(model, weight, alpha):
     return state_of(model, weight).smoothing[alpha]
+
+
 from graph_capture import Capture, compile_stored, graph_module_of
 from npu_sim import torch_npu_sim  # noqa: F401  (fixture)
 from toy_models import TwoLinears
@@ -35,7 +38,7 @@ ALPHA = 0.5
 
 def rel_mse(y, ref) -> float:
     y, ref = y.detach().float(), ref.detach().float()
-    return float(((y - ref) ** 2).mean() / (ref ** 2).mean())
+    return float(((y - ref) ** 2).mean() / (ref**2).mean())
 
 
 def rel_err(a, b) -> float:
@@ -59,7 +62,7 @@ def one_linear(in_f: int, out_f: int) -> nn.Module:
     g = torch.Generator().manual_seed(in_f + out_f)
     lin = nn.Linear(in_f, out_f)
     with torch.no_grad():
-        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f ** 0.5)
+        lin.weight.copy_(torch.randn(out_f, in_f, generator=g) / in_f**0.5)
     return nn.Sequential(lin).eval()
 
 
@@ -67,8 +70,13 @@ def options(method="int8", alpha=None, scales=None, scheme="dynamic", **qc):
     qcfg = {"activation_scheme": scheme, "activation_scales": scales, "smoothing_alpha": alpha, **qc}
     if "sensitive" not in qc and "quantize_sensitive" not in qc:
         qcfg["sensitive"] = "native"  # smoothing is about W8A8 layers; weight-only ones (the default's) never smooth
-    return {"quantization": method, "diffusion_kv_cache_dtype": None, "quantization_config": qcfg,
-            "lowering": "reference", "downstream": "eager"}
+    return {
+        "quantization": method,
+        "diffusion_kv_cache_dtype": None,
+        "quantization_config": qcfg,
+        "lowering": "reference",
+        "downstream": "eager",
+    }
 
 
 def tiny_flux(dtype=torch.float32, layers=1):
@@ -96,8 +104,10 @@ def test_int8_layer_relative_mse_with_and_without_smoothing(kind, shape, record_
         assert ("smoothed (alpha 0.5)" in report.entries[0].reason) == (alpha is not None)
         err[alpha] = rel_mse(y, ref)
     record_property("relative_mse", {"unsmoothed": err[None], "smoothed": err[ALPHA]})
-    print(f"\nint8 {in_f}->{out_f} {kind}: relative MSE {err[None]:.2e} unsmoothed, {err[ALPHA]:.2e} smoothed "
-          f"(alpha {ALPHA})")
+    print(
+        f"\nint8 {in_f}->{out_f} {kind}: relative MSE {err[None]:.2e} unsmoothed, {err[ALPHA]:.2e} smoothed "
+        f"(alpha {ALPHA})"
+    )
     assert 1e-7 < err[None] < 0.002 and 1e-7 < err[ALPHA] < 0.002, err
     if kind == "outliers":
         assert err[ALPHA] < 0.5 * err[None], err  # measured 5-9x lower
@@ -133,8 +143,8 @@ def test_smoothing_factors_formula_and_range():
     s = quant.smoothing_factors(amax, wmax, 0.5)
     assert s.dtype == torch.float32
     assert s.tolist() == [2.0, 1.0, quant.SMOOTHING_RANGE[1], 1.0]  # 4^.5/1^.5; dead channel; clamped; no weight
-    assert quant.smoothing_factors(torch.tensor([8.0]), torch.tensor([0.5]), 0.0).tolist() == [2.0]   # 1 / w
-    assert quant.smoothing_factors(torch.tensor([8.0]), torch.tensor([0.5]), 1.0).tolist() == [8.0]   # a
+    assert quant.smoothing_factors(torch.tensor([8.0]), torch.tensor([0.5]), 0.0).tolist() == [2.0]  # 1 / w
+    assert quant.smoothing_factors(torch.tensor([8.0]), torch.tensor([0.5]), 1.0).tolist() == [8.0]  # a
 
 
 # -- end to end -----------------------------------------------------------------------------------
@@ -165,8 +175,9 @@ def test_calibrated_smoothed_flux_int8_end_to_end(scheme, scaled_mm_methods):
         torch._dynamo.reset()
         scaled_mm_methods.clear()
         with torch.no_grad():
-            outs[alpha] = output_tensor(torch.compile(model, backend="fp8",
-                                                      options=options("int8", alpha, calibration, scheme))(**kw))
+            outs[alpha] = output_tensor(
+                torch.compile(model, backend="fp8", options=options("int8", alpha, calibration, scheme))(**kw)
+            )
         reports[alpha] = report = fx_fp8.get_reports()[-1]
         rows = [e for e in report.entries if e.op == "linear" and e.action != "native"]
         # an int8 request never runs FP8: the report rows and the kernels actually called
@@ -187,9 +198,12 @@ def test_calibrated_smoothed_flux_int8_end_to_end(scheme, scaled_mm_methods):
         assert len(qkv) == 1
         # one smoothing vector per group, shared by its members' weights
         ws = [model.get_submodule(f"transformer_blocks.0.attn.{p}").weight for p in ("to_q", "to_k", "to_v")]
-        assert smoothing_of(model, ws[0], ALPHA) is smoothing_of(model, ws[1], ALPHA) is smoothing_of(model, ws[2], ALPHA)
-        assert smoothing_of(model, model.get_submodule("transformer_blocks.0.ff.net.2").weight, ALPHA) is not \
-            smoothing_of(model, ws[0], ALPHA)
+        assert (
+            smoothing_of(model, ws[0], ALPHA) is smoothing_of(model, ws[1], ALPHA) is smoothing_of(model, ws[2], ALPHA)
+        )
+        assert smoothing_of(
+            model, model.get_submodule("transformer_blocks.0.ff.net.2").weight, ALPHA
+        ) is not smoothing_of(model, ws[0], ALPHA)
 
 
 @pytest.mark.slow
@@ -202,7 +216,7 @@ def test_graph_reads_smoothing_as_an_input_and_fuses_into_one_quantization_per_g
     cap = Capture()
     with torch.no_grad():
         torch.compile(model, backend=cap, fullgraph=True)(**kw)
-    (gm, inputs), = cap.graphs
+    ((gm, inputs),) = cap.graphs
     cfg = FP8Config.from_kwargs(**options("int8", ALPHA, calibration))
     fn, report = compile_stored(gm, inputs, cfg)
     graph = graph_module_of(fn).graph
@@ -226,8 +240,16 @@ def test_inductor_fuses_the_smoothing_multiply_into_the_quantization():
     m = ModulatedBlock().eval()
     calibration = fx_fp8.calibrate(m, [(torch.randn(1, 256, 128), torch.randn(1, 128))])
     plain, _, _, _ = kernels({"quantization": "int8", "quantization_config": {"quantize_sensitive": True}})
-    smoothed, report, out, ref = kernels({"quantization": "int8", "quantization_config": {
-        "quantize_sensitive": True, "activation_scales": calibration, "smoothing_alpha": ALPHA}})
+    smoothed, report, out, ref = kernels(
+        {
+            "quantization": "int8",
+            "quantization_config": {
+                "quantize_sensitive": True,
+                "activation_scales": calibration,
+                "smoothing_alpha": ALPHA,
+            },
+        }
+    )
     assert len(smoothed) == len(plain), (plain, smoothed)
     assert len([k for k in smoothed if "amax" in k and "mul" in k]) == 2  # both groups smoothed in their kernel
     assert any(True for e in report.entries if e.op == 'linear')  # not vacuous: all() of nothing is True
@@ -242,6 +264,7 @@ def test_one_instance_callable_refuses_another_instances_weights():
     gives each instance its own callable, with its own W * s copies and 1/s (tests/pipeline/test_two_experts.py
     runs both experts). One instance's callable handed another instance's weights must refuse,
     naming the problem, rather than run expert 0's copies on expert 1's tensors."""
+
     def capture(model, kw):
         torch._dynamo.reset()
         cap = Capture()
@@ -354,8 +377,9 @@ def test_smoothing_needs_a_calibration_with_channel_statistics():
         FP8Config.from_kwargs(quantization="int8", quantization_config={"smoothing_alpha": 0.5})
     for bad in (-0.1, 1.5, float("nan"), "0.5", True):
         with pytest.raises(ValueError, match="invalid quantization_config.smoothing_alpha"):
-            FP8Config.from_kwargs(quantization="int8", quantization_config={"smoothing_alpha": bad,
-                                                                             "activation_scales": {"0": 0.1}})
+            FP8Config.from_kwargs(
+                quantization="int8", quantization_config={"smoothing_alpha": bad, "activation_scales": {"0": 0.1}}
+            )
     m = one_linear(256, 256)
     old = {"format": "fx_fp8.quant.activation_scales/1", "scales": {"0": 0.1}}  # written before channel_amax existed
     for source in (old, {"0": 0.1}):
@@ -380,13 +404,18 @@ def test_channel_statistics_of_the_wrong_length_name_the_layer():
 def test_a_layer_without_channel_statistics_stays_native():
     m, x = TwoLinears(relu=False).eval(), torch.randn(8, 64)
     calibration = fx_fp8.calibrate(m, [(x,)])
-    partial = {"format": "fx_fp8.quant.activation_scales/1", "scales": dict(calibration),
-               "channel_amax": {"a": calibration.channel_amax["a"].tolist()}}
+    partial = {
+        "format": "fx_fp8.quant.activation_scales/1",
+        "scales": dict(calibration),
+        "channel_amax": {"a": calibration.channel_amax["a"].tolist()},
+    }
     torch.compile(m, backend="fp8", options=options("int8", ALPHA, partial))(x)
     got = {e.module: (e.action, e.reason) for e in fx_fp8.get_reports()[-1].entries}
     assert got["a"][0] == "int8"
-    assert got["b"] == ("native", "no channel statistics for smoothing_alpha in the calibration "
-                                  "(recalibrate with fx_fp8.calibrate)")
+    assert got["b"] == (
+        "native",
+        "no channel statistics for smoothing_alpha in the calibration (recalibrate with fx_fp8.calibrate)",
+    )
     other = {"format": "fx_fp8.quant.activation_scales/1", "scales": {"x": 0.1}, "channel_amax": {"x": [1.0] * 64}}
     torch._dynamo.reset()
     with pytest.raises(Exception, match="none of the 2 eligible linears of this graph has channel_amax"):

@@ -1,6 +1,7 @@
 """One decision per linear (fx_fp8/quant/linear_plan.py): plan_linear is called only by its named
 consumers; every native reason says what the user can set; equal inputs give equal plans; a
 prepared layer is built from its plan (QuantizedLinear.from_plan), as prepare_model builds it."""
+
 from __future__ import annotations
 
 import ast
@@ -22,11 +23,11 @@ from fx_fp8.quant.rules import TextEncoderSensitive, text_encoder_sensitive_reas
 PACKAGE = Path(fx_fp8.__file__).resolve().parent
 #: the modules that may decide a linear, and how many calls each makes
 CONSUMERS = {
-    "passes/linear_decisions.py": 2,      # the linear pass's decisions, and its instance facts
-    "passes/prequantized.py": 2,          # the pre-quantized pass (a stored layout), and its instance facts
-    "quant/prepare.py": 1,                # prepare_model
-    "quant/layer_quantize.py": 1,         # the diffusers load path
-    "quant/prequantized.py": 1,           # adopt_prequantized
+    "passes/linear_decisions.py": 2,  # the linear pass's decisions, and its instance facts
+    "passes/prequantized.py": 2,  # the pre-quantized pass (a stored layout), and its instance facts
+    "quant/prepare.py": 1,  # prepare_model
+    "quant/layer_quantize.py": 1,  # the diffusers load path
+    "quant/prequantized.py": 1,  # adopt_prequantized
     "tools/tiny_model/fake_quant.py": 1,  # FP8-aware training's simulation of the pass
 }
 
@@ -39,8 +40,12 @@ def plan_calls() -> dict[str, int]:
         if "plan_linear" not in text:  # parse only the files that name it
             continue
         tree = ast.parse(text)
-        n = sum(1 for node in ast.walk(tree) if isinstance(node, ast.Call)
-                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "plan_linear")
+        n = sum(
+            1
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "plan_linear"
+        )
         if n:
             out[str(path.relative_to(PACKAGE))] = n
     return out
@@ -56,13 +61,16 @@ def test_only_the_named_consumers_decide_a_linear():
 QC = QuantizationConfig(ignored_layers=["blocks.0.ff"], sensitive="native")
 
 
-@pytest.mark.parametrize("name, shape, dtype, qcfg, setting", [
-    ("blocks.0.ff", (64, 64), torch.float32, QC, "quantization_config.ignored_layers"),
-    ("time_text_embed.linear_1", (64, 64), torch.float32, QC, "sensitive: weight_only"),
-    ("blocks.0.attn", (16, 64), torch.float32, QC, "quantization_config.min_features"),
-    ("blocks.0.attn", (64, 64), torch.int8, QC, "load the model in float32, bfloat16 or float16"),
-    ("blocks.0.attn", (64, 72), torch.float32, QC, "no setting changes it"),
-])
+@pytest.mark.parametrize(
+    "name, shape, dtype, qcfg, setting",
+    [
+        ("blocks.0.ff", (64, 64), torch.float32, QC, "quantization_config.ignored_layers"),
+        ("time_text_embed.linear_1", (64, 64), torch.float32, QC, "sensitive: weight_only"),
+        ("blocks.0.attn", (16, 64), torch.float32, QC, "quantization_config.min_features"),
+        ("blocks.0.attn", (64, 64), torch.int8, QC, "load the model in float32, bfloat16 or float16"),
+        ("blocks.0.attn", (64, 72), torch.float32, QC, "no setting changes it"),
+    ],
+)
 def test_each_native_reason_says_what_to_set(name, shape, dtype, qcfg, setting):
     plan = plan_linear(name, shape[0], shape[1], dtype, qcfg)
     assert plan.native and setting in plan.reason, plan.reason
@@ -75,10 +83,14 @@ def test_calibration_and_lowering_and_step_reasons_come_from_the_same_chain():
     missing = plan_linear("b", 64, 64, torch.float32, qcfg, calibration=cal)
     assert missing.native and "activation_scheme: dynamic" in missing.reason  # what to set
     # the ignored_layers pattern comes before the calibration, the step variant after it
-    assert "ignored_layers" in plan_linear("b", 64, 64, torch.float32, QuantizationConfig(ignored_layers=["b"]),
-                                           calibration=cal).reason
-    assert plan_linear("a", 64, 64, torch.float32, qcfg, calibration=cal, step_mode="native").reason == \
-        "skipped step variant (quantization_config.skip_steps, native)"
+    assert (
+        "ignored_layers"
+        in plan_linear("b", 64, 64, torch.float32, QuantizationConfig(ignored_layers=["b"]), calibration=cal).reason
+    )
+    assert (
+        plan_linear("a", 64, 64, torch.float32, qcfg, calibration=cal, step_mode="native").reason
+        == "skipped step variant (quantization_config.skip_steps, native)"
+    )
     skipped = plan_linear("a", 64, 64, torch.float32, qcfg, calibration=cal, step_mode="weight_only")
     assert skipped.weight_only and skipped.recipe == recipe("fp8", "channel")  # the W8A8 copy, run weight-only
     assert plan_linear("a", 64, 64, torch.float32, qcfg, enabled=False).reason == QUANTIZATION_OFF
@@ -108,12 +120,17 @@ def test_from_plan_builds_what_prepare_model_builds():
     plan = plan_linear("0", 64, 64, torch.float32, QuantizationConfig())
     wq, ws = plan.recipe.quantize(ref[0])
     built = QuantizedLinear.from_plan(plan, wq, ws, ref[1], orig_dtype=torch.float32)
-    assert (built.method, built.weight_granularity, built.weight_block, built.act_granularity) == \
-        (prepared.method, prepared.weight_granularity, prepared.weight_block, prepared.act_granularity)
+    assert (built.method, built.weight_granularity, built.weight_block, built.act_granularity) == (
+        prepared.method,
+        prepared.weight_granularity,
+        prepared.weight_block,
+        prepared.act_granularity,
+    )
     assert torch.equal(built.weight.view(torch.uint8), prepared.weight.view(torch.uint8))
     with pytest.raises(ValueError, match=r"a 'native' linear plan has no quantization recipe \(small layer"):
-        QuantizedLinear.from_plan(plan_linear("0", 16, 16, torch.float32, QuantizationConfig()), wq, ws, None,
-                                  orig_dtype=torch.float32)
+        QuantizedLinear.from_plan(
+            plan_linear("0", 16, 16, torch.float32, QuantizationConfig()), wq, ws, None, orig_dtype=torch.float32
+        )
 
 
 def test_a_text_encoders_head_and_vision_tower_are_sensitive_layers_the_setting_decides():
@@ -121,12 +138,16 @@ def test_a_text_encoders_head_and_vision_tower_are_sensitive_layers_the_setting_
     sensitive layer, as a DiT's final projection: weight-only by default, native under sensitive: native,
     W8A8 under sensitive: fp8; each reason names it."""
     why = text_encoder_sensitive_reason("lm_head", "Qwen2_5_VLForConditionalGeneration")
-    assert isinstance(why, TextEncoderSensitive) and text_encoder_sensitive_reason("model.language_model.x", "M") is None
+    assert (
+        isinstance(why, TextEncoderSensitive) and text_encoder_sensitive_reason("model.language_model.x", "M") is None
+    )
     plan = plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(), graph_reason=why)
     assert plan.weight_only and plan.reason.startswith(why) and "sensitive: weight_only" in plan.reason
     plan = plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(sensitive="native"), graph_reason=why)
     assert plan.native and plan.reason.startswith(why) and "fp8 / quantize_sensitive: true, quantizes it" in plan.reason
     assert plan_linear("lm_head", 64, 128, torch.float32, QuantizationConfig(sensitive="fp8"), graph_reason=why).w8a8
     # what the layer's shape rules out is said first, as for any linear
-    assert "min_features" in plan_linear("lm_head", 16, 128, torch.float32, QuantizationConfig(sensitive="fp8"),
-                                         graph_reason=why).reason
+    assert (
+        "min_features"
+        in plan_linear("lm_head", 16, 128, torch.float32, QuantizationConfig(sensitive="fp8"), graph_reason=why).reason
+    )

@@ -1,4 +1,5 @@
 """FP8 weights really free memory: prepare_model + compile, measured over reachable tensors."""
+
 import warnings
 
 import pytest
@@ -20,9 +21,17 @@ def bf16_flux():
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = FluxTransformer2DModel(patch_size=1, in_channels=32, num_layers=1, num_single_layers=1, attention_head_dim=64,
-                                       num_attention_heads=4, joint_attention_dim=64, pooled_projection_dim=64,
-                                       axes_dims_rope=(16, 24, 24))
+        model = FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=32,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=64,
+            num_attention_heads=4,
+            joint_attention_dim=64,
+            pooled_projection_dim=64,
+            axes_dims_rope=(16, 24, 24),
+        )
     model = model.to(torch.bfloat16).eval()
     return model, example_inputs("flux", model, dtype=torch.bfloat16)
 
@@ -78,8 +87,10 @@ def test_prepare_model_frees_bf16_weights():
     # the whole model drops by exactly what the quantized weights saved
     assert total_after == total_before - q_before + q_after
     assert state_storage_bytes(model) == state_before - q_before + q_after
-    print(f"\nbf16 Flux (width 256): quantized linears {q_before} -> {q_after} bytes ({q_after / q_before:.3f}x), "
-          f"model {total_before} -> {total_after} bytes ({total_after / total_before:.3f}x)")
+    print(
+        f"\nbf16 Flux (width 256): quantized linears {q_before} -> {q_after} bytes ({q_after / q_before:.3f}x), "
+        f"model {total_before} -> {total_after} bytes ({total_after / total_before:.3f}x)"
+    )
     assert 1e-3 < float((out.float() - ref).norm() / ref.norm()) < 0.05
 
     # calling again, both variants: no BF16 copy comes back, no compile-time FP8 copies either
@@ -130,7 +141,10 @@ def test_prepare_model_respects_config():
     assert off["quantized"] == [] and not any(isinstance(m, QuantizedLinear) for m in model.modules())
     res = fx_fp8.prepare_model(model, ignored_layers=["ff"])
     assert all(".ff." not in n for n in res["quantized"])
-    assert res["native"]["transformer_blocks.0.ff.net.2"] == "ignored_layers pattern 'ff' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    assert (
+        res["native"]["transformer_blocks.0.ff.net.2"]
+        == "ignored_layers pattern 'ff' (remove it from quantization_config.ignored_layers to quantize this layer)"
+    )
     # sensitive: weight-only by default, even with an explicit list
     assert "x_embedder" not in res["native"] and "x_embedder" in res["weight_only"]
     assert model.get_submodule("x_embedder").weight_only
@@ -142,21 +156,29 @@ def test_prepare_model_respects_config():
         fx_fp8.prepare_model(model, quantization_config={"quantize_sensitive": True})
     fresh, _ = bf16_flux()
     fx_fp8.prepare_model(fresh, quantization_config={"quantize_sensitive": True})
-    assert type(fresh.get_submodule("x_embedder")) is QuantizedLinear and not fresh.get_submodule("x_embedder").weight_only
+    assert (
+        type(fresh.get_submodule("x_embedder")) is QuantizedLinear and not fresh.get_submodule("x_embedder").weight_only
+    )
     with pytest.raises(ValueError, match="did you mean"):
         fx_fp8.prepare_model(bf16_flux()[0], ignored_layer=["ff"])
 
 
 def _state(model):
-    return {n: (type(m), m.weight.dtype, m.weight.data_ptr()) for n, m in model.named_modules()
-            if getattr(m, "weight", None) is not None}
+    return {
+        n: (type(m), m.weight.dtype, m.weight.data_ptr())
+        for n, m in model.named_modules()
+        if getattr(m, "weight", None) is not None
+    }
 
 
-@pytest.mark.parametrize("bad", [
-    {"quantization_config": {"activation_scheme": "static", "activation_scales": {"no.such.layer": 0.1}}},
-    {"quantization_config": {"activation_scheme": "static", "activation_scales": {"x_embedder": float("nan")}}},
-    {"quantization_config": {"weight_granularity": "row"}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"quantization_config": {"activation_scheme": "static", "activation_scales": {"no.such.layer": 0.1}}},
+        {"quantization_config": {"activation_scheme": "static", "activation_scales": {"x_embedder": float("nan")}}},
+        {"quantization_config": {"weight_granularity": "row"}},
+    ],
+)
 def test_prepare_model_error_leaves_the_model_unchanged(bad):
     model, _ = bf16_flux()
     before = _state(model)
@@ -172,13 +194,17 @@ def test_prepared_model_survives_dtype_and_device_moves():
     layer = model.get_submodule("transformer_blocks.0.attn.to_q")
     with torch.no_grad():
         ref = output_tensor(model(**kw)).float()
-        for convert, dtype in ((lambda m: m.to(torch.float32), torch.float32), (lambda m: m.half(), torch.float16),
-                               (lambda m: m.to("cpu", torch.bfloat16), torch.bfloat16)):
+        for convert, dtype in (
+            (lambda m: m.to(torch.float32), torch.float32),
+            (lambda m: m.half(), torch.float16),
+            (lambda m: m.to("cpu", torch.bfloat16), torch.bfloat16),
+        ):
             convert(model)
             assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.dtype == torch.float32
             assert layer.bias.dtype == dtype and layer.orig_dtype == dtype
-            out = output_tensor(model(**{k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v
-                                         for k, v in kw.items()}))
+            out = output_tensor(
+                model(**{k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kw.items()})
+            )
             assert out.dtype == dtype and float((out.float() - ref).norm() / ref.norm()) < 0.05
 
 
@@ -190,7 +216,9 @@ def test_two_weight_granularities_never_requantize_in_steady_state(monkeypatch):
     real = quant.quantize_weight
     monkeypatch.setattr(quant, "quantize_weight", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     a = torch.compile(model, backend="fp8", options={"quantization": "fp8"})
-    b = torch.compile(model, backend="fp8", options={"quantization": "fp8", "quantization_config": {"weight_granularity": "tensor"}})
+    b = torch.compile(
+        model, backend="fp8", options={"quantization": "fp8", "quantization_config": {"weight_granularity": "tensor"}}
+    )
     with torch.no_grad():
         a(**kw), b(**kw)
         first = len(calls)
@@ -225,18 +253,27 @@ def test_prepare_model_int8_stores_about_half_the_bf16_bytes(smoothing):
     layers = [model.get_submodule(n) for n in w8a8]
     assert layers  # not vacuous: all() of nothing is True
     assert all(m.weight.dtype == torch.int8 and (m.input_smoothing is not None) == smoothing for m in layers)
-    assert all(model.get_submodule(n).weight.dtype == torch.int8 and model.get_submodule(n).input_smoothing is None
-               for n in weight_only)
-    w8a8_before, w8a8_after = sum(bf16_bytes[n] for n in w8a8), sum(
-        m.weight.numel() + m.weight_scale.numel() * 4 + (m.input_smoothing.numel() * 4 if smoothing else 0) for m in layers)
+    assert all(
+        model.get_submodule(n).weight.dtype == torch.int8 and model.get_submodule(n).input_smoothing is None
+        for n in weight_only
+    )
+    w8a8_before, w8a8_after = (
+        sum(bf16_bytes[n] for n in w8a8),
+        sum(
+            m.weight.numel() + m.weight_scale.numel() * 4 + (m.input_smoothing.numel() * 4 if smoothing else 0)
+            for m in layers
+        ),
+    )
     assert w8a8_after <= 0.52 * w8a8_before, w8a8_after / w8a8_before
     wo_before, wo_after = sum(bf16_bytes[n] for n in weight_only), stored_bytes(model, weight_only)
     assert wo_after <= WEIGHT_ONLY_RATIO * wo_before, wo_after / wo_before
     q_before, q_after = w8a8_before + wo_before, w8a8_after + wo_after
     assert result["bytes_before"] == q_before and result["bytes_after"] == q_after
     assert fx_fp8.reachable_tensor_bytes(model) == total_before - q_before + q_after
-    print(f"\nbf16 Flux (width 256), int8{' + smoothing' if smoothing else ''}: quantized linears {q_before} -> "
-          f"{q_after} bytes ({q_after / q_before:.3f}x)")
+    print(
+        f"\nbf16 Flux (width 256), int8{' + smoothing' if smoothing else ''}: quantized linears {q_before} -> "
+        f"{q_after} bytes ({q_after / q_before:.3f}x)"
+    )
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = output_tensor(torch.compile(model, backend="fp8", options={"quantization": "int8"})(**kw))

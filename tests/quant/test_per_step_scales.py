@@ -1,6 +1,7 @@
 """Per-step static activation scales: fx_fp8.calibrate(..., per_step=True) records the maxima per
 group of denoising steps, and static linears (compiled, prepared, reloaded) quantize with the scale
 of the published step's group, looked up per call: changing the step recompiles nothing."""
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,12 @@ def run_steps(xs):
         for s, x in xs.items():
             with fx_fp8.denoising_step(s):
                 m(x)
+
     return run
 
 
 def options(scales, method="int8"):
-    return {"quantization": method, "quantization_config": {"activation_scheme": "static",
-                                                            "activation_scales": scales}}
+    return {"quantization": method, "quantization_config": {"activation_scheme": "static", "activation_scales": scales}}
 
 
 def reference(m, x, scale0: float, scale2: float, method: str):
@@ -50,9 +51,19 @@ def reference(m, x, scale0: float, scale2: float, method: str):
     def lin(layer, x, scale):
         wq, ws = quant.quantize_weight(layer.weight.detach(), "channel", None, method)
         s = torch.tensor(scale * FP8_MAX / qmax, dtype=torch.float32)
-        return torch.ops.fx_fp8.quantized_linear(x, wq, ws, layer.bias.detach(), s, method=method,
-                                                 weight_granularity="channel", weight_block=[],
-                                                 act_granularity="token", lowering="reference")
+        return torch.ops.fx_fp8.quantized_linear(
+            x,
+            wq,
+            ws,
+            layer.bias.detach(),
+            s,
+            method=method,
+            weight_granularity="channel",
+            weight_block=[],
+            act_granularity="token",
+            lowering="reference",
+        )
+
     return lin(m[2], torch.relu(lin(m[0], x, scale0)), scale2)
 
 
@@ -82,20 +93,23 @@ def test_calibrate_per_step_records_each_step_and_groups():
     assert listed.step_groups == ((0, 2), (3, 3))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(step_groups=2), r"step_groups=2 needs per_step=True"),
-    (dict(per_step="yes"), r"invalid per_step 'yes'"),
-    (dict(per_step=True, step_groups=0), r"invalid step_groups 0: expected a number of groups >= 1"),
-    (dict(per_step=True, step_groups=5), r"invalid step_groups 5"),
-    (dict(per_step=True, step_groups=True), r"invalid step_groups True"),
-    (dict(per_step=True, step_groups="0-2,2-3"), r"step groups 0-2 and 2-3 overlap"),
-    (dict(per_step=True, step_groups="0-1"), r"ran step\(s\) 2-3 that are in no group"),
-    (dict(per_step=True, step_groups="0-3,7"), r"ran no step of group\(s\) 7"),
-    (dict(per_step=True, step_groups="0-a"), r"invalid token '0-a'|invalid token 'a'"),
-    (dict(per_step=True, step_groups="0-1,,2-3"), r"invalid group '' in step_groups"),
-    (dict(per_step=True, step_groups="3-1"), r"range end 1 is below its start 3"),
-    (dict(per_step=True, step_groups=[(0, 1, 2)]), r"invalid group \(0, 1, 2\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(step_groups=2), r"step_groups=2 needs per_step=True"),
+        (dict(per_step="yes"), r"invalid per_step 'yes'"),
+        (dict(per_step=True, step_groups=0), r"invalid step_groups 0: expected a number of groups >= 1"),
+        (dict(per_step=True, step_groups=5), r"invalid step_groups 5"),
+        (dict(per_step=True, step_groups=True), r"invalid step_groups True"),
+        (dict(per_step=True, step_groups="0-2,2-3"), r"step groups 0-2 and 2-3 overlap"),
+        (dict(per_step=True, step_groups="0-1"), r"ran step\(s\) 2-3 that are in no group"),
+        (dict(per_step=True, step_groups="0-3,7"), r"ran no step of group\(s\) 7"),
+        (dict(per_step=True, step_groups="0-a"), r"invalid token '0-a'|invalid token 'a'"),
+        (dict(per_step=True, step_groups="0-1,,2-3"), r"invalid group '' in step_groups"),
+        (dict(per_step=True, step_groups="3-1"), r"range end 1 is below its start 3"),
+        (dict(per_step=True, step_groups=[(0, 1, 2)]), r"invalid group \(0, 1, 2\)"),
+    ],
+)
 def test_bad_step_groups_are_errors_naming_the_value(kwargs, match):
     m, xs = model(), inputs()
     with pytest.raises(ValueError, match=match):
@@ -177,8 +191,9 @@ def test_step_ops_stay_out_of_cuda_graphs():
     from torch._inductor.utils import get_first_incompatible_cudagraph_node
 
     graph = torch.fx.Graph()
-    scale = graph.call_function(torch.ops.fx_fp8.step_scale.default, (graph.placeholder("t"), graph.placeholder("f")),
-                                {"groups": [0, 0]})
+    scale = graph.call_function(
+        torch.ops.fx_fp8.step_scale.default, (graph.placeholder("t"), graph.placeholder("f")), {"groups": [0, 0]}
+    )
     graph.output(scale)
     assert get_first_incompatible_cudagraph_node(torch.fx.GraphModule({}, graph)) is scale
 
@@ -209,8 +224,9 @@ def test_prepared_layers_look_up_their_step_scale(downstream_compiles, tmp_path)
     assert not torch.equal(eager[0], eager[2])
     (report,) = fx_fp8.get_reports()
     assert any(True for e in report.entries if e.op == 'linear')  # not vacuous: all() of nothing is True
-    assert all("static per-step activations" in e.reason and "prepared" in e.reason
-               for e in report.entries if e.op == "linear")
+    assert all(
+        "static per-step activations" in e.reason and "prepared" in e.reason for e in report.entries if e.op == "linear"
+    )
 
     # save_quantized / load_quantized keep the per-step scales
     fx_fp8.save_quantized(m, tmp_path / "q")
@@ -236,19 +252,26 @@ def test_per_step_scales_round_trip_through_json_and_yaml(tmp_path):
     cfg = fx_fp8.FP8Config.from_kwargs(**options(cal))
     cfg.to_yaml(tmp_path / "c.yaml")
     again = fx_fp8.load_activation_scales(
-        fx_fp8.FP8Config.from_yaml(tmp_path / "c.yaml").quantization_config.activation_scales)
+        fx_fp8.FP8Config.from_yaml(tmp_path / "c.yaml").quantization_config.activation_scales
+    )
     assert again.step_groups == cal.step_groups and torch.allclose(again.step_scales["2"], cal.step_scales["2"])
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda d: d.pop("step_scales"), r"need both 'step_groups' and 'step_scales'"),
-    (lambda d: d["step_scales"].update({"0": [0.1]}), r"invalid step_scales for '0' .*: 1 scales for 2 step groups"),
-    (lambda d: d["step_scales"].update({"0": [0.1, 0.0]}), r"group 1 has scale 0.0, expected a finite number > 0"),
-    (lambda d: d["step_scales"].pop("2"), r"must name the same linears as its scales.*\['2'\]"),
-    (lambda d: d.update(step_groups=[[0, 2], [2, 3]]), r"step groups 0-2 and 2-3 overlap"),
-    (lambda d: d.update(step_groups=[[0, -1], [2, 3]]), r"invalid step group \[0, -1\]"),
-    (lambda d: d.update(step_groups="0-3"), r"invalid 'step_groups' section"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.pop("step_scales"), r"need both 'step_groups' and 'step_scales'"),
+        (
+            lambda d: d["step_scales"].update({"0": [0.1]}),
+            r"invalid step_scales for '0' .*: 1 scales for 2 step groups",
+        ),
+        (lambda d: d["step_scales"].update({"0": [0.1, 0.0]}), r"group 1 has scale 0.0, expected a finite number > 0"),
+        (lambda d: d["step_scales"].pop("2"), r"must name the same linears as its scales.*\['2'\]"),
+        (lambda d: d.update(step_groups=[[0, 2], [2, 3]]), r"step groups 0-2 and 2-3 overlap"),
+        (lambda d: d.update(step_groups=[[0, -1], [2, 3]]), r"invalid step group \[0, -1\]"),
+        (lambda d: d.update(step_groups="0-3"), r"invalid 'step_groups' section"),
+    ],
+)
 def test_bad_per_step_sections_are_errors(edit, match, tmp_path):
     m, xs = model(), inputs()
     data = fx_fp8.calibrate(m, run_steps(xs), per_step=True, step_groups=2).to_json()

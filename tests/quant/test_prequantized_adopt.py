@@ -1,5 +1,6 @@
 """fx_fp8.adopt_prequantized: pre-quantized FP8 layers (diffusers' BFL fp8r modules, a ModelOpt FP8
 export's tensors) become QuantizedLinear modules that hold the very same weight tensors."""
+
 import warnings
 
 import pytest
@@ -32,9 +33,15 @@ def test_bfl_modules_become_quantized_linears_sharing_their_tensors():
         before = model(x)
     scales = [layer.weight_scale for layer in model.layers]
     result = fx_fp8.adopt_prequantized(model)
-    assert result == {"adopted": {"layers.0": "BFL fp8r checkpoint (per-channel weight scales)",
-                                  "layers.1": "BFL fp8r checkpoint (per-channel weight scales)"},
-                      "weight_only": [], "kept": {}, "state_dict_keys": []}
+    assert result == {
+        "adopted": {
+            "layers.0": "BFL fp8r checkpoint (per-channel weight scales)",
+            "layers.1": "BFL fp8r checkpoint (per-channel weight scales)",
+        },
+        "weight_only": [],
+        "kept": {},
+        "state_dict_keys": [],
+    }
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, QuantizedLinear) and layer.weight_granularity == "channel"
         assert layer.weight.data_ptr() == sd[f"layers.{i}.weight"].data_ptr() and layer.weight.dtype == FP8
@@ -54,13 +61,14 @@ def test_compiled_adopted_layers_read_the_adopted_weights_and_name_their_origin(
     cap = Capture()
     with torch.no_grad():
         torch.compile(model, backend=cap, fullgraph=True)(x)
-    (gm, inputs), = cap.graphs
+    ((gm, inputs),) = cap.graphs
     made = compile_quantizations(model)
     fn, report = compile_stored(gm, inputs, FP8Config.from_kwargs(quantization="fp8"))
     placeholders = [n for n in graph_module_of(fn).graph.nodes if n.op == "placeholder"]
     mm = [n for n in graph_module_of(fn).graph.nodes if n.op == "call_function" and n.target == SCALED_MM]
-    assert [inputs[placeholders.index(n.args[2])].data_ptr() for n in mm] == \
-        [sd[f"layers.{i}.weight"].data_ptr() for i in range(2)]
+    assert [inputs[placeholders.index(n.args[2])].data_ptr() for n in mm] == [
+        sd[f"layers.{i}.weight"].data_ptr() for i in range(2)
+    ]
     assert all(n.meta[WEIGHT_ORIGIN] == "BFL fp8r checkpoint (per-channel weight scales)" for n in mm)
     assert [e.action for e in report.entries if e.op == "linear"] == ["fp8", "fp8"]
     with torch.no_grad():
@@ -68,16 +76,19 @@ def test_compiled_adopted_layers_read_the_adopted_weights_and_name_their_origin(
     assert compile_quantizations(model) == made
 
 
-@pytest.mark.parametrize("per_channel,static,scale_shape", [
-    (False, True, ()), (False, False, (1,)), (True, False, None), (True, True, (-1, 1))])
+@pytest.mark.parametrize(
+    "per_channel,static,scale_shape",
+    [(False, True, ()), (False, False, (1,)), (True, False, None), (True, True, (-1, 1))],
+)
 def test_modelopt_export_becomes_quantized_linears_holding_its_tensors(tmp_path, per_channel, static, scale_shape):
     """A ModelOpt FP8 export written to safetensors and read back: the model built in bf16 gets
     QuantizedLinear layers holding the file's tensors; its output equals the export's own eager
     forward (a module that dequantizes the same tensors) within FP8 activation error."""
     x = torch.randn(2, 5, DIMS[0], dtype=torch.bfloat16)
     reference = float_stack(DIMS)
-    export = modelopt_state_dict(reference, per_channel=per_channel, static_x=x if static else None,
-                                 scale_shape=scale_shape)
+    export = modelopt_state_dict(
+        reference, per_channel=per_channel, static_x=x if static else None, scale_shape=scale_shape
+    )
     save_file(export, tmp_path / "model.safetensors")
     sd = load_file(tmp_path / "model.safetensors")
     model = float_stack(DIMS, seed=1)  # other weights: everything comes from the file
@@ -85,8 +96,9 @@ def test_modelopt_export_becomes_quantized_linears_holding_its_tensors(tmp_path,
     model.load_state_dict({k: v for k, v in sd.items() if k not in result["state_dict_keys"]}, strict=False)
     granularity = "channel" if per_channel else "tensor"
     suffix = ", static input scale" if static else ""
-    assert result["adopted"] == {f"layers.{i}": f"ModelOpt FP8 checkpoint (per-{granularity} weight scales{suffix})"
-                                 for i in range(2)}
+    assert result["adopted"] == {
+        f"layers.{i}": f"ModelOpt FP8 checkpoint (per-{granularity} weight scales{suffix})" for i in range(2)
+    }
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, QuantizedLinear) and layer.weight_granularity == granularity
         assert layer.weight.data_ptr() == sd[f"layers.{i}.weight"].data_ptr()
@@ -117,18 +129,28 @@ def _export(**change):
     return {k: v for k, v in sd.items() if v is not None}
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"layers.1.weight_scale_2": torch.tensor(1.0)}, "layers.1: NVFP4 layout"),
-    ({"layers.0.weight_scale": torch.rand(48)}, "layers.0: weight_scale torch.float32 [48]"),
-    ({"layers.0.weight_scale": torch.rand(2, 1, 2, 1)}, "block scales are not supported"),
-    ({"layers.1.weight": torch.randn(64, 96)}, "layers.1: weight torch.float32 [64, 96], expected torch.float8_e4m3fn"),
-    ({"layers.1.weight": None}, "layers.1: no weight"),
-    ({"layers.0.input_scale": torch.rand(2)}, "layers.0: input_scale torch.float32 [2]"),
-    ({"blocks.3.weight_scale": torch.rand(()), "blocks.3.weight": torch.zeros(4, 4).to(FP8)},
-     "blocks.3: the checkpoint quantizes it but the model has no module of that name"),
-    ({"layers.weight_scale": torch.rand(()), "layers.weight": torch.zeros(4, 4).to(FP8)},
-     "layers: the checkpoint quantizes it but the model has a ModuleList there"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"layers.1.weight_scale_2": torch.tensor(1.0)}, "layers.1: NVFP4 layout"),
+        ({"layers.0.weight_scale": torch.rand(48)}, "layers.0: weight_scale torch.float32 [48]"),
+        ({"layers.0.weight_scale": torch.rand(2, 1, 2, 1)}, "block scales are not supported"),
+        (
+            {"layers.1.weight": torch.randn(64, 96)},
+            "layers.1: weight torch.float32 [64, 96], expected torch.float8_e4m3fn",
+        ),
+        ({"layers.1.weight": None}, "layers.1: no weight"),
+        ({"layers.0.input_scale": torch.rand(2)}, "layers.0: input_scale torch.float32 [2]"),
+        (
+            {"blocks.3.weight_scale": torch.rand(()), "blocks.3.weight": torch.zeros(4, 4).to(FP8)},
+            "blocks.3: the checkpoint quantizes it but the model has no module of that name",
+        ),
+        (
+            {"layers.weight_scale": torch.rand(()), "layers.weight": torch.zeros(4, 4).to(FP8)},
+            "layers: the checkpoint quantizes it but the model has a ModuleList there",
+        ),
+    ],
+)
 def test_bad_entries_are_named_and_change_nothing(change, message):
     model = float_stack(DIMS)
     weights = [layer.weight for layer in model.layers]
@@ -147,8 +169,9 @@ def test_a_linear_with_its_own_forward_is_refused():
 
     model = float_stack(DIMS)
     model.layers[1] = Scaled(DIMS[1], DIMS[2]).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="layers.1: the checkpoint quantizes it but the model has a Scaled there "
-                                         "with its own forward"):
+    with pytest.raises(
+        ValueError, match="layers.1: the checkpoint quantizes it but the model has a Scaled there with its own forward"
+    ):
         fx_fp8.adopt_prequantized(model, state_dict=modelopt_state_dict(model, per_channel=True))
     assert type(model.layers[0]) is nn.Linear
 
@@ -171,12 +194,15 @@ def test_unloaded_bfl_module_is_refused():
         fx_fp8.adopt_prequantized(model)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"model": "not a model"}, "expects a torch.nn.Module, got str"),
-    ({"state_dict": [1, 2]}, "state_dict must be a mapping of tensors"),
-    ({"config": {"layers.0.weight": torch.zeros(1)}}, "pass a checkpoint's tensors as state_dict="),
-    ({"quantization_config": {"activation_granularity": "group"}}, "activation_granularity"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"model": "not a model"}, "expects a torch.nn.Module, got str"),
+        ({"state_dict": [1, 2]}, "state_dict must be a mapping of tensors"),
+        ({"config": {"layers.0.weight": torch.zeros(1)}}, "pass a checkpoint's tensors as state_dict="),
+        ({"quantization_config": {"activation_granularity": "group"}}, "activation_granularity"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     args = {"model": float_stack(DIMS), **kwargs}
     with pytest.raises(ValueError, match=message):
@@ -185,8 +211,12 @@ def test_bad_arguments(kwargs, message):
 
 def test_a_model_without_prequantized_layers_is_left_alone():
     model = float_stack(DIMS)
-    assert fx_fp8.adopt_prequantized(model, state_dict={}) == {"adopted": {}, "weight_only": [], "kept": {},
-                                                                "state_dict_keys": []}
+    assert fx_fp8.adopt_prequantized(model, state_dict={}) == {
+        "adopted": {},
+        "weight_only": [],
+        "kept": {},
+        "state_dict_keys": [],
+    }
     assert [type(layer) for layer in model.layers] == [nn.Linear, nn.Linear]
     assert "save_pretrained" not in model.__dict__ and "_fx_fp8_prepared" not in model.__dict__
 
@@ -232,8 +262,11 @@ def test_the_config_decides_as_for_prepare_model():
     assert model.proj_out.weight_only and model.proj_out.weight.data_ptr() == weight.data_ptr()
     assert not model.block.weight_only
 
-    for options, kept in [({"quantization_config": {"sensitive": "native"}}, {"proj_out"}),
-                          ({"ignored_layers": ["block"]}, {"block"}), ({"quantization": None}, {"block", "proj_out"})]:
+    for options, kept in [
+        ({"quantization_config": {"sensitive": "native"}}, {"proj_out"}),
+        ({"ignored_layers": ["block"]}, {"block"}),
+        ({"quantization": None}, {"block", "proj_out"}),
+    ]:
         stack = bfl_stack(bfl_checkpoint(float_stack(DIMS)), 2, DIMS)
         model = WithProjOut(stack.layers[0], stack.layers[1])
         result = fx_fp8.adopt_prequantized(model, **options)
@@ -246,9 +279,11 @@ def test_an_export_layer_kept_native_gets_its_dequantized_weight():
     sd = modelopt_state_dict(model, per_channel=True)
     result = fx_fp8.adopt_prequantized(model, state_dict=sd, ignored_layers=["layers.0"])
     assert list(result["adopted"]) == ["layers.1"] and "layers.0.weight" in result["state_dict_keys"]
-    assert result["kept"]["layers.0"] == ("ignored_layers pattern 'layers.0' (remove it from quantization_config.ignored_layers to quantize "
-                                          "this layer); ModelOpt FP8 checkpoint (per-channel "
-                                          "weight scales) dequantized into its weight (torch.bfloat16)")
+    assert result["kept"]["layers.0"] == (
+        "ignored_layers pattern 'layers.0' (remove it from quantization_config.ignored_layers to quantize "
+        "this layer); ModelOpt FP8 checkpoint (per-channel "
+        "weight scales) dequantized into its weight (torch.bfloat16)"
+    )
     layer = model.layers[0]
     assert type(layer) is nn.Linear and layer.weight.dtype == torch.bfloat16
     expected = (sd["layers.0.weight"].float() * sd["layers.0.weight_scale"][:, None]).to(torch.bfloat16)
@@ -274,8 +309,9 @@ def test_cuda_bfl_layers_and_adopted_layers():
     assert rel(bare, own) < 0.02
     torch._dynamo.reset()
     fx_fp8.adopt_prequantized(model)
-    assert [layer.weight.data_ptr() for layer in model.layers] == \
-        [sd[f"layers.{i}.weight"].data_ptr() for i in range(2)]
+    assert [layer.weight.data_ptr() for layer in model.layers] == [
+        sd[f"layers.{i}.weight"].data_ptr() for i in range(2)
+    ]
     compiled = torch.compile(model, backend="fp8")
     with torch.no_grad():
         adopted = compiled(x)

@@ -4,6 +4,7 @@ input is cast to its weight's dtype) stay native with a reason naming it, CLIP's
 `text_projection` is kept as the DiT rules keep a final projection (weight-only), Qwen2.5-VL's
 `lm_head` and vision tower are its sensitive layers (weight-only by default; a diffusers model's
 `lm_head` is left to the DiT rules), and the prompt embeddings stay close to the native ones."""
+
 from __future__ import annotations
 
 import warnings
@@ -42,7 +43,7 @@ def test_clip_text_projection_weight_only_and_backend_runs_prepared():
     model, ids = tiny_clip(), token_ids()
     ref = prompt_embeddings(model, ids)
     result = fx_fp8.prepare_model(model, quantization="fp8")
-    assert result["weight_only"] == ["text_projection"]   # the final projection, as a DiT's proj_out
+    assert result["weight_only"] == ["text_projection"]  # the final projection, as a DiT's proj_out
     assert isinstance(model.text_projection, QuantizedLinear) and model.text_projection.weight_only
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -69,9 +70,16 @@ def test_backend_keeps_the_keep_in_fp32_layers_native_as_prepare_does():
 
 
 #: Qwen2.5-VL's sensitive layers by the text-encoder rules: its output head and its vision tower
-QWEN_KEPT = ["lm_head", "model.visual.blocks.0.attn.qkv", "model.visual.blocks.0.attn.proj",
-             "model.visual.blocks.0.mlp.gate_proj", "model.visual.blocks.0.mlp.up_proj",
-             "model.visual.blocks.0.mlp.down_proj", "model.visual.merger.mlp.0", "model.visual.merger.mlp.2"]
+QWEN_KEPT = [
+    "lm_head",
+    "model.visual.blocks.0.attn.qkv",
+    "model.visual.blocks.0.attn.proj",
+    "model.visual.blocks.0.mlp.gate_proj",
+    "model.visual.blocks.0.mlp.up_proj",
+    "model.visual.blocks.0.mlp.down_proj",
+    "model.visual.merger.mlp.0",
+    "model.visual.merger.mlp.2",
+]
 
 
 def test_qwen25_vl_keeps_lm_head_and_the_vision_tower_weight_only_prepared_and_compiled():
@@ -107,6 +115,7 @@ def test_sensitive_fp8_quantizes_the_qwen25_vl_head_and_vision_tower():
 def test_a_diffusers_models_lm_head_is_left_to_the_dit_rules():
     """The text-encoder rules are a transformers model's: a module of another library named lm_head
     (diffusers' Cosmos3 has one) is quantized as before."""
+
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()

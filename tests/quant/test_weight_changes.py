@@ -3,6 +3,7 @@ or (a prepared layer, whose original is gone) refused naming the layer. A write 
 fingerprint sees (the Parameter's version counter or storage moved) is followed on the next
 call; a write through the `.data` alias in place is not (nothing cheap shows it), and
 fx_fp8.refresh_weights (compile_pipeline runs it once per pipeline call) finds it by digest."""
+
 import warnings
 
 import pytest
@@ -45,8 +46,10 @@ def _write(model, kind: str, delta_scale: float = 0.5):
     elif kind == "data_iadd":  # PEFT's merge: base_layer.weight.data += delta_weight
         w.data += delta
     elif kind == "load_state_dict":
-        sd = {k: v + torch.randn(v.shape, generator=gen) * v.std() * delta_scale if v.dim() == 2 else v
-              for k, v in model.state_dict().items()}
+        sd = {
+            k: v + torch.randn(v.shape, generator=gen) * v.std() * delta_scale if v.dim() == 2 else v
+            for k, v in model.state_dict().items()
+        }
         model.load_state_dict(sd)
     else:
         raise AssertionError(kind)
@@ -66,7 +69,7 @@ def test_weight_writes_after_torch_compile_are_seen(kind):
         before = output_tensor(compiled(**kw))
         assert type(model.get_submodule(TARGET).weight) is torch.nn.Parameter, "the user's Parameter is untouched"
         frames = counters["stats"]["unique_graphs"]
-        report = fx_fp8.get_reports(compiled)[0]   # the weight-only (sensitive) linears' copies count too
+        report = fx_fp8.get_reports(compiled)[0]  # the weight-only (sensitive) linears' copies count too
         fp8_linears = report.count("linear", "fp8") + report.count("linear", "weight-only")
         _write(model, kind)
         native = output_tensor(model(**kw))
@@ -234,8 +237,11 @@ def test_weight_writes_are_followed_across_the_zoo_with_dynamic_shapes_and_hooks
         linears = [e for r in fx_fp8.get_reports(compiled) for e in r.entries if e.op == "linear"]
         quantized = {e.module for e in linears if e.action in ("fp8", "weight-only")}  # both hold a copy
         written = sorted({e.module for e in linears})
-        calls = {layer: int(model.get_submodule(layer).hook_calls) for layer in written
-                 if isinstance(model.get_submodule(layer), torch.nn.Linear)}  # (HiDream's MoE gate is not)
+        calls = {
+            layer: int(model.get_submodule(layer).hook_calls)
+            for layer in written
+            if isinstance(model.get_submodule(layer), torch.nn.Linear)
+        }  # (HiDream's MoE gate is not)
         assert min(calls.values()) >= len(sizes), f"the hooks ran in the compiled model on each call: {calls}"
         frames = counters["stats"]["unique_graphs"]
         _add_noise(model, written)

@@ -1,6 +1,7 @@
 """Weight-only (W8A16) storage of the sensitive layers: quantization_config.weight_only_method
 (fp8 / int8) and weight_only_group_size (per-channel or per-group scales), in the compiled graph
 and in prepare_model; validation names the bad value."""
+
 from __future__ import annotations
 
 import pytest
@@ -59,9 +60,16 @@ def test_layout():
 def test_compiled_sensitive_layer_uses_the_storage(method, group):
     model = Toy().eval()
     x, cond = inputs()
-    opts = {"quantization": "fp8", "diffusion_kv_cache_dtype": None, "downstream": "eager",
-            "quantization_config": {"sensitive": "weight_only", "weight_only_method": method,
-                                    "weight_only_group_size": group}}
+    opts = {
+        "quantization": "fp8",
+        "diffusion_kv_cache_dtype": None,
+        "downstream": "eager",
+        "quantization_config": {
+            "sensitive": "weight_only",
+            "weight_only_method": method,
+            "weight_only_group_size": group,
+        },
+    }
     compiled = torch.compile(model, backend="fp8", options=opts)
     with torch.no_grad():
         out = compiled(x, cond)
@@ -102,9 +110,15 @@ def test_int8_storage_is_closer_than_fp8():
 def test_prepare_model_stores_the_requested_layout(group):
     model = Toy().eval()
     x, cond = inputs()
-    cfg = {"quantization": "fp8", "diffusion_kv_cache_dtype": None,
-           "quantization_config": {"sensitive": "weight_only", "weight_only_method": "int8",
-                                   "weight_only_group_size": group}}
+    cfg = {
+        "quantization": "fp8",
+        "diffusion_kv_cache_dtype": None,
+        "quantization_config": {
+            "sensitive": "weight_only",
+            "weight_only_method": "int8",
+            "weight_only_group_size": group,
+        },
+    }
     with torch.no_grad():  # the same config compiled on the original weights: prepare_model must agree
         ref = torch.compile(Toy().eval(), backend="fp8", options={**cfg, "downstream": "eager"})(x, cond)
     res = fx_fp8.prepare_model(model, cfg)

@@ -7,6 +7,7 @@ WeightRecipe.quantize and group_smoothing; the recipe and the smoothing rule che
 the pass's messages say what prepare_model did (a hooked linear it left, sensitive layers it
 quantized W8A8 under the weight-only default).
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,7 +39,7 @@ class Two(nn.Module):
         self.lin, self.proj_out = nn.Linear(dim, dim), nn.Linear(dim, dim)
         with torch.no_grad():
             for m in (self.lin, self.proj_out):
-                m.weight.copy_(torch.randn(dim, dim, generator=g) / dim ** 0.5)
+                m.weight.copy_(torch.randn(dim, dim, generator=g) / dim**0.5)
         self.to(dtype).eval()
 
     def forward(self, x):
@@ -53,8 +54,13 @@ def inputs(seed, dim=256, dtype=torch.float32):
 
 def options(method, calibration=None, alpha=None, scheme="dynamic", **qc):
     qcfg = {"activation_scheme": scheme, "activation_scales": calibration, "smoothing_alpha": alpha, **qc}
-    return {"quantization": method, "diffusion_kv_cache_dtype": None, "quantization_config": qcfg,
-            "lowering": "reference", "downstream": "eager"}
+    return {
+        "quantization": method,
+        "diffusion_kv_cache_dtype": None,
+        "quantization_config": qcfg,
+        "lowering": "reference",
+        "downstream": "eager",
+    }
 
 
 def only_copy(model, weight):
@@ -63,15 +69,22 @@ def only_copy(model, weight):
 
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
-                                                                    b.reshape(-1).view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    )
 
 
-@pytest.mark.parametrize("method,scheme,alpha,qc", [
-    ("int8", "static", ALPHA, {}),                                                  # smoothed, static scales
-    ("fp8", "dynamic", ALPHA, {}),                                                  # smoothed, dynamic
-    ("fp8", "dynamic", None, {"weight_granularity": "block"}),
-], ids=["int8-static-smoothed", "fp8-dynamic-smoothed", "fp8-block"])
+@pytest.mark.parametrize(
+    "method,scheme,alpha,qc",
+    [
+        ("int8", "static", ALPHA, {}),  # smoothed, static scales
+        ("fp8", "dynamic", ALPHA, {}),  # smoothed, dynamic
+        ("fp8", "dynamic", None, {"weight_granularity": "block"}),
+    ],
+    ids=["int8-static-smoothed", "fp8-dynamic-smoothed", "fp8-block"],
+)
 def test_prepare_model_and_the_pass_quantize_to_identical_bytes(method, scheme, alpha, qc):
     """Same recipe, a smoothing group of one (lin alone reads x): prepare_model's QuantizedLinear
     and the pass's compile-time copy hold the same bytes, scales, 1/s and static scale; the
@@ -85,15 +98,19 @@ def test_prepare_model_and_the_pass_quantize_to_identical_bytes(method, scheme, 
     with torch.no_grad():
         torch.compile(unprepared, backend="fp8", options=opts)(inputs(9, dtype=torch.bfloat16))
     (report,) = fx_fp8.get_reports()[-1:]
-    assert {e.module: e.action for e in report.entries if e.op == "linear"} == {"lin": method,
-                                                                               "proj_out": "weight-only"}
+    assert {e.module: e.action for e in report.entries if e.op == "linear"} == {
+        "lin": method,
+        "proj_out": "weight-only",
+    }
     for name in ("lin", "proj_out"):
         prepared, weight = model.get_submodule(name), unprepared.get_submodule(name).weight
         wq, ws = only_copy(unprepared, weight)
         assert same_bytes(prepared.weight.data, wq) and same_bytes(prepared.weight_scale, ws), name
     assert model.proj_out.input_smoothing is None and model.proj_out.weight.dtype == torch.int8  # W8A16 storage
     if alpha is not None:
-        assert same_bytes(model.lin.input_smoothing, state_of(unprepared, unprepared.lin.weight).smoothing[alpha].inverse)
+        assert same_bytes(
+            model.lin.input_smoothing, state_of(unprepared, unprepared.lin.weight).smoothing[alpha].inverse
+        )
     else:
         assert model.lin.input_smoothing is None
     if scheme == "static":
@@ -112,12 +129,12 @@ def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):
             caller = sys._getframe(1).f_code
             calls.append((real.__name__, caller.co_name, os.path.basename(caller.co_filename)))
             return real(*a, **k)
+
         return wrapped
 
     monkeypatch.setattr(quant, "quantize_weight", spy(quant.quantize_weight))
     monkeypatch.setattr(quant, "smoothing_factors", spy(quant.smoothing_factors))
-    one_path = {("quantize_weight", "quantize", "recipe.py"),
-                ("smoothing_factors", "group_smoothing", "recipe.py")}
+    one_path = {("quantize_weight", "quantize", "recipe.py"), ("smoothing_factors", "group_smoothing", "recipe.py")}
 
     def through_recipe(what, run) -> list:
         calls.clear()
@@ -131,11 +148,17 @@ def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):
     full = copy.deepcopy(model.state_dict())
     unprepared = copy.deepcopy(model)
     assert sorted(through_recipe("prepare_model", lambda: fx_fp8.prepare_model(model, opts))) == [
-        "quantize_weight", "quantize_weight", "smoothing_factors"]  # lin smoothed, proj_out weight-only
+        "quantize_weight",
+        "quantize_weight",
+        "smoothing_factors",
+    ]  # lin smoothed, proj_out weight-only
     compiled = torch.compile(unprepared, backend="fp8", options=opts)
     with torch.no_grad():
         assert sorted(through_recipe("the pass", lambda: compiled(inputs(9)))) == [
-            "quantize_weight", "quantize_weight", "smoothing_factors"]
+            "quantize_weight",
+            "quantize_weight",
+            "smoothing_factors",
+        ]
         unprepared.lin.weight.data = unprepared.lin.weight * 0.5  # followed on the next call: W * s again
         assert through_recipe("re-quantization at run time", lambda: compiled(inputs(9))) == ["quantize_weight"]
         unprepared.lin.weight.data.mul_(0.5)  # in place through the alias: seen by refresh_weights
@@ -147,6 +170,7 @@ def test_every_caller_quantizes_through_the_one_recipe(monkeypatch):
         with fake_fp8(fake, fx_fp8.FP8Config(quantization="fp8", quantization_config={"min_features": 0})) as names:
             assert names == ["lin"]  # proj_out is weight-only: not simulated
             fake(inputs(1))
+
     assert through_recipe("fake quantization", fake_run) == ["quantize_weight"]
 
 
@@ -175,8 +199,7 @@ def test_group_smoothing_takes_the_maximum_over_members():
     a1, a2 = torch.rand(32, generator=g) * 4, torch.rand(32, generator=g) * 4
     w1, w2 = torch.randn(16, 32, generator=g), torch.randn(24, 32, generator=g)
     sm = group_smoothing([(a1, w1), (a2, w2)], ALPHA)
-    expected = quant.smoothing_factors(torch.maximum(a1, a2), torch.maximum(w1.abs().amax(0), w2.abs().amax(0)),
-                                       ALPHA)
+    expected = quant.smoothing_factors(torch.maximum(a1, a2), torch.maximum(w1.abs().amax(0), w2.abs().amax(0)), ALPHA)
     assert torch.equal(sm.factors, expected) and torch.equal(sm.inverse, 1.0 / expected)
     one = group_smoothing([(a1, w1)], ALPHA)
     assert torch.equal(one.factors, quant.smoothing_factors(a1, w1.abs().amax(0), ALPHA))
@@ -186,21 +209,32 @@ def test_group_smoothing_takes_the_maximum_over_members():
 def test_weight_only_recipe_follows_the_config_and_the_lowering():
     qcfg = fx_fp8.FP8Config(quantization="fp8").quantization_config
     r = WeightRecipe.weight_only(qcfg, ReferenceLowering())
-    assert (r.method, r.granularity, r.block) == (ReferenceLowering().weight_only_method(
-        qcfg.weight_only_method or qcfg.method), *quant.weight_only_layout(qcfg.weight_only_group_size))
-    assert WeightRecipe.w8a8(qcfg).key == (qcfg.method, qcfg.weight_granularity, None
-                                           if qcfg.weight_granularity != "block" else tuple(qcfg.weight_block_size))
+    assert (r.method, r.granularity, r.block) == (
+        ReferenceLowering().weight_only_method(qcfg.weight_only_method or qcfg.method),
+        *quant.weight_only_layout(qcfg.weight_only_group_size),
+    )
+    assert WeightRecipe.w8a8(qcfg).key == (
+        qcfg.method,
+        qcfg.weight_granularity,
+        None if qcfg.weight_granularity != "block" else tuple(qcfg.weight_block_size),
+    )
 
 
 def test_fake_quantization_simulates_the_method_and_refuses_smoothing():
     w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
     from fx_fp8.tools.tiny_model.fake_quant import fake_quant_weight
+
     recipe = WeightRecipe("int8", "channel")
     assert torch.equal(fake_quant_weight(w, recipe), recipe.dequantize(*recipe.quantize(w)))
     model = Two(dim=64)
-    config = fx_fp8.FP8Config(quantization="fp8", quantization_config={
-        "smoothing_alpha": ALPHA, "min_features": 0, "activation_scales": fx_fp8.calibrate(
-            model, [(inputs(0, dim=64),)])})
+    config = fx_fp8.FP8Config(
+        quantization="fp8",
+        quantization_config={
+            "smoothing_alpha": ALPHA,
+            "min_features": 0,
+            "activation_scales": fx_fp8.calibrate(model, [(inputs(0, dim=64),)]),
+        },
+    )
     with fake_fp8(model, config), pytest.raises(ValueError, match="does not simulate .*smoothing_alpha=0.5"):
         model(inputs(0, dim=64))
 
@@ -231,13 +265,15 @@ def test_an_unprepared_model_is_told_to_prepare():
     with torch.no_grad():
         torch.compile(Two(), backend="fp8", options=options("fp8"))(inputs(0))
     (report,) = fx_fp8.get_reports()[-1:]
-    assert any("call fx_fp8.prepare_model(model, config) before torch.compile to free them" in n
-               for n in report.notes)
+    assert any("call fx_fp8.prepare_model(model, config) before torch.compile to free them" in n for n in report.notes)
     assert not any("prepare_model left" in n for n in report.notes)
 
 
-@pytest.mark.parametrize("mode,would", [("weight_only", "would run weight-only (W8A16)"),
-                                        ("native", "would run native")], ids=["weight_only", "native"])
+@pytest.mark.parametrize(
+    "mode,would",
+    [("weight_only", "would run weight-only (W8A16)"), ("native", "would run native")],
+    ids=["weight_only", "native"],
+)
 def test_sensitive_layers_prepared_w8a8_warning_says_what_the_rules_would_do(mode, would):
     """prepare_model without example inputs quantizes structurally sensitive layers W8A8; the
     compile's warning says what its rules would have done with them under `sensitive`."""
@@ -249,8 +285,9 @@ def test_sensitive_layers_prepared_w8a8_warning_says_what_the_rules_would_do(mod
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad():
-            torch.compile(model, backend="fp8", options={"quantization": "fp8",
-                                                         "quantization_config": {"sensitive": mode}})(**kw)
+            torch.compile(
+                model, backend="fp8", options={"quantization": "fp8", "quantization_config": {"sensitive": mode}}
+            )(**kw)
     (msg,) = [str(w.message) for w in caught if "prepare_model quantized" in str(w.message)]
     assert "keep native" not in msg
     assert f"sensitive {mode!r} they {would}" in msg and "blocks.0.ada" in msg and "run as prepared (W8A8)" in msg

@@ -3,6 +3,7 @@
 Everything runs in-process through `fx_fp8.tools.cli.main(argv)` (no torch start-up per case);
 one subprocess test checks that the installed `fx-fp8` entry point works.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,7 @@ def table_rows(text: str, header_start: str = "module") -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith(header_start))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip():
             break
         rows.append(line.split())
@@ -75,7 +76,7 @@ def test_inspect_table_and_json_match_the_graph(tiny_counts, capsys):
     data = strict_json(as_json)
 
     rows = table_rows(table)
-    ops = [r[2] if r[1].isdigit() else r[1] for r in rows]   # the layer column is empty outside blocks
+    ops = [r[2] if r[1].isdigit() else r[1] for r in rows]  # the layer column is empty outside blocks
     assert ops.count("attention") == tiny_counts["attention"] == 4
     assert ops.count("linear") == tiny_counts["linear"]
     assert tiny_counts["linear"] > 30
@@ -149,8 +150,12 @@ def test_dump_writes_graphs_and_torch_logs_shows_them(tmp_path, capsys, torch_lo
         folder = out / ("graph0_fp8" if variant == "fp8" else "graph1_native")
         files = sorted(p.name for p in folder.iterdir())
         # one file per pass that ran, in order (the pre-quantized pass runs and finds no FP8 weights here)
-        assert files == ["00_before.py", "01_after_fp8_attention.py", "02_after_prequantized_linear.py",
-                         "03_after_quantized_linear.py"]
+        assert files == [
+            "00_before.py",
+            "01_after_fp8_attention.py",
+            "02_after_prequantized_linear.py",
+            "03_after_quantized_linear.py",
+        ]
         before = (folder / files[0]).read_text()
         after = (folder / files[-1]).read_text()
         assert "scaled_dot_product_attention" in before and "fx_fp8.scaled_mm" not in before
@@ -172,8 +177,10 @@ def test_compare_starts_from_the_models_own_config_as_the_examples_do():
 
     own = TINY_MODEL_DIR / "fx_fp8.yaml"
     args = build_parser().parse_args(["compare"])
-    assert _choose_config(args, resolve_model("tiny")) == f"{own} (the model's own; --library-default for the " \
-                                                           "library's default)"
+    assert (
+        _choose_config(args, resolve_model("tiny")) == f"{own} (the model's own; --library-default for the "
+        "library's default)"
+    )
     assert args.config == str(own)
     args = build_parser().parse_args(["compare", "--library-default"])
     assert _choose_config(args, resolve_model("tiny")) == "the library default (--library-default)"
@@ -186,20 +193,35 @@ def test_compare_starts_from_the_models_own_config_as_the_examples_do():
 
 def test_compare_refuses_library_default_with_config(capsys):
     code, _, err = cli(capsys, "compare", "--library-default", "--config", "x.yaml")
-    assert code == 2 and err.strip() == ("fx-fp8: error: --library-default and --config 'x.yaml' both say which "
-                                         "config to start from: give one of them")
+    assert code == 2 and err.strip() == (
+        "fx-fp8: error: --library-default and --config 'x.yaml' both say which config to start from: give one of them"
+    )
 
 
 @pytest.mark.slow
 def test_compare_tiny_prints_metrics_and_writes_png(tmp_path, capsys):
     png = tmp_path / "cmp.png"
-    code, out, err = cli(capsys, "compare", "--steps", "3", "--prompts", "2", "--height", "16", "--width", "16",
-                         "--out", png, "--format", "json")
+    code, out, err = cli(
+        capsys,
+        "compare",
+        "--steps",
+        "3",
+        "--prompts",
+        "2",
+        "--height",
+        "16",
+        "--width",
+        "16",
+        "--out",
+        png,
+        "--format",
+        "json",
+    )
     assert code == 0, err
     res = strict_json(out)
     assert res["samples"] == 2 and res["steps"] == 3
     assert res["latency_native_s"] > 0 and res["latency_fp8_s"] > 0
-    assert 10 < res["psnr_db"] < 80, res           # FP8 changed the images, but not into noise
+    assert 10 < res["psnr_db"] < 80, res  # FP8 changed the images, but not into noise
     assert 0.5 < res["ssim"] < 1.0
     assert 0 < res["latents_max_abs_error"] < 2.5
     # the tiny model's own config, as the example uses it (its step policy: attention native on 2 steps)
@@ -220,8 +242,20 @@ def test_compare_tiny_prints_metrics_and_writes_png(tmp_path, capsys):
 def test_compare_with_cache_dit_runs_both_sides_under_cache_dit(capsys):
     """cache-dit is enabled for the native run, then handed over to compile_pipeline (which must
     enable it itself to compile its blocks with their real names)."""
-    code, out, err = cli(capsys, "compare", "--steps", "4", "--prompts", "1", "--cache-backend", "cache_dit",
-                         "--cache-config", '{"Fn_compute_blocks": 1, "Bn_compute_blocks": 0}', "--format", "json")
+    code, out, err = cli(
+        capsys,
+        "compare",
+        "--steps",
+        "4",
+        "--prompts",
+        "1",
+        "--cache-backend",
+        "cache_dit",
+        "--cache-config",
+        '{"Fn_compute_blocks": 1, "Bn_compute_blocks": 0}',
+        "--format",
+        "json",
+    )
     assert code == 0, err
     res = strict_json(out)
     assert 15 < res["psnr_db"] < 80 and 0.5 < res["ssim"] < 1.0, res
@@ -231,12 +265,26 @@ def test_compare_with_cache_dit_runs_both_sides_under_cache_dit(capsys):
 def test_json_output_is_strict():
     from fx_fp8.tools.cli_common import to_json
 
-    text = to_json({"psnr": float("inf"), "low": float("-inf"), "bad": float("nan"), "ok": 1.5,
-                    "nested": [(float("inf"), 2)], "np": __import__("numpy").float32("inf")})
-    assert strict_json(text) == {"psnr": "inf", "low": "-inf", "bad": "nan", "ok": 1.5, "nested": [["inf", 2]],
-                                 "np": "inf"}
+    text = to_json(
+        {
+            "psnr": float("inf"),
+            "low": float("-inf"),
+            "bad": float("nan"),
+            "ok": 1.5,
+            "nested": [(float("inf"), 2)],
+            "np": __import__("numpy").float32("inf"),
+        }
+    )
+    assert strict_json(text) == {
+        "psnr": "inf",
+        "low": "-inf",
+        "bad": "nan",
+        "ok": 1.5,
+        "nested": [["inf", 2]],
+        "np": "inf",
+    }
     with pytest.raises(ValueError, match="not strict JSON"):
-        strict_json(json.dumps({"psnr": float("inf")}))   # what json.dumps alone writes: bare Infinity
+        strict_json(json.dumps({"psnr": float("inf")}))  # what json.dumps alone writes: bare Infinity
 
 
 def test_compare_json_writes_infinite_psnr_as_a_string(capsys, monkeypatch):
@@ -248,14 +296,15 @@ def test_compare_json_writes_infinite_psnr_as_a_string(capsys, monkeypatch):
         return torch.randn(1, 4, 8, 8, generator=gen), torch.rand(1, 16, 16, 3, generator=gen)
 
     monkeypatch.setattr(PipelineRun, "run", same_output)
-    code, out, err = cli(capsys, "compare", "--steps", "1", "--prompts", "1", "--height", "16", "--width", "16",
-                         "--format", "json")
+    code, out, err = cli(
+        capsys, "compare", "--steps", "1", "--prompts", "1", "--height", "16", "--width", "16", "--format", "json"
+    )
     assert code == 0, err
     res = strict_json(out)
     assert res["psnr_db"] == "inf" and res["latents_psnr_db"] == "inf"
     assert res["ssim"] == 1.0 and res["latents_max_abs_error"] == 0.0
     code, out, err = cli(capsys, "compare", "--steps", "1", "--prompts", "1", "--height", "16", "--width", "16")
-    assert code == 0 and "inf" in out, err   # the table too
+    assert code == 0 and "inf" in out, err  # the table too
 
 
 # -- bad input: one line on stderr, exit status 2 ----------------------------------------------------
@@ -265,8 +314,14 @@ def test_entry_point_runs_and_bad_input_exits_2_with_one_line(tmp_path):
     script = Path(sys.executable).with_name("fx-fp8")
     assert script.is_file(), f"{script} missing: pip install -e . installs it"
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(ROOT))
-    r = subprocess.run([str(script), "inspect", "--model", str(tmp_path / "missing")], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=240)
+    r = subprocess.run(
+        [str(script), "inspect", "--model", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [f"fx-fp8: error: model folder not found: '{tmp_path / 'missing'}'"]
 
@@ -291,26 +346,34 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
         code, out, err = cli(capsys, *argv)
         assert code == 2 and out == "", argv
         assert expected in one_error_line(err), (argv, err)
-    assert cli(capsys, "inspect", "--model", str(tmp_path / "missing"))[2].strip() == \
-        f"fx-fp8: error: model folder not found: '{tmp_path / 'missing'}'"
-    assert cli(capsys, "inspect", "--frobnicate")[2].strip().splitlines() == \
-        ["fx-fp8: error: unrecognized arguments: --frobnicate (see 'fx-fp8 --help')"]
+    assert (
+        cli(capsys, "inspect", "--model", str(tmp_path / "missing"))[2].strip()
+        == f"fx-fp8: error: model folder not found: '{tmp_path / 'missing'}'"
+    )
+    assert cli(capsys, "inspect", "--frobnicate")[2].strip().splitlines() == [
+        "fx-fp8: error: unrecognized arguments: --frobnicate (see 'fx-fp8 --help')"
+    ]
 
 
-def _pipeline_folder(root: Path, name: str, transformer_config: dict, *, weights: bool = True,
-                     vae_config: dict | None = None) -> Path:
+def _pipeline_folder(
+    root: Path, name: str, transformer_config: dict, *, weights: bool = True, vae_config: dict | None = None
+) -> Path:
     """A diffusers pipeline folder on disk: model_index.json, transformer/ (config, dummy weights), vae/."""
     folder = root / name
     (folder / "transformer").mkdir(parents=True)
     (folder / "vae").mkdir()
     cls = transformer_config["_class_name"]
-    (folder / "model_index.json").write_text(json.dumps(
-        {"_class_name": "FluxPipeline", "transformer": ["diffusers", cls], "vae": ["diffusers", "AutoencoderKL"]}))
+    (folder / "model_index.json").write_text(
+        json.dumps(
+            {"_class_name": "FluxPipeline", "transformer": ["diffusers", cls], "vae": ["diffusers", "AutoencoderKL"]}
+        )
+    )
     (folder / "transformer" / "config.json").write_text(json.dumps(transformer_config))
     if weights:
         (folder / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
-    (folder / "vae" / "config.json").write_text(json.dumps(
-        vae_config or {"_class_name": "AutoencoderKL", "block_out_channels": [8, 8, 8, 8]}))
+    (folder / "vae" / "config.json").write_text(
+        json.dumps(vae_config or {"_class_name": "AutoencoderKL", "block_out_channels": [8, 8, 8, 8]})
+    )
     return folder
 
 
@@ -328,10 +391,10 @@ def bad_models(tmp_path):
 #: (command, folder kind) -> text the one error line must contain ({folder}: the folder given to --model)
 LOAD_FAILURES = {
     "unknown class": "transformer class 'NoSuchTransformer2DModel' in '{folder}/transformer' is not a diffusers "
-                     "model class",
+    "model class",
     "no weights": "folder '{folder}/transformer' has config.json but no weights",
     "no input builder": "no example-input builder for transformer class 'HunyuanVideoTransformer3DModel' in "
-                        "'{folder}/transformer'",
+    "'{folder}/transformer'",
     "broken weights": "cannot load the FluxTransformer2DModel in '{folder}/transformer': ",
 }
 PIPELINE_LOAD_FAILURES = {  # compare / sensitivity run the pipeline, which needs no input builder
@@ -351,8 +414,9 @@ def test_a_model_that_fails_to_load_is_one_line_and_exit_2(command, bad_models, 
         elif command == "compare":
             argv[-1] = tmp_path / "cmp.png"
         code, out, err = cli(capsys, *argv)
-        expected = (PIPELINE_LOAD_FAILURES.get(kind) if command in ("compare", "sensitivity") else None) \
-            or LOAD_FAILURES[kind]
+        expected = (
+            PIPELINE_LOAD_FAILURES.get(kind) if command in ("compare", "sensitivity") else None
+        ) or LOAD_FAILURES[kind]
         assert code == 2 and out == "", (command, kind, err)
         assert expected.format(folder=folder) in one_error_line(err), (command, kind, err)
 
@@ -375,11 +439,13 @@ def test_saved_wan_transformer_folder_loads_and_inspects(saved_wan, capsys):
     assert code == 0, err
     data = strict_json(out)
     assert data["class"] == "WanTransformer3DModel" and data["model"] == str(saved_wan)
-    assert data["summary"]["nodes"]["attention"]["fp8"] == 2      # the 2 self-attentions (cross stays native)
+    assert data["summary"]["nodes"]["attention"]["fp8"] == 2  # the 2 self-attentions (cross stays native)
     assert data["summary"]["nodes"]["linear"]["fp8"] > 10
-    for command in ("compare", "sensitivity"):   # a transformer folder is not a pipeline: one line, exit 2
+    for command in ("compare", "sensitivity"):  # a transformer folder is not a pipeline: one line, exit 2
         code, out, err = cli(capsys, command, "--model", saved_wan)
-        assert code == 2 and "is a transformer folder: compare/sensitivity need a pipeline folder" in one_error_line(err)
+        assert code == 2 and "is a transformer folder: compare/sensitivity need a pipeline folder" in one_error_line(
+            err
+        )
 
 
 def test_loading_without_accelerate_says_how_to_fix_it(saved_wan, capsys, monkeypatch):
@@ -408,24 +474,35 @@ def test_accelerate_is_declared_with_diffusers():
 @pytest.mark.parametrize("command", ["compare", "sensitivity"])
 def test_sizes_the_pipeline_cannot_make_are_found_before_any_work(command, tmp_path, capsys, no_work):
     tiny = json.loads(TINY_TRANSFORMER_CONFIG.read_text())
-    folder = _pipeline_folder(tmp_path, "flux", tiny)   # VAE x8, 2x2 packing: multiples of 16
-    sd3 = _pipeline_folder(tmp_path, "sd3", {"_class_name": "SD3Transformer2DModel", "patch_size": 2,
-                                             "pos_embed_max_size": 96})
+    folder = _pipeline_folder(tmp_path, "flux", tiny)  # VAE x8, 2x2 packing: multiples of 16
+    sd3 = _pipeline_folder(
+        tmp_path, "sd3", {"_class_name": "SD3Transformer2DModel", "patch_size": 2, "pos_embed_max_size": 96}
+    )
     cases = [
         (("--height", "33"), "invalid --height 33 for tiny (FluxTransformer2DModel): expected a multiple of 4"),
-        (("--width", "8"), "invalid --width 8 for tiny (FluxTransformer2DModel): expected a multiple of 4, at "
-                           "least 16"),
-        (("--model", "wan", "--height", "40"), "invalid --height 40 for wan (WanTransformer3DModel): expected a "
-                                               "multiple of 16, at most 128"),
-        (("--model", "wan", "--height", "256"), "invalid --height 256 for wan"),   # past its rotary tables
+        (
+            ("--width", "8"),
+            "invalid --width 8 for tiny (FluxTransformer2DModel): expected a multiple of 4, at least 16",
+        ),
+        (
+            ("--model", "wan", "--height", "40"),
+            "invalid --height 40 for wan (WanTransformer3DModel): expected a multiple of 16, at most 128",
+        ),
+        (("--model", "wan", "--height", "256"), "invalid --height 256 for wan"),  # past its rotary tables
         (("--model", "sd3", "--width", "30"), "invalid --width 30 for sd3"),
-        (("--model", "sd3", "--height", "256"), "invalid --height 256 for sd3 (SD3Transformer2DModel): expected a "
-                                                "multiple of 4, at most 128"),   # past pos_embed_max_size
+        (
+            ("--model", "sd3", "--height", "256"),
+            "invalid --height 256 for sd3 (SD3Transformer2DModel): expected a multiple of 4, at most 128",
+        ),  # past pos_embed_max_size
         (("--model", "z-image", "--width", "132"), "invalid --width 132 for z-image"),
-        (("--model", folder, "--height", "40"), f"invalid --height 40 for {folder} (FluxTransformer2DModel): "
-                                                "expected a multiple of 16"),
-        (("--model", sd3, "--width", "1552"), f"invalid --width 1552 for {sd3} (SD3Transformer2DModel): "
-                                              "expected a multiple of 16, at most 1536"),
+        (
+            ("--model", folder, "--height", "40"),
+            f"invalid --height 40 for {folder} (FluxTransformer2DModel): expected a multiple of 16",
+        ),
+        (
+            ("--model", sd3, "--width", "1552"),
+            f"invalid --width 1552 for {sd3} (SD3Transformer2DModel): expected a multiple of 16, at most 1536",
+        ),
     ]
     for flags, expected in cases:
         code, out, err = cli(capsys, command, *flags, "--out", tmp_path / ("o.png" if command == "compare" else "o"))
@@ -438,21 +515,29 @@ def test_family_size_rules_match_the_tiny_pipelines():
     from fx_fp8.tools.model_source import FAMILY_SIZE_RULES, SizeRule, size_rule
     from fx_fp8.tools.model_zoo.registry import build_tiny_pipeline
 
-    for family, pipeline in (("flux", "flux"), ("qwen-image", "qwen-image"), ("wan", "wan2.1"), ("z-image", "z-image"),
-                             ("sd3", "sd3")):
+    for family, pipeline in (
+        ("flux", "flux"),
+        ("qwen-image", "qwen-image"),
+        ("wan", "wan2.1"),
+        ("z-image", "z-image"),
+        ("sd3", "sd3"),
+    ):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pipe, _ = build_tiny_pipeline(pipeline)
         vae = dict(pipe.vae.config, _class_name=type(pipe.vae).__name__)
-        assert size_rule(type(pipe.transformer).__name__, dict(pipe.transformer.config), vae) == \
-            FAMILY_SIZE_RULES[family], family
+        assert (
+            size_rule(type(pipe.transformer).__name__, dict(pipe.transformer.config), vae) == FAMILY_SIZE_RULES[family]
+        ), family
     # real checkpoints' configs: FLUX.1 (VAE x8, 2x2 packing), Wan2.1 (x8, patch 2), SD3 (x8, patch 2)
     sd_vae = {"_class_name": "AutoencoderKL", "block_out_channels": [128, 256, 512, 512]}
     assert size_rule("FluxTransformer2DModel", {"patch_size": 1}, sd_vae) == SizeRule(16, 16)
-    assert size_rule("WanTransformer3DModel", {"patch_size": [1, 2, 2]}, {"_class_name": "AutoencoderKLWan"}) == \
-        SizeRule(16, 16, 16384, 16384)
-    assert size_rule("SD3Transformer2DModel", {"patch_size": 2, "pos_embed_max_size": 192}, sd_vae) == \
-        SizeRule(16, 16, 3072, 3072)
+    assert size_rule(
+        "WanTransformer3DModel", {"patch_size": [1, 2, 2]}, {"_class_name": "AutoencoderKLWan"}
+    ) == SizeRule(16, 16, 16384, 16384)
+    assert size_rule("SD3Transformer2DModel", {"patch_size": 2, "pos_embed_max_size": 192}, sd_vae) == SizeRule(
+        16, 16, 3072, 3072
+    )
 
 
 def test_unwritable_outputs_are_found_before_any_work(tmp_path, capsys, no_work):
@@ -467,15 +552,21 @@ def test_unwritable_outputs_are_found_before_any_work(tmp_path, capsys, no_work)
         (("compare", "--out", tmp_path / "cmp"), f"--out '{tmp_path / 'cmp'}': no file extension"),
         (("compare", "--out", tmp_path / "cmp.txt"), f"--out '{tmp_path / 'cmp.txt'}': unsupported image type '.txt'"),
         (("sensitivity", "--out", blocker / "sens"), f"cannot write --out '{blocker / 'sens'}'"),
-        (("sensitivity", "--out", tmp_path / "s", "--chart", blocker / "c.png"), f"cannot write --chart '{blocker}/c.png'"),
+        (
+            ("sensitivity", "--out", tmp_path / "s", "--chart", blocker / "c.png"),
+            f"cannot write --chart '{blocker}/c.png'",
+        ),
         (("sensitivity", "--out", tmp_path / "s", "--chart", tmp_path / "c.txt"), "--chart"),
-        (("sensitivity", "--out", tmp_path / "s", "--yaml", blocker / "r.yaml"), f"cannot write --yaml '{blocker}/r.yaml'"),
+        (
+            ("sensitivity", "--out", tmp_path / "s", "--yaml", blocker / "r.yaml"),
+            f"cannot write --yaml '{blocker}/r.yaml'",
+        ),
     ]
     for argv, expected in cases:
         code, out, err = cli(capsys, *argv)
         assert code == 2 and out == "", (argv, err)
         assert expected in one_error_line(err), (argv, err)
-    assert not (tmp_path / "s").exists()   # nothing created
+    assert not (tmp_path / "s").exists()  # nothing created
 
 
 def test_output_folder_on_a_read_only_file_system(tmp_path, capsys, no_work, monkeypatch):
@@ -490,8 +581,9 @@ def test_output_folder_on_a_read_only_file_system(tmp_path, capsys, no_work, mon
     monkeypatch.setattr(cli_flags.tempfile, "TemporaryFile", read_only)
     code, _, err = cli(capsys, "dump", "--out", tmp_path / "dump")
     assert code == 2
-    assert (f"cannot write --out '{tmp_path / 'dump'}': '{tmp_path}' is not writable "
-            f"({os.strerror(errno.EROFS)})") in one_error_line(err)
+    assert (
+        f"cannot write --out '{tmp_path / 'dump'}': '{tmp_path}' is not writable ({os.strerror(errno.EROFS)})"
+    ) in one_error_line(err)
     assert not (tmp_path / "dump").exists()
 
 
@@ -511,7 +603,7 @@ def test_model_source_folders(tmp_path):
     from fx_fp8.tools.model_source import ModelSourceError
     from fx_fp8.tools.tiny_model import TINY_MODEL_DIR
 
-    tiny_dir = resolve_model(str(TINY_MODEL_DIR))          # the pipeline folder itself is the tiny model
+    tiny_dir = resolve_model(str(TINY_MODEL_DIR))  # the pipeline folder itself is the tiny model
     assert tiny_dir.kind == "tiny"
     t = resolve_model(str(TINY_MODEL_DIR / "transformer"))  # a transformer folder
     assert t.kind == "transformer_dir" and t.class_name == "FluxTransformer2DModel"

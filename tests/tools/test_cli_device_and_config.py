@@ -2,6 +2,7 @@
 runs the model where --device / --dtype say (CPU float32 by default), prints where it ran and the
 config it used, and inspect / dump / sensitivity start from the model's own fx_fp8.yaml as compare
 does (--config, else the model's own, else the library default)."""
+
 from __future__ import annotations
 
 import pytest
@@ -63,7 +64,7 @@ def test_inspect_and_dump_start_from_the_models_own_config(command, monkeypatch,
     extra = ["--out", str(tmp_path / "d")] if command == "dump" else []
     with pytest.raises(_Stop):
         main([command, *extra, "--dtype", "bfloat16"])
-    assert str(seen["config"].diffusion_kv_cache_skip_steps) == "first:2,last:2"   # the tiny model's own
+    assert str(seen["config"].diffusion_kv_cache_skip_steps) == "first:2,last:2"  # the tiny model's own
     assert seen["config_source"].startswith(f"{OWN} (the model's own")
     assert (seen["placement"].device, seen["placement"].dtype) == ("cpu", torch.bfloat16)
     with pytest.raises(_Stop):

@@ -1,4 +1,5 @@
 """PSNR / SSIM / side-by-side PNG (fx_fp8.tools.image_metrics)."""
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def test_psnr_matches_its_definition():
 
 def test_ssim_of_constant_images_is_the_luminance_term():
     # for flat images the variance terms vanish: SSIM = (2ab + C1) / (a^2 + b^2 + C1)
-    a, b, c1 = 0.3, 0.5, 0.01 ** 2
+    a, b, c1 = 0.3, 0.5, 0.01**2
     expected = (2 * a * b + c1) / (a * a + b * b + c1)
     assert ssim(np.full((16, 16, 3), a), np.full((16, 16, 3), b)) == pytest.approx(expected, rel=1e-9)
 
@@ -49,12 +50,15 @@ def test_image_kinds_agree():
     assert scores["psnr"] > 100 and scores["ssim"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (np.full((4, 4, 3), 2.0), r"values must lie in \[0, 1\]"),
-    (np.zeros((2, 4, 4, 3)), "expected one image"),
-    (np.full((4, 4, 3), np.nan), "NaN"),
-    (np.zeros((4, 4, 3), dtype=np.int32), "dtype int32"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (np.full((4, 4, 3), 2.0), r"values must lie in \[0, 1\]"),
+        (np.zeros((2, 4, 4, 3)), "expected one image"),
+        (np.full((4, 4, 3), np.nan), "NaN"),
+        (np.zeros((4, 4, 3), dtype=np.int32), "dtype int32"),
+    ],
+)
 def test_bad_images_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         to_float_image(bad)

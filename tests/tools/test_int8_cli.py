@@ -1,4 +1,5 @@
 """`fx-fp8 inspect --quantization int8` reports INT8 rows (in-process, like tests/tools/test_cli.py)."""
+
 from __future__ import annotations
 
 import re
@@ -19,5 +20,5 @@ def test_inspect_flux_int8_reports_int8_rows(capsys):
     assert any(True for (line, a) in zip(rows, actions) if a == 'int8')  # not vacuous: all() of nothing is True
     assert all("INT8 W8A8" in line for line, a in zip(rows, actions) if a == "int8")
     assert not re.search(r"\sattention\s+fp8\s", out)  # --quantization alone: attention stays native
-    summary = out[out.index("summary"):]
+    summary = out[out.index("summary") :]
     assert re.search(r"linear\s+0\s+\d+\s+\d+", summary) and "int8" in summary.splitlines()[1]

@@ -1,5 +1,6 @@
 """One registry of tiny models (fx_fp8.tools.model_zoo): each diffusers class declared once, and the
 zoo, the families, model_source and the tiny pipelines all build a family from its one entry."""
+
 from __future__ import annotations
 
 import warnings
@@ -85,8 +86,13 @@ def test_each_family_and_alias_resolves_to_its_zoo_entry():
         for alias in entry.family.aliases:
             assert model_zoo.lookup(alias) is entry and model_zoo.canonical_family(alias.upper()) == name
     assert {e.name for e in model_zoo.MODELS.values() if e.family} == set(FAMILIES)
-    assert model_zoo.ALIASES == {"qwen": "qwen-image", "qwenimage": "qwen-image", "wan2.1": "wan", "wan2.2": "wan",
-                                 "zimage": "z-image"}
+    assert model_zoo.ALIASES == {
+        "qwen": "qwen-image",
+        "qwenimage": "qwen-image",
+        "wan2.1": "wan",
+        "wan2.2": "wan",
+        "zimage": "z-image",
+    }
     assert model_zoo.TINY_PIPELINES == ("flux", "qwen-image", "wan2.1", "wan2.2", "z-image", "sd3")
 
 
@@ -113,9 +119,13 @@ def test_family_inputs_come_from_one_maker():
     example_inputs wherever the sizes agree (Flux folders get the shipped model's 16x16 tokens)."""
     for name in FAMILIES:
         model = _quiet(model_zoo.build_tiny_transformer, name, layers=1)
-        src = model_source.ModelSource(spec="folder", kind="transformer_dir",
-                                       class_name=model_zoo.MODELS[name].class_name)
-        ours, theirs = model_zoo.example_inputs(name, model, batch=2, seed=1), src.example_inputs(model, batch=2, seed=1)
+        src = model_source.ModelSource(
+            spec="folder", kind="transformer_dir", class_name=model_zoo.MODELS[name].class_name
+        )
+        ours, theirs = (
+            model_zoo.example_inputs(name, model, batch=2, seed=1),
+            src.example_inputs(model, batch=2, seed=1),
+        )
         if name == "flux":
             assert theirs["hidden_states"].shape == (2, 256, 32) and ours["hidden_states"].shape == (2, 64, 32)
             continue
@@ -152,7 +162,7 @@ def test_layers_set_the_family_layer_keys():
     assert model_zoo.config("flux", layers=3)["num_single_layers"] == 3
     assert model_zoo.config("z-image", layers=1)["n_layers"] == 1
     assert model_zoo.config("z-image", layers=1)["n_refiner_layers"] == 1  # not a layer key
-    assert model_zoo.MODELS["flux"].config["num_layers"] == 2              # the entry is read-only
+    assert model_zoo.MODELS["flux"].config["num_layers"] == 2  # the entry is read-only
     with pytest.raises(TypeError):
         model_zoo.MODELS["flux"].config["num_layers"] = 3
 

@@ -1,6 +1,7 @@
 """`fx-fp8` and the examples open folders whose transformer is already quantized: written by
 save_pretrained of a model loaded with fx_fp8.DiffusersConfig, or by fx_fp8.save_quantized
 (which diffusers' from_pretrained cannot read: "no file named diffusion_pytorch_model.bin")."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def folders(tmp_path_factory) -> dict:
         folder = root / kind
         shutil.copytree(TINY_MODEL_DIR, folder, ignore=shutil.ignore_patterns("transformer"))
         out[kind] = folder
-    loaded = quiet(FluxTransformer2DModel.from_pretrained, TINY_MODEL_DIR / "transformer",
-                   quantization_config=fx_fp8.DiffusersConfig())
+    loaded = quiet(
+        FluxTransformer2DModel.from_pretrained,
+        TINY_MODEL_DIR / "transformer",
+        quantization_config=fx_fp8.DiffusersConfig(),
+    )
     loaded.save_pretrained(out["diffusers"] / "transformer")
     prepared = quiet(FluxTransformer2DModel.from_pretrained, TINY_MODEL_DIR / "transformer")
     fx_fp8.prepare_model(prepared)
@@ -61,8 +65,9 @@ def marked(tmp_path) -> dict:
             config["quantization_config"] = {"quant_method": "fx_fp8"}
             (folder / "transformer" / "config.json").write_text(json.dumps(config))
         else:
-            (folder / "transformer" / QUANT_NAME).write_text(json.dumps(
-                {"format": "fx_fp8.quantized_checkpoint", "version": 1, "layers": {}}))
+            (folder / "transformer" / QUANT_NAME).write_text(
+                json.dumps({"format": "fx_fp8.quantized_checkpoint", "version": 1, "layers": {}})
+            )
         out[kind] = folder
     return out
 
@@ -72,15 +77,23 @@ def test_the_folders_are_told_apart(marked, tmp_path):
     assert folder_quantization(marked["save_quantized"] / "transformer") == "save_quantized"
     assert folder_quantization(TINY_MODEL_DIR / "transformer") == ""
     for kind, folder in marked.items():
-        source = resolve_model(str(folder))                  # a copy of the tiny model: its pipeline, its sizes
+        source = resolve_model(str(folder))  # a copy of the tiny model: its pipeline, its sizes
         assert source.kind == "tiny" and source.quantized == folder_quantization(folder / "transformer")
         assert resolve_model(str(folder / "transformer")).quantized == source.quantized
         assert "quantized weights" in source.describe()
     # a pipeline's transformers written by save_quantized (no pipeline around them) get a one-line pointer
     pipe_dir = tmp_path / "pipe_saved"
     (pipe_dir / "transformer").mkdir(parents=True)
-    (pipe_dir / QUANT_NAME).write_text(json.dumps({"format": "fx_fp8.quantized_checkpoint", "version": 1,
-                                                  "pipeline": "FluxPipeline", "components": ["transformer"]}))
+    (pipe_dir / QUANT_NAME).write_text(
+        json.dumps(
+            {
+                "format": "fx_fp8.quantized_checkpoint",
+                "version": 1,
+                "pipeline": "FluxPipeline",
+                "components": ["transformer"],
+            }
+        )
+    )
     with pytest.raises(ModelSourceError, match="holds only a pipeline's transformers .* give one of them"):
         resolve_model(str(pipe_dir))
 
@@ -91,8 +104,13 @@ def test_both_kinds_load_as_the_same_quantized_transformer(folders):
     assert quantized_layers(a) == quantized_layers(b) and quantized_layers(a)
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
-    assert all(torch.equal(sa[k].view(torch.uint8) if sa[k].dtype.itemsize == 1 else sa[k],
-                           sb[k].view(torch.uint8) if sb[k].dtype.itemsize == 1 else sb[k]) for k in sa)
+    assert all(
+        torch.equal(
+            sa[k].view(torch.uint8) if sa[k].dtype.itemsize == 1 else sa[k],
+            sb[k].view(torch.uint8) if sb[k].dtype.itemsize == 1 else sb[k],
+        )
+        for k in sa
+    )
     # and diffusers alone still cannot read the save_quantized one (why load_quantized is needed)
     with pytest.raises(OSError, match="diffusion_pytorch_model"):
         quiet(FluxTransformer2DModel.from_pretrained, folders["save_quantized"] / "transformer")
@@ -116,8 +134,19 @@ def test_inspect_a_quantized_transformer_folder(folders, capsys):
 def test_compare_runs_a_quantized_pipeline_against_its_stored_weights(folders, capsys):
     # --library-default: the tiny model's own config keeps attention native on the first 2 and last 2
     # steps, which at 2 steps is every step (both runs would then be the same stored linears, exactly)
-    code, out, err = cli(capsys, "compare", "--model", folders["save_quantized"], "--prompts", "1", "--steps", "2",
-                         "--library-default", "--format", "json")
+    code, out, err = cli(
+        capsys,
+        "compare",
+        "--model",
+        folders["save_quantized"],
+        "--prompts",
+        "1",
+        "--steps",
+        "2",
+        "--library-default",
+        "--format",
+        "json",
+    )
     assert code == 0, err
     result = json.loads(out)
     assert result["reference"].startswith("the quantized weights as stored in transformer")

@@ -1,4 +1,5 @@
 """`fx-fp8 sensitivity`: the error model, the greedy search, and end-to-end runs (subprocess)."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _items():
-    return [Item("attention_layer", 0, "attention layer 0", mse=5.0, work=10.0),
-            Item("attention_layer", 1, "attention layer 1", mse=1.0, work=10.0),
-            Item("attention_step", 0, "attention step 0", mse=4.0, work=20.0),
-            Item("attention_step", 1, "attention step 1", mse=1.0, work=20.0),
-            Item("linears_block", 0, "linears block 0", mse=0.5, work=100.0),
-            Item("linears_block", 1, "linears block 1", mse=8.0, work=100.0)]
+    return [
+        Item("attention_layer", 0, "attention layer 0", mse=5.0, work=10.0),
+        Item("attention_layer", 1, "attention layer 1", mse=1.0, work=10.0),
+        Item("attention_step", 0, "attention step 0", mse=4.0, work=20.0),
+        Item("attention_step", 1, "attention step 1", mse=1.0, work=20.0),
+        Item("linears_block", 0, "linears block 0", mse=0.5, work=100.0),
+        Item("linears_block", 1, "linears block 1", mse=8.0, work=100.0),
+    ]
 
 
 def test_error_model_is_additive_and_separable():
@@ -69,8 +72,14 @@ def test_block_pattern_matches_exactly_one_block():
 
 def _sensitivity(tmp_path, *args):
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, "-m", "fx_fp8", "sensitivity", "--out", str(tmp_path), *args],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=400)
+    r = subprocess.run(
+        [sys.executable, "-m", "fx_fp8", "sensitivity", "--out", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r, json.loads((tmp_path / "sensitivity.json").read_text())
 
@@ -107,8 +116,20 @@ def _check_result(r, res, tmp_path, target):
 def test_sensitivity_tiny_model_meets_target(tmp_path):
     # 16x16, 4 steps: all-FP8 is about 36 dB here, so a 45 dB target makes the search work; from the
     # library default (the model's own config keeps attention native on every one of 4 steps)
-    r, res = _sensitivity(tmp_path, "--library-default", "--steps", "4", "--prompts", "2", "--height", "16", "--width", "16",
-                          "--target-psnr", "45")
+    r, res = _sensitivity(
+        tmp_path,
+        "--library-default",
+        "--steps",
+        "4",
+        "--prompts",
+        "2",
+        "--height",
+        "16",
+        "--width",
+        "16",
+        "--target-psnr",
+        "45",
+    )
     assert float(res["all_fp8"]["psnr"]) < 45 and res["native_items"]
     kinds = {i["kind"] for i in res["items"]}
     assert kinds == {"attention_layer", "attention_step", "linears_block"}
@@ -121,8 +142,21 @@ def test_sensitivity_tiny_model_meets_target(tmp_path):
 def test_sensitivity_tiny_wan_meets_target(tmp_path):
     # random-weight Wan2.1 with classifier-free guidance (two transformer calls per step);
     # all-FP8 is about 57 dB, so ask for 65 dB
-    r, res = _sensitivity(tmp_path, "--model", "wan", "--steps", "4", "--prompts", "1", "--height", "16",
-                          "--width", "16", "--target-psnr", "65")
+    r, res = _sensitivity(
+        tmp_path,
+        "--model",
+        "wan",
+        "--steps",
+        "4",
+        "--prompts",
+        "1",
+        "--height",
+        "16",
+        "--width",
+        "16",
+        "--target-psnr",
+        "65",
+    )
     assert float(res["all_fp8"]["psnr"]) < 65 and res["native_items"]
     _check_result(r, res, tmp_path, 65.0)
 
@@ -134,15 +168,22 @@ def test_step_policy_candidates_and_their_fp8_flops():
     assert edge_steps(1, 4) == [0, 3] and edge_steps(2, 10) == [0, 1, 8, 9]
     # attention 1 FLOP / step, linears 3 FLOPs / step; 4 steps: k = 2 would leave no FP8 step
     cands = {c.label: c for c in step_policy_candidates(FP8Config(), 4, (1, 2), 1.0, 3.0)}
-    assert set(cands) == {"attention native on steps 0,3", "linears weight-only on steps 0,3",
-                          "linears native on steps 0,3", "attention native + linears weight-only on steps 0,3",
-                          "attention native + linears native on steps 0,3"}
+    assert set(cands) == {
+        "attention native on steps 0,3",
+        "linears weight-only on steps 0,3",
+        "linears native on steps 0,3",
+        "attention native + linears weight-only on steps 0,3",
+        "attention native + linears native on steps 0,3",
+    }
     assert cands["attention native on steps 0,3"].fp8_work_fraction == pytest.approx((1 * 2 + 3 * 4) / 16)
     assert cands["linears native on steps 0,3"].fp8_work_fraction == pytest.approx((1 * 4 + 3 * 2) / 16)
     both = cands["attention native + linears weight-only on steps 0,3"]
     assert both.fp8_work_fraction == pytest.approx(0.5)
-    assert both.overrides() == {"diffusion_kv_cache_skip_steps": [0, 3], "quantization_skip_steps": "0,3",
-                                "quantization_skip_steps_mode": "weight_only"}
+    assert both.overrides() == {
+        "diffusion_kv_cache_skip_steps": [0, 3],
+        "quantization_skip_steps": "0,3",
+        "quantization_skip_steps_mode": "weight_only",
+    }
     cfg = FP8Config().replace(**both.overrides())
     qc = cfg.quantization_config
     assert list(qc.skip_steps) == [0, 3] and qc.skip_steps_mode == "weight_only"
@@ -158,9 +199,9 @@ def test_choose_step_policy_keeps_the_most_fp8_that_meets_the_target():
     b = StepPolicy("b", [], [0], "native", 0.7, psnr=31.0)
     c = StepPolicy("c", [0], [0], "native", 0.6, psnr=35.0)
     d = StepPolicy("d", [], [0], "weight_only", 0.7, psnr=32.0)
-    assert choose_step_policy([a, b, c, d], 30.0) is d   # most FLOPs among those that meet; tie -> higher PSNR
+    assert choose_step_policy([a, b, c, d], 30.0) is d  # most FLOPs among those that meet; tie -> higher PSNR
     assert choose_step_policy([a, b, c], 33.0) is c
-    assert choose_step_policy([a, b], 40.0) is None      # none meets: no policy (the layer search decides)
+    assert choose_step_policy([a, b], 40.0) is None  # none meets: no policy (the layer search decides)
 
 
 def test_error_model_work_without_the_steps_a_policy_skips():
@@ -183,11 +224,14 @@ def test_step_edges_and_a_base_policy_are_refused():
         run_sensitivity(None, base, steps=4, step_policy=True)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--step-policy", "2"], "k must be < 2"),
-    (["--step-policy", "1,x"], "expected k values like '1,2'"),
-    (["--step-policy", "--diffusion-kv-cache-skip-steps", "0"], "drop --diffusion-kv-cache-skip-steps '0'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--step-policy", "2"], "k must be < 2"),
+        (["--step-policy", "1,x"], "expected k values like '1,2'"),
+        (["--step-policy", "--diffusion-kv-cache-skip-steps", "0"], "drop --diffusion-kv-cache-skip-steps '0'"),
+    ],
+)
 def test_cli_step_policy_errors_are_one_line(args, message, capsys, tmp_path):
     from fx_fp8.tools.cli import main
 
@@ -210,8 +254,17 @@ def test_step_policy_is_written_and_meets_the_target_when_rerun(tmp_path):
     yaml_path = tmp_path / "recommended.yaml"
     lines = []
     # 4 steps at 16x16: all FP8 is about 37.5 dB, k = 1 policies 35.6-44.7 dB
-    res = run_sensitivity(run, None, steps=4, target_psnr=38.5, yaml_path=yaml_path, verify=False,
-                          step_policy=True, step_edges=(1, 2), log=lines.append)
+    res = run_sensitivity(
+        run,
+        None,
+        steps=4,
+        target_psnr=38.5,
+        yaml_path=yaml_path,
+        verify=False,
+        step_policy=True,
+        step_edges=(1, 2),
+        log=lines.append,
+    )
     assert res.all_fp8.psnr < 38.5
     meeting = [c for c in res.step_candidates if c.psnr >= 38.5]
     assert len(res.step_candidates) == 5 and meeting

@@ -64,9 +64,11 @@ def test_vocabulary_and_grammar():
 
 @pytest.mark.parametrize("bad", ["purple", "hexagon", "under"])
 def test_parser_rejects_unknown_word(bad):
-    prompt = {"purple": "a purple circle on a blue background",
-              "hexagon": "a red hexagon on a blue background",
-              "under": "a red circle under a blue background"}[bad]
+    prompt = {
+        "purple": "a purple circle on a blue background",
+        "hexagon": "a red hexagon on a blue background",
+        "under": "a red circle under a blue background",
+    }[bad]
     with pytest.raises(ValueError, match=repr(bad)):
         parse_prompt(prompt)
     with pytest.raises(ValueError, match=repr(bad)):
@@ -96,9 +98,14 @@ def test_renderer_and_colour_metric():
 
 
 def test_weights_folder_layout():
-    for rel in ["model_index.json", "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors",
-                "prompt_encoder/config.json", "prompt_encoder/diffusion_pytorch_model.safetensors",
-                "scheduler/scheduler_config.json"]:
+    for rel in [
+        "model_index.json",
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "prompt_encoder/config.json",
+        "prompt_encoder/diffusion_pytorch_model.safetensors",
+        "scheduler/scheduler_config.json",
+    ]:
         assert (TINY_MODEL_DIR / rel).is_file(), rel
     total = sum(f.stat().st_size for f in TINY_MODEL_DIR.rglob("*") if f.is_file())
     assert total < 8 * 2**20
@@ -108,8 +115,12 @@ def test_transformer_loads_standalone():
     tr = FluxTransformer2DModel.from_pretrained(TINY_MODEL_DIR / "transformer", local_files_only=True)
     assert tr.config.in_channels == 12 and tr.config.patch_size == 1
     # every Linear except the 12-channel patch embedding / output projection is FP8-friendly
-    odd = [n for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear)
-           and (m.in_features % 16 or m.out_features % 16 or min(m.in_features, m.out_features) < 32)]
+    odd = [
+        n
+        for n, m in tr.named_modules()
+        if isinstance(m, torch.nn.Linear)
+        and (m.in_features % 16 or m.out_features % 16 or min(m.in_features, m.out_features) < 32)
+    ]
     assert set(odd) == {"x_embedder", "proj_out"}, odd
 
 
@@ -176,8 +187,13 @@ def test_denoising_loop_contract(pipe, monkeypatch):
     monkeypatch.setattr(pipe.scheduler, "step", counting_step)
     pipe.transformer = Wrapper(original)
     try:
-        pipe("a red circle on a blue background", num_inference_steps=steps, output_type="np",
-             callback_on_step_end=callback, generator=torch.Generator().manual_seed(0))
+        pipe(
+            "a red circle on a blue background",
+            num_inference_steps=steps,
+            output_type="np",
+            callback_on_step_end=callback,
+            generator=torch.Generator().manual_seed(0),
+        )
     finally:
         pipe.transformer = original
     assert calls["transformer"] == steps and calls["step"] == steps
@@ -192,8 +208,10 @@ def test_denoising_loop_contract(pipe, monkeypatch):
 @pytest.mark.slow
 def test_prompt_colour_quality(pipe):
     shape_rate, bg_rate = _color_match_rates(pipe, _quality_prompts())
-    print(f"\ntrained tiny model: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%} "
-          f"({N_QUALITY} prompts)")
+    print(
+        f"\ntrained tiny model: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%} "
+        f"({N_QUALITY} prompts)"
+    )
     assert shape_rate >= 0.9
     assert bg_rate >= 0.9
 
@@ -203,8 +221,7 @@ def test_random_transformer_fails_quality(pipe):
     """The quality check is not trivial: an untrained transformer of the same config fails it."""
     torch.manual_seed(0)
     random_tr = FluxTransformer2DModel.from_config(pipe.transformer.config).eval()
-    rand_pipe = TinyShapesPipeline(transformer=random_tr, prompt_encoder=pipe.prompt_encoder,
-                                   scheduler=pipe.scheduler)
+    rand_pipe = TinyShapesPipeline(transformer=random_tr, prompt_encoder=pipe.prompt_encoder, scheduler=pipe.scheduler)
     rand_pipe.set_progress_bar_config(disable=True)
     shape_rate, bg_rate = _color_match_rates(rand_pipe, _quality_prompts())
     print(f"\nrandom transformer: shape colour match {shape_rate:.1%}, background match {bg_rate:.1%}")
@@ -227,9 +244,22 @@ def test_fake_quant_matches_reference_lowering():
     a = FP8Config().attention
     q, k, v = (torch.randn(2, 2, 264, 32) * 3 for _ in range(3))
     q.requires_grad_(True)
-    ref = LOWERING.attention(q.detach(), k, v, attn_mask=None, softmax_scale=32**-0.5, granularity=a.granularity,
-                             q_block=a.q_block, kv_block=a.kv_block, hadamard=a.hadamard, smooth_k=a.smooth_k,
-                             quantize_p=a.quantize_p, p_scale=a.p_scale, kernel=a.kernel, return_lse=False)
+    ref = LOWERING.attention(
+        q.detach(),
+        k,
+        v,
+        attn_mask=None,
+        softmax_scale=32**-0.5,
+        granularity=a.granularity,
+        q_block=a.q_block,
+        kv_block=a.kv_block,
+        hadamard=a.hadamard,
+        smooth_k=a.smooth_k,
+        quantize_p=a.quantize_p,
+        p_scale=a.p_scale,
+        kernel=a.kernel,
+        return_lse=False,
+    )
     fake = fake_fp8_attention(q, k, v, None, 32**-0.5, a)
     native = torch.nn.functional.scaled_dot_product_attention(q.detach(), k, v)
     assert (fake - ref).abs().max() < 1e-3 * (native - ref).abs().max()  # fp32 summation order only
@@ -239,8 +269,9 @@ def test_fake_quant_matches_reference_lowering():
     x, w = torch.randn(40, 64, requires_grad=True), torch.randn(128, 64, requires_grad=True)
     wq, ws = quant.quantize_weight(w.detach(), "channel")
     xq, xs = quant.quantize_activation(x.detach(), "token")
-    ref = LOWERING.scaled_mm(xq, xs, wq, ws, None, method="fp8", weight_granularity="channel", weight_block=None,
-                             out_dtype=torch.float32)
+    ref = LOWERING.scaled_mm(
+        xq, xs, wq, ws, None, method="fp8", weight_granularity="channel", weight_block=None, out_dtype=torch.float32
+    )
     fake = fake_quant_rows(x) @ fake_quant_weight(w, "channel").t()
     torch.testing.assert_close(fake, ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(x.detach() @ w.detach().t(), ref, rtol=1e-3, atol=1e-3)  # quantization is visible
@@ -258,9 +289,15 @@ def test_fake_fp8_context_is_scoped(pipe):
     tr = pipe.transformer
     sdpa = torch.nn.functional.scaled_dot_product_attention
     embeds, pooled = pipe.prompt_encoder.encode(["a red circle on a blue background"])
-    kw = dict(hidden_states=torch.randn(1, 256, 12, generator=torch.Generator().manual_seed(0)),
-              timestep=torch.tensor([0.5]), pooled_projections=pooled, encoder_hidden_states=embeds,
-              txt_ids=text_ids(embeds.shape[1]), img_ids=image_ids(32, 32), return_dict=False)
+    kw = dict(
+        hidden_states=torch.randn(1, 256, 12, generator=torch.Generator().manual_seed(0)),
+        timestep=torch.tensor([0.5]),
+        pooled_projections=pooled,
+        encoder_hidden_states=embeds,
+        txt_ids=text_ids(embeds.shape[1]),
+        img_ids=image_ids(32, 32),
+        return_dict=False,
+    )
     with torch.no_grad():
         before = tr(**kw)[0]
         with fake_fp8(tr) as names:
@@ -297,7 +334,8 @@ def test_tiny_quality_takes_the_heldout_set_and_refuses_bad_counts(capsys):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "tiny_quality", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "tiny_quality.py"))
+        "tiny_quality", os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "tiny_quality.py")
+    )
     tq = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tq)
     assert tq.prompts_and_seeds(2) == tq.prompt_cases("tuning", 2)

@@ -1,6 +1,7 @@
 """The tiny model zoo (the registry fx_fp8.tools.model_zoo): every entry
 builds, runs its 4 size variants, is seeded, and (slow) compiles to the graphs and attention kinds its
 notes promise."""
+
 from __future__ import annotations
 
 import pytest

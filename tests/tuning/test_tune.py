@@ -2,6 +2,7 @@
 timed by a stand-in timer (the measuring loop) with its error against native, the picks, the table
 written where asked and parsed back; --dry-run's CPU timings labelled as not a GPU's; and, on a GPU
 (-m cuda), tune on a tiny Flux followed by the compiled graph."""
+
 from __future__ import annotations
 
 import itertools
@@ -57,8 +58,7 @@ def test_the_measuring_loop_times_every_candidate_of_every_distinct_shape(tmp_pa
     assert set(rows) == {(64, 128, "w8a8"), (128, 64, "w8a8"), (64, 64, "weight_only")}
     assert rows[64, 128, "w8a8"]["count"] == 2 and rows[64, 128, "w8a8"]["m"] == 16
     w8a8 = rows[64, 128, "w8a8"]["candidates"]
-    assert list(w8a8) == ["native", "fp8_rowwise", "fp8_block", "int8_rowwise", "weight_only_int8",
-                          "weight_only_fp8"]
+    assert list(w8a8) == ["native", "fp8_rowwise", "fp8_block", "int8_rowwise", "weight_only_int8", "weight_only_fp8"]
     assert [c["ms"] for c in w8a8.values()] == [1.0, 0.5, 0.7, 0.9, 2.0, 3.0]
     assert w8a8["native"]["err"] == 0.0 and all(0 < c["err"] < 0.1 for n, c in w8a8.items() if n != "native")
     assert rows[64, 128, "w8a8"]["pick"] == rows[64, 128, "w8a8"]["fastest"] == "fp8_rowwise"
@@ -72,9 +72,11 @@ def test_tune_then_compile_follows_the_measurement_end_to_end(tmp_path):
     """The CPU path of the -m cuda test below: a dry-run table (stand-in times: FP8 wins at the a-shape,
     loses at the b-shape, weight-only INT8 wins for proj_out) given as tune_table, then the model
     compiled with it runs each linear as its shape's pick says."""
-    times = ([1.0, 0.5, 0.6, 0.7, 0.8, 0.9]      # a1 / a2 (64 -> 128): fp8_rowwise
-             + [1.0, 2.0, 2.0, 2.0, 2.0, 2.0]    # b1 / b2 (128 -> 64): every FP8 form slower: native
-             + [1.0, 0.5, 0.9])                  # proj_out (weight-only role): weight_only_int8
+    times = (
+        [1.0, 0.5, 0.6, 0.7, 0.8, 0.9]  # a1 / a2 (64 -> 128): fp8_rowwise
+        + [1.0, 2.0, 2.0, 2.0, 2.0, 2.0]  # b1 / b2 (128 -> 64): every FP8 form slower: native
+        + [1.0, 0.5, 0.9]
+    )  # proj_out (weight-only role): weight_only_int8
     model, x = Block(), torch.randn(2, 8, 64)
     table = fx_fp8.tune(model, {"x": x}, dry_run=True, timer=StandIn(times), out=tmp_path / "t.json")
     assert [r["pick"] for r in table["linears"]] == ["fp8_rowwise", "native", "weight_only_int8"]
@@ -116,9 +118,17 @@ def test_candidates_keep_the_recipe_and_drop_what_names_the_models_layers_or_ste
     from fx_fp8.config.fp8_config import FP8Config
     from fx_fp8.tuning.candidates import candidate_base
 
-    user = FP8Config.load(None, quantization_config={"skip_steps": "0,1", "ignored_layers": ["x_embedder"],
-                                                     "fast_accum": False, "weight_only_method": "fp8"},
-                          diffusion_kv_cache_skip_steps="0", attention={"granularity": "head"})
+    user = FP8Config.load(
+        None,
+        quantization_config={
+            "skip_steps": "0,1",
+            "ignored_layers": ["x_embedder"],
+            "fast_accum": False,
+            "weight_only_method": "fp8",
+        },
+        diffusion_kv_cache_skip_steps="0",
+        attention={"granularity": "head"},
+    )
     base = candidate_base(user)
     qc = base.quantization_config
     assert (str(qc.skip_steps), qc.ignored_layers, str(base.diffusion_kv_cache_skip_steps)) == ("", (), "")
@@ -166,8 +176,10 @@ def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, m
 
     monkeypatch.setenv("FX_FP8_TUNE_DIR", str(tmp_path))
     model = build_tiny_transformer("flux", dtype=torch.bfloat16).cuda()
-    kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v
-          for k, v in example_inputs("flux", model, dtype=torch.bfloat16).items()}
+    kw = {
+        k: v.cuda() if isinstance(v, torch.Tensor) else v
+        for k, v in example_inputs("flux", model, dtype=torch.bfloat16).items()
+    }
     table = fx_fp8.tune(model, kw, max_shapes=4)  # the 4 largest shares of the work: a minute of compiles
     assert table["written"] and table["written"][0].startswith(str(tmp_path))
     torch._dynamo.reset()
@@ -178,14 +190,19 @@ def test_tune_on_a_tiny_flux_then_the_compiled_graph_holds_the_picks(tmp_path, m
     assert entries, "no linear followed the table"
     picks = {(r["m"], r["k"], r["n"], r["role"]): r["pick"] for r in table["linears"]}
     qcfg = fx_fp8.FP8Config().quantization_config
-    want = {"native": "native", "fp8_rowwise": "fp8", "weight_only_int8": "weight-only",
-            "weight_only_fp8": "weight-only"}
+    want = {
+        "native": "native",
+        "fp8_rowwise": "fp8",
+        "weight_only_int8": "weight-only",
+        "weight_only_fp8": "weight-only",
+    }
     for e in entries:
         x, w = e.dims[0], e.dims[-1]
         m, role = math.prod(x[:-1]), "weight_only" if "sensitive: weight_only" in e.reason else "w8a8"
         bias = model.get_submodule(e.module).bias is not None
-        pick = tune_table.linear_pick(table, m, w[1], w[0], "bfloat16", bias, role,
-                                      tune_table.emitted_candidates(qcfg, role))[0]
+        pick = tune_table.linear_pick(
+            table, m, w[1], w[0], "bfloat16", bias, role, tune_table.emitted_candidates(qcfg, role)
+        )[0]
         assert picks.get((m, w[1], w[0], role), pick) == pick  # a measured shape: the row's own pick
         assert e.action == want[pick] and f"tuned: {pick}" in e.reason, (e.module, e.action, pick, e.reason)
 
@@ -196,20 +213,40 @@ def test_a_second_model_tuned_on_the_gpu_keeps_the_firsts_shapes():
     key = dict.fromkeys(tune_table.KEY_FIELDS, "k")
 
     def lin(m, ms):
-        return {"m": m, "k": 64, "n": 64, "dtype": "bfloat16", "bias": True, "role": "w8a8",
-                "candidates": {"native": {"ms": ms, "err": 0.0}}}
+        return {
+            "m": m,
+            "k": 64,
+            "n": 64,
+            "dtype": "bfloat16",
+            "bias": True,
+            "role": "w8a8",
+            "candidates": {"native": {"ms": ms, "err": 0.0}},
+        }
 
     def att(s):
         return {"d": 128, "mask": False, "s_measured": s, "ref_err": 0.003, "kernels": {"native": {"ms": 1, "err": 0}}}
 
-    flux = {"key": key, "source": {"model": "FluxTransformer2DModel", "date": "2026-12-07"},
-            "linears": [lin(4096, 1.0), lin(512, 0.2)], "attention": [att(4608)]}
-    wan = {"key": key, "source": {"model": "WanTransformer3DModel", "date": "2026-12-08"},
-           "linears": [lin(4096, 0.9), lin(75600, 9.0)], "attention": [att(75600)]}
+    flux = {
+        "key": key,
+        "source": {"model": "FluxTransformer2DModel", "date": "2026-12-07"},
+        "linears": [lin(4096, 1.0), lin(512, 0.2)],
+        "attention": [att(4608)],
+    }
+    wan = {
+        "key": key,
+        "source": {"model": "WanTransformer3DModel", "date": "2026-12-08"},
+        "linears": [lin(4096, 0.9), lin(75600, 9.0)],
+        "attention": [att(75600)],
+    }
     both = merged(flux, wan)
     assert sorted((r["m"], r["candidates"]["native"]["ms"]) for r in both["linears"]) == [
-        (512, 0.2), (4096, 0.9), (75600, 9.0)]  # the shape both measured: the newer time
-    assert [(r["s_measured"], r["s_min"], r["s_max"]) for r in both["attention"]] == [(4608, 1, 18663),
-                                                                                     (75600, 18664, None)]
+        (512, 0.2),
+        (4096, 0.9),
+        (75600, 9.0),
+    ]  # the shape both measured: the newer time
+    assert [(r["s_measured"], r["s_min"], r["s_max"]) for r in both["attention"]] == [
+        (4608, 1, 18663),
+        (75600, 18664, None),
+    ]
     assert both["source"]["model"] == "FluxTransformer2DModel, WanTransformer3DModel"
     assert merged(dict(flux, key=dict(key, torch="other")), wan) is wan  # another key: the new table alone

@@ -1,5 +1,6 @@
 """Install hints name a command that works where fx_fp8 was installed from (a checkout, not a
 published `fx-fp8` package)."""
+
 from __future__ import annotations
 
 import re
@@ -40,7 +41,7 @@ def test_without_a_checkout_the_hint_lists_the_extras_requirements(monkeypatch):
 def _norm(requirement: str) -> tuple:
     """name and its version specifiers, in any order (the metadata reorders them)"""
     name = re.match(r"[\w.-]+", requirement).group(0)
-    return name, sorted(filter(None, requirement[len(name):].replace(" ", "").split(",")))
+    return name, sorted(filter(None, requirement[len(name) :].replace(" ", "").split(",")))
 
 
 def test_nothing_installed_and_no_checkout_still_says_what_to_install(monkeypatch):

@@ -1,5 +1,6 @@
 """What the first compiled call and prepare_model say at INFO on logging.getLogger("fx_fp8"), the
 progress bar over prepare_model's layers on a terminal, and silence at the default level."""
+
 from __future__ import annotations
 
 import io
@@ -23,7 +24,7 @@ def _fx_fp8_ops(gm) -> dict:
     counts: dict = {}
     for n in gm.graph.nodes:
         if n.op == "call_function" and str(n.target).startswith("fx_fp8."):
-            name = str(n.target)[len("fx_fp8."):].removesuffix(".default")
+            name = str(n.target)[len("fx_fp8.") :].removesuffix(".default")
             counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -42,8 +43,13 @@ def _run(options=None, steps=(None,)):
 def _messages(caplog, *, copies_note: bool = False) -> list[str]:
     """fx_fp8's INFO records: the compile records, or (copies_note) the once-per-model note on the
     compile-time FP8 weight copies (tests/compile/test_fp8_copies_note.py checks its text)."""
-    return [m for r in caplog.records if r.name == "fx_fp8" and r.levelno == logging.INFO
-            for m in [r.getMessage()] if ("made FP8 copies" in m) == copies_note]
+    return [
+        m
+        for r in caplog.records
+        if r.name == "fx_fp8" and r.levelno == logging.INFO
+        for m in [r.getMessage()]
+        if ("made FP8 copies" in m) == copies_note
+    ]
 
 
 def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, downstream_graphs):
@@ -60,9 +66,12 @@ def test_first_call_says_what_it_compiled_and_how_long_it_took(caplog, downstrea
     assert "kernels: fp8_attention[auto] x1, scaled_mm x2, weight_only_linear x1;" in before
     assert "lowering reference" in before and before.endswith("compiling with eager...")
     assert re.search(r"passes \d+\.\d\d s", before)
-    assert re.match(r"fx_fp8: graph 0 compiled by eager in \d+\.\d\d s \(\d+\.\d\d s since the model's first graph "
-                    r"reached the backend\); model so far: 1 graph instance\(s\), attention 1 fp8 of 1, "
-                    r"linear 2 fp8, 1 weight-only of 3$", after), after
+    assert re.match(
+        r"fx_fp8: graph 0 compiled by eager in \d+\.\d\d s \(\d+\.\d\d s since the model's first graph "
+        r"reached the backend\); model so far: 1 graph instance\(s\), attention 1 fp8 of 1, "
+        r"linear 2 fp8, 1 weight-only of 3$",
+        after,
+    ), after
     (report,) = fx_fp8.get_reports(compiled)  # the same counts as the report
     assert report.count("linear", "fp8") == 2 and report.count("linear", "weight-only") == 1
 
@@ -107,8 +116,11 @@ def test_prepare_model_shows_a_bar_on_a_terminal_and_logs_a_summary(monkeypatch,
     assert "fx_fp8: quantizing linears" in terminal.getvalue() and " 0/3 " in terminal.getvalue()
     (summary,) = _messages(caplog)
     assert len(result["quantized"]) == 3 and len(result["weight_only"]) == 1
-    assert re.match(r"fx_fp8: prepare_model quantized 3 linear\(s\) \(1 weight-only\), kept 0 native, left 0 with "
-                    r"hooks, in \d+\.\d\d s: their weights 0\.1 MiB -> 0\.0 MiB \(fp8\)$", summary), summary
+    assert re.match(
+        r"fx_fp8: prepare_model quantized 3 linear\(s\) \(1 weight-only\), kept 0 native, left 0 with "
+        r"hooks, in \d+\.\d\d s: their weights 0\.1 MiB -> 0\.0 MiB \(fp8\)$",
+        summary,
+    ), summary
 
 
 def test_progress_bar_switches(monkeypatch):

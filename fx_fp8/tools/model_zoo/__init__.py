@@ -38,4 +38,3 @@ count to choose, seeded through ``torch.manual_seed``)::
 Configs are tiny versions of those in diffusers' own model tests, adapted to diffusers 0.42; the
 sizes are chosen for speed, not to resemble a real checkpoint.
 """
-

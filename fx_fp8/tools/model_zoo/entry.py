@@ -1,4 +1,5 @@
 """What one registry entry declares: a tiny model once, with everything built from it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Building a registry entry's model: its diffusers class, its config with a layer count set."""
+
 from __future__ import annotations
 
 from typing import Optional

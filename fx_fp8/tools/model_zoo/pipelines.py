@@ -11,6 +11,7 @@ the same structure as the real families at hidden sizes of 64-128); the VAEs are
 two-block versions of the real ones. Weights are random: outputs are noise-like, but every
 module, scheduler call and guidance path of the real pipeline runs.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -60,12 +61,22 @@ def tiny_flux(*, layers: int = 2, seed: int = 0, height: int = 32, width: int = 
     transformer = _transformer("flux", layers, seed)
     cfg = transformer.config
     vae = _vae(AUTOENCODER_KL, seed, latent_channels=cfg.in_channels // 4)  # Flux packs 2x2 latent patches
-    pipe = FluxPipeline(scheduler=_scheduler(), vae=vae, text_encoder=None, tokenizer=None, text_encoder_2=None,
-                        tokenizer_2=None, transformer=transformer)
+    pipe = FluxPipeline(
+        scheduler=_scheduler(),
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        transformer=transformer,
+    )
     g = _gen(seed + 1)
-    kwargs = dict(prompt_embeds=torch.randn(1, 16, cfg.joint_attention_dim, generator=g),
-                  pooled_prompt_embeds=torch.randn(1, cfg.pooled_projection_dim, generator=g),
-                  height=height, width=width)
+    kwargs = dict(
+        prompt_embeds=torch.randn(1, 16, cfg.joint_attention_dim, generator=g),
+        pooled_prompt_embeds=torch.randn(1, cfg.pooled_projection_dim, generator=g),
+        height=height,
+        width=width,
+    )
     return pipe, kwargs
 
 
@@ -75,17 +86,28 @@ def tiny_sd3(*, layers: int = 2, seed: int = 0, height: int = 32, width: int = 3
 
     transformer = _transformer("sd3", layers, seed)
     cfg = transformer.config
-    pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=_scheduler(shift=3.0),
-                                    vae=_vae(AUTOENCODER_KL, seed, latent_channels=cfg.in_channels),
-                                    text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None,
-                                    text_encoder_3=None, tokenizer_3=None)
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=_scheduler(shift=3.0),
+        vae=_vae(AUTOENCODER_KL, seed, latent_channels=cfg.in_channels),
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
     g = _gen(seed + 1)
     text, pooled = cfg.joint_attention_dim, cfg.pooled_projection_dim
-    kwargs = dict(prompt_embeds=torch.randn(1, 12, text, generator=g),
-                  pooled_prompt_embeds=torch.randn(1, pooled, generator=g),
-                  negative_prompt_embeds=torch.randn(1, 12, text, generator=g),
-                  negative_pooled_prompt_embeds=torch.randn(1, pooled, generator=g),
-                  guidance_scale=3.0, height=height, width=width)
+    kwargs = dict(
+        prompt_embeds=torch.randn(1, 12, text, generator=g),
+        pooled_prompt_embeds=torch.randn(1, pooled, generator=g),
+        negative_prompt_embeds=torch.randn(1, 12, text, generator=g),
+        negative_pooled_prompt_embeds=torch.randn(1, pooled, generator=g),
+        guidance_scale=3.0,
+        height=height,
+        width=width,
+    )
     return pipe, kwargs
 
 
@@ -95,23 +117,43 @@ def tiny_qwen_image(*, layers: int = 2, seed: int = 0, height: int = 32, width: 
 
     transformer = _transformer("qwen-image", layers, seed)
     cfg = transformer.config
-    pipe = QwenImagePipeline(scheduler=_scheduler(), vae=_vae(QWEN_VAE, seed, **_latent_stats(cfg.in_channels // 4)),
-                             text_encoder=None, tokenizer=None, transformer=transformer)
+    pipe = QwenImagePipeline(
+        scheduler=_scheduler(),
+        vae=_vae(QWEN_VAE, seed, **_latent_stats(cfg.in_channels // 4)),
+        text_encoder=None,
+        tokenizer=None,
+        transformer=transformer,
+    )
     g = _gen(seed + 1)
     n = 12  # same length for both prompts: one graph serves the cond and the uncond call
     text = cfg.joint_attention_dim
-    kwargs = dict(prompt_embeds=torch.randn(1, n, text, generator=g),
-                  prompt_embeds_mask=torch.ones(1, n, dtype=torch.long), height=height, width=width)
+    kwargs = dict(
+        prompt_embeds=torch.randn(1, n, text, generator=g),
+        prompt_embeds_mask=torch.ones(1, n, dtype=torch.long),
+        height=height,
+        width=width,
+    )
     if true_cfg:
-        kwargs.update(negative_prompt_embeds=torch.randn(1, n, text, generator=g),
-                      negative_prompt_embeds_mask=torch.ones(1, n, dtype=torch.long), true_cfg_scale=4.0)
+        kwargs.update(
+            negative_prompt_embeds=torch.randn(1, n, text, generator=g),
+            negative_prompt_embeds_mask=torch.ones(1, n, dtype=torch.long),
+            true_cfg_scale=4.0,
+        )
     else:
         kwargs.update(true_cfg_scale=1.0)
     return pipe, kwargs
 
 
-def tiny_wan(*, two_experts: bool = False, boundary_ratio: float = 0.85, layers: int = 2, seed: int = 0,
-             height: int = 32, width: int = 32, num_frames: int = 3):
+def tiny_wan(
+    *,
+    two_experts: bool = False,
+    boundary_ratio: float = 0.85,
+    layers: int = 2,
+    seed: int = 0,
+    height: int = 32,
+    width: int = 32,
+    num_frames: int = 3,
+):
     """WanPipeline (text-to-video; ``num_frames`` odd). ``two_experts`` builds Wan2.2: ``transformer`` for the
     high-noise steps (t >= boundary_ratio * 1000), ``transformer_2`` for the rest (with 5 steps and the
     default 0.85: steps 0-1 and 2-4)."""
@@ -120,13 +162,24 @@ def tiny_wan(*, two_experts: bool = False, boundary_ratio: float = 0.85, layers:
     transformer = _transformer("wan", layers, seed)
     transformer_2 = _transformer("wan", layers, seed + 100) if two_experts else None
     cfg = transformer.config
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=_vae(WAN_VAE, seed, **_latent_stats(cfg.in_channels)),
-                       scheduler=_scheduler(shift=3.0), transformer=transformer, transformer_2=transformer_2,
-                       boundary_ratio=boundary_ratio if two_experts else None)
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=_vae(WAN_VAE, seed, **_latent_stats(cfg.in_channels)),
+        scheduler=_scheduler(shift=3.0),
+        transformer=transformer,
+        transformer_2=transformer_2,
+        boundary_ratio=boundary_ratio if two_experts else None,
+    )
     g = _gen(seed + 1)
-    kwargs = dict(prompt_embeds=torch.randn(1, 12, cfg.text_dim, generator=g),
-                  negative_prompt_embeds=torch.randn(1, 12, cfg.text_dim, generator=g),
-                  guidance_scale=3.0, height=height, width=width, num_frames=num_frames)
+    kwargs = dict(
+        prompt_embeds=torch.randn(1, 12, cfg.text_dim, generator=g),
+        negative_prompt_embeds=torch.randn(1, 12, cfg.text_dim, generator=g),
+        guidance_scale=3.0,
+        height=height,
+        width=width,
+        num_frames=num_frames,
+    )
     return pipe, kwargs
 
 
@@ -142,10 +195,15 @@ def tiny_z_image(*, layers: int = 2, seed: int = 0, height: int = 32, width: int
     transformer = _transformer("z-image", layers, seed)
     cfg = transformer.config
     vae = _vae(AUTOENCODER_KL, seed, latent_channels=cfg.in_channels)
-    pipe = ZImagePipeline(scheduler=_scheduler(shift=3.0), vae=vae, text_encoder=None, tokenizer=None,
-                          transformer=transformer)
+    pipe = ZImagePipeline(
+        scheduler=_scheduler(shift=3.0), vae=vae, text_encoder=None, tokenizer=None, transformer=transformer
+    )
     g = _gen(seed + 1)
-    kwargs = dict(prompt_embeds=[torch.randn(16, cfg.cap_feat_dim, generator=g)],
-                  negative_prompt_embeds=[torch.randn(16, cfg.cap_feat_dim, generator=g)],
-                  guidance_scale=3.0, height=height, width=width)
+    kwargs = dict(
+        prompt_embeds=[torch.randn(16, cfg.cap_feat_dim, generator=g)],
+        negative_prompt_embeds=[torch.randn(16, cfg.cap_feat_dim, generator=g)],
+        guidance_scale=3.0,
+        height=height,
+        width=width,
+    )
     return pipe, kwargs

@@ -1,4 +1,5 @@
 """The one table of tiny models, looked up by name or family alias, and what is built from it."""
+
 from __future__ import annotations
 
 import warnings
@@ -72,12 +73,14 @@ def config(name: str, *, layers: Optional[int] = None) -> dict:
     """The tiny config of `name`; for a family, `layers` sets its layer counts (default: the entry's)."""
     entry = lookup(name)
     if layers is not None and entry.family is None:
-        raise ValueError(f"layers={layers!r} for {name!r}: only a family ({', '.join(FAMILIES)}) has a "
-                         "layer count to set")
+        raise ValueError(
+            f"layers={layers!r} for {name!r}: only a family ({', '.join(FAMILIES)}) has a layer count to set"
+        )
     return config_with_layers(entry, layers)
 
 
 # --- the zoo: every entry, zero-initialised layers made random ---------------------------------
+
 
 def _to_dtype(model: torch.nn.Module, dtype) -> torch.nn.Module:
     """model.to(dtype), keeping the class's `_keep_in_fp32_modules` in float32 as from_pretrained does."""
@@ -95,8 +98,12 @@ def reinit_zero_layers(model: torch.nn.Module) -> None:
     made there. Such layers get their default random initialisation instead."""
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) \
-                and weight is not None and weight.numel() > 1 and not weight.detach().any():
+        if (
+            isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d))
+            and weight is not None
+            and weight.numel() > 1
+            and not weight.detach().any()
+        ):
             module.reset_parameters()
 
 
@@ -158,6 +165,7 @@ def make_inputs(name: str, model, *, seed: int = 0, variant: int = 0, dtype=torc
 
 
 # --- the families: layer counts to choose, weights as diffusers initialises them ---------------
+
 
 def build_tiny_transformer(family: str, *, layers: int = 2, seed: int = 0, dtype=torch.float32):
     """A randomly initialised tiny transformer of `family` (seeded through torch.manual_seed), in eval mode."""

@@ -3,6 +3,7 @@ pipelines load as text_encoder / text_encoder_2 (CLIP, T5), for component-scoped
 
 Sizes are multiples of 16 and at least min_features (32), so every block linear is eligible.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,15 @@ def tiny_t5(seed: int = 0, *, d_model: int = 64, layers: int = 2):
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = tf.T5Config(vocab_size=VOCAB, d_model=d_model, d_kv=d_model // 4, d_ff=2 * d_model, num_layers=layers,
-                      num_heads=4, feed_forward_proj="gated-gelu")
+    cfg = tf.T5Config(
+        vocab_size=VOCAB,
+        d_model=d_model,
+        d_kv=d_model // 4,
+        d_ff=2 * d_model,
+        num_layers=layers,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+    )
     return tf.T5EncoderModel(cfg).eval()
 
 
@@ -27,9 +35,18 @@ def tiny_clip(seed: int = 0, *, hidden: int = 64, layers: int = 2, positions: in
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = tf.CLIPTextConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                            num_attention_heads=4, projection_dim=hidden, max_position_embeddings=positions,
-                            bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    cfg = tf.CLIPTextConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        projection_dim=hidden,
+        max_position_embeddings=positions,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     return tf.CLIPTextModelWithProjection(cfg).eval()
 
 
@@ -39,11 +56,28 @@ def tiny_qwen25_vl(seed: int = 0, *, hidden: int = 64, layers: int = 2):
     import transformers as tf
 
     torch.manual_seed(seed)
-    text = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                rope_scaling={"type": "mrope", "mrope_section": [hidden // 32, hidden // 32, hidden // 16]})
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
-                  fullatt_block_indexes=[0], window_size=16, patch_size=4, spatial_merge_size=2, temporal_patch_size=2)
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_scaling={"type": "mrope", "mrope_section": [hidden // 32, hidden // 32, hidden // 16]},
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=hidden,
+        fullatt_block_indexes=[0],
+        window_size=16,
+        patch_size=4,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+    )
     return tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision)).eval()
 
 

@@ -25,8 +25,9 @@ TINY_MODEL_DIR: Path = Path(__file__).resolve().parent / "weights"
 TINY_MODEL_CONFIG: Path = TINY_MODEL_DIR / "fx_fp8.yaml"
 
 
-def load_tiny_pipeline(torch_dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
-                       ) -> TinyShapesPipeline:
+def load_tiny_pipeline(
+    torch_dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
+) -> TinyShapesPipeline:
     """Loads the shipped tiny pipeline from :data:`TINY_MODEL_DIR` (offline)."""
     pipe = TinyShapesPipeline.from_pretrained(TINY_MODEL_DIR, torch_dtype=torch_dtype, local_files_only=True)
     if device is not None:

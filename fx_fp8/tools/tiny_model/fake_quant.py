@@ -12,6 +12,7 @@ straight through the rounding (``x + (xq - x).detach()``); the float math around
 
 Inference never uses this module: compiled models get real FP8 ops from the passes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -82,8 +83,12 @@ def quantized_linear_names(model: torch.nn.Module, config: FP8Config) -> list[st
     """Names of the nn.Linear modules the FP8 linear pass quantizes W8A8 under `config` (weight-only
     sensitive layers are not simulated: their activations stay unquantized)."""
     qcfg = config.quantization_config
-    return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-            and plan_linear(name, m.in_features, m.out_features, m.weight.dtype, qcfg).w8a8]
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+        and plan_linear(name, m.in_features, m.out_features, m.weight.dtype, qcfg).w8a8
+    ]
 
 
 def _fake_linear_forward(module: torch.nn.Linear, qcfg):
@@ -91,15 +96,20 @@ def _fake_linear_forward(module: torch.nn.Linear, qcfg):
 
     def forward(x):
         if qcfg.activation_granularity != "token" or qcfg.activation_scheme != "dynamic":
-            raise ValueError(f"fake quantization implements dynamic per-token activations, got "
-                             f"{qcfg.activation_scheme!r}/{qcfg.activation_granularity!r}")
+            raise ValueError(
+                f"fake quantization implements dynamic per-token activations, got "
+                f"{qcfg.activation_scheme!r}/{qcfg.activation_granularity!r}"
+            )
         if qcfg.smoothing_alpha is not None:
-            raise ValueError(f"fake quantization does not simulate quantization_config.smoothing_alpha="
-                             f"{qcfg.smoothing_alpha!r} (it needs a calibration): train without it")
+            raise ValueError(
+                f"fake quantization does not simulate quantization_config.smoothing_alpha="
+                f"{qcfg.smoothing_alpha!r} (it needs a calibration): train without it"
+            )
         w = fake_quant_weight(module.weight, recipe)
         xd = fake_quant_rows(x.reshape(-1, x.shape[-1]), recipe.method)
         out = (xd @ w.t()).to(x.dtype).reshape(*x.shape[:-1], w.shape[0])
         return out if module.bias is None else out + module.bias
+
     return forward
 
 
@@ -117,11 +127,20 @@ def fake_fp8(model: torch.nn.Module, config: FP8Config | None = None):
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         # the attention pass's own rules (fx_fp8.quant.rules)
-        reason = attention_call_reason(query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                       enable_gqa=enable_gqa) or short_keys_reason(query, key, acfg)
+        reason = attention_call_reason(
+            query, key, value, attn_mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=enable_gqa
+        ) or short_keys_reason(query, key, acfg)
         if reason is not None:
-            return original_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                 scale=scale, enable_gqa=enable_gqa)
+            return original_sdpa(
+                query,
+                key,
+                value,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         softmax_scale = float(scale) if scale is not None else 1.0 / math.sqrt(query.shape[-1])
         return fake_fp8_attention(query, key, value, attn_mask, softmax_scale, acfg)
 

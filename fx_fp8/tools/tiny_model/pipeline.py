@@ -165,9 +165,15 @@ class TinyShapesPipeline(DiffusionPipeline):
 
                 def predict(embeds, pooled):
                     # self.transformer is looked up per call: a compiled replacement is picked up
-                    return self.transformer(hidden_states=latents, timestep=timestep, pooled_projections=pooled,
-                                            encoder_hidden_states=embeds, txt_ids=txt_ids, img_ids=img_ids,
-                                            return_dict=False)[0]
+                    return self.transformer(
+                        hidden_states=latents,
+                        timestep=timestep,
+                        pooled_projections=pooled,
+                        encoder_hidden_states=embeds,
+                        txt_ids=txt_ids,
+                        img_ids=img_ids,
+                        return_dict=False,
+                    )[0]
 
                 noise_pred = predict(prompt_embeds, pooled_prompt_embeds)
                 if do_cfg:

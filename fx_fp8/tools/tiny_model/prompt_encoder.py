@@ -62,9 +62,7 @@ class TinyPromptEncoder(ModelMixin, ConfigMixin):
                 raise ValueError(f"prompt {p!r} has {len(words)} words; at most {T} are supported")
             for j, w in enumerate(words):
                 if w not in self._word_to_id:
-                    raise ValueError(
-                        f"unknown word {w!r} in prompt {p!r}; vocabulary: {list(self.config.vocab)}"
-                    )
+                    raise ValueError(f"unknown word {w!r} in prompt {p!r}; vocabulary: {list(self.config.vocab)}")
                 ids[b, j] = self._word_to_id[w]
         return ids.to(device) if device is not None else ids
 

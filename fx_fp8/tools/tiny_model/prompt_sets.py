@@ -15,6 +15,7 @@ CONFIRM (``confirm_cases``): 48 more cases apart from both (the remaining prompt
 48 cases because one 32x32 image's PSNR swings by several dB with a few flipped edge
 pixels (std about 7-8 dB per image): the mean of 10 cases has a std of about 2 dB between draws.
 """
+
 from __future__ import annotations
 
 import numpy as np

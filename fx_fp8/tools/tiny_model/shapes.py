@@ -44,9 +44,7 @@ def make_prompt(color: str, shape: str, background: str) -> str:
 
 def all_prompts() -> list[str]:
     """Every prompt of the grammar (6 colours x 4 shapes x 5 backgrounds = 120)."""
-    return [
-        make_prompt(c, s, b) for c in COLOR_NAMES for s in SHAPES for b in COLOR_NAMES if b != c
-    ]
+    return [make_prompt(c, s, b) for c in COLOR_NAMES for s in SHAPES for b in COLOR_NAMES if b != c]
 
 
 def random_triple(rng: np.random.Generator) -> tuple[str, str, str]:
@@ -81,17 +79,21 @@ def parse_prompt(prompt: str) -> tuple[str, str, str]:
         or words[2] not in SHAPES
         or words[5] not in COLORS
     ):
-        raise ValueError(
-            f"prompt {prompt!r} does not follow the grammar {PROMPT_TEMPLATE!r}"
-        )
+        raise ValueError(f"prompt {prompt!r} does not follow the grammar {PROMPT_TEMPLATE!r}")
     color, shape, background = words[1], words[2], words[5]
     if color == background:
         raise ValueError(f"shape color and background color must differ in {prompt!r}")
     return color, shape, background
 
 
-def shape_mask(shape: str, size: int, rng: np.random.Generator | None = None, *, height: int | None = None,
-               width: int | None = None) -> np.ndarray:
+def shape_mask(
+    shape: str,
+    size: int,
+    rng: np.random.Generator | None = None,
+    *,
+    height: int | None = None,
+    width: int | None = None,
+) -> np.ndarray:
     """Boolean mask (H, W) of one randomly placed / sized ``shape``.
 
     ``size`` is used for both sides unless ``height``/``width`` are given.  With
@@ -127,8 +129,9 @@ def shape_mask(shape: str, size: int, rng: np.random.Generator | None = None, *,
     return mask
 
 
-def render_prompt_image(prompt: str, rng: np.random.Generator | None = None, height: int = 32,
-                        width: int = 32) -> np.ndarray:
+def render_prompt_image(
+    prompt: str, rng: np.random.Generator | None = None, height: int = 32, width: int = 32
+) -> np.ndarray:
     """Renders the image a prompt describes: uint8 array (H, W, 3).
 
     ``rng`` (a ``numpy.random.Generator``) jitters position and size; ``None``

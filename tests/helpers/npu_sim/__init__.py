@@ -1,4 +1,5 @@
 """Test-only simulators of torch_npu's and MindIE-SD's op contracts, and their pytest fixtures."""
+
 from __future__ import annotations
 
 import pytest

@@ -29,6 +29,7 @@ from fx_fp8's code (it imports nothing from fx_fp8):
 
 The source of each rule, by rule name: npu_sim/sources.py (checked complete by a test).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,25 +42,79 @@ from collections import Counter
 import torch
 
 from npu_sim.torch_npu_sim import modules_installed
-from npu_sim.torch_npu_sim import (FLOAT8_E8M0FNU, FLOAT4_E2M1FN_X2, HIFLOAT8, FP8, KV_BLOCK, OUT_DTYPES, Q_BLOCK,
-                                   SimulatedContractError, _Checker, _cdiv, _check_block_scale, _p_scale, _rows,
-                                   _softmax_pv, _is_int, INT_MAX)
+from npu_sim.torch_npu_sim import (
+    FLOAT8_E8M0FNU,
+    FLOAT4_E2M1FN_X2,
+    HIFLOAT8,
+    FP8,
+    KV_BLOCK,
+    OUT_DTYPES,
+    Q_BLOCK,
+    SimulatedContractError,
+    _Checker,
+    _cdiv,
+    _check_block_scale,
+    _p_scale,
+    _rows,
+    _softmax_pv,
+    _is_int,
+    INT_MAX,
+)
 
 VERSION = "3.1.0"
 LAYOUTS = ("BNSD", "BSND", "BSH")
 BLOCK_SIZES = (128, 256, 512)
-_DTYPE_KWARGS = ("query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
-                 "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype",
-                 "dequant_scale_key_dtype", "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype")
+_DTYPE_KWARGS = (
+    "query_dtype",
+    "key_dtype",
+    "value_dtype",
+    "query_rope_dtype",
+    "key_rope_dtype",
+    "key_shared_prefix_dtype",
+    "value_shared_prefix_dtype",
+    "dequant_scale_query_dtype",
+    "dequant_scale_key_dtype",
+    "dequant_scale_value_dtype",
+    "dequant_scale_key_rope_dtype",
+)
 _CANN_CODES = {HIFLOAT8: 290, FLOAT8_E8M0FNU: 293, FLOAT4_E2M1FN_X2: 296}
 # torch.ops.mindiesd.fused_infer_attention_score_v2 keyword arguments (the .so's schema)
-_SCHEMA = ("query_rope", "key_rope", "pse_shift", "atten_mask", "actual_seq_qlen", "actual_seq_kvlen", "block_table",
-           "dequant_scale1", "quant_scale1", "dequant_scale2", "dequant_scale_query", "dequant_scale_key",
-           "dequant_offset_key", "dequant_scale_value", "dequant_offset_value", "dequant_scale_key_rope",
-           "quant_scale_out", "quant_offset_out", "learnable_sink", "num_query_heads", "num_key_value_heads",
-           "softmax_scale", "pre_tokens", "next_tokens", "input_layout", "sparse_mode", "block_size",
-           "query_quant_mode", "key_quant_mode", "value_quant_mode", "inner_precise", "return_softmax_lse",
-           *_DTYPE_KWARGS, "out_dtype")
+_SCHEMA = (
+    "query_rope",
+    "key_rope",
+    "pse_shift",
+    "atten_mask",
+    "actual_seq_qlen",
+    "actual_seq_kvlen",
+    "block_table",
+    "dequant_scale1",
+    "quant_scale1",
+    "dequant_scale2",
+    "dequant_scale_query",
+    "dequant_scale_key",
+    "dequant_offset_key",
+    "dequant_scale_value",
+    "dequant_offset_value",
+    "dequant_scale_key_rope",
+    "quant_scale_out",
+    "quant_offset_out",
+    "learnable_sink",
+    "num_query_heads",
+    "num_key_value_heads",
+    "softmax_scale",
+    "pre_tokens",
+    "next_tokens",
+    "input_layout",
+    "sparse_mode",
+    "block_size",
+    "query_quant_mode",
+    "key_quant_mode",
+    "value_quant_mode",
+    "inner_precise",
+    "return_softmax_lse",
+    *_DTYPE_KWARGS,
+    "out_dtype",
+)
 
 
 class ParametersInvalid(SimulatedContractError):
@@ -94,8 +149,11 @@ def make_mindiesd() -> dict:
         if dst_type is None:
             dst_type = torch_npu.float8_e4m3fn
         if len(input_tensor.shape) != 4:
-            raise ParametersInvalid("rank", f"fa block quant preprocess only support qkv quant, dim = 4, "
-                                            f"but got {len(input_tensor.shape)}.", op)
+            raise ParametersInvalid(
+                "rank",
+                f"fa block quant preprocess only support qkv quant, dim = 4, but got {len(input_tensor.shape)}.",
+                op,
+            )
         if block_size not in BLOCK_SIZES:
             raise ParametersInvalid("block-size", f"block_size={block_size}: the docstring supports {BLOCK_SIZES}", op)
         layout = kwargs.get("layout", "BNSD")
@@ -104,8 +162,9 @@ def make_mindiesd() -> dict:
         if layout == "BSND":
             input_tensor = input_tensor.transpose(1, 2)
         # block_quant only supports BNSD; the batch axis is squeezed (batch 1)
-        q, s = torch_npu.npu_dynamic_block_quant(input_tensor.squeeze(0), dst_type=dst_type, row_block_size=block_size,
-                                                 col_block_size=128)
+        q, s = torch_npu.npu_dynamic_block_quant(
+            input_tensor.squeeze(0), dst_type=dst_type, row_block_size=block_size, col_block_size=128
+        )
         top.calls["fa_block_quant_preprocess"] += 1
         return q.unsqueeze(0), s.unsqueeze(0)
 
@@ -135,14 +194,20 @@ def make_mindiesd() -> dict:
             axis = 1 if layout == "BNSD" else 2
             for name, t, want in (("query", query, n_q), ("key", key, eff), ("value", value, eff)):
                 if t.shape[axis] != want:
-                    raise ParametersInvalid("layout-heads", f"The head num of input {name} must be {want} for "
-                                                            f"{layout}, but got {t.shape[axis]}.", op)
+                    raise ParametersInvalid(
+                        "layout-heads",
+                        f"The head num of input {name} must be {want} for {layout}, but got {t.shape[axis]}.",
+                        op,
+                    )
         seq = 2 if layout == "BNSD" else 1
         if key.shape[seq] != value.shape[seq]:
             raise ParametersInvalid("kv-shape", "The sequence length of key/value must be same", op)
         if not query.dtype == key.dtype == value.dtype:
-            raise ParametersInvalid("dtype", f"The dtype of query/key/value must be same, but got "
-                                             f"{query.dtype}/{key.dtype}/{value.dtype}.", op)
+            raise ParametersInvalid(
+                "dtype",
+                f"The dtype of query/key/value must be same, but got {query.dtype}/{key.dtype}/{value.dtype}.",
+                op,
+            )
 
     def _normalize(name, value):
         if name not in _DTYPE_KWARGS:
@@ -153,7 +218,9 @@ def make_mindiesd() -> dict:
 
     def fused_infer_attention_score_v2(query, key, value, **kwargs):
         _validate_fia_inputs(query, key, value, kwargs)
-        normalized = {n: _normalize(n, v) for n, v in kwargs.items() if n != "quant_scale_p"}  # dropped, as MindIE-SD does
+        normalized = {
+            n: _normalize(n, v) for n, v in kwargs.items() if n != "quant_scale_p"
+        }  # dropped, as MindIE-SD does
         return eagle_fused_infer_attention_score_v2(query, key, value, **normalized)
 
     def eagle_fused_infer_attention_score_v2(query, key, value, **kw):
@@ -163,22 +230,55 @@ def make_mindiesd() -> dict:
         unknown = sorted(set(kw) - set(_SCHEMA))
         c.require(not unknown, "unknown-argument", f"{unknown} are not in the op's schema")
         g = {n: kw.get(n) for n in _SCHEMA}
-        defaults = dict(num_query_heads=1, num_key_value_heads=0, softmax_scale=1.0, pre_tokens=INT_MAX,
-                        next_tokens=INT_MAX, input_layout="BSH", sparse_mode=0, block_size=0, query_quant_mode=0,
-                        key_quant_mode=0, value_quant_mode=0, inner_precise=0, return_softmax_lse=False)
+        defaults = dict(
+            num_query_heads=1,
+            num_key_value_heads=0,
+            softmax_scale=1.0,
+            pre_tokens=INT_MAX,
+            next_tokens=INT_MAX,
+            input_layout="BSH",
+            sparse_mode=0,
+            block_size=0,
+            query_quant_mode=0,
+            key_quant_mode=0,
+            value_quant_mode=0,
+            inner_precise=0,
+            return_softmax_lse=False,
+        )
         for n, d in defaults.items():
             if n not in kw:
                 g[n] = d
         torch_npu = _torch_npu()
-        c.require("950" in torch_npu.npu.get_device_name(), "chip",
-                  f"{torch_npu.npu.get_device_name()}: MindIE-SD's fused attention kernel ships for ascend950 only")
-        c.require(query.dtype == FP8 and key.dtype == FP8 and value.dtype == FP8, "qkv-dtype",
-                  f"the per-block FP8 case needs float8_e4m3fn query/key/value, got {query.dtype}/{key.dtype}/{value.dtype}")
+        c.require(
+            "950" in torch_npu.npu.get_device_name(),
+            "chip",
+            f"{torch_npu.npu.get_device_name()}: MindIE-SD's fused attention kernel ships for ascend950 only",
+        )
+        c.require(
+            query.dtype == FP8 and key.dtype == FP8 and value.dtype == FP8,
+            "qkv-dtype",
+            f"the per-block FP8 case needs float8_e4m3fn query/key/value, got {query.dtype}/{key.dtype}/{value.dtype}",
+        )
         modes = (g["query_quant_mode"], g["key_quant_mode"], g["value_quant_mode"])
-        c.require(modes == (7, 7, 7), "quant-mode", f"query/key/value_quant_mode {modes}: the per-block FP8 case is 7/7/7")
-        extras = ("query_rope", "key_rope", "pse_shift", "actual_seq_qlen", "actual_seq_kvlen", "block_table",
-                  "dequant_scale1", "dequant_scale2", "dequant_offset_key", "dequant_offset_value",
-                  "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out", "learnable_sink")
+        c.require(
+            modes == (7, 7, 7), "quant-mode", f"query/key/value_quant_mode {modes}: the per-block FP8 case is 7/7/7"
+        )
+        extras = (
+            "query_rope",
+            "key_rope",
+            "pse_shift",
+            "actual_seq_qlen",
+            "actual_seq_kvlen",
+            "block_table",
+            "dequant_scale1",
+            "dequant_scale2",
+            "dequant_offset_key",
+            "dequant_offset_value",
+            "dequant_scale_key_rope",
+            "quant_scale_out",
+            "quant_offset_out",
+            "learnable_sink",
+        )
         given = sorted(n for n in extras if g[n] is not None)
         c.require(not given, "unsupported-argument", f"{given} are not part of the per-block FP8 case")
         c.require(g["block_size"] == 0, "unsupported-argument", "paged KV is not part of the per-block FP8 case")
@@ -195,19 +295,34 @@ def make_mindiesd() -> dict:
         b, s_q, s_k, d = query.shape[0], query.shape[seq], key.shape[seq], query.shape[3]
         c.require(1 <= d <= 128 and key.shape[3] == d, "head-dim", f"head dim {d}: 1-128, equal for q/k/v")
         c.require(s_q >= 2, "query-length", "query length 1 enters the decode branch")
-        _check_block_scale(c, "dequant_scale_query", g["dequant_scale_query"], (b, n_q, _cdiv(s_q, Q_BLOCK), 1), query.device)
-        _check_block_scale(c, "dequant_scale_key", g["dequant_scale_key"], (b, n_kv, _cdiv(s_k, KV_BLOCK), 1), query.device)
-        _check_block_scale(c, "dequant_scale_value", g["dequant_scale_value"], (b, n_kv, _cdiv(s_k, KV_BLOCK), 1),
-                           query.device)
+        _check_block_scale(
+            c, "dequant_scale_query", g["dequant_scale_query"], (b, n_q, _cdiv(s_q, Q_BLOCK), 1), query.device
+        )
+        _check_block_scale(
+            c, "dequant_scale_key", g["dequant_scale_key"], (b, n_kv, _cdiv(s_k, KV_BLOCK), 1), query.device
+        )
+        _check_block_scale(
+            c, "dequant_scale_value", g["dequant_scale_value"], (b, n_kv, _cdiv(s_k, KV_BLOCK), 1), query.device
+        )
         p_scale = _p_scale(c, g["quant_scale1"], 1.0)
         scale = g["softmax_scale"]
-        c.require(isinstance(scale, float) and math.isfinite(scale) and scale > 0, "softmax-scale",
-                  f"softmax_scale must be a positive float, got {scale!r}")
-        c.require(not (scale == 1.0 and d != 1), "softmax-scale-default", "softmax_scale=1.0 (the default) with head dim > 1")
+        c.require(
+            isinstance(scale, float) and math.isfinite(scale) and scale > 0,
+            "softmax-scale",
+            f"softmax_scale must be a positive float, got {scale!r}",
+        )
+        c.require(
+            not (scale == 1.0 and d != 1), "softmax-scale-default", "softmax_scale=1.0 (the default) with head dim > 1"
+        )
         out_dtype = g["out_dtype"]
-        c.require(out_dtype in OUT_DTYPES, "out-dtype", f"out_dtype {out_dtype!r}: float16 or bfloat16 (required for FP8)")
-        c.require(g["sparse_mode"] == 0 and g["inner_precise"] in (0, 1), "unsupported-argument",
-                  "sparse_mode 0 and inner_precise 0/1 only")
+        c.require(
+            out_dtype in OUT_DTYPES, "out-dtype", f"out_dtype {out_dtype!r}: float16 or bfloat16 (required for FP8)"
+        )
+        c.require(
+            g["sparse_mode"] == 0 and g["inner_precise"] in (0, 1),
+            "unsupported-argument",
+            "sparse_mode 0 and inner_precise 0/1 only",
+        )
         q, k, v = (t.float() for t in (query, key, value))
         if layout == "BSND":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -219,9 +334,14 @@ def make_mindiesd() -> dict:
         if layout == "BSND":
             out = out.transpose(1, 2)
         top.calls["fused_infer_attention_score_v2"] += 1
-        top.last_kwargs["fused_infer_attention_score_v2"] = dict(input_layout=layout, num_query_heads=n_q,
-                                                                 softmax_scale=scale, quant_scale1=p_scale,
-                                                                 out_dtype=out_dtype, head_dim=d)
+        top.last_kwargs["fused_infer_attention_score_v2"] = dict(
+            input_layout=layout,
+            num_query_heads=n_q,
+            softmax_scale=scale,
+            quant_scale1=p_scale,
+            out_dtype=out_dtype,
+            head_dim=d,
+        )
         return out.to(out_dtype).contiguous(), torch.zeros(1, dtype=torch.float32)
 
     def get_npu_device():
@@ -245,15 +365,18 @@ def make_mindiesd() -> dict:
         "mindiesd": top,
         "mindiesd.layers": package("mindiesd.layers"),
         "mindiesd.layers.quant": package("mindiesd.layers.quant"),
-        "mindiesd.layers.quant.block_quant": package("mindiesd.layers.quant.block_quant",
-                                                     fa_block_quant_preprocess=fa_block_quant_preprocess),
+        "mindiesd.layers.quant.block_quant": package(
+            "mindiesd.layers.quant.block_quant", fa_block_quant_preprocess=fa_block_quant_preprocess
+        ),
         "mindiesd.layers.flash_attn": package("mindiesd.layers.flash_attn"),
         "mindiesd.layers.flash_attn.fused_infer_attention_score": package(
             "mindiesd.layers.flash_attn.fused_infer_attention_score",
-            fused_infer_attention_score_v2=fused_infer_attention_score_v2),
+            fused_infer_attention_score_v2=fused_infer_attention_score_v2,
+        ),
         "mindiesd.utils": package("mindiesd.utils", ParametersInvalid=ParametersInvalid),
-        "mindiesd.utils.get_platform": package("mindiesd.utils.get_platform", get_npu_device=get_npu_device,
-                                               is_a5_device=lambda: get_npu_device() == "A5"),
+        "mindiesd.utils.get_platform": package(
+            "mindiesd.utils.get_platform", get_npu_device=get_npu_device, is_a5_device=lambda: get_npu_device() == "A5"
+        ),
     }
     # the attribute chain import machinery and getattr users walk
     for name, mod in modules.items():

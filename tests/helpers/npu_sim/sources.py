@@ -2,6 +2,7 @@
 simulators raise: SimulatedContractError.rule, ParametersInvalid's rule). tests/ops/test_npu_vendor_rules.py
 reads the rule names from the simulators' source and fails on a rule without a source here.
 Where one rule name serves several ops, each op's source is named."""
+
 from __future__ import annotations
 
 # the documents (stored copies: the search tool; summaries: /work/shared/reference/torch_npu.md)
@@ -16,9 +17,11 @@ BLOCK_Q = "CANN ops-nn quant/dynamic_block_quant/docs/aclnnDynamicBlockQuant.md;
 MX_Q = "CANN ops-nn aclnnDynamicMxQuant.md"
 SD_WRAPPER = "MindIE-SD 3.1.0 mindiesd/layers/flash_attn/fused_infer_attention_score.py (_validate_fia_inputs)"
 SD_BLOCK_Q = "MindIE-SD 3.1.0 mindiesd/layers/quant/block_quant.py (fa_block_quant_preprocess)"
-SD_KERNEL = ("MindIE-SD 3.1.0 torch.ops.mindiesd.fused_infer_attention_score_v2 (schema: plugin/torch213/"
-             "libPTAExtensionOPS.so; ascend950 only: op_impl ops-info.json), called as mindiesd/quantization/"
-             "layer.py FP8RotateQuantFA calls it: CANN's per-block case of " + FIA_V5)
+SD_KERNEL = (
+    "MindIE-SD 3.1.0 torch.ops.mindiesd.fused_infer_attention_score_v2 (schema: plugin/torch213/"
+    "libPTAExtensionOPS.so; ascend950 only: op_impl ops-info.json), called as mindiesd/quantization/"
+    "layer.py FP8RotateQuantFA calls it: CANN's per-block case of " + FIA_V5
+)
 SCOPE = "not a vendor rule: the simulator's scope (what fx_fp8 never calls is refused, not guessed)"
 
 TORCH_NPU = {
@@ -84,7 +87,7 @@ MINDIESD = {
     "dtype": f"{SD_WRAPPER}: 'The dtype of query/key/value must be same'",
     "head-dim": f"{SD_KERNEL}: head dim 1-128",
     "heads": f"{SD_WRAPPER}: num_query_heads an int > 0, num_key_value_heads an int >= 0 dividing it; "
-             f"{SD_KERNEL}: N <= 256, G <= 64",
+    f"{SD_KERNEL}: N <= 256, G <= 64",
     "kv-shape": f"{SD_WRAPPER}: 'The sequence length of key/value must be same'",
     "layout": f"{SD_WRAPPER}: input_layout in BNSD/BSND/BSH; {SD_BLOCK_Q}: layout BNSD or BSND; {SD_KERNEL}",
     "layout-heads": f"{SD_WRAPPER}: 'The head num of input ... must be ...'",

@@ -21,13 +21,14 @@ Sources (stored copies read through the search tool; /work/shared/reference/torc
   per-block case as quoted there: fp32 dequant scales [B, N, ceil(S / block), 1], head dim <= 128,
   no mask, no softmax_lse, P scale within [1, 448] (e4m3's largest value).
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
-E4M3_MAX = 448.0            # float8_e4m3fn's largest finite value (OCP FP8 spec)
+E4M3_MAX = 448.0  # float8_e4m3fn's largest finite value (OCP FP8 spec)
 INT8_MAX = 127.0
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -39,15 +40,16 @@ BLOCK_QUANT_RULES = {
     "dst-type": "[BQ-TORCH] dst_type 1 = int8; [BQ-ACLNN] 950: INT8, HIFLOAT8, FLOAT8_E5M2, FLOAT8_E4M3FN",
     "chip": "[BQ-ACLNN] A2/A3: dstType INT8 only (FP8 output is Ascend 950 only)",
     "block-size": "[BQ-ACLNN] rowBlockSize 1, 64, 128, 256, 512; colBlockSize 64, 128, 192, 256; "
-                  "A2/A3: rowBlockSize 1, colBlockSize 128 only",
+    "A2/A3: rowBlockSize 1, colBlockSize 128 only",
     "round-mode": "[BQ-ACLNN] INT8 / FLOAT8 outputs: round mode rint",
 }
 ROW_BLOCKS_950, COL_BLOCKS_950 = (1, 64, 128, 256, 512), (64, 128, 192, 256)
 ROW_BLOCKS_A2, COL_BLOCKS_A2 = (1,), (128,)
 
 
-def block_quant_violations(shape, dtype, *, fp8_output: bool, chip_950: bool, row_block: int, col_block: int,
-                           round_mode: str = "rint") -> set:
+def block_quant_violations(
+    shape, dtype, *, fp8_output: bool, chip_950: bool, row_block: int, col_block: int, round_mode: str = "rint"
+) -> set:
     """The rules of BLOCK_QUANT_RULES an npu_dynamic_block_quant call breaks."""
     out = set()
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -78,12 +80,13 @@ def block_quant(x: torch.Tensor, *, row_block: int, col_block: int, fp8_output: 
     for i in range(b):
         for r in range(mb):
             for c in range(nb):
-                block = xs[i, r * row_block:(r + 1) * row_block, c * col_block:(c + 1) * col_block]
+                block = xs[i, r * row_block : (r + 1) * row_block, c * col_block : (c + 1) * col_block]
                 s = float(block.abs().max()) / top
                 scale[i, r, c] = s
                 q = block / s if s > 0 else block * 0
-                y[i, r * row_block:(r + 1) * row_block, c * col_block:(c + 1) * col_block] = (
-                    q if fp8_output else torch.round(q).clamp(-INT8_MAX, INT8_MAX))
+                y[i, r * row_block : (r + 1) * row_block, c * col_block : (c + 1) * col_block] = (
+                    q if fp8_output else torch.round(q).clamp(-INT8_MAX, INT8_MAX)
+                )
     y = y.to(torch.float8_e4m3fn) if fp8_output else y.to(torch.int8)
     return (y, scale) if batched else (y[0], scale[0])
 
@@ -95,7 +98,7 @@ FIA_RULES = {
     "layout": "[SD] BNSD (BSND the transposed form)",
     "head-dim": "[FIA] head dim <= 128, equal for query and key",
     "dequant-scale": "[SD] + [FIA] fp32 scales [B, N, ceil(S / 128), 1] for Q and [B, N_kv, ceil(S / 256), 1] "
-                     "for K and V",
+    "for K and V",
     "p-scale": "[FIA] the P scale: an fp32 scalar within [1, 448]",
     "mask": "[FIA] the per-block case takes no attention mask",
     "lse": "[FIA] the per-block case returns no softmax_lse",
@@ -122,15 +125,22 @@ def fia_block_violations(query, key, value, kw: dict, *, p_scale_arg: str = "qua
     n_kv, s_k = key.shape[heads], key.shape[seq]
     if not (1 <= d <= 128 and key.shape[3] == d):
         out.add("head-dim")
-    for name, rows, n, s in (("dequant_scale_query", Q_ROWS, n_q, s_q), ("dequant_scale_key", KV_ROWS, n_kv, s_k),
-                             ("dequant_scale_value", KV_ROWS, n_kv, s_k)):
+    for name, rows, n, s in (
+        ("dequant_scale_query", Q_ROWS, n_q, s_q),
+        ("dequant_scale_key", KV_ROWS, n_kv, s_k),
+        ("dequant_scale_value", KV_ROWS, n_kv, s_k),
+    ):
         t = kw.get(name)
-        if not (isinstance(t, torch.Tensor) and t.dtype == torch.float32
-                and tuple(t.shape) == (b, n, math.ceil(s / rows), 1)):
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype == torch.float32
+            and tuple(t.shape) == (b, n, math.ceil(s / rows), 1)
+        ):
             out.add("dequant-scale")
     p = kw.get(p_scale_arg)
-    if not (isinstance(p, torch.Tensor) and p.dtype == torch.float32 and p.numel() == 1
-            and 1.0 <= float(p) <= E4M3_MAX):
+    if not (
+        isinstance(p, torch.Tensor) and p.dtype == torch.float32 and p.numel() == 1 and 1.0 <= float(p) <= E4M3_MAX
+    ):
         out.add("p-scale")
     if kw.get("atten_mask") is not None:
         out.add("mask")
