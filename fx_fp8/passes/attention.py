@@ -70,7 +70,9 @@ class FP8AttentionPass(FXPass):
     def _native_reason(self, node, form: AttentionForm, args: dict, module: str, users) -> Optional[str]:
         """Why this node stays native, ending with what the user can set to change it (or that nothing can)."""
         if not self.on:
-            return remedies.attention_off(self.inputs.config.diffusion_kv_cache_dtype)
+            resolver = self.inputs.resolver
+            model = resolver.model() if resolver is not None else None
+            return remedies.attention_off(self.inputs.config.diffusion_kv_cache_dtype, model)
         if form.returns_tuple:
             if users is None or set(users) - {0, 1}:
                 return (

@@ -15,11 +15,22 @@ _NAMES_A_SETTING = re.compile(r"\bset \w|\battention\.\w+: \w|\brun the model\b"
 
 NOTHING_TO_SET = "nothing to set: the FP8 kernels cannot take this call, it stays native"
 
+#: set (True) on a module compile_pipeline compiles for its linears only (a text encoder of a
+#: component map): its attention stays native by design, and no setting changes that
+LINEARS_ONLY_ATTR = "_fx_fp8_linears_only"
+LINEARS_ONLY_ATTENTION = (
+    "attention native (text encoders: linears only): compile_pipeline quantizes a text "
+    "encoder's linears, never its attention; nothing to set"
+)
 
-def attention_off(kv_cache_dtype) -> str:
+
+def attention_off(kv_cache_dtype, model=None) -> str:
     """Attention native because the config does not ask for FP8 attention. A config that names only
     linear keys (quantization, quantization_config, ignored_layers) leaves diffusion_kv_cache_dtype
-    unset, so the user may never have written the key the report names."""
+    unset, so the user may never have written the key the report names. `model` (the compiled
+    model, when known) marked LINEARS_ONLY_ATTR: no key to name."""
+    if model is not None and getattr(model, LINEARS_ONLY_ATTR, False):
+        return LINEARS_ONLY_ATTENTION
     if kv_cache_dtype == "auto":
         return (
             "attention not requested (diffusion_kv_cache_dtype: auto means the model's own attention): "

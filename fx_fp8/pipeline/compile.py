@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from fx_fp8.passes.attention_remedies import LINEARS_ONLY_ATTR
 from fx_fp8.pipeline.apply_options import apply_pipeline_options, compile_regions, has_diffusers_hooks
 from fx_fp8.pipeline.offload import check_weights_readable, reapply_group_offload
 from fx_fp8.pipeline.plan import PipelinePlan, plan_pipeline
@@ -186,6 +187,8 @@ def _compile_others(
             state.prepared[name] = prepare_model(module, cfg)
             if keep_weights:
                 state.kept_linears[name] = {n: linears[n].to("cpu") for n in state.prepared[name]["quantized"]}
+        # its attention stays native by design: the report says so, not which key would change it
+        setattr(module, LINEARS_ONLY_ATTR, True)
         state.compiled[name] = torch.compile(
             module, backend=backend, options={**options, "config": cfg}, **compile_kwargs
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from fx_fp8.passes.attention_remedies import LINEARS_ONLY_ATTR
 from fx_fp8.pipeline.apply_options import undo_pipeline_options
 from fx_fp8.pipeline.offload import reapply_group_offload
 from fx_fp8.pipeline.state import STATE_ATTR, pipeline_state
@@ -72,6 +73,7 @@ def restore_pipeline(pipe, *, linears: str = "original"):
         if put_back.get(attr):
             reapply_group_offload(original)
         release_quantized_copies(original)
+        original.__dict__.pop(LINEARS_ONLY_ATTR, None)  # set on a component compiled for its linears only
         _uncompile_blocks(original)  # regional=True compiled its blocks in place
         setattr(pipe, attr, original)
     remove_scheduler_hook(state)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch.nn as nn
 
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
+from fx_fp8.passes.attention_remedies import LINEARS_ONLY_ATTENTION
 from fx_fp8.pipeline.state import STATE_ATTR, TRANSFORMER_ATTRS
 from fx_fp8.quant.quantized_linear import QuantizedLinear, reachable_tensor_bytes
 from fx_fp8.quant.rules import is_plain_linear
@@ -29,7 +30,6 @@ from fx_fp8.report import ModelRecord
 
 #: native reasons shown per component
 TOP_REASONS = 3
-#: the attention reason of a component compiled for its linears only (compile_pipeline's text encoders)
 LINEARS_ONLY_ATTENTION = (
     "attention native (text encoders: linears only): compile_pipeline quantizes a text "
     "encoder's linears, never its attention; nothing to set"

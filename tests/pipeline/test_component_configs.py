@@ -83,8 +83,10 @@ def test_keep_weights_puts_the_text_encoder_linears_back():
         fx_fp8.compile_pipeline(pipe, quantization={"text_encoder": "fp8"}, keep_weights=True)
     assert isinstance(clip.text_model.encoder.layers[0].self_attn.q_proj, QuantizedLinear)
     assert "transformer" in fx_fp8.pipeline_state(pipe).compiled  # its attention, native linears (not named)
+    assert clip._fx_fp8_linears_only  # its report names no key for its attention (attention_remedies)
     fx_fp8.restore_pipeline(pipe)
     assert pipe.text_encoder is clip and type(clip.text_model.encoder.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert not hasattr(clip, "_fx_fp8_linears_only")
     assert torch.equal(clip.text_model.encoder.layers[0].self_attn.q_proj.weight, q.weight)
 
 
@@ -117,9 +119,9 @@ SAYS_WHAT_TO_SET = ("nothing to set", "no setting changes it", "quantization_con
 
 def test_summary_rows_of_text_encoders_say_their_attention_is_never_quantized():
     """A text encoder's attention is native by design (component maps compile its linears only): its
-    summary row says so, instead of the attention pass's "set diffusion_kv_cache_dtype", which would
-    not reach it; every other reason names what to set, or that nothing can be set."""
-    from fx_fp8.pipeline.summary import LINEARS_ONLY_ATTENTION
+    report and summary row say so, instead of the attention pass's "set diffusion_kv_cache_dtype",
+    which would not reach it; every other reason names what to set, or that nothing can be set."""
+    from fx_fp8.passes.attention_remedies import LINEARS_ONLY_ATTENTION
     from fx_fp8.tools.model_zoo.text_encoders import tiny_qwen25_vl
 
     pipe, _ = tiny_flux()
@@ -143,3 +145,7 @@ def test_summary_rows_of_text_encoders_say_their_attention_is_never_quantized():
     assert len(reasons) == 2  # not vacuous: the attention and wo reasons
     assert all(any(s in r for s in SAYS_WHAT_TO_SET) for r in reasons), reasons
     assert "nothing to set" in str(fx_fp8.summary(pipe))
+    # the per-node report says it at the source, not only the summary
+    for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+        attention = [e for rep in fx_fp8.get_reports(encoder) for e in rep.entries if e.op == "attention"]
+        assert attention and {e.reason for e in attention} == {LINEARS_ONLY_ATTENTION}
