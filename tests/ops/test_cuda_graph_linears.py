@@ -11,12 +11,11 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.compile import downstream
 from fx_fp8.config.fp8_config import FP8Config
-from fx_fp8.ops import cuda as cuda_mod
 from fx_fp8.ops import quant
 from fx_fp8.ops.cuda_graph_gemms import blockwise_gemm, rowwise_gemm, tensorwise_gemm
 from fx_fp8.quant.weight_feeds import STATIC_INPUT, Fed
+from cuda_on_cpu import cuda_on_cpu as patch_cuda_on_cpu
 from graph_capture import Capture, compile_stored
 
 SCALED_MM = torch.ops.aten._scaled_mm.default
@@ -37,17 +36,7 @@ class ThreeLinears(nn.Module):
 def cuda_on_cpu(monkeypatch):
     """The CUDA lowering's compile-time decisions on CPU tensors of an sm90 GPU, and the graph
     it hands downstream kept instead of compiled."""
-    monkeypatch.setattr(cuda_mod, "capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(cuda_mod.CudaLowering, "linear_reason", lambda self, x, w, q: None)
-    monkeypatch.setattr(cuda_mod.CudaLowering, "weight_only", lambda self, w, q: None)
-    kept = []
-
-    def keep(name, gm, example_inputs, mode, inductor_options=None):
-        kept.append((gm, list(example_inputs)))
-        return gm.forward
-
-    monkeypatch.setattr(downstream, "compile_downstream", keep)
-    return kept
+    return patch_cuda_on_cpu(monkeypatch)
 
 
 def _rewritten(model, x, kept, **config):

@@ -14,10 +14,10 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.compile import downstream
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.ops import cuda as cuda_mod
 from fx_fp8.ops import cuda_graph_gemms
+from cuda_on_cpu import cuda_on_cpu as patch_cuda_on_cpu
 from graph_capture import Capture, compile_stored
 from scaled_mm_contract import ScaledMM, ScaledMMContractError, run_with_stand_in
 
@@ -40,17 +40,7 @@ class BiasAndNoBias(nn.Module):
 def cuda_on_cpu(monkeypatch):
     """The CUDA lowering's compile-time decisions for an sm90 GPU on CPU tensors; the graph it hands
     downstream kept, not compiled."""
-    monkeypatch.setattr(cuda_mod, "capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(cuda_mod.CudaLowering, "linear_reason", lambda self, x, w, q: None)
-    monkeypatch.setattr(cuda_mod.CudaLowering, "weight_only", lambda self, w, q: None)
-    kept = []
-
-    def keep(name, gm, example_inputs, mode, inductor_options=None):
-        kept.append((gm, list(example_inputs)))
-        return gm.forward
-
-    monkeypatch.setattr(downstream, "compile_downstream", keep)
-    return kept
+    return patch_cuda_on_cpu(monkeypatch)
 
 
 def _config(weights: str, acts: str, fast_accum: bool, tmp_path, model, x) -> dict:

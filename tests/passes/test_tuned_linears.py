@@ -12,14 +12,13 @@ import torch
 import torch.nn as nn
 
 import fx_fp8
-from fx_fp8.compile import downstream
 from fx_fp8.config.fp8_config import FP8Config
 from fx_fp8.graph.forms import LINEAR_TARGETS
-from fx_fp8.ops import cuda as cuda_mod
 from fx_fp8.ops import tune_table
 from fx_fp8.quant import prepare
 from fx_fp8.quant.layer_quantize import TABLE_NOT_APPLIED, layer_plan
 from fx_fp8.quant.quantized_linear import QuantizedLinear
+from cuda_on_cpu import cuda_on_cpu as patch_cuda_on_cpu
 from graph_capture import Capture, compile_stored
 
 SCALED_MM = torch.ops.aten._scaled_mm.default
@@ -40,17 +39,7 @@ class ThreeShapes(nn.Module):
 @pytest.fixture
 def cuda_on_cpu(monkeypatch):
     """The CUDA lowering's compile-time decisions on CPU tensors; the graph it hands downstream kept."""
-    monkeypatch.setattr(cuda_mod, "capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(cuda_mod.CudaLowering, "linear_reason", lambda self, x, w, q: None)
-    monkeypatch.setattr(cuda_mod.CudaLowering, "weight_only", lambda self, w, q: None)
-    kept = []
-
-    def keep(name, gm, example_inputs, mode, inductor_options=None):
-        kept.append(gm)
-        return gm.forward
-
-    monkeypatch.setattr(downstream, "compile_downstream", keep)
-    return kept
+    return patch_cuda_on_cpu(monkeypatch)
 
 
 def row(k, n, native, fp8, weight_only=9.0):
@@ -92,7 +81,7 @@ def compiled_graph(kept, prepare=False, model=None, **qc):
     gm, inputs = cap.graphs[0]
     cfg = FP8Config.from_kwargs(quantization="fp8", quantization_config={"min_features": 16, **qc})
     _, report = compile_stored(gm, inputs, cfg, lowering="cuda")
-    return kept[-1], report
+    return kept[-1][0], report
 
 
 def count(gm, targets) -> int:
