@@ -127,6 +127,22 @@ def toy_inputs(batch=1, side=8, timestep=True, seed=0):
     return kw
 
 
+class ToyPipe:
+    """A denoising loop around a toy transformer (built by `make` after seeding 0): `steps` calls on
+    toy_inputs, each followed by ToyScheduler.step; what compile_pipeline wraps."""
+
+    def __init__(self, make=None):
+        torch.manual_seed(0)
+        self.transformer = (make or ToyDiT)().eval()
+        self.scheduler = ToyScheduler()
+
+    def __call__(self, steps=2):
+        kw = toy_inputs()
+        for i in range(steps):
+            kw["x"] = self.scheduler.step(self.transformer(**kw), i, kw["x"])
+        return kw["x"]
+
+
 # -- regional compilation: the toy DiT with more blocks, each compiled on its own ---------------------
 BLOCKS = 6
 

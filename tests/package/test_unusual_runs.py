@@ -23,7 +23,7 @@ from fx_fp8.graph.sensitive import sensitive_linear_names
 from checks import FIN, MOD, TC, big_enough, decisions
 from cli_runs import cli, no_work, one_error_line, strict_json  # noqa: F401 (no_work: a fixture)
 from graph_capture import run_pass
-from toy_models import ToyDiT, ToyScheduler, TwoLinears, toy_inputs
+from toy_models import ToyDiT, ToyPipe, TwoLinears
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,21 +64,9 @@ class RegionalToy(ToyDiT):
                 module.compile(*args, **kwargs)
 
 
-class _ToyPipe:
-    def __init__(self):
-        torch.manual_seed(0)
-        self.transformer, self.scheduler = RegionalToy().eval(), ToyScheduler()
-
-    def __call__(self, steps=2):
-        kw = toy_inputs()
-        for i in range(steps):
-            kw["x"] = self.scheduler.step(self.transformer(**kw), i, kw["x"])
-        return kw["x"]
-
-
 def test_regional_compile_pipeline_with_prepare_returns_and_records_only_the_runs_calls():
     def compile_and_run():
-        pipe = fx_fp8.compile_pipeline(_ToyPipe(), regional=True, quantization="fp8")
+        pipe = fx_fp8.compile_pipeline(ToyPipe(RegionalToy), regional=True, quantization="fp8")
         with torch.no_grad():
             pipe()
         return pipe

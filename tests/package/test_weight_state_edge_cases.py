@@ -15,7 +15,7 @@ import fx_fp8.quant.prepare as prepare_module
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from fx_fp8.tools.model_zoo.registry import build_tiny_transformer, example_inputs, output_tensor
 
-from toy_models import ToyDiT, ToyScheduler, toy_inputs
+from toy_models import ToyPipe
 
 REF = {"lowering": "reference", "downstream": "eager"}  # the rewritten graph runs as it is: no Inductor
 
@@ -166,18 +166,6 @@ def test_from_pretrained_with_diffusers_config_under_inference_mode(flux_folder)
     with torch.no_grad():
         out_outside = output_tensor(torch.compile(outside, backend="fp8", options=REF)(**kw))
     assert torch.equal(out_inside, out_outside)
-
-
-class ToyPipe:
-    def __init__(self):
-        torch.manual_seed(0)
-        self.transformer, self.scheduler = ToyDiT().eval(), ToyScheduler()
-
-    def __call__(self, steps=2):
-        kw = toy_inputs()
-        for i in range(steps):
-            kw["x"] = self.scheduler.step(self.transformer(**kw), i, kw["x"])
-        return kw["x"]
 
 
 @pytest.mark.parametrize("prepare", [True, False])
