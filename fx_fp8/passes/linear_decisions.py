@@ -21,10 +21,10 @@ from fx_fp8.graph.shapes import shape_str, token_count
 from fx_fp8.ops import tune_table
 from fx_fp8.ops.formats import FLOAT_DTYPES, WEIGHT_ONLY
 from fx_fp8.passes.base import WEIGHT_ORIGIN, NotReusable
-from fx_fp8.quant.keep_fp32 import model_keep_reason
+from fx_fp8.quant.keep_fp32 import model_keep_reason, model_sensitive_reason
 from fx_fp8.quant.linear_plan import QUANTIZATION_OFF, LinearPlan, native, plan_linear
 from fx_fp8.quant.recipe import Smoothing, recipe
-from fx_fp8.quant.rules import TextEncoderSensitive, sensitive_reason
+from fx_fp8.quant.rules import sensitive_reason
 from fx_fp8.quant.tuned_plan import tuned_plan
 from fx_fp8.quant.weight_actions import SmoothingAction, WeightAction
 from fx_fp8.report import dims_of
@@ -167,7 +167,8 @@ class LinearDecisions:
             if w is not None and w.dim() == 2
             else None
         )
-        keep = model_keep_reason(fc.resolver.model() if fc.resolver is not None else None, module)
+        model = fc.resolver.model() if fc.resolver is not None else None
+        keep = model_keep_reason(model, module), model_sensitive_reason(model, module)
         return ("linear", first_match(qcfg.ignored_layers, module), plan and (plan.kind, plan.reason), real, keep)
 
     def decide(self, gm, node) -> Optional[Linear]:
@@ -219,6 +220,15 @@ class LinearDecisions:
             why=plan.reason or "",
         )
 
+    def model(self):
+        """The compiled model (None when the resolver does not know it)."""
+        return self.inputs.resolver.model() if self.inputs.resolver is not None else None
+
+    def sensitive_here(self, node, module: str) -> Optional[str]:
+        """Why this linear is sensitive: a transformers text encoder's lm_head / vision tower
+        (fx_fp8/quant/keep_fp32.py), else the graph's structural reason."""
+        return model_sensitive_reason(self.model(), module) or self.sensitive_of(node)
+
     def plan(self, node, args, module, x, w, real_w) -> LinearPlan:
         """The linear's plan, after what only the graph can say (its values, its weight as an input)."""
         if not self.on:
@@ -229,10 +239,8 @@ class LinearDecisions:
             return native(f"weight of rank {w.dim()}")
         # a transformers model's _keep_in_fp32_modules (T5's wo casts its input to its weight's dtype): native,
         # as prepare_model keeps it (a compile-time FP8 copy would disagree with the prepared model)
-        keep = model_keep_reason(self.inputs.resolver.model() if self.inputs.resolver is not None else None, module)
-        sensitive = self.sensitive_of(node)
-        if isinstance(keep, TextEncoderSensitive):  # a text encoder's sensitive part: the sensitive setting decides
-            sensitive, keep = keep, None
+        keep = model_keep_reason(self.model(), module)
+        sensitive = self.sensitive_here(node, module)
         graph_reason = None
         if keep is not None:
             graph_reason = keep
@@ -287,7 +295,9 @@ class LinearDecisions:
         q = self.qcfg
         smoothed = args["input_smoothing"] is not None
         prepared_wo = act == WEIGHT_ONLY
-        why = self.sensitive_of(node)  # prepare_model without example inputs decides by name; the graph knows better
+        why = self.sensitive_here(
+            node, module
+        )  # prepare_model without example inputs decides by name; the graph knows better
         has_bias, lowering = args["bias"] is not None, self.inputs.lowering.name
         tuned_wo = None  # a weight-only layer that is not sensitive: the tune table's pick prepare_model followed
         if prepared_wo and self.on and WEIGHT_ORIGIN not in node.meta and sensitive_reason(module, why) is None:

@@ -7,10 +7,10 @@ backend runs them native (a compile-time FP8 copy would disagree with the prepar
 a reason that names the attribute. Names are matched as transformers matches them: whole dotted
 components of the module path (fx_fp8.config.patterns' plain names).
 
-The same two functions carry a text encoder's sensitive parts (its lm_head and vision tower:
-fx_fp8.quant.rules.TEXT_ENCODER_SENSITIVE_PATTERNS), which only a transformers model has: their
-reason is a TextEncoderSensitive, which plan_linear reads as a sensitive layer's (so
-quantization_config.sensitive decides: weight-only by default).
+A transformers text encoder's sensitive parts (its lm_head and vision tower:
+fx_fp8.quant.rules.TEXT_ENCODER_SENSITIVE_PATTERNS) are named here too (`model_sensitive_reason`),
+for the same reason: only a transformers model has them. Their reason is passed as a sensitive
+layer's, so quantization_config.sensitive decides them (weight-only by default).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Optional
 import torch.nn as nn
 
 from fx_fp8.config.patterns import first_match
-from fx_fp8.quant.rules import TEXT_ENCODER_SENSITIVE_PATTERNS, text_encoder_sensitive_reason
+from fx_fp8.quant.rules import text_encoder_sensitive_reason
 
 #: the transformers attributes read (the strict one upcasts bf16 too; both mean "keep this precision")
 KEEP_ATTRS = ("_keep_in_fp32_modules", "_keep_in_fp32_modules_strict")
@@ -34,8 +34,7 @@ def is_transformers_model(model) -> bool:
 
 
 def keep_in_fp32_names(model: nn.Module) -> tuple[str, ...]:
-    """The module names a transformers model keeps in float32, then the text-encoder patterns
-    (TEXT_ENCODER_SENSITIVE_PATTERNS). Only transformers models: diffusers' attribute of the same name
+    """The module names a transformers model keeps in float32. Only transformers models: diffusers' attribute of the same name
     only says which weights to load in float32 under float16 (Wan's time_embedder), and the DiT
     rules already decide those layers (sensitive: weight-only)."""
     if not is_transformers_model(model):
@@ -44,16 +43,14 @@ def keep_in_fp32_names(model: nn.Module) -> tuple[str, ...]:
     for attr in KEEP_ATTRS:
         value = getattr(model, attr, None) or ()
         names += [n for n in (sorted(value) if isinstance(value, set) else value) if isinstance(n, str) and n]
-    return tuple(dict.fromkeys([*names, *TEXT_ENCODER_SENSITIVE_PATTERNS]))
+    return tuple(dict.fromkeys(names))
 
 
 def keep_in_fp32_reason(keep: tuple[str, ...], name: str, model_cls: str) -> Optional[str]:
-    """Why the linear `name` stays native under keep_in_fp32_names' list `keep`, or None."""
+    """Why the linear `name` stays native under the model's keep-in-float32 list `keep`, or None."""
     hit = first_match(keep, name) if keep else None
     if hit is None:
         return None
-    if hit in TEXT_ENCODER_SENSITIVE_PATTERNS and first_match(keep[: keep.index(hit)], name) is None:
-        return text_encoder_sensitive_reason(name, model_cls)
     return (
         f"{model_cls}._keep_in_fp32_modules names {hit!r}: the model's code relies on this layer's weight dtype "
         "(transformers keeps it in float32), kept native (no setting changes it)"
@@ -65,3 +62,11 @@ def model_keep_reason(model, name: str) -> Optional[str]:
     if model is None:
         return None
     return keep_in_fp32_reason(keep_in_fp32_names(model), name, type(model).__name__)
+
+
+def model_sensitive_reason(model, name: str) -> Optional[str]:
+    """Why the linear `name` of `model` is a transformers text encoder's sensitive part (its lm_head,
+    its vision tower), or None (no model, not a transformers model, another layer)."""
+    if model is None or not is_transformers_model(model):
+        return None
+    return text_encoder_sensitive_reason(name, type(model).__name__)

@@ -31,7 +31,7 @@ from fx_fp8.quant.linear_scales import (
     step_scale_table,
 )
 from fx_fp8.quant.recipe import WeightRecipe
-from fx_fp8.quant.rules import TextEncoderSensitive, sensitive_reason
+from fx_fp8.quant.rules import sensitive_reason
 
 #: the kinds of a plan besides the W8A8 methods (fp8, int8)
 NATIVE, WEIGHT_ONLY_KIND = "native", "weight_only"
@@ -180,8 +180,7 @@ def plan_linear(
     `sensitive`: the structural reason the graph found (else the name patterns decide);
     `graph_reason`: why the graph or the model cannot give this linear what a quantized one needs
     (its input dtype, a weight that is no graph input, a transformers model's _keep_in_fp32_modules:
-    fx_fp8/quant/keep_fp32.py; a TextEncoderSensitive one, a text encoder's lm_head or vision tower,
-    is read as `sensitive`), None when they can; `calibration`: checked to hold
+    fx_fp8/quant/keep_fp32.py), None when they can; `calibration`: checked to hold
     this layer (static scales, channel maxima), and the source of its static scale; `lowering`:
     the lowering that runs it (weight-only storage follows it); `values` ((x, w) fake values):
     the lowering is asked whether it runs them (about `lowering_config`, default `qcfg`), and
@@ -190,8 +189,6 @@ def plan_linear(
     """
     if not enabled:
         return native(QUANTIZATION_OFF)
-    if isinstance(graph_reason, TextEncoderSensitive):  # a text encoder's lm_head / vision tower: a sensitive
-        sensitive, graph_reason = graph_reason, None  # layer, which quantization_config.sensitive decides
     why = sensitive_reason(name, sensitive) if qcfg.sensitive != "fp8" else None
     reason = _rule_reason(name, in_features, out_features, dtype, qcfg, why) or graph_reason
     if reason is not None:

@@ -22,7 +22,7 @@ from fx_fp8.config.patterns import warn_unmatched_patterns
 from fx_fp8.graph.dynamo_internals import unwrap_compiled
 from fx_fp8.graph.sensitive import trace_linears
 from fx_fp8.ops.lowering import get_lowering, resolve_lowering_name
-from fx_fp8.quant.keep_fp32 import keep_in_fp32_names, keep_in_fp32_reason
+from fx_fp8.quant.keep_fp32 import keep_in_fp32_names, keep_in_fp32_reason, model_sensitive_reason
 from fx_fp8.quant.linear_plan import Calibration, plan_linear
 from fx_fp8.quant.linear_scales import check_scales_match, smoothed_static_scale
 from fx_fp8.quant.module_swap import replace_module
@@ -165,13 +165,14 @@ def _plan_layers(
     for name, module in progress.bar(linears, desc="fx_fp8: quantizing linears"):  # a bar on a terminal
         w = module.weight
         lowering = get_lowering(resolve_lowering_name(cfg.lowering, w.device))
+        why = model_sensitive_reason(model, name) or sensitive.get(name)  # a text encoder's lm_head / vision tower
         layer = plan_linear(
             name,
             module.in_features,
             module.out_features,
             w.dtype,
             qcfg,
-            sensitive=sensitive.get(name),
+            sensitive=why,
             calibration=calibration,
             graph_reason=keep_in_fp32_reason(keep_fp32, name, type(model).__name__),
             lowering=lowering,
@@ -179,7 +180,7 @@ def _plan_layers(
         device = w.device
         if device not in tables:
             tables[device] = table_unapplied(qcfg, lowering, device)
-        layer = _tuned(name, module, layer, qcfg, lowering, tables[device], sensitive.get(name), traced, result)
+        layer = _tuned(name, module, layer, qcfg, lowering, tables[device], why, traced, result)
         if layer.native:
             result["native"][name] = layer.reason
             continue

@@ -75,12 +75,7 @@ SENSITIVE_LAYER_PATTERNS: tuple[str, ...] = (
 TEXT_ENCODER_SENSITIVE_PATTERNS: tuple[str, ...] = ("re:lm_head", "re:(model\\.)?visual\\..*")
 
 
-class TextEncoderSensitive(str):
-    """Why a text encoder's linear is one of its sensitive parts (TEXT_ENCODER_SENSITIVE_PATTERNS):
-    plan_linear reads it as a structural sensitive reason, so quantization_config.sensitive decides."""
-
-
-def text_encoder_sensitive_reason(name: str, model_cls: str) -> Optional[TextEncoderSensitive]:
+def text_encoder_sensitive_reason(name: str, model_cls: str) -> Optional[str]:
     """Why the linear `name` of the transformers model `model_cls` is a sensitive part, or None."""
     hit = first_match(TEXT_ENCODER_SENSITIVE_PATTERNS, name)
     if hit is None:
@@ -90,7 +85,7 @@ def text_encoder_sensitive_reason(name: str, model_cls: str) -> Optional[TextEnc
         if hit == TEXT_ENCODER_SENSITIVE_PATTERNS[0]
         else "vision tower visual.* (it runs on image inputs only)"
     )
-    return TextEncoderSensitive(f"{model_cls}'s {what}: a text encoder's sensitive layer")
+    return f"{model_cls}'s {what}: a text encoder's sensitive layer"
 
 
 # -- linears -------------------------------------------------------------------------
