@@ -20,7 +20,6 @@ from fx_fp8.ops.formats import WEIGHT_ONLY
 from fx_fp8.quant.quantized_linear import QuantizedLinear
 from expected_layers import RULES_PICK_FLUX, differences
 
-diffusers = pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel, PipelineQuantizationConfig  # noqa: E402
 
 

@@ -168,7 +168,6 @@ def test_a_checkpoint_description_of_the_earlier_writer_loads_unchanged(tmp_path
 
 
 def test_a_config_json_record_of_the_earlier_writer_reads_unchanged():
-    pytest.importorskip("diffusers")
     from fx_fp8.pipeline.diffusers_quantizer import record_of
 
     m = model(static=False)
@@ -224,7 +223,6 @@ FLUX_RECORD = [
 
 
 def test_a_diffusers_folder_of_the_earlier_writer_loads_unchanged(tmp_path):
-    pytest.importorskip("diffusers")
     from diffusers import FluxTransformer2DModel
     from fx_fp8.tools.model_zoo.registry import build_tiny_transformer
 
@@ -248,7 +246,6 @@ def test_a_diffusers_folder_of_the_earlier_writer_loads_unchanged(tmp_path):
 
 # -- one vocabulary: both layouts write and check the recipe fields of one tuple -------------------
 def test_both_layouts_write_the_recipe_fields_of_one_tuple():
-    pytest.importorskip("diffusers")
     from fx_fp8.pipeline.diffusers_quantizer import record_of
     from fx_fp8.quant import layer_record as lr
     from fx_fp8.quant.checkpoint import _describe
@@ -305,7 +302,6 @@ def _grouped_damaged(field, value):
 
 @pytest.mark.parametrize("field", list(BAD_RECIPE_VALUES))
 def test_a_bad_recipe_field_names_the_file_field_and_value_in_both_layouts(field, tmp_path):
-    pytest.importorskip("diffusers")
     value, says = BAD_RECIPE_VALUES[field]
     path = tmp_path / QUANT_NAME
     with pytest.raises(ValueError, match=rf"{str(path)!r} is damaged: layers\['a'\]\..*{says}"):
@@ -323,7 +319,6 @@ def test_a_bad_recipe_field_names_the_file_field_and_value_in_both_layouts(field
 
 
 def test_a_grouped_record_that_names_a_layer_twice_or_is_no_list_is_refused():
-    pytest.importorskip("diffusers")
     twice = json.loads(json.dumps(GROUPED_RECORD))
     twice[1]["layers"].append("a")
     with pytest.raises(ValueError, match=r"quantized_layers\[1\]\.layers is \['b', 'a'\], .*\['a'\] named twice"):

@@ -20,7 +20,6 @@ from fx_fp8.tools.tiny_model import TINY_MODEL_DIR, TinyShapesPipeline
 
 from cli_runs import cli
 
-pytest.importorskip("diffusers")
 from diffusers import FluxTransformer2DModel  # noqa: E402
 
 
