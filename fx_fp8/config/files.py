@@ -8,7 +8,6 @@ import warnings
 from typing import Mapping
 
 from fx_fp8.config.keys import LEGACY_KEYS, PIPELINE_KEYS, TOP_KEYS
-from fx_fp8.config.values import short_repr
 
 
 def config_keys(data, where: str, *, warn: bool = True) -> dict:

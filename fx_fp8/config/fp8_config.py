@@ -20,7 +20,7 @@ from typing import Mapping
 
 from fx_fp8.config.attention import AttentionQuantConfig
 from fx_fp8.config.files import config_keys, read_config_file
-from fx_fp8.config.keys import PIPELINE_KEYS, fold_quantize_sensitive, normalise_keys
+from fx_fp8.config.keys import PIPELINE_KEYS, normalise_keys
 from fx_fp8.config.quantization import QUANTIZATION_METHODS, QuantizationConfig
 from fx_fp8.config.selectors import Selector, parse_selector
 from fx_fp8.config.step_variants import variant_name
@@ -67,11 +67,11 @@ class FP8Config:
             "diffusion_kv_cache_skip_layers",
             parse_selector(self.diffusion_kv_cache_skip_layers, what="diffusion_kv_cache_skip_layers"),
         )
-        qc = self.quantization_config
-        qc = fold_quantize_sensitive(qc) if isinstance(qc, Mapping) else qc  # FP8Config(...) built directly
-        set_(
+        set_(  # QuantizationConfig folds its synonym quantize_sensitive itself
             "quantization_config",
-            dataclass_from_mapping(QuantizationConfig, qc, "quantization_config", synonyms=("quantize_sensitive",)),
+            dataclass_from_mapping(
+                QuantizationConfig, self.quantization_config, "quantization_config", synonyms=("quantize_sensitive",)
+            ),
         )
         set_("attention", dataclass_from_mapping(AttentionQuantConfig, self.attention, "attention"))
         set_("lowering", check_choice("lowering", self.lowering, LOWERINGS))

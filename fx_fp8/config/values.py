@@ -92,8 +92,8 @@ def check_bool(name: str, value) -> bool:
 
 
 def dataclass_from_mapping(cls, data: Mapping[str, Any] | None, where: str, synonyms=()):
-    """Build a dataclass from a mapping, refusing unknown keys with a hint. synonyms: keys the
-    caller folds into fields before (named among the known keys, never passed on)."""
+    """Build a dataclass from a mapping, refusing unknown keys with a hint. synonyms: keys `cls`
+    takes besides its fields (named among the known keys, passed on to it)."""
     if data is None:
         return cls()
     if isinstance(data, cls):
