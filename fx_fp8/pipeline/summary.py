@@ -30,10 +30,6 @@ from fx_fp8.report import ModelRecord
 
 #: native reasons shown per component
 TOP_REASONS = 3
-LINEARS_ONLY_ATTENTION = (
-    "attention native (text encoders: linears only): compile_pipeline quantizes a text "
-    "encoder's linears, never its attention; nothing to set"
-)
 
 
 @dataclass
